@@ -1,0 +1,27 @@
+"""LonnyMQ: a message queue inside PostgreSQL.
+
+The queue logic is plpgsql in its own schema; :class:`Client` and :class:`AsyncClient` are thin
+bindings over it. Optional parts (worker, CLI, Spark) live in their own subpackages and are not
+imported here.
+"""
+
+from . import errors
+from .aio import AsyncClient
+from .client import Client
+from .migrations import DEFAULT_SCHEMA
+from .models import DeadMessage, Envelope, Message, QueueInfo, QueueMetrics, SendResult
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "AsyncClient",
+    "Client",
+    "DeadMessage",
+    "Envelope",
+    "Message",
+    "QueueInfo",
+    "QueueMetrics",
+    "SendResult",
+    "errors",
+]
+
+__version__ = "0.1.0"

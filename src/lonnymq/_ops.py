@@ -1,0 +1,452 @@
+"""The I/O-free half of the clients: argument checking, query building and row decoding.
+
+Every client call is ``Op`` = one SQL function call (so one atomic action) + a decoder. The sync
+and async clients only execute ops, so both behave identically by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any, Generic, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from . import errors
+from .models import (
+    JSON,
+    TEXT,
+    DeadMessage,
+    Envelope,
+    Message,
+    OnConflict,
+    QueueInfo,
+    QueueMetrics,
+    SendResult,
+)
+
+T = TypeVar("T")
+
+QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9_.:-]{0,62}$")
+#: Hard ceiling checked in Python before anything is sent; queues set their own lower limit.
+MAX_PAYLOAD_BYTES = 100 * 1024 * 1024
+MAX_LIMIT = 100_000
+_KEY_MAX = 512
+_KIND_MAX = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Op(Generic[T]):
+    query: sql.Composable
+    params: Sequence[Any]
+    decode: Callable[[list[Any]], T]
+
+
+# -- argument checks -------------------------------------------------------------------------
+
+
+def check_queue(name: object) -> str:
+    if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+        raise errors.InvalidQueueName(
+            f"invalid queue name {name!r}: use 1-63 of a-z 0-9 _ . : - starting with a letter"
+        )
+    return name
+
+
+def to_ms(value: object, what: str, *, positive: bool = False) -> int | None:
+    """Seconds (int/float) or a timedelta -> whole milliseconds; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise errors.InvalidArgument(f"{what} must be seconds or a timedelta, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds <= 0):
+        bound = "positive" if positive else ">= 0"
+        raise errors.InvalidArgument(f"{what} must be finite and {bound}, got {value!r}")
+    return round(seconds * 1000)
+
+
+def at_ms(value: object) -> int | None:
+    """An aware datetime or epoch milliseconds -> epoch milliseconds."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise errors.InvalidArgument("at must be a timezone-aware datetime")
+        return round(value.timestamp() * 1000)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise errors.InvalidArgument(f"at must be an aware datetime or epoch ms, got {value!r}")
+
+
+def check_limit(n: object) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_LIMIT:
+        raise errors.InvalidArgument(f"n must be an integer between 1 and {MAX_LIMIT}, got {n!r}")
+    return n
+
+
+def _check_text(value: object, what: str, max_len: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > max_len or "\x00" in value:
+        raise errors.InvalidArgument(
+            f"{what} must be a non-empty string of at most {max_len} characters, got {value!r}"
+        )
+    return value
+
+
+def _check_priority(priority: object) -> int:
+    if not isinstance(priority, int) or isinstance(priority, bool) or not -100 <= priority <= 100:
+        raise errors.InvalidArgument(f"priority must be an integer in -100..100, got {priority!r}")
+    return priority
+
+
+def _headers(headers: object) -> Jsonb | None:
+    if headers is None:
+        return None
+    if not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers):
+        raise errors.InvalidArgument("headers must be a dict with string keys")
+    try:
+        json.dumps(headers)
+    except (TypeError, ValueError) as e:
+        raise errors.InvalidArgument(f"headers must be JSON-serialisable: {e}") from None
+    return Jsonb(headers)
+
+
+def _state(state: object) -> Jsonb | None:
+    if state is None:
+        return None
+    try:
+        json.dumps(state)
+    except (TypeError, ValueError) as e:
+        raise errors.InvalidArgument(f"state must be JSON-serialisable: {e}") from None
+    return Jsonb(state)
+
+
+def encode_payload(payload: object) -> tuple[bytes, str | None]:
+    """bytes are stored as they are; str as UTF-8 text; anything else as JSON."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        body, ctype = bytes(payload), None
+    elif isinstance(payload, str):
+        body, ctype = payload.encode("utf-8"), TEXT
+    else:
+        try:
+            body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as e:
+            raise errors.InvalidArgument(f"payload is not bytes, str or JSON-serialisable: {e}") from None
+        ctype = JSON
+    if len(body) > MAX_PAYLOAD_BYTES:
+        raise errors.PayloadTooLarge(
+            f"payload is {len(body)} bytes; lonnymq allows at most {MAX_PAYLOAD_BYTES}"
+        )
+    return body, ctype
+
+
+def map_error(e: psycopg.Error) -> Exception:
+    """The typed lonnymq exception for a database error (or the error itself)."""
+    state = e.sqlstate or ""
+    cls = errors.SQLSTATE_ERRORS.get(state)
+    if cls is not None:
+        msg = e.diag.message_primary or str(e)
+        if cls is errors.InvalidArgument and msg.startswith("invalid queue name"):
+            cls = errors.InvalidQueueName
+        return cls(msg)
+    if state in ("3F000", "42883", "42P01"):  # schema/function/table missing
+        return errors.NotInstalled(f"lonnymq is not installed or out of date: {e}")
+    return e
+
+
+# -- statements ------------------------------------------------------------------------------
+
+
+class Statements:
+    """The SQL of every call, composed once per schema."""
+
+    def __init__(self, schema: str) -> None:
+        s = sql.Identifier(schema)
+        self.schema = schema
+
+        def q(text: str) -> sql.Composed:
+            return sql.SQL(text).format(s=s)  # type: ignore[arg-type]
+
+        self.queue_create = q(
+            "SELECT {s}.queue_create(%s::text, %s::bigint, %s::int, %s::text, %s::bool,"
+            " %s::bigint, %s::bool, %s::int, %s::bigint, %s::bool)"
+        )
+        self.queue_drop = q("SELECT {s}.queue_drop(%s::text, %s::bool)")
+        self.queue_purge = q("SELECT {s}.queue_purge(%s::text)")
+        self.queue_list = q("SELECT * FROM {s}.queue_list()")
+        self.queue_metrics = q("SELECT * FROM {s}.queue_metrics(%s::text, %s::int)")
+        self.send_batch = q(
+            "SELECT ord, id, outcome FROM {s}.send_batch(%s::text, %s::bytea[], %s::text[],"
+            " %s::text[], %s::jsonb[], %s::bigint[], %s::bigint[], %s::int2[], %s::text[],"
+            " %s::text[], %s::text)"
+        )
+        self.take = q(
+            "SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %s::bigint[], %s::int[])"
+        )
+        self.take_tx = q("SELECT * FROM {s}.take_tx(%s::text, %s::int, %s::bool)")
+        self.peek = q("SELECT * FROM {s}.peek(%s::text, %s::int)")
+        self.ack = q("SELECT * FROM {s}.ack(%s::text, %s::bigint[], %s::int[], %s::bool)")
+        self.nack = q(
+            "SELECT * FROM {s}.nack(%s::text, %s::bigint[], %s::int[], %s::bigint[], %s::text[],"
+            " %s::jsonb[], %s::bool)"
+        )
+        self.extend = q("SELECT * FROM {s}.extend(%s::text, %s::bigint[], %s::int[], %s::bigint)")
+        self.next_ready_in = q("SELECT {s}.next_ready_in(%s::text)")
+        self.dead_list = q("SELECT * FROM {s}.dead_list(%s::text, %s::int, %s::bigint)")
+        self.dead_requeue = q("SELECT {s}.dead_requeue(%s::text, %s::bigint[])")
+        self.dead_purge = q("SELECT {s}.dead_purge(%s::text)")
+        self.maintain = q("SELECT {s}.maintain(%s::int)")
+        self.listen = q("LISTEN {s}")
+
+
+@lru_cache(maxsize=64)
+def statements(schema: str) -> Statements:
+    return Statements(schema)
+
+
+# -- decoders --------------------------------------------------------------------------------
+
+
+def _scalar(rows: list[Any]) -> Any:
+    return rows[0][0] if rows else None
+
+
+def _nothing(rows: list[Any]) -> None:
+    return None
+
+
+def _messages(queue: str) -> Callable[[list[Any]], list[Message]]:
+    def decode(rows: list[Any]) -> list[Message]:
+        return [
+            Message(queue, r[0], r[2], r[1], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
+                    r[11], r[12], r[13], bytes(r[14]))
+            for r in rows
+        ]
+
+    return decode
+
+
+# -- ops -------------------------------------------------------------------------------------
+
+
+class Ops:
+    """Builds the op of every client call for one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.st = statements(schema)
+
+    def queue_create(
+        self,
+        name: str,
+        *,
+        lease: float | timedelta = 30,
+        max_attempts: int = 5,
+        dead_letter_queue: str | None = None,
+        archive: bool = False,
+        retention: float | timedelta = 7 * 24 * 3600,
+        unlogged: bool = False,
+        max_payload_bytes: int = 1024 * 1024,
+        priority_step: float | timedelta = 1,
+        if_not_exists: bool = False,
+    ) -> Op[bool]:
+        check_queue(name)
+        if dead_letter_queue is not None:
+            check_queue(dead_letter_queue)
+        for what, value in (("max_attempts", max_attempts), ("max_payload_bytes", max_payload_bytes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise errors.InvalidArgument(f"{what} must be a positive integer, got {value!r}")
+        if max_payload_bytes > MAX_PAYLOAD_BYTES:
+            raise errors.InvalidArgument(f"max_payload_bytes must be at most {MAX_PAYLOAD_BYTES}")
+        params = (
+            name, to_ms(lease, "lease", positive=True), max_attempts, dead_letter_queue,
+            bool(archive), to_ms(retention, "retention"), bool(unlogged), max_payload_bytes,
+            to_ms(priority_step, "priority_step"), bool(if_not_exists),
+        )
+        return Op(self.st.queue_create, params, _scalar)
+
+    def queue_drop(self, name: str, *, if_exists: bool = False) -> Op[bool]:
+        return Op(self.st.queue_drop, (check_queue(name), bool(if_exists)), _scalar)
+
+    def queue_purge(self, name: str) -> Op[None]:
+        return Op(self.st.queue_purge, (check_queue(name),), _nothing)
+
+    def queue_list(self) -> Op[list[QueueInfo]]:
+        return Op(self.st.queue_list, (), lambda rows: [QueueInfo(*r) for r in rows])
+
+    def queue_metrics(self, name: str, *, cap: int = 100_000) -> Op[QueueMetrics]:
+        check_limit(cap)
+        return Op(self.st.queue_metrics, (check_queue(name), cap), lambda rows: QueueMetrics(*rows[0]))
+
+    def send_batch(
+        self, queue: str, messages: Iterable[Envelope | Any], *, on_conflict: OnConflict = "ignore"
+    ) -> Op[list[SendResult]]:
+        check_queue(queue)
+        if on_conflict not in ("ignore", "replace", "error"):
+            raise errors.InvalidArgument(f"on_conflict must be ignore, replace or error, got {on_conflict!r}")
+        bodies: list[bytes] = []
+        ctypes: list[str | None] = []
+        kinds: list[str | None] = []
+        headers: list[Jsonb | None] = []
+        ats: list[int | None] = []
+        delays: list[int | None] = []
+        prios: list[int] = []
+        keys: list[str | None] = []
+        channels: list[str | None] = []
+        for m in messages:
+            if not isinstance(m, Envelope):
+                m = Envelope(m)
+            body, ctype = encode_payload(m.payload)
+            bodies.append(body)
+            ctypes.append(ctype)
+            kinds.append(_check_text(m.kind, "kind", _KIND_MAX))
+            headers.append(_headers(m.headers))
+            if m.at is not None and m.delay is not None:
+                raise errors.InvalidArgument("give delay or at, not both")
+            ats.append(at_ms(m.at))
+            delays.append(to_ms(m.delay, "delay"))
+            prios.append(_check_priority(m.priority))
+            keys.append(_check_text(m.key, "key", _KEY_MAX))
+            channels.append(_check_text(m.channel, "channel", _KEY_MAX))
+
+        def opt(values: list[Any]) -> list[Any] | None:
+            # Whole-NULL arrays keep the wire small and let SQL take its fast path.
+            return values if any(v is not None for v in values) else None
+
+        params = (
+            queue, bodies, opt(kinds), opt(ctypes), opt(headers), opt(ats), opt(delays),
+            prios if any(prios) else None, opt(keys), opt(channels), on_conflict,
+        )
+
+        def decode(rows: list[Any]) -> list[SendResult]:
+            return [SendResult(r[1], r[2]) for r in rows]
+
+        return Op(self.st.send_batch, params, decode)
+
+    def take(
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        lease: float | timedelta | None = None,
+        ack: Sequence[Message] = (),
+    ) -> Op[list[Message]]:
+        check_queue(queue)
+        check_limit(n)
+        ids, tokens = _pairs(queue, ack)
+        params = (queue, n, to_ms(lease, "lease", positive=True), ids or None, tokens or None)
+        return Op(self.st.take, params, _messages(queue))
+
+    def take_tx(self, queue: str, n: int = 1, *, archive: bool | None = None) -> Op[list[Message]]:
+        check_queue(queue)
+        check_limit(n)
+        return Op(self.st.take_tx, (queue, n, archive), _messages(queue))
+
+    def peek(self, queue: str, n: int = 10) -> Op[list[Message]]:
+        check_queue(queue)
+        check_limit(n)
+        return Op(self.st.peek, (queue, n), _messages(queue))
+
+    def ack(self, messages: Sequence[Message], *, archive: bool | None = None) -> Op[set[int]]:
+        queue = _one_queue(messages)
+        ids, tokens = _pairs(queue, messages)
+        return Op(self.st.ack, (queue, ids, tokens, archive), lambda rows: {r[0] for r in rows})
+
+    def nack(
+        self,
+        messages: Sequence[Message],
+        *,
+        delay: float | timedelta | Sequence[float | timedelta] = 0,
+        error: str | Sequence[str | None] | None = None,
+        state: Any = None,
+        count_attempt: bool = True,
+    ) -> Op[dict[int, str]]:
+        queue = _one_queue(messages)
+        ids, tokens = _pairs(queue, messages)
+        n = len(ids)
+        delays = [to_ms(d, "delay") for d in _per_message(delay, n, "delay")]
+        errs = [None if e is None else str(e) for e in _per_message(error, n, "error", str)]
+        states = [_state(state)] * n if state is not None else None
+        params = (queue, ids, tokens, delays, errs, states, count_attempt)
+        return Op(self.st.nack, params, lambda rows: {r[0]: r[1] for r in rows})
+
+    def extend(self, messages: Sequence[Message], *, lease: float | timedelta | None = None) -> Op[dict[int, int]]:
+        queue = _one_queue(messages)
+        ids, tokens = _pairs(queue, messages)
+        params = (queue, ids, tokens, to_ms(lease, "lease", positive=True))
+        return Op(self.st.extend, params, lambda rows: {r[0]: r[1] for r in rows})
+
+    def next_ready_in(self, queue: str) -> Op[int | None]:
+        return Op(self.st.next_ready_in, (check_queue(queue),), _scalar)
+
+    def dead_list(self, queue: str, n: int = 100, *, after_id: int = 0) -> Op[list[DeadMessage]]:
+        check_queue(queue)
+        check_limit(n)
+        return Op(self.st.dead_list, (queue, n, after_id),
+                  lambda rows: [DeadMessage(*r[:8], bytes(r[8])) for r in rows])
+
+    def dead_requeue(self, queue: str, ids: Sequence[int] | None = None) -> Op[int]:
+        check_queue(queue)
+        return Op(self.st.dead_requeue, (queue, list(ids) if ids is not None else None), _scalar)
+
+    def dead_purge(self, queue: str) -> Op[int]:
+        return Op(self.st.dead_purge, (check_queue(queue),), _scalar)
+
+    def maintain(self, limit: int = 10_000) -> Op[int]:
+        return Op(self.st.maintain, (check_limit(limit),), _scalar)
+
+
+R = TypeVar("R", set[int], dict[int, str], dict[int, int])
+
+
+def settled(messages: Message | Sequence[Message], result: R) -> R:
+    """A single message that was not settled means its token is stale: say so loudly."""
+    if isinstance(messages, Message) and messages.id not in result:
+        raise errors.LeaseLost(
+            f"message {messages.id} of queue {messages.queue!r}: token {messages.token} is stale"
+            " (its lease expired and it was taken again, or it was already settled)"
+        )
+    return result
+
+
+def _one_queue(messages: Sequence[Message]) -> str:
+    if isinstance(messages, Message):
+        raise TypeError("pass a list of messages")  # guarded by the clients
+    if not messages:
+        raise errors.InvalidArgument("no messages given")
+    queues = {m.queue for m in messages}
+    if len(queues) != 1:
+        raise errors.InvalidArgument("messages of one call must come from one queue")
+    return queues.pop()
+
+
+def _pairs(queue: str, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+    ids, tokens = [], []
+    for m in messages:
+        if not isinstance(m, Message):
+            raise errors.InvalidArgument(f"expected a Message, got {type(m).__name__}")
+        if m.queue != queue:
+            raise errors.InvalidArgument("messages of one call must come from one queue")
+        ids.append(m.id)
+        tokens.append(m.token)
+    return ids, tokens
+
+
+def _per_message(value: Any, n: int, what: str, scalar: type | tuple[type, ...] = (int, float, timedelta)) -> list[Any]:
+    if value is None or isinstance(value, scalar):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise errors.InvalidArgument(f"{what} must be one value or one per message")
+    return values

@@ -1,0 +1,393 @@
+"""The synchronous client.
+
+Generated from ``aio.py`` by ``tools/async_to_sync.py``: do not edit.
+
+Every method is one SQL function call, i.e. one atomic queue action. Pass ``conn=`` (a
+connection in a transaction of yours) to make the action part of your transaction: it then
+commits or rolls back with your own writes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Iterable, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from time import monotonic
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from . import errors
+from ._ops import Op, Ops, map_error, settled, to_ms
+from .migrations import (
+    DEFAULT_SCHEMA,
+    applied_query,
+    bootstrap_query,
+    check_schema,
+    lock_query,
+    pending,
+    record_query,
+)
+from .models import (
+    DeadMessage,
+    Envelope,
+    Message,
+    OnConflict,
+    QueueInfo,
+    QueueMetrics,
+    SendResult,
+)
+
+T = TypeVar("T")
+
+#: Shortest sleep of receive() when messages are ready but all held by other consumers.
+_MIN_WAIT = 0.05
+
+
+class Client:
+    """A LonnyMQ client (synchronous; thread-safe when built on a pool).
+
+    ``conninfo`` is a libpq connection string/URI, an open connection (used as it is: in
+    autocommit mode each call is its own transaction, otherwise calls join the connection's
+    transaction and you commit), or a connection pool. With nothing given, ``$LONNYMQ_DSN`` is
+    used, else a private embedded PostgreSQL is started.
+    """
+
+    def __init__(
+        self,
+        conninfo: str | Connection[Any] | ConnectionPool[Any] | None = None,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        pool_size: int = 4,
+    ) -> None:
+        self.schema = check_schema(schema)
+        self.ops = Ops(schema)
+        self._conn: Connection[Any] | None = None
+        self._pool: ConnectionPool[Any] | None = None
+        self._owns_pool = False
+        self._opened = False
+        self._listeners: list[Connection[Any]] = []
+        self.conninfo: str | None = None
+        if isinstance(conninfo, Connection):
+            self._conn = conninfo
+        elif isinstance(conninfo, ConnectionPool):
+            self._pool = conninfo
+            self.conninfo = conninfo.conninfo
+        else:
+            if conninfo is None:
+                from .embedded import resolve_dsn
+
+                conninfo = resolve_dsn()
+            self.conninfo = conninfo
+            self._pool = ConnectionPool(
+                conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False
+            )
+            self._owns_pool = True
+
+    def open(self) -> Client:
+        """Open the client's own pool (done on first use if not called)."""
+        if self._owns_pool and not self._opened and self._pool is not None:
+            self._pool.open(wait=True)
+        self._opened = True
+        return self
+
+    def close(self) -> None:
+        """Close listener connections and the pool the client created (not ones passed in)."""
+        while self._listeners:
+            self._listeners.pop().close()
+        if self._owns_pool and self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def connection(
+        self, conn: Connection[Any] | None = None
+    ) -> Iterator[Connection[Any]]:
+        """The connection a call runs on: ``conn`` if given, else the client's own."""
+        if conn is not None:
+            yield conn
+        elif self._conn is not None:
+            yield self._conn
+        else:
+            if not self._opened:
+                self.open()
+            assert self._pool is not None
+            with self._pool.connection() as c:
+                yield c
+
+    def run(self, op: Op[T], conn: Connection[Any] | None = None) -> T:
+        """Execute one op, mapping database errors to :mod:`lonnymq.errors`."""
+        with self.connection(conn) as c:
+            try:
+                cur = c.execute(op.query, op.params, binary=True)
+                rows = cur.fetchall() if cur.description else []
+            except psycopg.Error as e:
+                mapped = map_error(e)
+                if mapped is e:
+                    raise
+                raise mapped from e
+        return op.decode(rows)
+
+    # -- schema ----------------------------------------------------------------------------
+
+    def migrate(self, *, target: int | None = None, conn: Connection[Any] | None = None) -> list[int]:
+        """Apply the migrations this package ships that the schema lacks (to ``target``).
+        Safe to run concurrently and repeatedly; returns the versions applied by this call."""
+        s = self.schema
+        with self.connection(conn) as c:
+            with c.transaction():
+                c.execute(lock_query(s))
+                c.execute(bootstrap_query(s))
+                cur = c.execute(applied_query(s))
+                todo = pending({r[0] for r in cur.fetchall()}, target)
+                for m in todo:
+                    c.execute(m.render(s))
+                    c.execute(record_query(s), (m.version, m.name))
+        return [m.version for m in todo]
+
+    install = migrate
+
+    # -- queues ----------------------------------------------------------------------------
+
+    def create_queue(
+        self,
+        name: str,
+        *,
+        lease: float | timedelta = 30,
+        max_attempts: int = 5,
+        dead_letter_queue: str | None = None,
+        archive: bool = False,
+        retention: float | timedelta = 7 * 24 * 3600,
+        unlogged: bool = False,
+        max_payload_bytes: int = 1024 * 1024,
+        priority_step: float | timedelta = 1,
+        if_not_exists: bool = False,
+        conn: Connection[Any] | None = None,
+    ) -> bool:
+        """Create a queue. ``lease``: default visibility timeout (seconds). ``max_attempts``:
+        failed deliveries before dead-lettering. ``dead_letter_queue``: queue that receives dead
+        messages (else they go to the archive with status ``dead``). ``archive``: acks keep the
+        message in the archive for ``retention`` seconds. ``unlogged``: faster, but the queue is
+        emptied by a PostgreSQL crash. ``priority_step``: seconds one priority level is worth.
+        Returns False if it existed and ``if_not_exists``; raises QueueExists otherwise."""
+        op = self.ops.queue_create(
+            name, lease=lease, max_attempts=max_attempts, dead_letter_queue=dead_letter_queue,
+            archive=archive, retention=retention, unlogged=unlogged,
+            max_payload_bytes=max_payload_bytes, priority_step=priority_step,
+            if_not_exists=if_not_exists,
+        )
+        return self.run(op, conn)
+
+    def drop_queue(self, name: str, *, if_exists: bool = False, conn: Connection[Any] | None = None) -> bool:
+        """Drop a queue with its messages and archive."""
+        return self.run(self.ops.queue_drop(name, if_exists=if_exists), conn)
+
+    def purge_queue(self, name: str, *, conn: Connection[Any] | None = None) -> None:
+        """Delete every message of the queue at once (the archive is kept)."""
+        self.run(self.ops.queue_purge(name), conn)
+
+    def list_queues(self, *, conn: Connection[Any] | None = None) -> list[QueueInfo]:
+        return self.run(self.ops.queue_list(), conn)
+
+    def metrics(self, queue: str, *, cap: int = 100_000, conn: Connection[Any] | None = None) -> QueueMetrics:
+        """Counts of ready, scheduled, leased and dead messages, exact up to ``cap`` each."""
+        return self.run(self.ops.queue_metrics(queue, cap=cap), conn)
+
+    # -- send ------------------------------------------------------------------------------
+
+    def send(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        kind: str | None = None,
+        headers: dict[str, Any] | None = None,
+        delay: float | timedelta | None = None,
+        at: datetime | int | None = None,
+        priority: int = 0,
+        key: str | None = None,
+        channel: str | None = None,
+        on_conflict: OnConflict = "ignore",
+        conn: Connection[Any] | None = None,
+    ) -> SendResult:
+        """Enqueue one message. ``payload``: bytes (stored as is), str, or a JSON value.
+        ``delay`` (seconds) or ``at`` (aware datetime or epoch ms): not deliverable before then.
+        ``priority`` in -100..100: delivered as if sent ``priority * priority_step`` earlier.
+        ``key``: at most one live message per key and queue; ``on_conflict`` says what a second
+        send does: ``ignore`` it, ``replace`` the live message unless it is leased, or ``error``
+        (DuplicateKey). Commits with ``conn``'s transaction when ``conn`` is given."""
+        env = Envelope(payload, kind, headers, delay, at, priority, key, channel)
+        results = self.run(self.ops.send_batch(queue, [env], on_conflict=on_conflict), conn)
+        return results[0]
+
+    def send_batch(
+        self,
+        queue: str,
+        messages: Iterable[Envelope | Any],
+        *,
+        on_conflict: OnConflict = "ignore",
+        conn: Connection[Any] | None = None,
+    ) -> list[SendResult]:
+        """Enqueue many messages in one round trip and one transaction, in order (FIFO).
+        Items are :class:`Envelope` or bare payloads. All or nothing: one bad item writes none."""
+        return self.run(self.ops.send_batch(queue, messages, on_conflict=on_conflict), conn)
+
+    # -- take ------------------------------------------------------------------------------
+
+    def take(
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        lease: float | timedelta | None = None,
+        ack: Sequence[Message] = (),
+        conn: Connection[Any] | None = None,
+    ) -> list[Message]:
+        """Lease up to ``n`` ready messages for ``lease`` seconds (queue default), oldest
+        ``dequeue_at`` first, FIFO among equals; never waits for messages others hold. Returns
+        [] if none is ready. ``ack``: earlier deliveries to acknowledge in the same round trip."""
+        return self.run(self.ops.take(queue, n, lease=lease, ack=ack), conn)
+
+    def take_tx(
+        self, queue: str, n: int = 1, *, archive: bool | None = None, conn: Connection[Any] | None = None
+    ) -> list[Message]:
+        """Take up to ``n`` ready messages inside ``conn``'s transaction: they are gone when it
+        commits and back, untouched, if it rolls back (exactly-once with your own writes)."""
+        return self.run(self.ops.take_tx(queue, n, archive=archive), conn)
+
+    def receive(
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        timeout: float | None = None,
+        lease: float | timedelta | None = None,
+        poll: float = 5.0,
+    ) -> list[Message]:
+        """Like :meth:`take`, but wait up to ``timeout`` seconds (forever if None) for messages:
+        woken by NOTIFY on send, and by the clock when the next scheduled message comes due;
+        ``poll`` bounds each wait as a fallback. Returns [] on timeout."""
+        op = self.ops.take(queue, n, lease=lease)
+        limit = to_ms(timeout, "timeout")
+        deadline = None if limit is None else monotonic() + limit / 1000
+        listener = self._listener()
+        try:
+            while True:
+                messages = self.run(op)
+                if messages:
+                    return messages
+                wait = poll * (0.9 + random.random() * 0.2)
+                if deadline is not None:
+                    wait = min(wait, deadline - monotonic())
+                    if wait <= 0:
+                        return []
+                due_ms = self.run(self.ops.next_ready_in(queue))
+                if due_ms is not None:
+                    wait = min(wait, max(due_ms / 1000, _MIN_WAIT))
+                for _ in listener.notifies(timeout=wait, stop_after=1):
+                    pass
+        finally:
+            self._listeners.append(listener)
+
+    def _listener(self) -> Connection[Any]:
+        if self._listeners:
+            return self._listeners.pop()
+        if self.conninfo is None:
+            raise errors.InvalidArgument("receive() needs a client made from a conninfo or a pool")
+        conn = Connection.connect(self.conninfo, autocommit=True)
+        conn.execute(self.ops.st.listen)
+        return conn
+
+    def peek(self, queue: str, n: int = 10, *, conn: Connection[Any] | None = None) -> list[Message]:
+        """The next ``n`` messages in delivery order (ready or not), without leasing them."""
+        return self.run(self.ops.peek(queue, n), conn)
+
+    # -- settle ----------------------------------------------------------------------------
+
+    def ack(
+        self,
+        messages: Message | Sequence[Message],
+        *,
+        archive: bool | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> set[int]:
+        """Acknowledge deliveries: delete them (or archive them, per queue or ``archive``).
+        Returns the ids acknowledged; a delivery whose token is stale is left untouched. For a
+        single message, a stale token raises LeaseLost."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        return settled(messages, self.run(self.ops.ack(batch, archive=archive), conn))
+
+    def nack(
+        self,
+        messages: Message | Sequence[Message],
+        *,
+        delay: float | timedelta | Sequence[float | timedelta] = 0,
+        error: str | Sequence[str | None] | None = None,
+        state: Any = None,
+        conn: Connection[Any] | None = None,
+    ) -> dict[int, str]:
+        """Report failed deliveries: each is retried after ``delay`` seconds, or dead-lettered
+        if it was its last attempt. Returns {id: "retry" | "dead"}; stale tokens are left out
+        (for a single message: LeaseLost)."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        op = self.ops.nack(batch, delay=delay, error=error, state=state)
+        return settled(messages, self.run(op, conn))
+
+    def defer(
+        self,
+        messages: Message | Sequence[Message],
+        *,
+        delay: float | timedelta | Sequence[float | timedelta] = 0,
+        state: Any = None,
+        conn: Connection[Any] | None = None,
+    ) -> dict[int, str]:
+        """Give deliveries back to run again after ``delay`` seconds, keeping ``state`` (a JSON
+        checkpoint the next delivery sees). Does not count as a failed attempt."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        op = self.ops.nack(batch, delay=delay, state=state, count_attempt=False)
+        return settled(messages, self.run(op, conn))
+
+    def release(self, messages: Message | Sequence[Message], *, conn: Connection[Any] | None = None) -> dict[int, str]:
+        """Give deliveries back for immediate redelivery (e.g. on shutdown), uncounted."""
+        return self.defer(messages, conn=conn)
+
+    def extend(
+        self,
+        messages: Message | Sequence[Message],
+        *,
+        lease: float | timedelta | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> dict[int, int]:
+        """Heartbeat: push the leases to now + ``lease`` seconds (queue default). Returns
+        {id: lease_until}; stale tokens are left out (for a single message: LeaseLost)."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        return settled(messages, self.run(self.ops.extend(batch, lease=lease), conn))
+
+    # -- dead letters and housekeeping -----------------------------------------------------
+
+    def dead_letters(
+        self, queue: str, n: int = 100, *, after_id: int = 0, conn: Connection[Any] | None = None
+    ) -> list[DeadMessage]:
+        """Dead messages of ``queue`` kept in the archive, by id."""
+        return self.run(self.ops.dead_list(queue, n, after_id=after_id), conn)
+
+    def requeue_dead(
+        self, queue: str, ids: Sequence[int] | None = None, *, conn: Connection[Any] | None = None
+    ) -> int:
+        """Put dead messages (all or ``ids``) back as new ready messages; returns how many."""
+        return self.run(self.ops.dead_requeue(queue, ids), conn)
+
+    def purge_dead(self, queue: str, *, conn: Connection[Any] | None = None) -> int:
+        return self.run(self.ops.dead_purge(queue), conn)
+
+    def maintain(self, *, limit: int = 10_000, conn: Connection[Any] | None = None) -> int:
+        """Delete archived acks older than their queue's retention (at most ``limit``)."""
+        return self.run(self.ops.maintain(limit), conn)

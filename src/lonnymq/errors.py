@@ -1,0 +1,68 @@
+"""The exceptions lonnymq raises.
+
+Everything derives from :class:`LonnyMQError`. Errors raised by the SQL functions carry a
+SQLSTATE of class ``LQ`` and are mapped to the same classes, so a bad call gets the same typed
+exception whether it was caught in Python or in the database.
+"""
+
+from __future__ import annotations
+
+
+class LonnyMQError(Exception):
+    """Base class of every lonnymq error."""
+
+
+class InvalidArgument(LonnyMQError, ValueError):
+    """An argument is out of range or of the wrong type; nothing was written."""
+
+
+class InvalidQueueName(InvalidArgument):
+    """A queue name does not match ``^[a-z][a-z0-9_.:-]{0,62}$``."""
+
+
+class PayloadTooLarge(InvalidArgument):
+    """A payload is larger than the queue's ``max_payload_bytes``; nothing was written."""
+
+
+class QueueNotFound(LonnyMQError, LookupError):
+    """The queue does not exist."""
+
+
+class QueueExists(LonnyMQError):
+    """A queue with that name already exists."""
+
+
+class QueueInUse(LonnyMQError):
+    """The queue cannot be dropped: another queue dead-letters into it."""
+
+
+class DuplicateKey(LonnyMQError):
+    """A live message with the same de-duplication key exists (``on_conflict="error"``)."""
+
+
+class LeaseLost(LonnyMQError):
+    """The delivery's token is stale: its lease expired and the message was taken again, or it
+    was already settled. Nothing was changed."""
+
+
+class NotInstalled(LonnyMQError):
+    """The lonnymq schema is missing or older than this package; run ``lonnymq migrate``."""
+
+
+class MigrationError(LonnyMQError):
+    """The installed schema is newer than this package or a migration failed."""
+
+
+class EmbeddedServerError(LonnyMQError):
+    """The embedded PostgreSQL server could not be started or stopped."""
+
+
+#: SQLSTATE raised by the SQL functions -> exception class.
+SQLSTATE_ERRORS: dict[str, type[LonnyMQError]] = {
+    "LQ001": QueueNotFound,
+    "LQ002": InvalidArgument,
+    "LQ003": PayloadTooLarge,
+    "LQ004": DuplicateKey,
+    "LQ005": QueueExists,
+    "LQ006": QueueInUse,
+}

@@ -1,0 +1,124 @@
+"""Plain data returned and accepted by the clients."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+Outcome = Literal["created", "updated", "ignored"]
+OnConflict = Literal["ignore", "replace", "error"]
+
+JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+
+
+def decode_payload(body: bytes, content_type: str | None) -> Any:
+    """Bytes sent as bytes come back as bytes; JSON and text come back decoded."""
+    if content_type == JSON:
+        return json.loads(body)
+    if content_type == TEXT:
+        return body.decode("utf-8")
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One delivery of a message.
+
+    ``token`` is the fencing token: ack/nack/extend succeed only while it still matches, i.e.
+    while nobody else has taken the message since. ``attempt`` is 1 on the first delivery and
+    counts failed attempts (nack, expired lease) against the queue's ``max_attempts``; deferrals
+    do not count. Times are epoch milliseconds.
+    """
+
+    queue: str
+    id: int
+    token: int
+    attempt: int
+    lease_until: int | None
+    scheduled_at: int
+    enqueued_at: int
+    priority: int
+    key: str | None
+    channel: str | None
+    kind: str | None
+    content_type: str | None
+    headers: dict[str, Any] | None
+    state: Any
+    last_error: str | None
+    body: bytes = field(repr=False)
+
+    @property
+    def payload(self) -> Any:
+        """The payload as sent: bytes, str, or the JSON value."""
+        return decode_payload(self.body, self.content_type)
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What a send did: ``created`` a message, ``updated`` (replaced) the live message with the
+    same key, or ``ignored`` the send because a live message with the key exists (its id)."""
+
+    id: int | None
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A message to send in a batch; see :meth:`Client.send` for the meaning of each field."""
+
+    payload: Any
+    kind: str | None = None
+    headers: dict[str, Any] | None = None
+    delay: float | None = None
+    at: datetime | int | None = None
+    priority: int = 0
+    key: str | None = None
+    channel: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    lease_ms: int
+    max_attempts: int
+    dead_letter_queue: str | None
+    archive: bool
+    retention_ms: int
+    unlogged: bool
+    max_payload_bytes: int
+    priority_step_ms: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    """Message counts by state. Each count is exact up to the cap the call was made with
+    (default 100,000) and equals the cap when there are at least that many."""
+
+    queue: str
+    ready: int
+    scheduled: int
+    leased: int
+    dead: int
+    oldest_ready_age_ms: int | None
+    next_scheduled_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadMessage:
+    id: int
+    archived_at: int
+    attempts: int
+    kind: str | None
+    key: str | None
+    last_error: str | None
+    headers: dict[str, Any] | None
+    content_type: str | None
+    body: bytes = field(repr=False)
+
+    @property
+    def payload(self) -> Any:
+        return decode_payload(self.body, self.content_type)
