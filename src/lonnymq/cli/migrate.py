@@ -1,0 +1,29 @@
+"""``lonnymq migrate``: install or upgrade the schema, or print its SQL."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import migrations
+from . import _util, common
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("migrate", help="install/upgrade the lonnymq schema")
+    common(p)
+    p.add_argument("--print-sql", action="store_true", help="print the SQL instead of running it")
+    p.add_argument("--target", type=int, help="migrate up to this version (default: latest)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.print_sql:
+        print(migrations.script(args.schema, args.target), end="")
+        return 0
+    with _util.client(args) as c:
+        applied = c.migrate(target=args.target)
+    if applied:
+        print(f"applied migrations {applied} to schema {args.schema!r}")
+    else:
+        print(f"schema {args.schema!r} is up to date")
+    return 0

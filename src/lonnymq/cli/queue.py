@@ -1,0 +1,90 @@
+"""``lonnymq queue create|list|drop|purge|stats``."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import _util, common
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("queue", help="manage queues")
+    qs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    c = qs.add_parser("create", help="create a queue")
+    common(c)
+    c.add_argument("name")
+    c.add_argument("--lease", type=float, default=30, help="default lease (visibility timeout), seconds")
+    c.add_argument("--max-attempts", type=int, default=5)
+    c.add_argument("--dead-letter-queue", help="queue receiving dead messages (default: archive)")
+    c.add_argument("--archive", action="store_true", help="keep acknowledged messages in the archive")
+    c.add_argument("--retention", type=float, default=7 * 24 * 3600, help="archive retention, seconds")
+    c.add_argument("--unlogged", action="store_true", help="faster, but emptied by a server crash")
+    c.add_argument("--max-payload-bytes", type=int, default=1024 * 1024)
+    c.add_argument("--priority-step", type=float, default=1, help="seconds one priority level is worth")
+    c.add_argument("--if-not-exists", action="store_true")
+    c.set_defaults(func=create)
+
+    ls = qs.add_parser("list", help="list queues and their settings")
+    common(ls, json=True)
+    ls.set_defaults(func=list_)
+
+    d = qs.add_parser("drop", help="drop a queue, its messages and archive")
+    common(d)
+    d.add_argument("name")
+    d.add_argument("--if-exists", action="store_true")
+    d.set_defaults(func=drop)
+
+    pu = qs.add_parser("purge", help="delete all messages of a queue")
+    common(pu)
+    pu.add_argument("name")
+    pu.set_defaults(func=purge)
+
+    st = qs.add_parser("stats", help="ready/scheduled/leased/dead counts")
+    common(st, json=True)
+    st.add_argument("names", nargs="*", help="queues (default: all)")
+    st.set_defaults(func=stats)
+
+
+def create(args: argparse.Namespace) -> int:
+    with _util.client(args) as c:
+        created = c.create_queue(
+            args.name, lease=args.lease, max_attempts=args.max_attempts,
+            dead_letter_queue=args.dead_letter_queue, archive=args.archive,
+            retention=args.retention, unlogged=args.unlogged,
+            max_payload_bytes=args.max_payload_bytes, priority_step=args.priority_step,
+            if_not_exists=args.if_not_exists,
+        )
+    print(f"created queue {args.name!r}" if created else f"queue {args.name!r} exists")
+    return 0
+
+
+def list_(args: argparse.Namespace) -> int:
+    with _util.client(args) as c:
+        queues = c.list_queues()
+    _util.emit(args, queues, ["name", "lease_ms", "max_attempts", "dead_letter_queue", "archive",
+                              "retention_ms", "unlogged", "max_payload_bytes", "priority_step_ms"])
+    return 0
+
+
+def drop(args: argparse.Namespace) -> int:
+    with _util.client(args) as c:
+        dropped = c.drop_queue(args.name, if_exists=args.if_exists)
+    print(f"dropped queue {args.name!r}" if dropped else f"no queue {args.name!r}")
+    return 0
+
+
+def purge(args: argparse.Namespace) -> int:
+    with _util.client(args) as c:
+        c.purge_queue(args.name)
+    print(f"purged queue {args.name!r}")
+    return 0
+
+
+def stats(args: argparse.Namespace) -> int:
+    with _util.client(args) as c:
+        names = args.names or [q.name for q in c.list_queues()]
+        rows = [c.metrics(n) for n in names]
+    _util.emit(args, rows, ["queue", "ready", "scheduled", "leased", "dead", "oldest_ready_age_ms",
+                            "next_scheduled_at"])
+    return 0

@@ -1,0 +1,237 @@
+"""Real tests of the embedded PostgreSQL manager: real initdb, real server, no mocks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("pgserver")
+
+import psycopg
+
+from lonnymq.embedded import (
+    EmbeddedServer,
+    EmbeddedServerError,
+    default_data_dir,
+    resolve_dsn,
+    temporary_server,
+)
+from lonnymq.errors import LonnyMQError
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    # Not pytest's tmp_path: pytest re-tightens the mode of its base dir, while the
+    # server (run as an unprivileged user under root) must be able to traverse ours.
+    root = Path(tempfile.mkdtemp(prefix="lonnymq-test-"))
+    servers: list[EmbeddedServer] = []
+    yield root
+    for data_dir in root.rglob("PG_VERSION"):
+        servers.append(EmbeddedServer(data_dir.parent))
+    for server in servers:
+        server.stop("immediate")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _rows(dsn: str) -> list[tuple[int, str]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT id, body FROM t ORDER BY id").fetchall()
+
+
+def test_committed_row_survives_immediate_stop() -> None:
+    with temporary_server() as server:
+        dsn = server.dsn
+        assert dsn.startswith("postgresql://postgres@127.0.0.1:")
+        with psycopg.connect(dsn) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, body text)")
+            conn.execute("INSERT INTO t VALUES (1, 'durable')")
+            conn.commit()
+            # Uncommitted work must not survive the crash.
+            conn.execute("INSERT INTO t VALUES (2, 'lost')")
+            server.stop("immediate")
+            conn.close()  # the server is gone: don't let __exit__ try to commit
+        assert not server.is_running()
+        server.start()
+        assert server.is_running()
+        assert server.dsn == dsn  # remembered port reused
+        assert _rows(server.dsn) == [(1, "durable")]
+        with psycopg.connect(server.dsn) as conn:
+            assert conn.execute("SHOW fsync").fetchone() == ("on",)
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+            assert conn.execute("SHOW max_connections").fetchone() == ("200",)
+    assert not server.data_dir.exists()
+
+
+def test_is_running_transitions_and_idempotent_start(workdir: Path) -> None:
+    server = EmbeddedServer(workdir / "pgdata")
+    assert not server.is_running()
+    with pytest.raises(EmbeddedServerError):
+        _ = server.dsn  # never started
+    server.stop()  # no-op: nothing there yet
+    assert server.start() is server
+    assert server.is_running()
+    with psycopg.connect(server.dsn) as conn:
+        started_at = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+
+    server.start()  # already running: reused, not restarted
+    other = EmbeddedServer(workdir / "pgdata").start()  # another handle adopts it
+    assert other.dsn == server.dsn
+    with psycopg.connect(other.dsn) as conn:
+        assert conn.execute("SELECT pg_postmaster_start_time()").fetchone() == started_at
+
+    server.restart()
+    assert server.is_running()
+    with psycopg.connect(server.dsn) as conn:
+        assert conn.execute("SELECT pg_postmaster_start_time()").fetchone() != started_at
+
+    server.stop("smart")
+    assert not server.is_running()
+    assert not other.is_running()
+    server.stop("fast")  # no-op when stopped
+    with pytest.raises(ValueError):
+        server.stop("violent")
+
+
+def test_context_manager_starts_and_stops(workdir: Path) -> None:
+    with EmbeddedServer(workdir / "pgdata") as server:
+        assert server.is_running()
+        with psycopg.connect(server.dsn_for("template1")) as conn:
+            assert conn.execute("SELECT current_database()").fetchone() == ("template1",)
+    assert not server.is_running()
+
+
+def test_bad_setting_reports_server_log(workdir: Path) -> None:
+    server = EmbeddedServer(workdir / "pgdata", settings={"shared_buffers": "nonsense"})
+    with pytest.raises(EmbeddedServerError) as info:
+        server.start(timeout=20)
+    message = str(info.value)
+    assert isinstance(info.value, LonnyMQError)
+    assert 'invalid value for parameter "shared_buffers": "nonsense"' in message
+    assert "server.log" in message
+    assert not server.is_running()
+    # The cluster itself is fine: a good configuration starts it.
+    EmbeddedServer(workdir / "pgdata").start()
+
+
+def test_unix_socket_only_with_long_data_dir(workdir: Path) -> None:
+    # Too long for a unix socket path inside the data dir: socket goes under /tmp.
+    data_dir = workdir / ("x" * 60) / ("y" * 60) / "pgdata"
+    with temporary_server(listen_tcp=False) as short:
+        assert "host=" in short.dsn and "127.0.0.1" not in short.dsn
+        assert _connect_ok(short.dsn)
+    server = EmbeddedServer(data_dir, listen_tcp=False, settings={"application_name": "a b, c"})
+    server.start()
+    try:
+        dsn = server.dsn
+        assert dsn.startswith("postgresql://postgres@/postgres?host=%2Ftmp%2Flonnymq-")
+        assert _connect_ok(dsn)
+        with psycopg.connect(dsn) as conn:
+            # Settings survive pg_ctl's /bin/sh with spaces and commas intact.
+            assert conn.execute("SHOW application_name").fetchone() == ("a b, c",)
+            assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
+    finally:
+        server.stop()
+
+
+def _connect_ok(dsn: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_resolve_dsn_explicit_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    explicit = "postgresql://someone:secret@db.example:6543/queue?sslmode=require"
+    monkeypatch.setenv("LONNYMQ_DSN", "postgresql://from-env/db")
+    assert resolve_dsn(explicit) == explicit
+    assert resolve_dsn() == "postgresql://from-env/db"
+    monkeypatch.setenv("OTHER_DSN", "postgresql://other/db")
+    assert resolve_dsn(env="OTHER_DSN") == "postgresql://other/db"
+
+
+def test_default_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LONNYMQ_DATA_DIR", "/srv/q/pgdata")
+    assert default_data_dir() == Path("/srv/q/pgdata")
+    monkeypatch.delenv("LONNYMQ_DATA_DIR")
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    assert default_data_dir() == Path.home() / ".local/share/lonnymq/pgdata"
+
+
+def test_concurrent_resolve_dsn_starts_one_server(workdir: Path) -> None:
+    import lonnymq.embedded
+
+    env = dict(os.environ)
+    env.pop("LONNYMQ_DSN", None)
+    env["LONNYMQ_DATA_DIR"] = str(workdir / "shared" / "pgdata")
+    src = str(Path(lonnymq.embedded.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    code = "from lonnymq.embedded import resolve_dsn; print(resolve_dsn())"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err.decode() for _, err in results]
+    dsns = {out.decode().strip() for out, _ in results}
+    assert len(dsns) == 1
+    dsn = dsns.pop()
+    assert _connect_ok(dsn)
+    log = (workdir / "shared" / "pgdata" / "log" / "server.log").read_text()
+    assert log.count("starting PostgreSQL") == 1  # one initdb, one start
+
+
+def test_remembered_port_taken_picks_another(workdir: Path) -> None:
+    server = EmbeddedServer(workdir / "pgdata").start()
+    old_dsn = server.dsn
+    old_port = int((server.data_dir / "lonnymq.port").read_text())
+    server.stop()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", old_port))
+        squatter.listen()
+        server.start()
+        assert server.dsn != old_dsn
+        assert _connect_ok(server.dsn)
+    server.stop()
+
+
+def test_stale_pid_file_is_ignored(workdir: Path) -> None:
+    server = EmbeddedServer(workdir / "pgdata").start()
+    server.stop()
+    pid_file = server.data_dir / "postmaster.pid"
+    # A postmaster.pid left by a killed server whose pid now belongs to another program.
+    with subprocess.Popen(["sleep", "60"]) as squatter:
+        try:
+            pid_file.write_text(f"{squatter.pid}\n{server.data_dir}\n0\n5432\n\n\n\n")
+            server.start()
+            assert _connect_ok(server.dsn)
+        finally:
+            squatter.kill()
+    server.stop()
+
+
+def test_missing_binaries_say_pip_install(workdir: Path) -> None:
+    fake = workdir / "fake" / "pgserver"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    import lonnymq.embedded
+
+    src = str(Path(lonnymq.embedded.__file__).resolve().parents[1])
+    code = (
+        "from lonnymq.embedded import EmbeddedServer, EmbeddedServerError\n"
+        f"try: EmbeddedServer({str(workdir / 'pgdata')!r}).start()\n"
+        "except EmbeddedServerError as e: print(e)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake.parent), src]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "pip install pgserver" in out.stdout
