@@ -1,0 +1,105 @@
+"""Wake-ups: one NOTIFY per transaction and queue, and receive() woken by it (and by the clock
+for scheduled messages) instead of by polling."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from lonnymq import Client, Envelope
+
+POLL = 30.0  # receive()'s fallback poll: long enough that only NOTIFY or the clock can wake it
+
+
+@pytest.fixture
+def listener(dsn: str, schema: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(sql.SQL("LISTEN {}").format(sql.Identifier(schema)))
+        yield c
+
+
+def _drain(listener: psycopg.Connection, wait: float = 0.5) -> list[str]:
+    return [n.payload for n in listener.notifies(timeout=wait)]
+
+
+def test_one_notification_per_transaction(dsn: str, client: Client, listener: psycopg.Connection) -> None:
+    client.create_queue("a")
+    client.create_queue("b")
+    with psycopg.connect(dsn) as tx:
+        for i in range(100):
+            client.send("a", i, conn=tx)
+        assert _drain(listener, 0.2) == []  # nothing before commit
+        tx.commit()
+    assert _drain(listener) == ["a"]
+    client.send_batch("a", list(range(1000)))
+    assert _drain(listener) == ["a"]
+    with psycopg.connect(dsn) as tx:
+        client.send_batch("a", [1, 2], conn=tx)
+        client.send("b", 3, conn=tx)
+        client.send("a", 4, conn=tx)
+    assert sorted(_drain(listener)) == ["a", "b"]
+    client.send("a", 1)
+    client.send("a", 2)
+    assert _drain(listener) == ["a", "a"]  # two transactions: two wake-ups
+
+
+def test_no_notification_from_a_rolled_back_send(dsn: str, client: Client, listener: psycopg.Connection) -> None:
+    client.create_queue("a")
+    with psycopg.connect(dsn) as tx:
+        client.send("a", 1, conn=tx)
+        tx.rollback()
+    assert _drain(listener) == []
+
+
+def test_receive_is_woken_by_a_send(client: Client, dsn: str, schema: str) -> None:
+    client.create_queue("q")
+
+    def send_later() -> None:
+        time.sleep(0.3)
+        with Client(dsn, schema=schema, pool_size=1) as other:
+            other.send("q", b"wake")
+
+    t = threading.Thread(target=send_later)
+    started = time.monotonic()
+    t.start()
+    try:
+        got = client.receive("q", timeout=20, poll=POLL)
+    finally:
+        t.join()
+    took = time.monotonic() - started
+    assert [m.payload for m in got] == [b"wake"]
+    assert 0.25 <= took < 5, took  # woken by NOTIFY, long before the poll or the timeout
+
+
+def test_receive_times_out_on_an_empty_queue(client: Client) -> None:
+    client.create_queue("q")
+    started = time.monotonic()
+    assert client.receive("q", 3, timeout=0.3, poll=POLL) == []
+    took = time.monotonic() - started
+    assert 0.3 <= took < 3, took
+    assert client.receive("q", timeout=0) == []
+
+
+def test_receive_wakes_when_a_scheduled_message_is_due(client: Client) -> None:
+    client.create_queue("q")
+    client.send("q", b"soon", delay=0.5)
+    started = time.monotonic()
+    got = client.receive("q", timeout=20, poll=POLL)
+    took = time.monotonic() - started
+    assert [m.payload for m in got] == [b"soon"]
+    assert 0.4 <= took < 5, took
+
+
+def test_receive_returns_what_is_ready_at_once(client: Client) -> None:
+    client.create_queue("q")
+    client.send_batch("q", [Envelope(i) for i in range(5)])
+    started = time.monotonic()
+    got = client.receive("q", 3, timeout=10, poll=POLL, lease=60)
+    assert [m.payload for m in got] == [0, 1, 2]
+    assert got[0].lease_until is not None
+    assert time.monotonic() - started < 2
