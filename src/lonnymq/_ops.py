@@ -38,6 +38,9 @@ QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9_.:-]{0,62}$")
 #: Hard ceiling checked in Python before anything is sent; queues set their own lower limit.
 MAX_PAYLOAD_BYTES = 100 * 1024 * 1024
 MAX_LIMIT = 100_000
+#: Largest magnitude of a time in milliseconds (delays, epoch times): far beyond any real
+#: schedule, and small enough that the database's bigint arithmetic on it cannot overflow.
+MAX_MS = 2**53
 _KEY_MAX = 512
 _KIND_MAX = 255
 
@@ -73,6 +76,8 @@ def to_ms(value: object, what: str, *, positive: bool = False) -> int | None:
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds <= 0):
         bound = "positive" if positive else ">= 0"
         raise errors.InvalidArgument(f"{what} must be finite and {bound}, got {value!r}")
+    if seconds * 1000 > MAX_MS:
+        raise errors.InvalidArgument(f"{what} is too large, got {value!r}")
     return round(seconds * 1000)
 
 
@@ -85,6 +90,8 @@ def at_ms(value: object) -> int | None:
             raise errors.InvalidArgument("at must be a timezone-aware datetime")
         return round(value.timestamp() * 1000)
     if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_MS:
+            raise errors.InvalidArgument(f"at is out of range, got {value!r}")
         return value
     raise errors.InvalidArgument(f"at must be an aware datetime or epoch ms, got {value!r}")
 
@@ -117,7 +124,7 @@ def _headers(headers: object) -> Jsonb | None:
     if not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers):
         raise errors.InvalidArgument("headers must be a dict with string keys")
     try:
-        json.dumps(headers)
+        json.dumps(headers, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise errors.InvalidArgument(f"headers must be JSON-serialisable: {e}") from None
     return Jsonb(headers)
@@ -127,7 +134,7 @@ def _state(state: object) -> Jsonb | None:
     if state is None:
         return None
     try:
-        json.dumps(state)
+        json.dumps(state, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise errors.InvalidArgument(f"state must be JSON-serialisable: {e}") from None
     return Jsonb(state)
@@ -304,6 +311,11 @@ class Ops:
         prios: list[int] = []
         keys: list[str | None] = []
         channels: list[str | None] = []
+        if isinstance(messages, (str, bytes, bytearray, memoryview, dict, Envelope)):
+            # Iterating these would send one message per character/byte/key.
+            raise errors.InvalidArgument(
+                f"messages must be a list of payloads or Envelopes, got {type(messages).__name__}"
+            )
         for m in messages:
             if not isinstance(m, Envelope):
                 m = Envelope(m)
@@ -393,12 +405,18 @@ class Ops:
     def dead_list(self, queue: str, n: int = 100, *, after_id: int = 0) -> Op[list[DeadMessage]]:
         check_queue(queue)
         check_limit(n)
+        if not isinstance(after_id, int) or isinstance(after_id, bool):
+            raise errors.InvalidArgument(f"after_id must be a message id, got {after_id!r}")
         return Op(self.st.dead_list, (queue, n, after_id),
                   lambda rows: [DeadMessage(*r[:8], bytes(r[8])) for r in rows])
 
     def dead_requeue(self, queue: str, ids: Sequence[int] | None = None) -> Op[int]:
         check_queue(queue)
-        return Op(self.st.dead_requeue, (queue, list(ids) if ids is not None else None), _scalar)
+        if ids is not None:
+            ids = list(ids)
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise errors.InvalidArgument("ids must be message ids (integers)")
+        return Op(self.st.dead_requeue, (queue, ids), _scalar)
 
     def dead_purge(self, queue: str) -> Op[int]:
         return Op(self.st.dead_purge, (check_queue(queue),), _scalar)
@@ -425,6 +443,9 @@ def _one_queue(messages: Sequence[Message]) -> str:
         raise TypeError("pass a list of messages")  # guarded by the clients
     if not messages:
         raise errors.InvalidArgument("no messages given")
+    for m in messages:
+        if not isinstance(m, Message):
+            raise errors.InvalidArgument(f"expected a Message, got {type(m).__name__}")
     queues = {m.queue for m in messages}
     if len(queues) != 1:
         raise errors.InvalidArgument("messages of one call must come from one queue")
@@ -432,6 +453,8 @@ def _one_queue(messages: Sequence[Message]) -> str:
 
 
 def _pairs(queue: str, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+    if isinstance(messages, Message):
+        messages = [messages]
     ids, tokens = [], []
     for m in messages:
         if not isinstance(m, Message):
@@ -446,7 +469,10 @@ def _pairs(queue: str, messages: Sequence[Message]) -> tuple[list[int], list[int
 def _per_message(value: Any, n: int, what: str, scalar: type | tuple[type, ...] = (int, float, timedelta)) -> list[Any]:
     if value is None or isinstance(value, scalar):
         return [value] * n
-    values = list(value)
+    try:
+        values = list(value)
+    except TypeError:
+        raise errors.InvalidArgument(f"{what} must be one value or one per message, got {value!r}") from None
     if len(values) != n:
         raise errors.InvalidArgument(f"{what} must be one value or one per message")
     return values

@@ -277,6 +277,7 @@ class Client:
         ``poll`` bounds each wait as a fallback. Returns [] on timeout."""
         op = self.ops.take(queue, n, lease=lease)
         limit = to_ms(timeout, "timeout")
+        to_ms(poll, "poll", positive=True)
         deadline = None if limit is None else monotonic() + limit / 1000
         listener = self._listener()
         try:

@@ -161,6 +161,10 @@ BEGIN
         RAISE EXCEPTION 'invalid queue name %: use 1-63 of a-z 0-9 _ . : - starting with a letter',
             quote_nullable(p_name) USING ERRCODE = 'LQ002';
     END IF;
+    IF p_lease_ms IS NULL OR p_max_attempts IS NULL OR p_archive IS NULL
+       OR p_max_payload_bytes IS NULL THEN
+        PERFORM {schema}._invalid('queue settings must not be NULL');
+    END IF;
     PERFORM {schema}._check_positive(p_lease_ms, 'lease_ms');
     PERFORM {schema}._check_positive(p_max_attempts, 'max_attempts');
     PERFORM {schema}._check_positive(p_max_payload_bytes, 'max_payload_bytes');
@@ -255,7 +259,9 @@ DECLARE
     q     {schema}.queue := {schema}._queue(p_name);
     v_now bigint := coalesce(p_now, {schema}.now_ms());
     v_future bigint;
+    v_leased bigint;
 BEGIN
+    PERFORM {schema}._check_limit(p_cap);
     queue := q.name;
     SELECT count(*) INTO ready FROM (
         SELECT 1 FROM {schema}.message m
@@ -263,10 +269,20 @@ BEGIN
     SELECT count(*) INTO leased FROM (
         SELECT 1 FROM {schema}.message m
          WHERE m.queue_id = q.id AND m.leased AND m.dequeue_at > v_now LIMIT p_cap) s;
-    SELECT count(*) INTO v_future FROM (
-        SELECT 1 FROM {schema}.message m
-         WHERE m.queue_id = q.id AND m.dequeue_at > v_now LIMIT p_cap) s;
-    scheduled := greatest(v_future - leased, 0);
+    -- Future rows are the leased ones plus the scheduled ones. While leased is exact, count
+    -- that many rows further so scheduled is exact up to p_cap as well; once leased is capped
+    -- the unleased future rows must be told apart row by row.
+    v_leased := leased;
+    IF v_leased < p_cap THEN
+        SELECT count(*) INTO v_future FROM (
+            SELECT 1 FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.dequeue_at > v_now LIMIT p_cap + v_leased) s;
+        scheduled := least(v_future - v_leased, p_cap);
+    ELSE
+        SELECT count(*) INTO scheduled FROM (
+            SELECT 1 FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.dequeue_at > v_now AND NOT m.leased LIMIT p_cap) s;
+    END IF;
     SELECT count(*) INTO dead FROM (
         SELECT 1 FROM {schema}.archive a
          WHERE a.queue_id = q.id AND a.status = 'dead' LIMIT p_cap) s;
@@ -839,6 +855,7 @@ DECLARE
     v_now bigint := coalesce(p_now, {schema}.now_ms());
     v_n   bigint;
 BEGIN
+    PERFORM {schema}._check_limit(p_limit);
     WITH old AS (
         SELECT a.queue_id, a.id
           FROM {schema}.queue q
