@@ -1,0 +1,121 @@
+"""The worker's SQL calls (migration 0004 and batched settling), as I/O-free ops run by
+``AsyncClient.run`` like every core call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from psycopg import sql
+
+from .._ops import Op, _check_text, _headers, _pairs, _state, check_queue, encode_payload, to_ms
+from ..models import Message
+
+#: The migration that created the tables and functions below.
+WORKER_MIGRATION = 4
+
+
+@dataclass(frozen=True, slots=True)
+class CronRow:
+    name: str
+    schedule: str
+    queue: str
+    kind: str | None
+    enabled: bool
+    source: str
+    misfire_grace_ms: int
+    last_tick_ms: int
+    last_fired_ms: int | None
+    last_message_id: int | None
+    db_now_ms: int
+
+
+class WorkerOps:
+    def __init__(self, schema: str) -> None:
+        s = sql.Identifier(schema)
+
+        def q(text: str) -> sql.Composed:
+            return sql.SQL(text).format(s=s)  # type: ignore[arg-type]
+
+        self._version = q("SELECT coalesce(max(version), 0) FROM {s}.migration")
+        self._now = q("SELECT {s}.now_ms()")
+        self._nack = q(
+            "SELECT * FROM {s}.nack(%s::text, %s::bigint[], %s::int[], %s::bigint[], %s::text[],"
+            " %s::jsonb[], %s::bool)"
+        )
+        self._give_up = q("SELECT * FROM {s}.give_up(%s::text, %s::bigint[], %s::int[], %s::text[])")
+        self._cron_list = q("SELECT * FROM {s}.cron_list()")
+        self._cron_fire = q("SELECT {s}.cron_fire(%s::text, %s::bigint)")
+        self._cron_upsert = q(
+            "SELECT {s}.cron_upsert(%s::text, %s::text, %s::text, %s::bytea, %s::text, %s::text,"
+            " %s::jsonb, %s::int2, %s::bigint, %s::text)"
+        )
+        self._cron_delete = q("SELECT {s}.cron_delete(%s::text)")
+        self._cron_enable = q("SELECT {s}.cron_set_enabled(%s::text, %s::bool)")
+
+    def installed_version(self) -> Op[int]:
+        return Op(self._version, (), lambda rows: int(rows[0][0]))
+
+    def now_ms(self) -> Op[int]:
+        return Op(self._now, (), lambda rows: int(rows[0][0]))
+
+    def nack(
+        self,
+        queue: str,
+        messages: Sequence[Message],
+        delays_ms: Sequence[int],
+        errors: Sequence[str | None] | None,
+        states: Sequence[Any] | None,
+        *,
+        count_attempt: bool,
+    ) -> Op[dict[int, str]]:
+        """nack/defer of many deliveries, each with its own delay, error and saved state."""
+        ids, tokens = _pairs(queue, messages)
+        jstates = None if states is None or all(s is None for s in states) else [_state(s) for s in states]
+        params = (queue, ids, tokens, list(delays_ms), None if errors is None else list(errors),
+                  jstates, count_attempt)
+        return Op(self._nack, params, lambda rows: {r[0]: r[1] for r in rows})
+
+    def give_up(self, queue: str, messages: Sequence[Message], errors: Sequence[str | None]) -> Op[set[int]]:
+        ids, tokens = _pairs(queue, messages)
+        return Op(self._give_up, (queue, ids, tokens, list(errors)), lambda rows: {r[0] for r in rows})
+
+    def cron_list(self) -> Op[list[CronRow]]:
+        return Op(self._cron_list, (), lambda rows: [CronRow(*r) for r in rows])
+
+    def cron_fire(self, name: str, tick_ms: int) -> Op[int | None]:
+        return Op(self._cron_fire, (name, tick_ms), lambda rows: rows[0][0] if rows else None)
+
+    def cron_upsert(
+        self,
+        name: str,
+        schedule: str,
+        queue: str,
+        payload: Any,
+        *,
+        kind: str | None = None,
+        headers: dict[str, Any] | None = None,
+        priority: int = 0,
+        misfire_grace: float = 60.0,
+        source: str = "code",
+    ) -> Op[str]:
+        check_queue(queue)
+        _check_text(kind, "kind", 255)
+        body, ctype = encode_payload(payload)
+        grace = to_ms(misfire_grace, "misfire_grace")
+        params = (name, schedule, queue, body, kind, ctype, _headers(headers),
+                  priority, grace, source)
+        return Op(self._cron_upsert, params, lambda rows: rows[0][0])
+
+    def cron_delete(self, name: str) -> Op[bool]:
+        return Op(self._cron_delete, (name,), lambda rows: bool(rows[0][0]))
+
+    def cron_set_enabled(self, name: str, enabled: bool) -> Op[bool]:
+        return Op(self._cron_enable, (name, enabled), lambda rows: bool(rows[0][0]))
+
+
+@lru_cache(maxsize=64)
+def worker_ops(schema: str) -> WorkerOps:
+    return WorkerOps(schema)
