@@ -158,6 +158,8 @@ class Worker:
     ``lease``: seconds each lease lasts between heartbeats (default: each queue's own).
     ``poll_interval``: seconds between fetches when no NOTIFY arrives (jittered by ±10%).
     ``ack_interval``: seconds an acknowledgement may wait to be batched with others.
+    ``fetch_cooldown``: seconds the fetcher may wait, when fewer than half a batch of slots are
+    free, for more handlers to finish so it fetches for them in the same round trip.
     ``shutdown_timeout``: seconds in-flight handlers get to finish on :meth:`stop`.
     ``metrics_port``: serve Prometheus metrics on that port (0: any free port).
     ``cron``: run the periodic-message scheduler. ``listen``: wake on NOTIFY.
@@ -178,6 +180,7 @@ class Worker:
         lease: float | None = None,
         poll_interval: float = 5.0,
         ack_interval: float = 0.05,
+        fetch_cooldown: float = 0.002,
         shutdown_timeout: float = 30.0,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
@@ -192,6 +195,7 @@ class Worker:
         self.lease_ms = to_ms(lease, "lease", positive=True)
         self.poll_interval = poll_interval
         self.ack_interval = ack_interval
+        self.fetch_cooldown = fetch_cooldown
         self.shutdown_timeout = shutdown_timeout
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
@@ -541,6 +545,9 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
+            if self.fetch_cooldown and self._running and free * 2 < min(self.batch_size, self.concurrency):
+                # Few slots free and more about to be: wait a moment to fetch them in one trip.
+                await self._sleep(self.fetch_cooldown, self._stop_fetch)
             turn = (turn + 1) % len(queues)
             due = due[turn % len(due):] + due[: turn % len(due)]  # take turns between queues
             for q in due:
