@@ -224,3 +224,39 @@ def pg_program(name: str) -> str | None:
         if candidate.is_file():
             return str(candidate)
     return shutil.which(name)
+
+
+# -- consumer processes (importable by multiprocessing's spawn) --------------------------------
+
+
+def lease_consumer(dsn: str, schema: str, queue: str, batch: int, barrier: Any, out: Any) -> None:
+    """Take batches with a long lease and ack them until the queue is empty; report
+    (id, token, attempt) of every delivery and the ids each ack confirmed."""
+    from lonnymq import Client
+
+    delivered: list[tuple[int, int, int]] = []
+    acked: list[int] = []
+    with Client(dsn, schema=schema, pool_size=1) as c:
+        c.open()
+        barrier.wait(60)
+        while messages := c.take(queue, batch, lease=600):
+            delivered += [(m.id, m.token, m.attempt) for m in messages]
+            acked += sorted(c.ack(messages))
+    out.put((delivered, acked))
+
+
+def tx_consumer(dsn: str, schema: str, queue: str, batch: int, barrier: Any, out: Any) -> None:
+    """Take batches with take_tx, one transaction each, until the queue is empty."""
+    from lonnymq import Client
+
+    delivered: list[tuple[int, int, int]] = []
+    with psycopg.connect(dsn) as conn:
+        c = Client(conn, schema=schema)
+        barrier.wait(60)
+        while True:
+            with conn.transaction():
+                messages = c.take_tx(queue, batch, conn=conn)
+            if not messages:
+                break
+            delivered += [(m.id, m.token, m.attempt) for m in messages]
+    out.put((delivered, [m[0] for m in delivered]))

@@ -25,28 +25,36 @@ def db(conn: psycopg.Connection, schema: str) -> Sql:
 
 
 @pytest.fixture(scope="module")
-def shared(dsn: str) -> Iterator[str]:
+def shared(dsn: str) -> Iterator[tuple[str, Message]]:
     """One schema for the many tests below that must not write anything: queue "q" (100-byte
-    payload limit) holding one leased message with key "live"."""
+    payload limit) holding one leased message with key "live" (returned), and a table "x" that
+    injection attempts would aim at. Each test checks that it changed nothing."""
     name = fresh_schema_name()
     with Client(dsn, schema=name, pool_size=1) as c:
         c.migrate()
         c.create_queue("q", max_payload_bytes=100)
         c.send("q", b"live", key="live")
-        c.take("q")
-    yield name
+        [held] = c.take("q", lease=3600)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            Sql(conn, name).q("CREATE TABLE {s}.x (id int)")
+    yield name, held
     drop_schema(dsn, name)
 
 
 @pytest.fixture
-def sdb(conn: psycopg.Connection, shared: str) -> Sql:
-    return Sql(conn, shared)
+def sdb(conn: psycopg.Connection, shared: tuple[str, Message]) -> Sql:
+    return Sql(conn, shared[0])
 
 
 @pytest.fixture
-def sclient(dsn: str, shared: str) -> Iterator[Client]:
-    with Client(dsn, schema=shared, pool_size=1) as c:
+def sclient(dsn: str, shared: tuple[str, Message]) -> Iterator[Client]:
+    with Client(dsn, schema=shared[0], pool_size=1) as c:
         yield c
+
+
+@pytest.fixture
+def held(shared: tuple[str, Message]) -> Message:
+    return shared[1]
 
 
 @pytest.fixture
@@ -84,7 +92,8 @@ CALLS_WITH_A_QUEUE: list[tuple[str, Callable[[Client, Any], Any]]] = [
 
 
 @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
-def test_invalid_queue_names(client: Client, q: str, db: Sql, name: Any) -> None:
+def test_invalid_queue_names(sclient: Client, sdb: Sql, name: Any) -> None:
+    client, db = sclient, sdb
     before = _unchanged(db)
     for what, call in CALLS_WITH_A_QUEUE:
         if name is None and what == "create_queue dlq":
@@ -96,7 +105,8 @@ def test_invalid_queue_names(client: Client, q: str, db: Sql, name: Any) -> None
 
 
 @pytest.mark.parametrize("name", [n for n in BAD_NAMES if isinstance(n, str)], ids=repr)
-def test_invalid_queue_names_reach_sql_safely(db: Sql, q: str, name: str) -> None:
+def test_invalid_queue_names_reach_sql_safely(sdb: Sql, name: str) -> None:
+    db = sdb
     before = _unchanged(db)
     with pytest.raises(psycopg.Error) as e:
         db.call("queue_create", p_name=name)
@@ -118,7 +128,8 @@ def test_valid_queue_name_edges(client: Client) -> None:
         assert [m.payload for m in client.take(name)] == [b"x"]
 
 
-def test_unknown_queue(client: Client, q: str, db: Sql) -> None:
+def test_unknown_queue(sclient: Client, sdb: Sql) -> None:
+    client, db = sclient, sdb
     before = _unchanged(db)
     for what, call in CALLS_WITH_A_QUEUE:
         if what in ("create_queue", "drop_queue"):
@@ -136,9 +147,8 @@ def test_unknown_queue(client: Client, q: str, db: Sql) -> None:
 
 @pytest.mark.parametrize("value", [-1, -0.001, *NOT_FINITE, timedelta(seconds=-1), "1", True, 1e300],
                          ids=repr)
-def test_bad_delays_and_timeouts(client: Client, q: str, db: Sql, value: Any) -> None:
-    client.send(q, b"held")
-    [m] = client.take(q)
+def test_bad_delays_and_timeouts(sclient: Client, sdb: Sql, held: Message, value: Any) -> None:
+    client, db, q, m = sclient, sdb, "q", held
     before = _unchanged(db)
     calls: list[Callable[[], Any]] = [
         lambda: client.send(q, b"x", delay=value),
@@ -160,8 +170,8 @@ def test_bad_delays_and_timeouts(client: Client, q: str, db: Sql, value: Any) ->
     assert _unchanged(db) == before
 
 
-def test_zero_is_not_a_lease(client: Client, q: str) -> None:
-    client.send(q, b"x")
+def test_zero_is_not_a_lease(sclient: Client) -> None:
+    client, q = sclient, "q"
     with pytest.raises(errors.InvalidArgument):
         client.take(q, lease=0)
     with pytest.raises(errors.InvalidArgument):
@@ -180,19 +190,22 @@ def test_bad_at(sclient: Client, sdb: Sql, at: Any) -> None:
 # -- payloads --------------------------------------------------------------------------------
 
 
-def test_payload_over_the_queue_limit_writes_nothing(client: Client, q: str, db: Sql) -> None:
+def test_payload_over_the_queue_limit_writes_nothing(sclient: Client, sdb: Sql) -> None:
+    client, db, q = sclient, sdb, "q"
+    before = _unchanged(db)
     with pytest.raises(errors.PayloadTooLarge, match="101 bytes"):
         client.send(q, b"x" * 101)
     with pytest.raises(errors.PayloadTooLarge, match="message 3 payload"):
         client.send_batch(q, [b"ok", b"ok", {"big": "x" * 100}])
-    assert db.count(q) == 0
+    assert _unchanged(db) == before
     assert issubclass(errors.PayloadTooLarge, errors.InvalidArgument)
 
 
-def test_payload_over_the_hard_ceiling_is_refused_before_sending(dsn: str, schema: str, q: str, db: Sql) -> None:
+def test_payload_over_the_hard_ceiling_is_refused_before_sending(dsn: str, shared: tuple[str, Message], sdb: Sql) -> None:
+    q, db = "q", sdb
     huge = bytes(MAX_PAYLOAD_BYTES + 1)
     with CountingConnection.connect(dsn, autocommit=True) as c:
-        client = Client(c, schema=schema)
+        client = Client(c, schema=shared[0])
         with pytest.raises(errors.PayloadTooLarge, match="at most 104857600"):
             client.send(q, huge)
         with pytest.raises(errors.PayloadTooLarge):
@@ -201,7 +214,7 @@ def test_payload_over_the_hard_ceiling_is_refused_before_sending(dsn: str, schem
             client.send(q, "é" * (MAX_PAYLOAD_BYTES // 2 + 1))
         assert c.executed == 0
     del huge
-    assert db.count(q) == 0
+    assert db.count(q) == 1
 
 
 # -- wrong types -----------------------------------------------------------------------------
@@ -239,10 +252,10 @@ class Unjsonable:
     ],
     ids=repr,
 )
-def test_wrong_types_in_send(dsn: str, shared: str, sdb: Sql, kwargs: dict[str, Any], what: str) -> None:
+def test_wrong_types_in_send(dsn: str, shared: tuple[str, Message], sdb: Sql, kwargs: dict[str, Any], what: str) -> None:
     q = "q"
     with CountingConnection.connect(dsn, autocommit=True) as c:
-        client = Client(c, schema=shared)
+        client = Client(c, schema=shared[0])
         payload = kwargs.pop("payload", b"x")
         with pytest.raises(errors.InvalidArgument, match=what):
             client.send(q, payload, **kwargs)
@@ -313,7 +326,8 @@ def test_bad_settle_arguments(client: Client, q: str, db: Sql) -> None:
     assert isinstance(m, Message) and client.ack(m) == {m.id}
 
 
-def test_exceptions_form_a_hierarchy(client: Client) -> None:
+def test_exceptions_form_a_hierarchy(sclient: Client) -> None:
+    client = sclient
     with pytest.raises(errors.LonnyMQError):
         client.take("nope")
     with pytest.raises(ValueError):
@@ -401,14 +415,15 @@ def test_sql_functions_reject_bad_values(sdb: Sql, func: str, args: dict[str, An
     assert [r["payload"] for r in db.q("SELECT payload FROM {s}.message")] == [b"live"]
 
 
-def test_sql_names_are_never_interpolated(db: Sql, client: Client) -> None:
+def test_sql_names_are_never_interpolated(sdb: Sql) -> None:
     """Quotes and semicolons in names are data, in every function that takes a name."""
-    db.q("CREATE TABLE {s}.x (id int)")
+    db = sdb
+    before = _unchanged(db)
     evil = "x'); DROP TABLE x; --"
     for func, key in (("queue_create", "p_name"), ("queue_drop", "p_name"), ("queue_purge", "p_name"),
                       ("queue_metrics", "p_name"), ("take", "p_queue"), ("dead_purge", "p_queue")):
         with pytest.raises(psycopg.Error) as e:
             db.call(func, **{key: evil})
         assert e.value.sqlstate in ("LQ001", "LQ002")
+    assert _unchanged(db) == before
     assert db.q("SELECT to_regclass(%s) AS r", (f"{db.schema}.x",))[0]["r"] is not None
-    assert db.q("SELECT count(*) AS n FROM {s}.queue")[0]["n"] == 0

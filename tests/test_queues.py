@@ -213,35 +213,36 @@ def test_metrics_of_an_empty_queue(client: Client) -> None:
         0, 0, 0, 0, None, None)
 
 
-def _fill(db: Sql, t: int, ready: int, leased: int, scheduled: int) -> None:
-    db.send("q", [b"r"] * ready, t - 1000)
+def _fill(db: Sql, q: str, t: int, ready: int, leased: int, scheduled: int) -> None:
+    if ready:
+        db.send(q, [b"r"] * ready, t - 1000)
     if leased:
-        db.send("q", [b"l"] * leased, t - 1000, p_priorities=[100] * leased)  # taken first
-        assert len(db.take("q", leased, t - 1000, p_lease_ms=60_000)) == leased
-    db.send("q", [b"s"] * scheduled, t, p_delays_ms=[3_600_000] * scheduled)
+        db.send(q, [b"l"] * leased, t - 1000, p_priorities=[100] * leased)  # taken first
+        assert len(db.take(q, leased, t - 1000, p_lease_ms=60_000)) == leased
+    if scheduled:
+        db.send(q, [b"s"] * scheduled, t, p_delays_ms=[3_600_000] * scheduled)
 
 
-@pytest.mark.parametrize(
-    ("ready", "leased", "scheduled", "cap", "expected"),
-    [
-        (5, 5, 5, 100, (5, 5, 5)),
-        (5, 5, 5, 3, (3, 3, 3)),
-        (0, 2, 5, 3, (0, 2, 3)),
-        (0, 5, 2, 3, (0, 3, 2)),
-        (0, 5, 0, 3, (0, 3, 0)),
-        (0, 0, 5, 3, (0, 0, 3)),
-        (2, 3, 3, 3, (2, 3, 3)),
-    ],
-)
-def test_metrics_counts_are_capped_at_least_counts(
-    client: Client, db: Sql, ready: int, leased: int, scheduled: int, cap: int, expected: tuple[int, int, int]
-) -> None:
+CAPPED = [  # ready, leased, scheduled, cap -> expected (ready, leased, scheduled)
+    (5, 5, 5, 100, (5, 5, 5)),
+    (5, 5, 5, 3, (3, 3, 3)),
+    (0, 2, 5, 3, (0, 2, 3)),
+    (0, 5, 2, 3, (0, 3, 2)),
+    (0, 5, 0, 3, (0, 3, 0)),
+    (0, 0, 5, 3, (0, 0, 3)),
+    (2, 3, 3, 3, (2, 3, 3)),
+    (1, 1, 1, 1, (1, 1, 1)),
+]
+
+
+def test_metrics_counts_are_capped_at_least_counts(client: Client, db: Sql) -> None:
     """Each count is exact below the cap and equals the cap when there are at least cap."""
-    client.create_queue("q")
     t = db.now()
-    _fill(db, t, ready, leased, scheduled)
-    [row] = db.call("queue_metrics", p_name="q", p_cap=cap, p_now=t)
-    assert (row["ready"], row["leased"], row["scheduled"]) == expected
+    for i, (ready, leased, scheduled, cap, expected) in enumerate(CAPPED):
+        client.create_queue(f"q{i}")
+        _fill(db, f"q{i}", t, ready, leased, scheduled)
+        [row] = db.call("queue_metrics", p_name=f"q{i}", p_cap=cap, p_now=t)
+        assert (row["ready"], row["leased"], row["scheduled"]) == expected, CAPPED[i]
 
 
 @pytest.mark.slow

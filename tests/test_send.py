@@ -61,29 +61,30 @@ def test_empty_batch(client: Client, q: str) -> None:
     assert client.peek(q) == []
 
 
-@pytest.mark.parametrize(
-    ("payload", "ctype"),
-    [
-        (b"\x00\xffraw", None),
-        (b"", None),
-        (bytearray(b"ba"), None),
-        (memoryview(b"mv"), None),
-        ("héllo wörld ✓", TEXT),
-        ("", TEXT),
-        ({"a": [1, 2.5, None, True], "b": {"c": "d"}}, JSON),
-        ([1, "two"], JSON),
-        (42, JSON),
-        (None, JSON),
-        (False, JSON),
-    ],
-)
-def test_payload_round_trip(client: Client, q: str, payload: Any, ctype: str | None) -> None:
-    client.send(q, payload)
-    [m] = client.take(q)
-    assert m.content_type == ctype
-    expected = bytes(payload) if isinstance(payload, (bytearray, memoryview)) else payload
-    assert m.payload == expected
-    assert type(m.payload) is type(expected)
+PAYLOADS: list[tuple[Any, str | None]] = [
+    (b"\x00\xffraw", None),
+    (b"", None),
+    (bytearray(b"ba"), None),
+    (memoryview(b"mv"), None),
+    ("héllo wörld ✓", TEXT),
+    ("", TEXT),
+    ({"a": [1, 2.5, None, True], "b": {"c": "d"}}, JSON),
+    ([1, "two"], JSON),
+    (42, JSON),
+    (None, JSON),
+    (False, JSON),
+]
+
+
+def test_payload_round_trip(client: Client, q: str) -> None:
+    for payload, _ in PAYLOADS:
+        client.send(q, payload)
+    client.send_batch(q, [p for p, _ in PAYLOADS])
+    got = client.take(q, 100)
+    assert len(got) == 2 * len(PAYLOADS)
+    for m, (payload, ctype) in zip(got, PAYLOADS * 2, strict=True):
+        expected = bytes(payload) if isinstance(payload, (bytearray, memoryview)) else payload
+        assert (m.payload, type(m.payload), m.content_type) == (expected, type(expected), ctype)
 
 
 def test_kind_and_headers_round_trip(client: Client, q: str) -> None:

@@ -1,0 +1,170 @@
+"""Plan tests for the hot query: the candidate SELECT of take() (and take_tx()), taken verbatim
+from 0001_core.sql, on a realistic queue of 600k messages must walk the dequeue index from
+its head: an index scan, no sequential scan, no sort, a handful of buffers."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from core_helpers import drop_schema, fresh_schema_name
+from lonnymq import Client
+
+pytestmark = pytest.mark.slow
+
+PER_STATE = 200_000
+LIMIT = 10
+
+
+def _function_body(source: str, name: str) -> str:
+    start = source.index(f"CREATE FUNCTION {{schema}}.{name}(")
+    return source[start:source.index("END $$;", start)]
+
+
+def candidate_queries(function: str) -> list[str]:
+    """The row-locking candidate SELECTs of ``function`` in 0001_core.sql, with the queue id,
+    the time and the limit as $1, $2 and $3."""
+    source = (resources.files("lonnymq.migrations") / "0001_core.sql").read_text()
+    body = _function_body(source, function)
+    found = re.findall(r"\(\s*(SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\s*\)", body)
+    assert found, f"no candidate SELECT ... FOR UPDATE SKIP LOCKED found in {function}()"
+    queries = []
+    for text in dict.fromkeys(found):  # take_tx has the same one twice
+        text = re.sub(r"\bq\.id\b", "$1", text)
+        text = re.sub(r"\bv_now\b", "$2", text)
+        text = re.sub(r"\bp_limit\b", "$3", text)
+        unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
+        assert not unknown, f"{function}() candidate query uses {unknown}: teach this test about them"
+        queries.append(text)
+    return queries
+
+
+@pytest.fixture(scope="module")
+def loaded(dsn: str) -> Iterator[tuple[str, int, int]]:
+    """A schema with queue "q" holding 200k future, 200k leased and 200k ready messages (and a
+    small second queue), analysed. Yields (schema, queue id, now)."""
+    schema = fresh_schema_name()
+    with Client(dsn, schema=schema, pool_size=1) as c:
+        c.migrate()
+        c.create_queue("other")
+        c.create_queue("q")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        s = sql.Identifier(schema)
+        qid = conn.execute(sql.SQL("SELECT id FROM {}.queue WHERE name = 'q'").format(s)).fetchone()[0]
+        other = conn.execute(sql.SQL("SELECT id FROM {}.queue WHERE name = 'other'").format(s)).fetchone()[0]
+        now = conn.execute(sql.SQL("SELECT {}.now_ms()").format(s)).fetchone()[0]
+        started = time.perf_counter()
+        conn.execute(
+            sql.SQL(
+                """INSERT INTO {}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, attempts,
+                                           deliveries, leased, payload)
+                   SELECT %(q)s,
+                          CASE i %% 3 WHEN 0 THEN %(now)s + 3600000 + i   -- future
+                                     WHEN 1 THEN %(now)s + 30000 + i     -- leased
+                                     ELSE %(now)s - 3 * %(n)s + i END,   -- ready
+                          %(now)s - 3 * %(n)s + i, %(now)s - 3 * %(n)s + i,
+                          (i %% 3 = 1)::int, (i %% 3 = 1)::int, i %% 3 = 1, '\\x7b7d'
+                     FROM generate_series(1, 3 * %(n)s) i"""
+            ).format(s),
+            {"q": qid, "now": now, "n": PER_STATE},
+        )
+        conn.execute(
+            sql.SQL(
+                """INSERT INTO {}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, payload)
+                   SELECT %s, %s - i, %s - i, %s - i, '\\x00' FROM generate_series(1, 1000) i"""
+            ).format(s),
+            (other, now, now, now),
+        )
+        conn.execute(sql.SQL("ANALYZE {}.message").format(s))
+        print(f"\nplan tests: loaded {3 * PER_STATE + 1000} messages in {time.perf_counter() - started:.1f}s")
+    yield schema, qid, now
+    drop_schema(dsn, schema)
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _dequeue_index(conn: psycopg.Connection, schema: str, qid: int) -> str:
+    [(name,)] = conn.execute(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = %s"
+        " AND indexdef LIKE '%%(queue_id, dequeue_at, id)%%'",
+        (schema, f"message_{qid}"),
+    ).fetchall()
+    return str(name)
+
+
+def _explain(conn: psycopg.Connection, schema: str, query: str, mode: str, args: tuple[int, int, int],
+             analyze: bool = False) -> dict[str, Any]:
+    conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.Literal(mode)))
+    conn.execute("DEALLOCATE ALL")
+    conn.execute(
+        sql.SQL("PREPARE candidates(integer, bigint, integer) AS {}").format(
+            sql.SQL(query.replace("{schema}", sql.Identifier(schema).as_string(conn)))  # type: ignore[arg-type]
+        )
+    )
+    options = "FORMAT JSON, ANALYZE, BUFFERS" if analyze else "FORMAT JSON"
+    # EXPLAIN takes no bind parameters: the arguments go in as literals (the prepared plan is
+    # still generic or custom as plan_cache_mode says).
+    [(out,)] = conn.execute(
+        sql.SQL("EXPLAIN ({}) EXECUTE candidates({})").format(
+            sql.SQL(options), sql.SQL(", ").join(sql.Literal(a) for a in args))  # type: ignore[arg-type]
+    ).fetchall()
+    return out[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+@pytest.mark.parametrize("function", ["take", "take_tx"])
+def test_candidate_query_walks_the_dequeue_index(dsn: str, loaded: tuple[str, int, int], function: str, mode: str) -> None:
+    schema, qid, now = loaded
+    with psycopg.connect(dsn) as conn:
+        index = _dequeue_index(conn, schema, qid)
+        for query in candidate_queries(function):
+            plan = _explain(conn, schema, query, mode, (qid, now, LIMIT))["Plan"]
+            nodes = list(_nodes(plan))
+            types = [n["Node Type"] for n in nodes]
+            assert not {"Seq Scan", "Sort", "Incremental Sort", "Bitmap Heap Scan"} & set(types), types
+            scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
+            assert index in [n.get("Index Name") for n in scans], (index, types)
+            assert types[0] == "Limit" and "LockRows" in types, types
+        conn.rollback()
+
+
+def test_candidate_query_reads_a_handful_of_buffers(dsn: str, loaded: tuple[str, int, int]) -> None:
+    schema, qid, now = loaded
+    with psycopg.connect(dsn) as conn:
+        [query] = candidate_queries("take")
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            result = _explain(conn, schema, query, mode, (qid, now, LIMIT), analyze=True)
+            plan = result["Plan"]
+            buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+            print(f"\n{mode}: {plan['Actual Rows']} rows, {buffers} buffers,"
+                  f" {result['Execution Time']:.2f} ms")
+            assert plan["Actual Rows"] == LIMIT
+            assert buffers <= 50, buffers
+            conn.rollback()  # the EXPLAIN ANALYZE really locked the rows
+
+
+def test_the_extracted_query_is_the_one_take_runs(dsn: str, loaded: tuple[str, int, int]) -> None:
+    """Guard against the regex drifting: the extracted SELECT picks exactly what take() leases."""
+    schema, qid, now = loaded
+    [query] = candidate_queries("take")
+    with psycopg.connect(dsn) as conn:
+        text = query.replace("{schema}", sql.Identifier(schema).as_string(conn))
+        picked = [r[0] for r in conn.execute(text.replace("$1", "%s").replace("$2", "%s").replace("$3", "%s"),
+                                             (qid, now, LIMIT)).fetchall()]
+        conn.rollback()
+        taken = [r[0] for r in conn.execute(
+            sql.SQL("SELECT id FROM {}.take('q', %s, p_now => %s)").format(sql.Identifier(schema)),
+            (LIMIT, now)).fetchall()]
+        conn.rollback()
+    assert picked == taken and len(taken) == LIMIT
