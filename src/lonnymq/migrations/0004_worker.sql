@@ -191,3 +191,29 @@ BEGIN
     PERFORM {schema}._dead_letter(q, v_ids, v_errs, v_now);
     RETURN QUERY SELECT unnest(v_ids);
 END $$;
+
+-- What a consumer needs to know of the queues it serves: the lease (to pace heartbeats) and
+-- the attempt limit. Queues that do not exist are left out. Narrower than queue_list, which
+-- stays with admin.
+CREATE FUNCTION {schema}.worker_queues(p_names text[])
+RETURNS TABLE (name text, lease_ms bigint, max_attempts integer)
+LANGUAGE sql STABLE AS $$
+    SELECT q.name, q.lease_ms, q.max_attempts FROM {schema}.queue q
+     WHERE q.name = ANY (p_names) ORDER BY q.name
+$$;
+
+-- Privileges (migration 0002's model) -------------------------------------------------------
+--
+-- A worker logs in as a consumer: besides taking and settling it gives up on deliveries, reads
+-- the lease and attempt limit of its queues at start, declares the periodic messages of its code and sends their
+-- ticks. Changing or deleting schedules (cron_delete, cron_set_enabled) stays with admin, which
+-- gets every API function anyway.
+INSERT INTO {schema}.security_grant (object, kind, privileges) VALUES
+    ('give_up',     'consumer', ARRAY['EXECUTE']),
+    ('worker_queues', 'consumer', ARRAY['EXECUTE']),
+    ('cron_list',   'consumer', ARRAY['EXECUTE']),
+    ('cron_fire',   'consumer', ARRAY['EXECUTE']),
+    ('cron_upsert', 'consumer', ARRAY['EXECUTE'])
+ON CONFLICT (object, kind) DO NOTHING;
+
+SELECT {schema}._apply_privileges();

@@ -46,6 +46,7 @@ class WorkerOps:
             " %s::jsonb[], %s::bool)"
         )
         self._give_up = q("SELECT * FROM {s}.give_up(%s::text, %s::bigint[], %s::int[], %s::text[])")
+        self._worker_queues = q("SELECT * FROM {s}.worker_queues(%s::text[])")
         self._cron_list = q("SELECT * FROM {s}.cron_list()")
         self._cron_fire = q("SELECT {s}.cron_fire(%s::text, %s::bigint)")
         self._cron_upsert = q(
@@ -81,6 +82,10 @@ class WorkerOps:
     def give_up(self, queue: str, messages: Sequence[Message], errors: Sequence[str | None]) -> Op[set[int]]:
         ids, tokens = _pairs(queue, messages)
         return Op(self._give_up, (queue, ids, tokens, list(errors)), lambda rows: {r[0] for r in rows})
+
+    def worker_queues(self, names: Sequence[str]) -> Op[dict[str, tuple[int, int]]]:
+        """{queue: (lease_ms, max_attempts)} of the queues among ``names`` that exist."""
+        return Op(self._worker_queues, (list(names),), lambda rows: {r[0]: (r[1], r[2]) for r in rows})
 
     def cron_list(self) -> Op[list[CronRow]]:
         return Op(self._cron_list, (), lambda rows: [CronRow(*r) for r in rows])

@@ -343,12 +343,12 @@ class Worker:
                 raise errors.NotInstalled(
                     f"schema {self.schema!r} lacks migration {WORKER_MIGRATION:04d} (worker): run lonnymq migrate"
                 )
-            infos = {q.name: q for q in await self.client.list_queues()}
+            infos = await self.client.run(self.ops.worker_queues(self.queue_names))
             for name in self.queue_names:
-                info = infos.get(name)
-                if info is None:
+                if name not in infos:
                     raise errors.QueueNotFound(f"queue {name!r} does not exist (create it first)")
-                self._queues[name] = _Queue(name, self.lease_ms or info.lease_ms, info.max_attempts)
+                lease_ms, max_attempts = infos[name]
+                self._queues[name] = _Queue(name, self.lease_ms or lease_ms, max_attempts)
             for p in self.app.schedules.values():
                 body = p.payload
                 outcome = await self.client.run(self.ops.cron_upsert(
