@@ -140,6 +140,11 @@ def _state(state: object) -> Jsonb | None:
     return Jsonb(state)
 
 
+#: json.dumps(separators=..., allow_nan=False) builds a new encoder on every call; one shared
+#: encoder gives the same bytes and saves that per message.
+_json_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def encode_payload(payload: object) -> tuple[bytes, str | None]:
     """bytes are stored as they are; str as UTF-8 text; anything else as JSON."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
@@ -148,7 +153,7 @@ def encode_payload(payload: object) -> tuple[bytes, str | None]:
         body, ctype = payload.encode("utf-8"), TEXT
     else:
         try:
-            body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+            body = _json_encode(payload).encode()
         except (TypeError, ValueError) as e:
             raise errors.InvalidArgument(f"payload is not bytes, str or JSON-serialisable: {e}") from None
         ctype = JSON
@@ -195,24 +200,24 @@ class Statements:
         self.queue_list = q("SELECT * FROM {s}.queue_list()")
         self.queue_metrics = q("SELECT * FROM {s}.queue_metrics(%s::text, %s::int)")
         self.send_batch = q(
-            "SELECT ord, id, outcome FROM {s}.send_batch(%s::text, %s::bytea[], %s::text[],"
-            " %s::text[], %s::jsonb[], %s::bigint[], %s::bigint[], %s::int2[], %s::text[],"
-            " %s::text[], %s::text)"
+            "SELECT ord, id, outcome FROM {s}.send_batch(%s::text, %b::bytea[], %b::text[],"
+            " %b::text[], %b::jsonb[], %b::bigint[], %b::bigint[], %b::int2[], %b::text[],"
+            " %b::text[], %s::text)"
         )
         self.take = q(
-            "SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %s::bigint[], %s::int[])"
+            "SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])"
         )
         self.take_tx = q("SELECT * FROM {s}.take_tx(%s::text, %s::int, %s::bool)")
         self.peek = q("SELECT * FROM {s}.peek(%s::text, %s::int)")
-        self.ack = q("SELECT * FROM {s}.ack(%s::text, %s::bigint[], %s::int[], %s::bool)")
+        self.ack = q("SELECT * FROM {s}.ack(%s::text, %b::bigint[], %b::int[], %s::bool)")
         self.nack = q(
-            "SELECT * FROM {s}.nack(%s::text, %s::bigint[], %s::int[], %s::bigint[], %s::text[],"
-            " %s::jsonb[], %s::bool)"
+            "SELECT * FROM {s}.nack(%s::text, %b::bigint[], %b::int[], %b::bigint[], %b::text[],"
+            " %b::jsonb[], %s::bool)"
         )
-        self.extend = q("SELECT * FROM {s}.extend(%s::text, %s::bigint[], %s::int[], %s::bigint)")
+        self.extend = q("SELECT * FROM {s}.extend(%s::text, %b::bigint[], %b::int[], %s::bigint)")
         self.next_ready_in = q("SELECT {s}.next_ready_in(%s::text)")
         self.dead_list = q("SELECT * FROM {s}.dead_list(%s::text, %s::int, %s::bigint)")
-        self.dead_requeue = q("SELECT {s}.dead_requeue(%s::text, %s::bigint[])")
+        self.dead_requeue = q("SELECT {s}.dead_requeue(%s::text, %b::bigint[])")
         self.dead_purge = q("SELECT {s}.dead_purge(%s::text)")
         self.maintain = q("SELECT {s}.maintain(%s::int)")
         self.listen = q("LISTEN {s}")
@@ -316,7 +321,16 @@ class Ops:
             raise errors.InvalidArgument(
                 f"messages must be a list of payloads or Envelopes, got {type(messages).__name__}"
             )
-        for m in messages:
+        items = list(messages)
+        if not any(isinstance(m, Envelope) for m in items):
+            # Bare payloads (the common bulk case): nothing but the payload can be invalid and
+            # every other per-message array is NULL.
+            for p in items:
+                body, ctype = encode_payload(p)
+                bodies.append(body)
+                ctypes.append(ctype)
+            items = []
+        for m in items:
             if not isinstance(m, Envelope):
                 m = Envelope(m)
             body, ctype = encode_payload(m.payload)
