@@ -529,3 +529,35 @@ def test_start_refuses_missing_queue_and_old_schema(dsn: str, schema: str, clien
     conn.execute(sql.SQL("DELETE FROM {}.migration WHERE version >= 4").format(sql.Identifier(schema)))
     with pytest.raises(errors.NotInstalled, match="lonnymq migrate"):
         asyncio.run(Worker(app, dsn, schema=schema).run())
+
+
+def test_survives_losing_its_database_connections(dsn: str, schema: str, client: Client, conn: psycopg.Connection) -> None:
+    client.create_queue("jobs", lease=5)
+    client.send_batch("jobs", list(range(300)))
+    app = App()
+    done: list[int] = []
+
+    @app.handler("jobs")
+    async def work(job):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.005)
+        done.append(job.payload)
+
+    def kill_worker_backends() -> int:
+        row = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            ["lonnymq-worker"],
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    async def scenario(w: Worker) -> None:
+        await eventually(lambda: len(done) >= 50)
+        assert await asyncio.to_thread(kill_worker_backends) >= 2  # the pool's and the listener's
+        await eventually(lambda: len(set(done)) == 300, timeout=60)
+        await asyncio.sleep(0.5)
+        assert await asyncio.to_thread(kill_worker_backends) >= 1  # it reconnected
+
+    w = with_worker(app, dsn, schema, scenario, poll_interval=0.5)
+    assert set(done) == set(range(300))
+    m = client.metrics("jobs")
+    assert (m.ready, m.leased, m.scheduled) == (0, 0, 0)
+    assert w.m_lost.total() == 0

@@ -37,6 +37,7 @@ from time import monotonic, perf_counter
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import errors
 from .._ops import _state, to_ms
@@ -62,6 +63,12 @@ _CRON_RELOAD = 10.0
 _MAX_ERROR = 16_000
 #: Bound on the final settle at shutdown when the database does not answer.
 _FINAL_FLUSH_TIMEOUT = 15.0
+
+
+#: Errors worth retrying: the connection or server went away, or the transaction lost a race.
+_TRANSIENT = (psycopg.OperationalError, psycopg.errors.TransactionRollback)
+#: application_name of the worker's connections (pg_stat_activity shows who is who).
+APPLICATION_NAME = "lonnymq-worker"
 
 
 class WorkerError(errors.LonnyMQError):
@@ -206,6 +213,12 @@ class Worker:
             self.client = client
             self._owns_client = False
         else:
+            if client is None:
+                from ..embedded import resolve_dsn
+
+                client = resolve_dsn()
+            if "application_name" not in conninfo_to_dict(client):
+                client = make_conninfo(client, application_name=APPLICATION_NAME)
             self.client = AsyncClient(client, schema=schema, pool_size=5)
             self._owns_client = True
         self.schema = self.client.schema
@@ -516,7 +529,7 @@ class Worker:
         and return None with the next, doubled delay; other errors propagate."""
         try:
             return await call(), 0.1
-        except psycopg.OperationalError as e:
+        except _TRANSIENT as e:
             _log.warning("%s: database unavailable (%s); retrying in %.1fs", what, e, delay)
             await self._sleep(delay, until)
             return None, min(delay * 2, 5.0)
@@ -804,7 +817,7 @@ class Worker:
                         if q is not None:
                             q.hint = True
                             self._wake.set()
-            except psycopg.OperationalError as e:
+            except _TRANSIENT as e:
                 _log.warning("listener: connection lost (%s); polling until it is back", e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -824,34 +837,39 @@ class Worker:
         backoff: dict[str, float] = {}
         delay = 0.1
         while not self._stop_fetch.is_set():
-            rows, delay = await self._retrying(
-                "scheduler", lambda: self.client.run(self.ops.cron_list()), delay, self._stop_fetch
+            sleep, delay = await self._retrying(
+                "scheduler", lambda: self._schedule_once(backoff), delay, self._stop_fetch
             )
-            if rows is None:
+            if sleep is not None:
+                await self._sleep(sleep, self._stop_fetch)
+
+    async def _schedule_once(self, backoff: dict[str, float]) -> float:
+        """Send every due tick of every schedule; return the seconds until the next tick."""
+        rows = await self.client.run(self.ops.cron_list())
+        now_ms = rows[0].db_now_ms if rows else await self.client.run(self.ops.now_ms())
+        wake_ms = now_ms + round(_CRON_RELOAD * 1000)
+        for row in rows:
+            sched = self._schedule(row.schedule)
+            if sched is None or not row.enabled:
                 continue
-            now_ms = rows[0].db_now_ms if rows else await self.client.run(self.ops.now_ms())
-            wake_ms = now_ms + round(_CRON_RELOAD * 1000)
-            for row in rows:
-                sched = self._schedule(row.schedule)
-                if sched is None or not row.enabled:
-                    continue
-                if backoff.get(row.name, 0) <= monotonic():
-                    after = max(row.last_tick_ms, now_ms - row.misfire_grace_ms - 1)
-                    for tick in sched.ticks(after, now_ms, limit=100):
-                        if self._stop_fetch.is_set():
-                            return
-                        try:
-                            sent = await self.client.run(self.ops.cron_fire(row.name, tick))
-                        except (errors.QueueNotFound, errors.InvalidArgument) as e:
-                            self.m_cron_errors.inc(schedule=row.name)
-                            _log.error("periodic message %s: %s", row.name, e)
-                            backoff[row.name] = monotonic() + _CRON_RELOAD
-                            break
-                        if sent is not None:
-                            self.m_cron.inc(schedule=row.name)
-                            _log.debug("periodic message %s: tick %d sent as %d", row.name, tick, sent)
-                nxt = sched.next_after(now_ms)
-                if nxt is not None:
-                    wake_ms = min(wake_ms, nxt)
-            # Workers wake together at a tick; a little jitter spreads their (deduplicated) calls.
-            await self._sleep((wake_ms - now_ms) / 1000 + random.uniform(0.001, 0.02), self._stop_fetch)
+            if backoff.get(row.name, 0) <= monotonic():
+                after = max(row.last_tick_ms, now_ms - row.misfire_grace_ms - 1)
+                for tick in sched.ticks(after, now_ms, limit=100):
+                    if self._stop_fetch.is_set():
+                        return 0
+                    try:
+                        sent = await self.client.run(self.ops.cron_fire(row.name, tick))
+                    except (errors.QueueNotFound, errors.InvalidArgument, errors.PayloadTooLarge) as e:
+                        # A bad schedule must not stop the worker (nor the other schedules).
+                        self.m_cron_errors.inc(schedule=row.name)
+                        _log.error("periodic message %s: %s", row.name, e)
+                        backoff[row.name] = monotonic() + _CRON_RELOAD
+                        break
+                    if sent is not None:
+                        self.m_cron.inc(schedule=row.name)
+                        _log.debug("periodic message %s: tick %d sent as %d", row.name, tick, sent)
+            nxt = sched.next_after(now_ms)
+            if nxt is not None:
+                wake_ms = min(wake_ms, nxt)
+        # Workers wake together at a tick; a little jitter spreads their (deduplicated) calls.
+        return (wake_ms - now_ms) / 1000 + random.uniform(0.001, 0.02)
