@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import inspect
 import logging
 import os
 import signal
@@ -74,8 +75,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def load_app(spec: str) -> Any:
-    """Import ``MODULE:ATTR`` (ATTR may be dotted) and return the App it names; a callable that
-    is not an App is called to build one."""
+    """Import ``MODULE:ATTR`` (ATTR may be dotted) and return the App it names; a function is
+    called to build one."""
     from ..worker import App
 
     module_name, _, attr = spec.partition(":")
@@ -92,7 +93,7 @@ def load_app(spec: str) -> Any:
             obj = getattr(obj, part)
         except AttributeError:
             raise errors.InvalidArgument(f"{module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(obj, App) and callable(obj):
+    if inspect.isfunction(obj):  # a factory; classes and other callables are not called
         obj = obj()
     if not isinstance(obj, App):
         raise errors.InvalidArgument(f"{spec} is a {type(obj).__name__}, not a lonnymq.worker.App")
