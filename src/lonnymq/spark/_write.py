@@ -1,0 +1,377 @@
+"""Writing DataFrames and streams into a queue, exactly once.
+
+Tasks never write to the queue. Each task attempt COPYs its rows into ``spark_stage`` under a
+fresh random part id (registered with the write's run id in the same transaction) and reports
+``(part, rows)`` to the driver. The driver's commit moves exactly the reported parts into the
+queue in one PostgreSQL transaction, through the core ``send_batch`` (every send rule applies:
+payload limits, priorities, keys), and deletes everything the run staged, including the parts
+of failed or duplicate task attempts that Spark never reported. So a retried task cannot
+duplicate messages, a failed job enqueues nothing, and abort plus a sweeper clear leftovers.
+Streaming writes add a commit record per (sink, batch) in that same transaction, so a batch
+Spark replays after a restart is skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+import json
+import math
+import secrets
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from psycopg import sql
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from .. import errors
+from .._ops import _check_text
+from ..models import JSON, TEXT
+from ._conf import Target, choice_option, option
+
+_INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+_NUMERIC = (*_INTEGRAL, FloatType, DoubleType, DecimalType)
+_KEY_MAX = 512
+_KIND_MAX = 255
+
+#: Columns with a meaning besides the payload: (name, accepted Spark types, description).
+META: tuple[tuple[str, tuple[type[DataType], ...], str], ...] = (
+    ("key", (StringType,), "de-duplication key"),
+    ("kind", (StringType,), "message kind"),
+    ("channel", (StringType,), "channel"),
+    ("headers", (MapType, StructType, StringType), "headers (a map, struct or JSON object string)"),
+    ("priority", _INTEGRAL, "priority in -100..100"),
+    ("delay", _NUMERIC, "delay in seconds"),
+    ("at", (TimestampType, TimestampNTZType), "delivery time"),
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a DataFrame's columns become messages; decided once on the driver."""
+
+    payload: str | None  # the payload column, or None: all other columns as one JSON object
+    mode: str  # text | json_text | binary | json | row_json
+    row_columns: tuple[str, ...]  # the columns of a row_json payload
+    columns: dict[str, str]  # meta name -> DataFrame column
+    headers_string: bool  # headers column holds JSON text
+    on_conflict: str
+
+    @classmethod
+    def build(cls, schema: StructType, options: Mapping[str, str]) -> Plan:
+        fields = {f.name: f.dataType for f in schema.fields}
+        columns: dict[str, str] = {}
+        for name, types, what in META:
+            col = option(options, f"{name}Column", name)
+            assert col is not None
+            if col not in fields:
+                if option(options, f"{name}Column") is not None:
+                    raise errors.InvalidArgument(f"option {name}Column: no column {col!r}")
+                continue
+            if not isinstance(fields[col], types):
+                raise errors.InvalidArgument(
+                    f"column {col!r} ({what}) cannot be {fields[col].simpleString()}"
+                )
+            columns[name] = col
+        fmt = choice_option(options, "payloadFormat", ("auto", "json", "text"), "auto")
+        payload = option(options, "payloadColumn", "payload")
+        row_columns: tuple[str, ...] = ()
+        if payload in fields:
+            dtype = fields[payload]
+            if isinstance(dtype, StringType):
+                mode = "json_text" if fmt == "json" else "text"
+            elif isinstance(dtype, BinaryType):
+                if fmt != "auto":
+                    raise errors.InvalidArgument("payloadFormat does not apply to a binary payload")
+                mode = "binary"
+            else:
+                mode = "json"
+        elif option(options, "payloadColumn") is not None:
+            raise errors.InvalidArgument(f"option payloadColumn: no column {payload!r}")
+        else:
+            payload, mode = None, "row_json"
+            row_columns = tuple(n for n in fields if n not in columns.values())
+            if not row_columns:
+                raise errors.InvalidArgument("the DataFrame has no column to make a payload of")
+        on_conflict = choice_option(options, "onConflict", ("ignore", "replace", "error"), "ignore")
+        headers_string = "headers" in columns and isinstance(fields[columns["headers"]], StringType)
+        return cls(payload, mode, row_columns, columns, headers_string, on_conflict)
+
+    def copy_columns(self) -> list[tuple[str, str]]:
+        """(staging column, type) written for this plan, after part and seq."""
+        cols = [("payload", "bytea"), ("content_type", "text")]
+        for name, typ in (("kind", "text"), ("key", "text"), ("channel", "text"),
+                          ("headers", "jsonb"), ("at", "int8"), ("delay", "int8"),
+                          ("priority", "int2")):
+            if name in self.columns:
+                cols.append(({"at": "at_ms", "delay": "delay_ms"}.get(name, name), typ))
+        return cols
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    if isinstance(value, _dt.timedelta):
+        return value.total_seconds()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False, default=_json_default).encode()
+    except (TypeError, ValueError) as e:
+        raise errors.InvalidArgument(f"payload is not JSON-serialisable: {e}") from None
+
+
+def _kv(value: Any) -> Any:
+    # Arrow hands maps over as lists of (key, value) pairs.
+    return dict(value) if isinstance(value, list) else value
+
+
+class Encoder:
+    """Arrow batches -> staging rows (part, seq, payload, content_type, ...)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.ctype = {"text": TEXT, "json_text": JSON, "binary": None, "json": JSON, "row_json": JSON}[plan.mode]
+
+    def payloads(self, batch: pa.RecordBatch) -> list[bytes]:
+        plan = self.plan
+        if plan.mode == "row_json":
+            rows = batch.select(list(plan.row_columns)).to_pylist()
+            return [_dumps(r) for r in rows]
+        values = batch.column(plan.payload).to_pylist()
+        if None in values:
+            raise errors.InvalidArgument(f"column {plan.payload!r}: a row has a null payload")
+        if plan.mode == "text":
+            return [v.encode() for v in values]
+        if plan.mode == "binary":
+            return values
+        if plan.mode == "json":
+            return [_dumps(v) for v in values]
+        out = []
+        for v in values:  # json_text: the text must be JSON, or consumers could not decode it
+            try:
+                json.loads(v)
+            except ValueError as e:
+                raise errors.InvalidArgument(f"column {plan.payload!r} is not JSON: {e}: {v[:80]!r}") from None
+            out.append(v.encode())
+        return out
+
+    def column(self, batch: pa.RecordBatch, name: str) -> list[Any]:
+        plan = self.plan
+        col = plan.columns[name]
+        arr = batch.column(col)
+        if name == "at":
+            ints = arr.cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
+            return [None if v is None else v // 1000 for v in ints]
+        values = arr.to_pylist()
+        if name in ("kind", "key", "channel"):
+            limit = _KIND_MAX if name == "kind" else _KEY_MAX
+            for v in values:
+                _check_text(v, f"column {col!r} ({name})", limit)
+            return values
+        if name == "headers":
+            out = []
+            for v in values:
+                h = json.loads(v) if plan.headers_string and v is not None else _kv(v)
+                if h is not None and not (isinstance(h, dict) and all(isinstance(k, str) for k in h)):
+                    raise errors.InvalidArgument(f"column {col!r}: headers must be a JSON object")
+                out.append(h)
+            return out
+        if name == "priority":
+            for v in values:
+                if v is not None and not -100 <= v <= 100:
+                    raise errors.InvalidArgument(f"column {col!r}: priority {v} is outside -100..100")
+            return values
+        if name == "delay":
+            out = []
+            for v in values:
+                if v is None:
+                    out.append(None)
+                    continue
+                f = float(v)
+                if not math.isfinite(f) or f < 0:
+                    raise errors.InvalidArgument(f"column {col!r}: delay must be finite and >= 0, got {v}")
+                out.append(round(f * 1000))
+            return out
+        raise AssertionError(name)
+
+    def rows(self, batch: pa.RecordBatch, part: int, seq: int) -> Iterator[tuple[Any, ...]]:
+        n = batch.num_rows
+        cols: list[list[Any]] = [self.payloads(batch), [self.ctype] * n]
+        names = [c for c, _ in self.plan.copy_columns()[2:]]
+        meta = {"at_ms": "at", "delay_ms": "delay"}
+        for c in names:
+            cols.append(self.column(batch, meta.get(c, c)))
+        if "at" in self.plan.columns and "delay" in self.plan.columns:
+            at, delay = cols[2 + names.index("at_ms")], cols[2 + names.index("delay_ms")]
+            if any(a is not None and d is not None for a, d in zip(at, delay, strict=True)):
+                raise errors.InvalidArgument("a row gives both delay and at: give one")
+        for i, values in enumerate(zip(*cols, strict=True)):
+            yield (part, seq + i, *values)
+
+
+# -- staging and commit --------------------------------------------------------------------------
+
+
+@dataclass
+class Staged(WriterCommitMessage):
+    """What one task attempt staged: ``rows`` rows under ``part`` (0 rows: nothing staged)."""
+
+    run: str
+    part: int
+    rows: int
+    sink: str | None = None
+
+
+def stage(target: Target, plan: Plan, run: str, batches: Iterator[pa.RecordBatch], sink: str | None = None
+          ) -> Staged:
+    """COPY a task's rows into staging in one transaction; nothing is visible to the commit
+    unless the whole task's rows are."""
+    encoder = Encoder(plan)
+    cols = plan.copy_columns()
+    copy = sql.SQL("COPY {}.spark_stage (part, seq, {}) FROM STDIN (FORMAT BINARY)").format(
+        sql.Identifier(target.schema), sql.SQL(", ").join(sql.Identifier(c) for c, _ in cols)
+    )
+    register = sql.SQL("INSERT INTO {}.spark_stage_part (part, run_id, queue) VALUES (%s, %s, %s)").format(
+        sql.Identifier(target.schema)
+    )
+    part = secrets.randbits(62) + 1
+    n = 0
+    first = next(batches, None)
+    if first is None:
+        return Staged(run, 0, 0, sink)
+    with target.connect() as conn:
+        conn.execute(register, (part, run, target.queue))
+        with conn.cursor() as cur, cur.copy(copy) as cp:
+            cp.set_types(["int8", "int4", *(t for _, t in cols)])
+            batch: pa.RecordBatch | None = first
+            while batch is not None:
+                for row in encoder.rows(batch, part, n):
+                    cp.write_row(row)
+                n += batch.num_rows
+                batch = next(batches, None)
+        conn.commit()
+    return Staged(run, part, n, sink)
+
+
+def commit(target: Target, run: str, messages: list[Any], on_conflict: str,
+           sink: str | None = None, batch_id: int | None = None) -> tuple[int, int, int, bool]:
+    """Move the reported parts into the queue in one transaction (see ``spark_write_commit``)."""
+    staged = [m for m in messages if isinstance(m, Staged) and m.rows > 0]
+    with target.connect() as conn:
+        [row] = target.call(
+            conn, "spark_write_commit",
+            "%s::text, %s::uuid, %s::bigint[], %s::bigint[], %s::text, %s::text, %s::bigint",
+            (target.queue, run, [m.part for m in staged], [m.rows for m in staged], on_conflict,
+             sink, batch_id),
+        )
+        conn.commit()
+    return tuple(row)  # type: ignore[return-value]
+
+
+def abort(target: Target, run: str, messages: list[Any]) -> None:
+    parts = [m.part for m in messages if isinstance(m, Staged) and m.rows > 0]
+    with target.connect() as conn:
+        target.call(conn, "spark_write_abort", "%s::uuid, %s::bigint[]", (run, parts))
+        conn.commit()
+
+
+def _writer_checks(target: Target) -> None:
+    """Fail at planning, with a clear error, if the queue or the Spark migration is missing."""
+    with target.connect(autocommit=True) as conn:
+        target.call(conn, "spark_queue_check", "%s::text", (target.queue,))
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """``df.write.format("lonnymq").mode("append")``: enqueue a DataFrame exactly once.
+
+    With ``writeId``, the write is also idempotent across jobs: a second job with the same id
+    (e.g. a rerun after the first one's commit succeeded but the driver died) enqueues nothing.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.target = Target.from_options(options)
+        self.plan = Plan.build(schema, options)
+        # Pickled once: the same in every task and in commit/abort.
+        self.run = str(uuid.uuid4())
+        write_id = option(options, "writeId")
+        self.sink = None if write_id is None else f"write:{write_id}"
+        _writer_checks(self.target)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
+        return stage(self.target, self.plan, self.run, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit(self.target, self.run, list(messages), self.plan.on_conflict, self.sink,
+               None if self.sink is None else 0)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        abort(self.target, self.run, list(messages))
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """``writeStream.format("lonnymq")``: each micro-batch is enqueued exactly once, also when
+    Spark replays it after a restart from the same checkpoint.
+
+    The sink's identity is ``sinkId`` if given, else the streaming query id (stable across
+    restarts from one checkpoint, new for a new checkpoint). Keep ``sinkId`` unique per query
+    and per checkpoint: batches of a reused sink id at or below its last commit are skipped.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.target = Target.from_options(options)
+        self.plan = Plan.build(schema, options)
+        self.sink_id = option(options, "sinkId")
+        _writer_checks(self.target)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        query = ctx.getLocalProperty("sql.streaming.queryId")
+        batch = ctx.getLocalProperty("streaming.sql.batchId")
+        sink = self.sink_id or f"query:{query}"
+        run = str(uuid.uuid5(uuid.NAMESPACE_URL, f"lonnymq-sink:{sink}:{batch}"))
+        return stage(self.target, self.plan, run, iterator, sink)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        staged = [m for m in messages if isinstance(m, Staged)]
+        if not staged:
+            return
+        commit(self.target, staged[0].run, list(staged), self.plan.on_conflict, staged[0].sink, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        staged = [m for m in messages if isinstance(m, Staged)]
+        if staged:
+            abort(self.target, staged[0].run, list(staged))
+

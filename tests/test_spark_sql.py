@@ -1,0 +1,187 @@
+"""The SQL side of the Spark connector (migration 0003), called directly: no Spark needed.
+
+Staging commit/abort/sweep for exactly-once writes, the sink commit log, and the per-stream
+delivery log behind the streaming source. Time is passed as p_now, never slept."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from lonnymq import Client
+
+Conn = psycopg.Connection[Any]
+
+
+def call(conn: Conn, schema: str, function: str, **params: Any) -> list[tuple[Any, ...]]:
+    """``SELECT * FROM schema.function(p_x => %s, ...)`` with explicit casts."""
+    casts = {"p_run": "uuid", "p_stream": "uuid", "p_parts": "bigint[]", "p_counts": "bigint[]",
+             "p_limit": "int", "p_chunk": "int", "p_archive": "bool", "p_queue": "text",
+             "p_sink": "text", "p_on_conflict": "text"}
+    args = sql.SQL(", ").join(
+        sql.SQL("{} => %s::{}").format(sql.Identifier(k), sql.SQL(casts.get(k, "bigint")))  # type: ignore[arg-type]
+        for k in params
+    )
+    query = sql.SQL("SELECT * FROM {}.{}({})").format(sql.Identifier(schema), sql.Identifier(function), args)
+    return conn.execute(query, list(params.values())).fetchall()
+
+
+def stage(conn: Conn, schema: str, run: uuid.UUID, part: int, payloads: list[str], queue: str = "q") -> int:
+    s = sql.Identifier(schema)
+    conn.execute(sql.SQL("INSERT INTO {}.spark_stage_part (part, run_id, queue) VALUES (%s, %s, %s)").format(s),
+                 (part, run, queue))
+    with conn.cursor() as cur:
+        cur.executemany(sql.SQL("INSERT INTO {}.spark_stage (part, seq, payload, content_type) VALUES (%s, %s, %s, 'text/plain; charset=utf-8')").format(s),
+                        [(part, i, p.encode()) for i, p in enumerate(payloads)])
+    return part
+
+
+def staged(conn: Conn, schema: str) -> list[int]:
+    rows = conn.execute(sql.SQL("SELECT DISTINCT part FROM {}.spark_stage ORDER BY 1").format(sql.Identifier(schema)))
+    return [r[0] for r in rows]
+
+
+def payloads(client: Client, queue: str = "q") -> list[str]:
+    return [m.payload for m in sorted(client.peek(queue, 1000), key=lambda m: m.id)]
+
+
+def test_commit_moves_exactly_the_reported_parts_in_order(client: Client, conn: Conn, schema: str) -> None:
+    client.create_queue("q")
+    run, other = uuid.uuid4(), uuid.uuid4()
+    a = stage(conn, schema, run, 11, ["a0", "a1", "a2"])
+    b = stage(conn, schema, run, 22, ["b0", "b1"])
+    stage(conn, schema, run, 33, ["failed-attempt"] * 4)      # a failed attempt: never reported
+    d = stage(conn, schema, other, 44, ["other-write"])       # another write's staging
+    [row] = call(conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[b, a], p_counts=[2, 3])
+    assert row == (5, 0, 0, False)
+    assert payloads(client) == ["b0", "b1", "a0", "a1", "a2"]
+    assert staged(conn, schema) == [d]
+    assert len({m.enqueued_at for m in client.peek("q", 10)}) == 1
+
+
+def test_commit_fails_loudly_if_staging_was_lost(client: Client, conn: Conn, schema: str) -> None:
+    client.create_queue("q")
+    run = uuid.uuid4()
+    stage(conn, schema, run, 7, ["x", "y", "z"])
+    conn.execute(sql.SQL("DELETE FROM {}.spark_stage WHERE seq = 1").format(sql.Identifier(schema)))
+    with pytest.raises(psycopg.Error, match="staged 3 rows but 2 are left") as e:
+        call(conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[7], p_counts=[3])
+    assert e.value.sqlstate == "LQ101"
+    assert payloads(client) == []
+
+
+def test_sink_commit_happens_once_per_batch(client: Client, conn: Conn, schema: str) -> None:
+    client.create_queue("q")
+
+    def commit(batch: int, text: str) -> tuple[Any, ...]:
+        run = uuid.uuid4()
+        part = stage(conn, schema, run, abs(hash((batch, text))) % 2**62 + 1, [text])
+        [row] = call(conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[part],
+                     p_counts=[1], p_sink="query:abc", p_batch=batch)
+        return row
+
+    assert commit(0, "batch 0") == (1, 0, 0, False)
+    assert commit(0, "batch 0 replayed") == (0, 0, 0, True)
+    assert commit(1, "batch 1") == (1, 0, 0, False)
+    assert commit(0, "batch 0 again") == (0, 0, 0, True)  # below the newest: done long ago
+    assert payloads(client) == ["batch 0", "batch 1"]
+    assert staged(conn, schema) == []  # duplicates' staging is dropped too
+
+
+def test_abort_and_sweep_clear_staging(client: Client, conn: Conn, schema: str) -> None:
+    client.create_queue("q")
+    run, old = uuid.uuid4(), uuid.uuid4()
+    stage(conn, schema, run, 1, ["x"])
+    stage(conn, schema, run, 2, ["y"])
+    stage(conn, schema, old, 3, ["z"])
+    assert call(conn, schema, "spark_write_abort", p_run=run, p_parts=None) == [(2,)]
+    assert staged(conn, schema) == [3]
+    assert call(conn, schema, "spark_sweep") == [(0, 0)]      # young staging is kept
+    far = 10**15
+    assert call(conn, schema, "spark_sweep", p_now=far) == [(1, 0)]
+    assert staged(conn, schema) == []
+
+
+def test_stream_batches_are_planned_once_read_and_acked(client: Client, conn: Conn, schema: str) -> None:
+    client.create_queue("q", archive=True)
+    ids = [r.id for r in client.send_batch("q", [f"m{i}" for i in range(5)])]
+    stream = uuid.uuid4()
+    nxt = {"p_stream": stream, "p_queue": "q", "p_limit": 3, "p_chunk": 2}
+    assert call(conn, schema, "spark_stream_next", p_after=0, **nxt) == [(1, 3)]
+    # The driver died before Spark logged the offset: asking again returns the same batch.
+    assert call(conn, schema, "spark_stream_next", p_after=0, **nxt) == [(1, 3)]
+    assert client.metrics("q").ready == 2
+    chunks = call(conn, schema, "spark_stream_chunks", p_stream=stream, p_after=0, p_upto=1)
+    assert chunks == [(1, 0, 2), (1, 1, 1)]
+    read = [r[1] for c in chunks for r in call(conn, schema, "spark_stream_read", p_stream=stream,
+                                               p_batch=c[0], p_chunk=c[1])]
+    assert read == ids[:3]
+    assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(3,)]
+    assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(0,)]  # idempotent
+    assert call(conn, schema, "spark_stream_next", p_after=1, **nxt) == [(2, 2)]
+    assert call(conn, schema, "spark_stream_next", p_after=2, **nxt) == [(2, 0)]  # nothing new
+    with pytest.raises(psycopg.Error, match="already committed batch 1"):
+        call(conn, schema, "spark_stream_next", p_after=0, **nxt)
+    client.create_queue("other")
+    with pytest.raises(psycopg.Error, match="reads queue 'q', not 'other'"):
+        call(conn, schema, "spark_stream_next", p_after=2, **{**nxt, "p_queue": "other"})
+    archived = conn.execute(sql.SQL("SELECT id FROM {}.archive ORDER BY id").format(sql.Identifier(schema)))
+    assert [r[0] for r in archived] == ids[:3]
+
+
+def test_stream_ready_bound_and_lease_renewal(client: Client, conn: Conn, schema: str) -> None:
+    client.create_queue("q")
+    t = 1_000_000_000_000
+    conn.execute(sql.SQL("SELECT {}.send_batch(p_queue => 'q', p_payloads => ARRAY['x'::bytea], p_now => %s)")
+                 .format(sql.Identifier(schema)), (t,))
+    stream = uuid.uuid4()
+    base = {"p_stream": stream, "p_queue": "q", "p_after": 0, "p_limit": 10}
+    # availableNow started before the message was sent: it is not part of this run.
+    assert call(conn, schema, "spark_stream_next", p_ready_at=t - 1, p_now=t + 10, **base) == [(0, 0)]
+    assert call(conn, schema, "spark_stream_next", p_lease_ms=1000, p_now=t + 10, **base) == [(1, 1)]
+    lease = "SELECT dequeue_at FROM {}.message"
+    assert conn.execute(sql.SQL(lease).format(sql.Identifier(schema))).fetchone() == (t + 1010,)
+    # Each planning call renews the leases of uncommitted batches past half their lease.
+    assert call(conn, schema, "spark_stream_next", p_lease_ms=1000, p_now=t + 600, **base) == [(1, 1)]
+    assert conn.execute(sql.SQL(lease).format(sql.Identifier(schema))).fetchone() == (t + 1600,)
+
+
+def test_stream_read_and_commit_leave_deliveries_that_are_no_longer_ours(client: Client, conn: Conn,
+                                                                         schema: str) -> None:
+    client.create_queue("q")
+    client.send("q", "x")
+    stream = uuid.uuid4()
+    call(conn, schema, "spark_stream_next", p_stream=stream, p_queue="q", p_after=0, p_limit=10,
+         p_lease_ms=1000)
+    # The query stayed down past its lease; another consumer took the message.
+    assert client.take("q", 1) == []  # still leased by the stream now
+    far = 10**15
+    taken = conn.execute(sql.SQL("SELECT id, token FROM {}.take(p_queue => 'q', p_now => %s)")
+                         .format(sql.Identifier(schema)), (far,)).fetchall()
+    assert len(taken) == 1
+    assert call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=1, p_chunk=0) == []
+    assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(0,)]
+    assert client.metrics("q").leased + client.metrics("q").ready == 1  # the other's delivery stays
+
+
+def test_privileges_follow_the_role_model(conn: Conn, schema: str) -> None:
+    roles = dict(conn.execute(sql.SQL("SELECT kind, rolname FROM {}.security_role").format(sql.Identifier(schema))).fetchall())
+    exists = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", [list(roles.values())])}
+    if roles.get("producer") not in exists or roles.get("consumer") not in exists:
+        pytest.skip("the lonnymq roles do not exist on this server")
+    producer, consumer = roles["producer"], roles["consumer"]
+
+    def can(role: str, what: str, obj: str, priv: str) -> bool:
+        q = f"SELECT has_{what}_privilege(%s, %s, %s)"
+        row = conn.execute(q, (role, f'"{schema}".{obj}', priv)).fetchone()
+        return bool(row and row[0])
+
+    assert can(producer, "table", "spark_stage", "INSERT") and not can(producer, "table", "spark_stage", "SELECT")
+    assert can(producer, "function", "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint)", "EXECUTE")
+    assert not can(producer, "function", "spark_stream_next(uuid,text,bigint,integer,integer,bigint,bigint,bigint)", "EXECUTE")
+    assert can(consumer, "function", "spark_stream_next(uuid,text,bigint,integer,integer,bigint,bigint,bigint)", "EXECUTE")
+    assert not can(consumer, "function", "spark_read_archive(text,bigint,bigint,text)", "EXECUTE")
