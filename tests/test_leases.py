@@ -266,3 +266,15 @@ def test_take_tx_does_not_deliver_beyond_max_attempts(client: Client, db: Sql) -
     db.send("q", [b"x"], t)
     db.take("q", 1, t)
     assert db.call("take_tx", p_queue="q", p_limit=1, p_now=t + 1000) == []
+
+
+@pytest.mark.xfail(strict=True, reason="core bug: nack sets dequeue_at = now + delay - priority*step, "
+                   "so a priority message is retried before its delay (nack documents 'retried after "
+                   "delay seconds')")
+def test_nack_delay_holds_for_priority_messages(client: Client, db: Sql) -> None:
+    client.create_queue("q")
+    t = db.now()
+    db.send("q", [b"x"], t, p_priorities=[5])
+    [d] = db.take("q", 1, t)
+    db.call("nack", p_queue="q", p_ids=[d["id"]], p_tokens=[d["token"]], p_delays_ms=[3000], p_now=t)
+    assert db.take("q", 1, t + 2999) == []
