@@ -150,7 +150,9 @@ def _pg_dump(dsn: str, schema: str) -> str:
     ).stdout
     out = out.replace(f'"{schema}"', "<schema>").replace(schema, "<schema>")
     return "\n".join(
-        line for line in out.splitlines() if line and not line.startswith(("--", "\\restrict", "\\unrestrict"))
+        line for line in out.splitlines()
+        if line and not line.startswith(("--", "\\restrict", "\\unrestrict"))
+        and "pg_attver=" not in line  # a per-server column option some PostgreSQL builds add
     )
 
 
