@@ -1,0 +1,12 @@
+"""The benchmark suite: LonnyMQ side by side with pgmq, PgQueuer, the seed design's bare SKIP
+LOCKED queue and the PostgreSQL floor, on one server, in one run.
+
+Run it as ``lonnymq bench`` or ``python -m lonnymq.bench`` (see docs/benchmarks.md). The peers'
+packages are imported only when their system is selected: ``pip install 'lonnymq[bench]'``.
+"""
+
+from __future__ import annotations
+
+from .runner import add_arguments, main, run
+
+__all__ = ["add_arguments", "main", "run"]

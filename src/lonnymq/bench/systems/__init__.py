@@ -1,0 +1,27 @@
+"""The benchmarked systems, one adapter module each, imported only when selected (the peers'
+packages are optional: ``pip install 'lonnymq[bench]'``)."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Flat, System, Variant
+
+#: name -> (module, class), in the order results are shown.
+REGISTRY: dict[str, tuple[str, str]] = {
+    "lonnymq": ("lonnymq", "LonnyMQ"),
+    "pgmq": ("pgmq", "Pgmq"),
+    "pgqueuer": ("pgqueuer", "PgQueuer"),
+    "seed": ("seed", "Seed"),
+    "floor": ("floor", "Floor"),
+}
+
+
+def load(name: str) -> System:
+    module, cls = REGISTRY[name]
+    mod = importlib.import_module(f"{__name__}.{module}")
+    system: System = getattr(mod, cls)()
+    return system
+
+
+__all__ = ["REGISTRY", "Flat", "System", "Variant", "load"]
