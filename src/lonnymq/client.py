@@ -32,10 +32,12 @@ from .migrations import (
     record_query,
 )
 from .models import (
+    ChannelInfo,
     DeadMessage,
     Envelope,
     Message,
     OnConflict,
+    OnFull,
     QueueInfo,
     QueueMetrics,
     SendResult,
@@ -172,6 +174,10 @@ class Client:
         max_payload_bytes: int = 1024 * 1024,
         priority_step: float | timedelta = 1,
         if_not_exists: bool = False,
+        channel_max_concurrency: int | None = None,
+        channel_release_interval: float | timedelta | None = None,
+        channel_max_size: int | None = None,
+        channel_on_full: OnFull = "reject",
         conn: Connection[Any] | None = None,
     ) -> bool:
         """Create a queue. ``lease``: default visibility timeout (seconds). ``max_attempts``:
@@ -179,12 +185,15 @@ class Client:
         messages (else they go to the archive with status ``dead``). ``archive``: acks keep the
         message in the archive for ``retention`` seconds. ``unlogged``: faster, but the queue is
         emptied by a PostgreSQL crash. ``priority_step``: seconds one priority level is worth.
+        ``channel_*``: the policy of each channel a message creates (see :meth:`set_channel`).
         Returns False if it existed and ``if_not_exists``; raises QueueExists otherwise."""
         op = self.ops.queue_create(
             name, lease=lease, max_attempts=max_attempts, dead_letter_queue=dead_letter_queue,
             archive=archive, retention=retention, unlogged=unlogged,
             max_payload_bytes=max_payload_bytes, priority_step=priority_step,
-            if_not_exists=if_not_exists,
+            if_not_exists=if_not_exists, channel_max_concurrency=channel_max_concurrency,
+            channel_release_interval=channel_release_interval, channel_max_size=channel_max_size,
+            channel_on_full=channel_on_full,
         )
         return self.run(op, conn)
 
@@ -202,6 +211,45 @@ class Client:
     def metrics(self, queue: str, *, cap: int = 100_000, conn: Connection[Any] | None = None) -> QueueMetrics:
         """Counts of ready, scheduled, leased and dead messages, exact up to ``cap`` each."""
         return self.run(self.ops.queue_metrics(queue, cap=cap), conn)
+
+    # -- channels --------------------------------------------------------------------------
+
+    def set_channel(
+        self,
+        queue: str,
+        channel: str,
+        *,
+        max_concurrency: int | None = None,
+        release_interval: float | timedelta | None = None,
+        max_size: int | None = None,
+        on_full: OnFull = "reject",
+        conn: Connection[Any] | None = None,
+    ) -> ChannelInfo:
+        """Configure ``channel`` of ``queue`` (created if needed, kept while empty); this
+        policy replaces the queue's channel defaults. ``max_concurrency``: at most this many of
+        its messages leased at once, across all consumers (1: strict FIFO, a retried message
+        keeps its place). ``release_interval`` (seconds): at least this long between two
+        deliveries. ``max_size``: at most this many messages; a send beyond it raises
+        ChannelFull (``on_full="reject"``, nothing of the batch is written) or is reported
+        ``dropped`` (``on_full="drop"``). None is unlimited. Applies from the next delivery or
+        send; messages already leased or queued stay. Returns the channel."""
+        op = self.ops.channel_set(
+            queue, channel, max_concurrency=max_concurrency, release_interval=release_interval,
+            max_size=max_size, on_full=on_full,
+        )
+        return self.run(op, conn)
+
+    def reset_channel(self, queue: str, channel: str, *, conn: Connection[Any] | None = None) -> bool:
+        """Give a configured channel back the queue's defaults (it goes once empty). Returns
+        False if it was not configured."""
+        return self.run(self.ops.channel_reset(queue, channel), conn)
+
+    def channels(
+        self, queue: str, *, limit: int = 1000, after: str | None = None, conn: Connection[Any] | None = None
+    ) -> list[ChannelInfo]:
+        """The channels of ``queue`` by name (``limit`` of them after ``after``): each
+        configured one and each holding messages, with its policy, size and leases."""
+        return self.run(self.ops.channel_list(queue, limit=limit, after=after), conn)
 
     # -- send ------------------------------------------------------------------------------
 
@@ -225,7 +273,10 @@ class Client:
         ``priority`` in -100..100: delivered as if sent ``priority * priority_step`` earlier.
         ``key``: at most one live message per key and queue; ``on_conflict`` says what a second
         send does: ``ignore`` it, ``replace`` the live message unless it is leased, or ``error``
-        (DuplicateKey). Commits with ``conn``'s transaction when ``conn`` is given."""
+        (DuplicateKey). ``channel``: a tenant or group key; take serves channels round robin,
+        each within its limits (see :meth:`set_channel`); a full channel raises ChannelFull or
+        drops the message (outcome ``dropped``). Commits with ``conn``'s transaction when
+        ``conn`` is given."""
         env = Envelope(payload, kind, headers, delay, at, priority, key, channel)
         results = self.run(self.ops.send_batch(queue, [env], on_conflict=on_conflict), conn)
         return results[0]

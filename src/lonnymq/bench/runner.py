@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -37,6 +38,12 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _prefix(text: str) -> str:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,40}", text):
+        raise argparse.ArgumentTypeError(f"use 1-41 of a-z 0-9 _, got {text!r}")
+    return text
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dsn", help="PostgreSQL server to run on (a role that may CREATE DATABASE); "
                                  "default: a throwaway embedded PostgreSQL")
@@ -60,7 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--churn-minutes", type=float, help="duration of the churn workload per system (default 10)")
     p.add_argument("--churn-systems", type=_csv(list(REGISTRY)),
                    help="systems to run the churn workload for (default: all selected that support it)")
-    p.add_argument("--keep", action="store_true", help="keep the scratch databases (bench_<system>)")
+    p.add_argument("--db-prefix", default="bench", type=_prefix,
+                   help="scratch databases are named <prefix>_<system> (default: bench)")
+    p.add_argument("--keep", action="store_true", help="keep the scratch databases")
 
 
 def config_from(args: argparse.Namespace) -> Config:
@@ -113,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         installed: list[tuple[Any, str]] = []
         try:
             for s in systems:
-                dsn = harness.create_database(base, f"bench_{s.name}")
+                dsn = harness.create_database(base, f"{args.db_prefix}_{s.name}")
                 installed.append((s, dsn))
                 meta["versions"][s.name] = s.install(dsn)
                 log(f"installed {s.label}: {meta['versions'][s.name]['version']}")
@@ -127,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if not args.keep:
                 for s, _ in installed:
-                    harness.drop_database(base, f"bench_{s.name}")
+                    harness.drop_database(base, f"{args.db_prefix}_{s.name}")
     meta["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     meta["seconds"] = round(time.time() - started)
     meta["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

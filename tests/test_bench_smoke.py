@@ -1,0 +1,82 @@
+"""The benchmark suite works end to end: ``python -m lonnymq.bench --quick`` against the test
+server, every system and workload, then the results file is checked for completeness and for
+the harness's own accounting (messages counted by the workers + messages left = backlog).
+No timing is asserted: numbers from a shared test machine mean nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from lonnymq.bench.systems import REGISTRY
+
+pytestmark = pytest.mark.slow
+
+
+def test_cli_lists_the_bench_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "lonnymq", "bench", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "--quick" in out and "--churn-minutes" in out
+
+
+def test_quick_run_covers_every_system_and_workload(dsn: str, tmp_path: Path) -> None:
+    pytest.importorskip("pgmq")
+    pytest.importorskip("pgqueuer")
+    pytest.importorskip("asyncpg")
+    prefix = f"smoke_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lonnymq.bench", "--quick", "--dsn", dsn, "--out", str(tmp_path),
+         "--db-prefix", prefix, "--procs", "2", "--churn-minutes", "0.05"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Targets" in proc.stdout
+    doc = json.loads((tmp_path / "results.json").read_text())
+    systems = set(REGISTRY)
+
+    assert doc["meta"]["server"]["synchronous_commit"]
+    assert set(doc["meta"]["versions"]) == systems
+    by = {(r["workload"], r["kind"], r["system"]) for r in doc["throughput"]}
+    for kind in ("one", "batch"):
+        assert {s for w, k, s in by if (w, k) == ("send", kind)} == {"lonnymq", "pgmq", "pgqueuer", "seed"}
+    assert {s for w, k, s in by if (w, k) == ("drain", "one")} == systems
+    assert {s for w, k, s in by if (w, k) == ("drain", "batch")} == {"lonnymq", "pgmq", "pgqueuer", "floor"}
+    for r in doc["throughput"]:
+        assert r["n"] > 0 and r["rate"] > 0, r
+        if r["workload"] == "drain":
+            # The workers' counts and the rows left add up to the backlog: nothing was lost or
+            # counted twice, for every system.
+            assert r["accounted"], r
+
+    pickups = {(r["system"], r["variant"]): r for r in doc["latency"]}
+    assert {s for s, _ in pickups} == {"lonnymq", "pgmq", "pgqueuer", "seed"}
+    for r in pickups.values():
+        assert r["received"] == r["sent"] > 0, r
+
+    flat = {r["system"]: r for r in doc["flat"]}
+    assert set(flat) == {"lonnymq", "pgmq"}
+    for r in flat.values():
+        assert r["empty_rows"] == 0
+        assert r["loaded_rows"] == r["future"] + r["leased"]
+
+    churn = {r["system"]: r for r in doc["churn"]}
+    assert set(churn) == {"lonnymq", "pgmq", "pgqueuer", "floor"}
+    for r in churn.values():
+        assert r["timeline"] and any("dead_tuples" in p for p in r["timeline"])
+        assert sum(p["consumed_per_s"] for p in r["timeline"]) > 0
+
+    names = " ".join(t["target"] for t in doc["targets"])
+    for part in ("/ floor", "/ PgQueuer", "/ bare seed", "/ pgmq send_batch", "pickup latency p99"):
+        assert part in names
+    assert all(t["value"] is not None for t in doc["targets"])
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "chart.png").stat().st_size > 10_000
