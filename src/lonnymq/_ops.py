@@ -23,10 +23,12 @@ from . import errors
 from .models import (
     JSON,
     TEXT,
+    ChannelInfo,
     DeadMessage,
     Envelope,
     Message,
     OnConflict,
+    OnFull,
     QueueInfo,
     QueueMetrics,
     SendResult,
@@ -112,6 +114,30 @@ def _check_text(value: object, what: str, max_len: int) -> str | None:
     return value
 
 
+def check_channel(channel: object) -> str:
+    if _check_text(channel, "channel", _KEY_MAX) is None:
+        raise errors.InvalidArgument("channel must be a non-empty string")
+    return channel  # type: ignore[return-value]
+
+
+def _channel_policy(
+    max_concurrency: object, release_interval: object, max_size: object, on_full: object, prefix: str
+) -> tuple[int | None, int | None, int | None, str]:
+    """A channel policy as the SQL functions take it: (max_concurrency, release_interval_ms,
+    max_size, on_full); None limits are unlimited."""
+    for what, value in (("max_concurrency", max_concurrency), ("max_size", max_size)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise errors.InvalidArgument(f"{prefix}{what} must be a positive integer or None, got {value!r}")
+    if max_concurrency is not None and max_concurrency > 2**31 - 1:  # type: ignore[operator]
+        raise errors.InvalidArgument(f"{prefix}max_concurrency is too large, got {max_concurrency!r}")
+    if max_size is not None and max_size > 2**63 - 1:  # type: ignore[operator]
+        raise errors.InvalidArgument(f"{prefix}max_size is too large, got {max_size!r}")
+    if on_full not in ("reject", "drop"):
+        raise errors.InvalidArgument(f"{prefix}on_full must be reject or drop, got {on_full!r}")
+    interval = to_ms(release_interval, f"{prefix}release_interval")
+    return max_concurrency, interval, max_size, on_full  # type: ignore[return-value]
+
+
 def _check_priority(priority: object) -> int:
     if not isinstance(priority, int) or isinstance(priority, bool) or not -100 <= priority <= 100:
         raise errors.InvalidArgument(f"priority must be an integer in -100..100, got {priority!r}")
@@ -193,7 +219,8 @@ class Statements:
 
         self.queue_create = q(
             "SELECT {s}.queue_create(%s::text, %s::bigint, %s::int, %s::text, %s::bool,"
-            " %s::bigint, %s::bool, %s::int, %s::bigint, %s::bool)"
+            " %s::bigint, %s::bool, %s::int, %s::bigint, %s::bool, %s::int, %s::bigint,"
+            " %s::bigint, %s::text)"
         )
         self.queue_drop = q("SELECT {s}.queue_drop(%s::text, %s::bool)")
         self.queue_purge = q("SELECT {s}.queue_purge(%s::text)")
@@ -220,6 +247,12 @@ class Statements:
         self.dead_requeue = q("SELECT {s}.dead_requeue(%s::text, %b::bigint[])")
         self.dead_purge = q("SELECT {s}.dead_purge(%s::text)")
         self.maintain = q("SELECT {s}.maintain(%s::int)")
+        self.channel_set = q(
+            "SELECT * FROM {s}.channel_set(%s::text, %s::text, %s::int, %s::bigint, %s::bigint,"
+            " %s::text)"
+        )
+        self.channel_reset = q("SELECT {s}.channel_reset(%s::text, %s::text)")
+        self.channel_list = q("SELECT * FROM {s}.channel_list(%s::text, %s::int, %s::text)")
         self.listen = q("LISTEN {s}")
 
 
@@ -272,8 +305,16 @@ class Ops:
         max_payload_bytes: int = 1024 * 1024,
         priority_step: float | timedelta = 1,
         if_not_exists: bool = False,
+        channel_max_concurrency: int | None = None,
+        channel_release_interval: float | timedelta | None = None,
+        channel_max_size: int | None = None,
+        channel_on_full: OnFull = "reject",
     ) -> Op[bool]:
         check_queue(name)
+        policy = _channel_policy(
+            channel_max_concurrency, channel_release_interval, channel_max_size, channel_on_full,
+            "channel_",
+        )
         if dead_letter_queue is not None:
             check_queue(dead_letter_queue)
         for what, value in (("max_attempts", max_attempts), ("max_payload_bytes", max_payload_bytes)):
@@ -284,7 +325,7 @@ class Ops:
         params = (
             name, to_ms(lease, "lease", positive=True), max_attempts, dead_letter_queue,
             bool(archive), to_ms(retention, "retention"), bool(unlogged), max_payload_bytes,
-            to_ms(priority_step, "priority_step"), bool(if_not_exists),
+            to_ms(priority_step, "priority_step"), bool(if_not_exists), *policy,
         )
         return Op(self.st.queue_create, params, _scalar)
 
@@ -434,6 +475,33 @@ class Ops:
 
     def dead_purge(self, queue: str) -> Op[int]:
         return Op(self.st.dead_purge, (check_queue(queue),), _scalar)
+
+    def channel_set(
+        self,
+        queue: str,
+        channel: str,
+        *,
+        max_concurrency: int | None = None,
+        release_interval: float | timedelta | None = None,
+        max_size: int | None = None,
+        on_full: OnFull = "reject",
+    ) -> Op[ChannelInfo]:
+        check_queue(queue)
+        check_channel(channel)
+        policy = _channel_policy(max_concurrency, release_interval, max_size, on_full, "")
+        return Op(self.st.channel_set, (queue, channel, *policy),
+                  lambda rows: ChannelInfo(queue, *rows[0]))
+
+    def channel_reset(self, queue: str, channel: str) -> Op[bool]:
+        return Op(self.st.channel_reset, (check_queue(queue), check_channel(channel)), _scalar)
+
+    def channel_list(self, queue: str, *, limit: int = 1000, after: str | None = None) -> Op[list[ChannelInfo]]:
+        check_queue(queue)
+        check_limit(limit)
+        if after is not None:
+            check_channel(after)
+        return Op(self.st.channel_list, (queue, limit, after),
+                  lambda rows: [ChannelInfo(queue, *r) for r in rows])
 
     def maintain(self, limit: int = 10_000) -> Op[int]:
         return Op(self.st.maintain, (check_limit(limit),), _scalar)

@@ -40,6 +40,11 @@ class DuplicateKey(LonnyMQError):
     """A live message with the same de-duplication key exists (``on_conflict="error"``)."""
 
 
+class ChannelFull(LonnyMQError):
+    """A message was sent to a channel already holding its ``max_size`` messages, and the
+    channel's ``on_full`` policy is ``reject``: nothing of the batch was written."""
+
+
 class LeaseLost(LonnyMQError):
     """The delivery's token is stale: its lease expired and the message was taken again, or it
     was already settled. Nothing was changed."""
@@ -65,4 +70,5 @@ SQLSTATE_ERRORS: dict[str, type[LonnyMQError]] = {
     "LQ004": DuplicateKey,
     "LQ005": QueueExists,
     "LQ006": QueueInUse,
+    "LQ007": ChannelFull,
 }

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-Outcome = Literal["created", "updated", "ignored"]
+Outcome = Literal["created", "updated", "ignored", "dropped"]
 OnConflict = Literal["ignore", "replace", "error"]
+OnFull = Literal["reject", "drop"]
 
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
@@ -59,7 +60,8 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class SendResult:
     """What a send did: ``created`` a message, ``updated`` (replaced) the live message with the
-    same key, or ``ignored`` the send because a live message with the key exists (its id)."""
+    same key, ``ignored`` the send because a live message with the key exists (its id), or
+    ``dropped`` it because its channel was full and drops on full (id None)."""
 
     id: int | None
     outcome: Outcome
@@ -122,3 +124,27 @@ class DeadMessage:
     @property
     def payload(self) -> Any:
         return decode_payload(self.body, self.content_type)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelInfo:
+    """A channel of a queue: its policy and its state.
+
+    ``size`` counts its messages (ready, scheduled and leased); ``leased`` its leases, which
+    never exceed ``max_concurrency`` (expired leases not yet retaken included). ``explicit``:
+    configured with ``set_channel`` (kept while empty) rather than created by a message with
+    the queue's defaults. ``ready_at`` (epoch ms) is when it may deliver next, rate and
+    concurrency limits included; None when empty. ``None`` limits are unlimited.
+    """
+
+    queue: str
+    name: str
+    max_concurrency: int | None
+    release_interval_ms: int | None
+    max_size: int | None
+    on_full: OnFull
+    explicit: bool
+    size: int
+    leased: int
+    last_served_at: int | None
+    ready_at: int | None

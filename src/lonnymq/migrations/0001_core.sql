@@ -24,6 +24,14 @@ CREATE TABLE {schema}.queue (
     max_payload_bytes    integer NOT NULL DEFAULT 1048576
                          CHECK (max_payload_bytes > 0 AND max_payload_bytes <= 104857600),
     priority_step_ms     bigint NOT NULL DEFAULT 1000 CHECK (priority_step_ms >= 0),
+    -- The policy a channel gets when its first message creates it (see the channel table).
+    channel_max_concurrency     integer CHECK (channel_max_concurrency > 0),
+    channel_release_interval_ms bigint  CHECK (channel_release_interval_ms >= 0),
+    channel_max_size            bigint  CHECK (channel_max_size > 0),
+    channel_on_full             text    NOT NULL DEFAULT 'reject'
+                                CHECK (channel_on_full IN ('reject', 'drop')),
+    -- Set by the first message that names a channel; until then take keeps its set-based path.
+    uses_channels               boolean NOT NULL DEFAULT false,
     created_at           timestamptz NOT NULL DEFAULT now(),
     CHECK (dead_letter_queue_id IS DISTINCT FROM id)
 );
@@ -55,10 +63,16 @@ CREATE TABLE {schema}.message (
     PRIMARY KEY (queue_id, id)
 ) PARTITION BY LIST (queue_id);
 
-CREATE INDEX message_dequeue_idx ON {schema}.message (queue_id, dequeue_at, id);
+-- Every message is in exactly one of the two dequeue indexes: plain messages in delivery order,
+-- channel messages in delivery order per channel (a channel's head is one index lookup).
+CREATE INDEX message_dequeue_idx ON {schema}.message (queue_id, dequeue_at, id)
+    WHERE channel IS NULL;
+CREATE INDEX message_channel_idx ON {schema}.message (queue_id, channel, dequeue_at, id)
+    WHERE channel IS NOT NULL;
 CREATE UNIQUE INDEX message_key_idx ON {schema}.message (queue_id, key) WHERE key IS NOT NULL;
--- Leased rows only: keeps the leased count exact and cheap; sends never touch it.
-CREATE INDEX message_leased_idx ON {schema}.message (queue_id, dequeue_at) WHERE leased;
+-- Leased rows only: keeps the leased count exact and cheap, and gives a channel at its
+-- concurrency limit its earliest lease expiry; sends never touch it.
+CREATE INDEX message_leased_idx ON {schema}.message (queue_id, channel, dequeue_at) WHERE leased;
 
 CREATE TABLE {schema}.archive (
     queue_id     integer NOT NULL,
@@ -82,6 +96,40 @@ CREATE TABLE {schema}.archive (
 );
 CREATE INDEX archive_status_idx ON {schema}.archive (queue_id, status, archived_at);
 
+-- A channel (tenant, group key) is a named sub-queue: take serves the channels of a queue round
+-- robin, each within its own policy. There is one row per channel that holds messages, plus the
+-- ones configured with channel_set (explicit). The counters are kept exact by every function
+-- that changes messages, under this row's lock. ready_at is when the channel may deliver next:
+--   NULL when it is empty;
+--   its earliest lease expiry when current_concurrency >= max_concurrency (only an expired
+--   lease can then be delivered: retaking it adds no lease);
+--   else greatest(head dequeue_at, last_served_at + release_interval_ms, blocked_until).
+-- Serving a channel sets last_served_at = now, which puts it behind every channel that has been
+-- waiting since (round robin by virtual time); turn breaks ties within one millisecond, least
+-- recently served first. blocked_until holds a strict-FIFO channel (max_concurrency = 1)
+-- behind the retry delay of its head.
+CREATE TABLE {schema}.channel (
+    queue_id            integer NOT NULL REFERENCES {schema}.queue (id) ON DELETE CASCADE,
+    name                text NOT NULL CHECK (length(name) BETWEEN 1 AND 512),
+    max_concurrency     integer CHECK (max_concurrency > 0),
+    release_interval_ms bigint CHECK (release_interval_ms >= 0),
+    max_size            bigint CHECK (max_size > 0),
+    on_full             text NOT NULL DEFAULT 'reject' CHECK (on_full IN ('reject', 'drop')),
+    explicit            boolean NOT NULL DEFAULT false,
+    current_size        bigint NOT NULL DEFAULT 0 CHECK (current_size >= 0),
+    current_concurrency integer NOT NULL DEFAULT 0
+                        CHECK (current_concurrency >= 0 AND current_concurrency <= current_size),
+    last_served_at      bigint,
+    blocked_until       bigint,
+    turn                bigint NOT NULL,
+    ready_at            bigint,
+    PRIMARY KEY (queue_id, name)
+) WITH (fillfactor = 70);
+-- take's pick: the ready channel with the smallest (ready_at, turn), one index lookup however
+-- many channels exist (empty ones are not in it).
+CREATE INDEX channel_ready_idx ON {schema}.channel (queue_id, ready_at, turn) WHERE ready_at IS NOT NULL;
+CREATE SEQUENCE {schema}.channel_turn_seq;
+
 -- What take/take_tx/peek return.
 CREATE TYPE {schema}.delivery AS (
     id           bigint,
@@ -103,7 +151,7 @@ CREATE TYPE {schema}.delivery AS (
 
 -- Errors use SQLSTATE class LQ so every binding can map them to typed exceptions:
 -- LQ001 queue not found, LQ002 invalid argument, LQ003 payload too large,
--- LQ004 duplicate key, LQ005 queue exists, LQ006 queue in use.
+-- LQ004 duplicate key, LQ005 queue exists, LQ006 queue in use, LQ007 channel full.
 CREATE FUNCTION {schema}._invalid(p_message text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -150,7 +198,12 @@ CREATE FUNCTION {schema}.queue_create(
     p_unlogged          boolean DEFAULT false,
     p_max_payload_bytes integer DEFAULT 1048576,
     p_priority_step_ms  bigint  DEFAULT 1000,
-    p_if_not_exists     boolean DEFAULT false
+    p_if_not_exists     boolean DEFAULT false,
+    -- The policy of channels created by messages (channel_set overrides it per channel).
+    p_channel_max_concurrency     integer DEFAULT NULL,
+    p_channel_release_interval_ms bigint  DEFAULT NULL,
+    p_channel_max_size            bigint  DEFAULT NULL,
+    p_channel_on_full             text    DEFAULT 'reject'
 ) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -177,6 +230,8 @@ BEGIN
     IF p_max_payload_bytes > 104857600 THEN
         PERFORM {schema}._invalid('max_payload_bytes must be at most 100 MiB');
     END IF;
+    PERFORM {schema}._check_channel_policy(p_channel_max_concurrency, p_channel_release_interval_ms,
+                                           p_channel_max_size, p_channel_on_full);
     -- Serialise creators of the same name so if_not_exists never races into a unique error.
     PERFORM pg_advisory_xact_lock(hashtext({schema_name}), hashtext(p_name));
     IF EXISTS (SELECT FROM {schema}.queue WHERE name = p_name) THEN
@@ -189,9 +244,13 @@ BEGIN
         v_dlq := ({schema}._queue(p_dead_letter_queue)).id;
     END IF;
     INSERT INTO {schema}.queue (name, lease_ms, max_attempts, dead_letter_queue_id, archive,
-                                retention_ms, unlogged, max_payload_bytes, priority_step_ms)
+                                retention_ms, unlogged, max_payload_bytes, priority_step_ms,
+                                channel_max_concurrency, channel_release_interval_ms,
+                                channel_max_size, channel_on_full)
     VALUES (p_name, p_lease_ms, p_max_attempts, v_dlq, p_archive, p_retention_ms,
-            coalesce(p_unlogged, false), p_max_payload_bytes, p_priority_step_ms)
+            coalesce(p_unlogged, false), p_max_payload_bytes, p_priority_step_ms,
+            p_channel_max_concurrency, p_channel_release_interval_ms, p_channel_max_size,
+            p_channel_on_full)
     RETURNING id INTO v_id;
     -- The partition name is derived from the numeric id, never from the user's queue name.
     EXECUTE format('CREATE %s TABLE %I.%I PARTITION OF %I.message FOR VALUES IN (%s)',
@@ -231,6 +290,12 @@ DECLARE
     q {schema}.queue := {schema}._queue(p_name);
 BEGIN
     EXECUTE format('TRUNCATE %I.%I', {schema_name}, 'message_' || q.id);
+    -- Its channels are empty now (after the TRUNCATE, in lock order). Configured channels stay,
+    -- with their rate limit state.
+    DELETE FROM {schema}.channel c WHERE c.queue_id = q.id AND NOT c.explicit;
+    UPDATE {schema}.channel c
+       SET current_size = 0, current_concurrency = 0, blocked_until = NULL, ready_at = NULL
+     WHERE c.queue_id = q.id;
 END $$;
 
 CREATE FUNCTION {schema}.queue_list()
@@ -246,6 +311,31 @@ LANGUAGE sql STABLE AS $$
       LEFT JOIN {schema}.queue d ON d.id = q.dead_letter_queue_id
      ORDER BY q.name
 $$;
+
+-- Up to p_limit messages of a queue with p_after < dequeue_at <= p_until (optionally unleased
+-- ones only), counted through the dequeue indexes: plain messages from theirs, channel messages
+-- channel by channel from theirs, so the cost is O(channels + p_limit) however many there are.
+CREATE FUNCTION {schema}._count_messages(
+    p_queue_id integer, p_after bigint, p_until bigint, p_unleased boolean, p_limit bigint
+) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM (
+        (SELECT 1 FROM {schema}.message m
+          WHERE m.queue_id = p_queue_id AND m.channel IS NULL
+            AND m.dequeue_at > p_after AND m.dequeue_at <= p_until
+            AND NOT (p_unleased AND m.leased)
+          LIMIT p_limit)
+        UNION ALL
+        (SELECT 1 FROM {schema}.channel c
+           CROSS JOIN LATERAL (SELECT 1 FROM {schema}.message m
+                                WHERE m.queue_id = p_queue_id AND m.channel = c.name
+                                  AND m.dequeue_at > p_after AND m.dequeue_at <= p_until
+                                  AND NOT (p_unleased AND m.leased)
+                                LIMIT p_limit) x
+          WHERE c.queue_id = p_queue_id)
+        LIMIT p_limit) s);
+END $$;
 
 -- Counts are exact up to p_cap rows per state and index-only scans, so the call stays cheap on
 -- a queue of millions; a count equal to p_cap means "at least".
@@ -263,9 +353,7 @@ DECLARE
 BEGIN
     PERFORM {schema}._check_limit(p_cap);
     queue := q.name;
-    SELECT count(*) INTO ready FROM (
-        SELECT 1 FROM {schema}.message m
-         WHERE m.queue_id = q.id AND m.dequeue_at <= v_now LIMIT p_cap) s;
+    ready := {schema}._count_messages(q.id, -9223372036854775807, v_now, false, p_cap);
     SELECT count(*) INTO leased FROM (
         SELECT 1 FROM {schema}.message m
          WHERE m.queue_id = q.id AND m.leased AND m.dequeue_at > v_now LIMIT p_cap) s;
@@ -274,26 +362,641 @@ BEGIN
     -- the unleased future rows must be told apart row by row.
     v_leased := leased;
     IF v_leased < p_cap THEN
-        SELECT count(*) INTO v_future FROM (
-            SELECT 1 FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.dequeue_at > v_now LIMIT p_cap + v_leased) s;
+        v_future := {schema}._count_messages(q.id, v_now, 9223372036854775807, false, p_cap + v_leased);
         scheduled := least(v_future - v_leased, p_cap);
     ELSE
-        SELECT count(*) INTO scheduled FROM (
-            SELECT 1 FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.dequeue_at > v_now AND NOT m.leased LIMIT p_cap) s;
+        scheduled := {schema}._count_messages(q.id, v_now, 9223372036854775807, true, p_cap);
     END IF;
     SELECT count(*) INTO dead FROM (
         SELECT 1 FROM {schema}.archive a
          WHERE a.queue_id = q.id AND a.status = 'dead' LIMIT p_cap) s;
-    -- The head of the index is what is delivered next; look a bounded way into it.
+    -- The head of the index is what is delivered next; look a bounded way into it (and at the
+    -- head of each channel).
     SELECT max(v_now - h.scheduled_at) INTO oldest_ready_age_ms FROM (
-        SELECT m.scheduled_at FROM {schema}.message m
-         WHERE m.queue_id = q.id AND m.dequeue_at <= v_now
-         ORDER BY m.dequeue_at, m.id LIMIT 1000) h;
-    SELECT min(m.dequeue_at) INTO next_scheduled_at FROM {schema}.message m
-     WHERE m.queue_id = q.id AND m.dequeue_at > v_now AND NOT m.leased;
+        (SELECT m.scheduled_at FROM {schema}.message m
+          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
+          ORDER BY m.dequeue_at, m.id LIMIT 1000)
+        UNION ALL
+        (SELECT x.scheduled_at FROM {schema}.channel c
+           CROSS JOIN LATERAL (SELECT m.scheduled_at FROM {schema}.message m
+                                WHERE m.queue_id = q.id AND m.channel = c.name
+                                  AND m.dequeue_at <= v_now
+                                ORDER BY m.dequeue_at, m.id LIMIT 1) x
+          WHERE c.queue_id = q.id)) h;
+    SELECT min(h.dequeue_at) INTO next_scheduled_at FROM (
+        (SELECT m.dequeue_at FROM {schema}.message m
+          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at > v_now AND NOT m.leased
+          ORDER BY m.dequeue_at LIMIT 1)
+        UNION ALL
+        (SELECT x.dequeue_at FROM {schema}.channel c
+           CROSS JOIN LATERAL (SELECT m.dequeue_at FROM {schema}.message m
+                                WHERE m.queue_id = q.id AND m.channel = c.name
+                                  AND m.dequeue_at > v_now AND NOT m.leased
+                                ORDER BY m.dequeue_at LIMIT 1) x
+          WHERE c.queue_id = q.id)) h;
     RETURN NEXT;
+END $$;
+
+-- Channels -----------------------------------------------------------------------------------
+--
+-- Lock order, kept by every function so that concurrent calls cannot deadlock:
+--   1. the queue row (only the first channel message of a queue, to set uses_channels);
+--   2. the queue's message partition (any statement on its messages takes a table lock);
+--   3. message rows (in id order where a call locks several);
+--   4. channel rows, in name order;
+--   5. then the same for the dead-letter queue (dead-letter chains have no cycles).
+-- take never waits on rows: it skips channel and message rows others hold (SKIP LOCKED).
+-- A channel's ready_at is recomputed by a statement that starts after its row is locked, so its
+-- snapshot includes every message change the previous lock holders committed.
+
+CREATE FUNCTION {schema}._check_channel_policy(
+    p_max_concurrency integer, p_release_interval_ms bigint, p_max_size bigint, p_on_full text
+) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM {schema}._check_positive(p_max_concurrency, 'max_concurrency');
+    PERFORM {schema}._check_positive(p_max_size, 'max_size');
+    IF p_release_interval_ms < 0 THEN
+        PERFORM {schema}._invalid('release_interval_ms must be >= 0');
+    END IF;
+    IF p_on_full IS NULL OR p_on_full NOT IN ('reject', 'drop') THEN
+        PERFORM {schema}._invalid('on_full must be reject or drop');
+    END IF;
+END $$;
+
+CREATE FUNCTION {schema}._check_channel(p_channel text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_channel IS NULL OR length(p_channel) NOT BETWEEN 1 AND 512 THEN
+        PERFORM {schema}._invalid('a channel name must have 1 to 512 characters');
+    END IF;
+END $$;
+
+-- When a channel may deliver next, from its counters and its messages (see the channel table).
+-- VOLATILE on purpose: its queries take a fresh snapshot, so an UPDATE of a channel row that
+-- had to wait for the row lock recomputes it (EvalPlanQual) with what the previous holder
+-- committed.
+CREATE FUNCTION {schema}._channel_ready_at(
+    p_queue_id integer, p_name text, p_size bigint, p_concurrency integer,
+    p_max_concurrency integer, p_last_served_at bigint, p_release_interval_ms bigint,
+    p_blocked_until bigint
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_head bigint;
+BEGIN
+    IF p_size <= 0 THEN
+        RETURN NULL;
+    END IF;
+    IF p_concurrency >= p_max_concurrency THEN
+        SELECT m.dequeue_at INTO v_head FROM {schema}.message m
+         WHERE m.queue_id = p_queue_id AND m.channel = p_name AND m.leased
+         ORDER BY m.dequeue_at LIMIT 1;
+    ELSE
+        SELECT m.dequeue_at INTO v_head FROM {schema}.message m
+         WHERE m.queue_id = p_queue_id AND m.channel = p_name
+         ORDER BY m.dequeue_at, m.id LIMIT 1;
+    END IF;
+    IF v_head IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN greatest(v_head, p_last_served_at + coalesce(p_release_interval_ms, 0), p_blocked_until);
+END $$;
+
+-- Once per queue: from now on take serves it channel by channel.
+CREATE FUNCTION {schema}._channel_enable(p_queue_id integer) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE {schema}.queue SET uses_channels = true WHERE id = p_queue_id AND NOT uses_channels
+$$;
+
+-- Add p_sizes (messages) and p_leases (leased messages) to channels p_names of queue q (NULL
+-- names are skipped, repeated names add up), creating missing channels with the queue's default
+-- policy, and recompute their ready_at. p_blocked_until (optional) holds a channel until then.
+-- Empty channels are deleted unless explicit or still inside their release interval.
+-- One channel (the usual case) is locked and updated by one UPDATE; several are first locked in
+-- name order by a statement of their own.
+CREATE FUNCTION {schema}._channel_apply(
+    q               {schema}.queue,
+    p_names         text[],
+    p_sizes         bigint[],
+    p_leases        integer[],
+    p_now           bigint,
+    p_blocked_until bigint[] DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_empty text[];
+    v_n     integer;
+    v_done  integer;
+    v_lock  boolean;
+BEGIN
+    IF cardinality(p_names) = 1 THEN
+        v_n := (p_names[1] IS NOT NULL)::integer;
+    ELSE
+        SELECT count(DISTINCT u.name) INTO v_n FROM unnest(p_names) AS u(name);
+    END IF;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    v_lock := v_n > 1;
+    LOOP
+        IF v_lock THEN
+            -- Create or lock, in name order. WHERE false: an existing row is locked, not rewritten.
+            INSERT INTO {schema}.channel AS c (queue_id, name, max_concurrency, release_interval_ms,
+                                              max_size, on_full, turn)
+            SELECT q.id, n.name, q.channel_max_concurrency, q.channel_release_interval_ms,
+                   q.channel_max_size, q.channel_on_full, nextval('{schema}.channel_turn_seq')
+              FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) WHERE u.name IS NOT NULL) n
+             ORDER BY n.name
+            ON CONFLICT (queue_id, name) DO UPDATE SET turn = c.turn WHERE false;
+        END IF;
+
+        WITH d AS (
+            SELECT u.name, sum(u.size)::bigint AS size, sum(u.leases)::integer AS leases,
+                   max(u.blocked) AS blocked
+              FROM unnest(p_names, p_sizes, p_leases, p_blocked_until) AS u(name, size, leases, blocked)
+             WHERE u.name IS NOT NULL
+             GROUP BY u.name
+        ), u AS (
+            UPDATE {schema}.channel c
+               SET current_size = c.current_size + d.size,
+                   current_concurrency = c.current_concurrency + d.leases,
+                   blocked_until = coalesce(d.blocked, c.blocked_until),
+                   ready_at = {schema}._channel_ready_at(
+                       c.queue_id, c.name, c.current_size + d.size,
+                       c.current_concurrency + d.leases, c.max_concurrency,
+                       c.last_served_at, c.release_interval_ms, coalesce(d.blocked, c.blocked_until))
+              FROM d
+             WHERE c.queue_id = q.id AND c.name = d.name
+            RETURNING c.name, c.current_size, c.explicit, c.last_served_at, c.release_interval_ms,
+                      c.blocked_until
+        )
+        SELECT count(*),
+               -- An empty channel keeps its row while its rate limit still applies.
+               array_agg(u.name) FILTER (WHERE u.current_size = 0 AND NOT u.explicit
+                                           AND coalesce(u.last_served_at + u.release_interval_ms, 0) <= p_now
+                                           AND coalesce(u.blocked_until, 0) <= p_now)
+          INTO v_done, v_empty
+          FROM u;
+        -- Without the lock statement the channel may be missing (new, or deleted meanwhile): then
+        -- nothing was updated, and we go again creating it.
+        EXIT WHEN v_done = v_n;
+        v_lock := true;
+    END LOOP;
+    IF v_empty IS NOT NULL THEN
+        DELETE FROM {schema}.channel c WHERE c.queue_id = q.id AND c.name = ANY (v_empty);
+    END IF;
+END $$;
+
+-- Channel bookkeeping of send_batch: count the created and replaced messages into their
+-- channels, enforce max_size, and return the final (ord, id, outcome) rows. A channel over its
+-- max_size after the batch (and grown by it) rejects the whole batch (ChannelFull, LQ007) or,
+-- with on_full = 'drop', loses the batch's newest messages over the limit (outcome 'dropped').
+-- A replace that moves a message into a full channel is never dropped.
+CREATE FUNCTION {schema}._channel_send(
+    q              {schema}.queue,
+    p_channels     text[],
+    p_ords         bigint[],
+    p_ids          bigint[],
+    p_outcomes     text[],
+    p_old_ids      bigint[],
+    p_old_channels text[],
+    p_old_leased   boolean[],
+    p_now          bigint
+) RETURNS TABLE (ord bigint, id bigint, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_names  text[];
+    v_sizes  bigint[];
+    v_leases integer[];
+    v_full   record;
+    v_drop   bigint[] := ARRAY[]::bigint[];
+    v_gone   text[];
+BEGIN
+    WITH r AS (
+        SELECT r.ord, r.id, r.outcome, p_channels[r.ord] AS channel
+          FROM unnest(p_ords, p_ids, p_outcomes) AS r(ord, id, outcome)
+         WHERE r.outcome IN ('created', 'updated')
+    ), x AS (
+        SELECT r.channel AS name, 1::bigint AS size, 0 AS leases FROM r
+        UNION ALL
+        SELECT o.channel, -1::bigint, -o.leased::integer
+          FROM unnest(p_old_ids, p_old_channels, p_old_leased) AS o(id, channel, leased)
+          JOIN r ON r.id = o.id AND r.outcome = 'updated'
+    )
+    SELECT array_agg(x.name), array_agg(x.size), array_agg(x.leases)
+      INTO v_names, v_sizes, v_leases
+      FROM x WHERE x.name IS NOT NULL;
+    IF v_names IS NOT NULL THEN
+        PERFORM {schema}._channel_apply(q, v_names, v_sizes, v_leases, p_now);
+        FOR v_full IN
+            SELECT c.name, c.on_full, c.max_size, c.current_size - c.max_size AS excess
+              FROM {schema}.channel c
+              JOIN (SELECT t.name, sum(t.size) AS size FROM unnest(v_names, v_sizes) AS t(name, size)
+                     GROUP BY t.name) g ON g.name = c.name
+             WHERE c.queue_id = q.id AND g.size > 0 AND c.current_size > c.max_size
+             ORDER BY c.name
+        LOOP
+            IF v_full.on_full = 'reject' THEN
+                RAISE EXCEPTION 'channel % of queue % is full (max_size %)',
+                    quote_literal(v_full.name), quote_literal(q.name), v_full.max_size
+                    USING ERRCODE = 'LQ007';
+            END IF;
+            v_drop := v_drop || ARRAY(
+                SELECT r.id FROM unnest(p_ords, p_ids, p_outcomes) AS r(ord, id, outcome)
+                 WHERE r.outcome = 'created' AND p_channels[r.ord] = v_full.name
+                 ORDER BY r.ord DESC LIMIT v_full.excess);
+        END LOOP;
+        IF cardinality(v_drop) > 0 THEN
+            WITH d AS (
+                DELETE FROM {schema}.message m WHERE m.queue_id = q.id AND m.id = ANY (v_drop)
+                RETURNING m.channel
+            )
+            SELECT array_agg(d.channel) INTO v_gone FROM d;
+            PERFORM {schema}._channel_apply(q, v_gone, array_fill(-1::bigint, ARRAY[cardinality(v_gone)]),
+                                            array_fill(0, ARRAY[cardinality(v_gone)]), p_now);
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT r.ord, CASE WHEN r.id = ANY (v_drop) THEN NULL ELSE r.id END,
+           CASE WHEN r.id = ANY (v_drop) THEN 'dropped' ELSE r.outcome END
+      FROM unnest(p_ords, p_ids, p_outcomes) AS r(ord, id, outcome)
+     ORDER BY r.ord;
+END $$;
+
+-- take and take_tx of a queue that uses channels. A call serves the ready channels round robin
+-- by (ready_at, turn), interleaved by time with plain messages, in passes: each pass picks up to
+-- the number still wanted of the next ready channels (after a cursor), locks their heads, merges
+-- them with the plain candidates by time, and delivers the earliest, with one statement per
+-- step. A served channel's new key (ready_at >= now, a new turn) sorts after every channel still
+-- waiting, so the next pass goes round again. Every step is an index lookup per row, whatever
+-- the number of channels or messages; rows others hold are skipped, never waited for. A head
+-- whose lease expired on its last attempt is dead-lettered (at most p_limit per call, besides
+-- the p_limit deliveries). p_mode: 'lease' (take), 'delete' or 'archive' (take_tx).
+CREATE FUNCTION {schema}._take_channels(
+    q          {schema}.queue,
+    p_limit    integer,
+    p_lease_ms bigint,
+    p_now      bigint,
+    p_mode     text
+) RETURNS SETOF {schema}.delivery
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_plain    bigint[];
+    v_plain_at bigint[];
+    v_dead     bigint[];
+    v_next     integer := 1;  -- the first plain candidate not delivered yet
+    v_got      integer := 0;
+    v_dead_n   integer := 0;
+    v_want     integer;
+    v_bound    bigint;
+    -- The pick's keyset cursor over (ready_at, turn): the last channel served. It also keeps
+    -- the pick from rereading the index entries this call's own updates left behind.
+    v_at       bigint := -9223372036854775807;
+    v_turn     bigint := 0;
+    v_skip     text[] := ARRAY[]::text[];  -- channels with nothing deliverable now
+    v_open     text[] := ARRAY[]::text[];  -- take_tx: channels of messages taken, in flight
+    v_names    text[];
+    v_keys     bigint[];
+    v_turns    bigint[];
+    v_limited  boolean[];
+    v_h_names  text[];
+    v_h_ids    bigint[];
+    v_h_keys   bigint[];
+    v_h_turns  bigint[];
+    v_h_leased boolean[];
+    v_h_dead   boolean[];
+    v_ids      bigint[];
+    v_from     text[];
+    v_leased   boolean[];
+    v_nohead   text[];
+    v_n_plain  integer;
+    v_served   integer;
+    v_last_at  bigint;
+    v_last_tn  bigint;
+BEGIN
+    SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
+           array_agg(c.dequeue_at ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
+           array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
+      INTO v_plain, v_plain_at, v_dead
+      FROM (SELECT m.id, m.dequeue_at, m.attempts
+              FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= p_now
+             ORDER BY m.dequeue_at, m.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED) c;
+    IF v_dead IS NOT NULL THEN
+        PERFORM {schema}._dead_letter(q, v_dead,
+            array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]), p_now);
+        v_dead_n := cardinality(v_dead);
+    END IF;
+    v_plain := coalesce(v_plain, ARRAY[]::bigint[]);
+    v_plain_at := coalesce(v_plain_at, ARRAY[]::bigint[]);
+
+    LOOP
+        v_want := p_limit - v_got;
+        EXIT WHEN v_want <= 0;
+        v_h_ids := NULL;
+        v_nohead := ARRAY[]::text[];
+        v_dead := ARRAY[]::bigint[];
+        -- A channel after the v_want-th plain candidate cannot win a place in this pass.
+        v_bound := least(p_now, v_plain_at[v_next + v_want - 1]);
+
+        -- 1. The next ready channels.
+        SELECT array_agg(c.name ORDER BY c.ready_at, c.turn),
+               array_agg(c.ready_at ORDER BY c.ready_at, c.turn),
+               array_agg(c.turn ORDER BY c.ready_at, c.turn),
+               array_agg(coalesce(c.current_concurrency
+                                  + cardinality(array_positions(v_open, c.name))
+                                  >= c.max_concurrency, false)
+                         ORDER BY c.ready_at, c.turn)
+          INTO v_names, v_keys, v_turns, v_limited
+          FROM (SELECT c.name, c.ready_at, c.turn, c.current_concurrency, c.max_concurrency
+                  FROM {schema}.channel c
+                 WHERE c.queue_id = q.id AND c.ready_at <= v_bound
+                   AND (c.ready_at, c.turn) > (v_at, v_turn) AND c.name <> ALL (v_skip)
+                 ORDER BY c.ready_at, c.turn
+                 LIMIT v_want
+                   FOR UPDATE SKIP LOCKED) c;
+        EXIT WHEN v_names IS NULL AND v_next > cardinality(v_plain);
+
+        -- 2. Their heads: at the concurrency limit only an expired lease may be delivered again.
+        IF v_names IS NOT NULL THEN
+            SELECT array_agg(h.name ORDER BY h.ord), array_agg(h.id ORDER BY h.ord),
+                   array_agg(h.key ORDER BY h.ord), array_agg(h.turn ORDER BY h.ord),
+                   array_agg(h.leased ORDER BY h.ord),
+                   array_agg(h.attempts >= q.max_attempts ORDER BY h.ord)
+              INTO v_h_names, v_h_ids, v_h_keys, v_h_turns, v_h_leased, v_h_dead
+              FROM (SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts
+                      FROM unnest(v_names, v_keys, v_turns, v_limited)
+                           WITH ORDINALITY AS c(name, key, turn, limited, ord)
+                     CROSS JOIN LATERAL (
+                           SELECT m.id, m.leased, m.attempts
+                             FROM {schema}.message m
+                            WHERE NOT c.limited AND m.queue_id = q.id AND m.channel = c.name
+                              AND m.dequeue_at <= p_now
+                            ORDER BY m.dequeue_at, m.id
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) x
+                    UNION ALL
+                    SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts
+                      FROM unnest(v_names, v_keys, v_turns, v_limited)
+                           WITH ORDINALITY AS c(name, key, turn, limited, ord)
+                     CROSS JOIN LATERAL (
+                           SELECT m.id, m.leased, m.attempts
+                             FROM {schema}.message m
+                            WHERE c.limited AND m.queue_id = q.id AND m.channel = c.name
+                              AND m.leased AND m.dequeue_at <= p_now
+                            ORDER BY m.dequeue_at
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) x) h;
+            -- Nothing deliverable (another transaction holds the head, or ready_at was early
+            -- since a lease was extended): refresh ready_at, pass the channel by in this call.
+            v_nohead := ARRAY(SELECT n FROM unnest(v_names) n
+                               WHERE n <> ALL (coalesce(v_h_names, ARRAY[]::text[])));
+            IF cardinality(v_nohead) > 0 THEN
+                UPDATE {schema}.channel c
+                   SET ready_at = {schema}._channel_ready_at(
+                           c.queue_id, c.name, c.current_size, c.current_concurrency,
+                           c.max_concurrency, c.last_served_at, c.release_interval_ms,
+                           c.blocked_until)
+                 WHERE c.queue_id = q.id AND c.name = ANY (v_nohead);
+                v_skip := v_skip || v_nohead;
+            END IF;
+            -- Heads whose lease expired on the last attempt go to the dead letters; their
+            -- channels are served again in the next pass (or call).
+            IF true = ANY (v_h_dead) AND v_dead_n < p_limit THEN
+                v_dead := ARRAY(SELECT h.id FROM unnest(v_h_ids, v_h_dead) AS h(id, dead)
+                                 WHERE h.dead LIMIT p_limit - v_dead_n);
+                PERFORM {schema}._dead_letter(q, v_dead,
+                    array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]),
+                    p_now);
+                v_dead_n := v_dead_n + cardinality(v_dead);
+            END IF;
+        END IF;
+
+        -- 3. Merge by time with the plain candidates (a plain message first on a tie) and
+        -- deliver the earliest v_want.
+        SELECT array_agg(x.id ORDER BY x.key, x.turn), array_agg(x.name ORDER BY x.key, x.turn),
+               array_agg(x.leased ORDER BY x.key, x.turn),
+               count(*) FILTER (WHERE x.name IS NULL), count(*) FILTER (WHERE x.name IS NOT NULL),
+               (array_agg(x.key ORDER BY x.key DESC, x.turn DESC) FILTER (WHERE x.name IS NOT NULL))[1],
+               (array_agg(x.turn ORDER BY x.key DESC, x.turn DESC) FILTER (WHERE x.name IS NOT NULL))[1]
+          INTO v_ids, v_from, v_leased, v_n_plain, v_served, v_last_at, v_last_tn
+          FROM (SELECT y.* FROM (
+                    SELECT p.id, p.key, -1::bigint AS turn, NULL::text AS name, false AS leased
+                      FROM unnest(v_plain[v_next:], v_plain_at[v_next:]) AS p(id, key)
+                    UNION ALL
+                    SELECT h.id, h.key, h.turn, h.name, h.leased
+                      FROM unnest(v_h_ids, v_h_keys, v_h_turns, v_h_names, v_h_leased, v_h_dead)
+                           AS h(id, key, turn, name, leased, dead)
+                     WHERE NOT h.dead) y
+                 ORDER BY y.key, y.turn
+                 LIMIT v_want) x;
+        IF v_ids IS NULL THEN
+            -- No delivery: go on only if this pass changed something (a channel passed by or
+            -- a dead letter) and there is something left to look at.
+            EXIT WHEN cardinality(v_nohead) = 0 AND cardinality(v_dead) = 0;
+            CONTINUE;
+        END IF;
+
+        IF p_mode = 'lease' THEN
+            RETURN QUERY
+            WITH u AS (
+                UPDATE {schema}.message m
+                   SET dequeue_at = p_now + p_lease_ms, attempts = m.attempts + 1,
+                       deliveries = m.deliveries + 1, leased = true
+                  FROM unnest(v_ids) WITH ORDINALITY AS t(id, ord)
+                 WHERE m.queue_id = q.id AND m.id = t.id
+                RETURNING t.ord, m.*
+            )
+            SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
+                   u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
+                   u.last_error, u.payload
+              FROM u ORDER BY u.ord;
+        ELSE
+            RETURN QUERY
+            WITH d AS (
+                DELETE FROM {schema}.message m
+                 USING unnest(v_ids) WITH ORDINALITY AS t(id, ord)
+                 WHERE m.queue_id = q.id AND m.id = t.id
+                RETURNING t.ord, m.*
+            ), a AS (
+                INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
+                                              enqueued_at, attempts, deliveries, priority, key,
+                                              channel, kind, content_type, headers, state,
+                                              last_error, payload)
+                SELECT d.queue_id, d.id, 'acked', p_now, d.scheduled_at, d.enqueued_at,
+                       d.attempts + 1, d.deliveries + 1, d.priority, d.key, d.channel, d.kind,
+                       d.content_type, d.headers, d.state, d.last_error, d.payload
+                  FROM d WHERE p_mode = 'archive'
+            )
+            SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
+                   d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
+                   d.state, d.last_error, d.payload
+              FROM d ORDER BY d.ord;
+        END IF;
+        v_got := v_got + cardinality(v_ids);
+        v_next := v_next + v_n_plain;
+
+        -- 4. The served channels: a lease more (none for an expired one retaken) or a message
+        -- less (take_tx), last served now, a new turn in serving order, a fresh ready_at.
+        IF v_served > 0 THEN
+            v_turns := ARRAY(SELECT nextval('{schema}.channel_turn_seq') FROM generate_series(1, v_served));
+            WITH s AS (
+                SELECT f.name, f.leased, row_number() OVER (ORDER BY f.ord) AS rn
+                  FROM unnest(v_from, v_leased) WITH ORDINALITY AS f(name, leased, ord)
+                 WHERE f.name IS NOT NULL
+            ), d AS (
+                SELECT s.name, v_turns[s.rn] AS turn,
+                       CASE WHEN p_mode = 'lease' THEN 0 ELSE -1 END AS size,
+                       CASE WHEN p_mode = 'lease' THEN (NOT s.leased)::integer
+                            ELSE -s.leased::integer END AS leases
+                  FROM s
+            )
+            UPDATE {schema}.channel c
+               SET current_size = c.current_size + d.size,
+                   current_concurrency = c.current_concurrency + d.leases,
+                   last_served_at = p_now,
+                   turn = d.turn,
+                   ready_at = {schema}._channel_ready_at(
+                       c.queue_id, c.name, c.current_size + d.size,
+                       c.current_concurrency + d.leases, c.max_concurrency, p_now,
+                       c.release_interval_ms, c.blocked_until)
+              FROM d
+             WHERE c.queue_id = q.id AND c.name = d.name;
+            IF p_mode <> 'lease' THEN
+                v_open := v_open || ARRAY(SELECT n FROM unnest(v_from) n WHERE n IS NOT NULL);
+            END IF;
+            -- The cursor moves to the last channel served (the served ones are a prefix, by
+            -- key, of the deliverable ones).
+            v_at := v_last_at;
+            v_turn := v_last_tn;
+        END IF;
+    END LOOP;
+END $$;
+
+-- Configure a channel: this policy replaces the queue's defaults for it, and the channel is kept
+-- while empty. NULL limits are unlimited. Applies from the next delivery: a lower
+-- max_concurrency or max_size leaves messages already leased or queued alone. Returns the
+-- channel as channel_list does.
+CREATE FUNCTION {schema}.channel_set(
+    p_queue               text,
+    p_channel             text,
+    p_max_concurrency     integer DEFAULT NULL,
+    p_release_interval_ms bigint  DEFAULT NULL,
+    p_max_size            bigint  DEFAULT NULL,
+    p_on_full             text    DEFAULT 'reject',
+    p_now                 bigint  DEFAULT NULL
+) RETURNS TABLE (
+    name text, max_concurrency integer, release_interval_ms bigint, max_size bigint,
+    on_full text, explicit boolean, size bigint, leased integer, last_served_at bigint,
+    ready_at bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q {schema}.queue := {schema}._queue(p_queue);
+BEGIN
+    PERFORM {schema}._check_channel(p_channel);
+    PERFORM {schema}._check_channel_policy(p_max_concurrency, p_release_interval_ms, p_max_size,
+                                           p_on_full);
+    -- Lock order: the message partition before channel rows.
+    PERFORM FROM {schema}.message m WHERE m.queue_id = q.id LIMIT 1;
+    INSERT INTO {schema}.channel AS c (queue_id, name, max_concurrency, release_interval_ms,
+                                      max_size, on_full, explicit, turn)
+    VALUES (q.id, p_channel, p_max_concurrency, p_release_interval_ms, p_max_size, p_on_full,
+            true, nextval('{schema}.channel_turn_seq'))
+    ON CONFLICT ON CONSTRAINT channel_pkey DO UPDATE
+       SET max_concurrency = excluded.max_concurrency,
+           release_interval_ms = excluded.release_interval_ms,
+           max_size = excluded.max_size, on_full = excluded.on_full, explicit = true;
+    PERFORM {schema}._channel_apply(q, ARRAY[p_channel], ARRAY[0::bigint], ARRAY[0],
+                                    coalesce(p_now, {schema}.now_ms()));
+    RETURN QUERY SELECT * FROM {schema}.channel_list(p_queue, 1, NULL, p_channel);
+END $$;
+
+-- Give a configured channel back the queue's default policy; it is deleted once empty (and out
+-- of its release interval). Returns false if it was not configured.
+CREATE FUNCTION {schema}.channel_reset(p_queue text, p_channel text, p_now bigint DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    q {schema}.queue := {schema}._queue(p_queue);
+BEGIN
+    PERFORM {schema}._check_channel(p_channel);
+    PERFORM FROM {schema}.message m WHERE m.queue_id = q.id LIMIT 1;  -- lock order
+    UPDATE {schema}.channel c
+       SET explicit = false, max_concurrency = q.channel_max_concurrency,
+           release_interval_ms = q.channel_release_interval_ms, max_size = q.channel_max_size,
+           on_full = q.channel_on_full
+     WHERE c.queue_id = q.id AND c.name = p_channel AND c.explicit;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM {schema}._channel_apply(q, ARRAY[p_channel], ARRAY[0::bigint], ARRAY[0],
+                                    coalesce(p_now, {schema}.now_ms()));
+    RETURN true;
+END $$;
+
+-- The channels of a queue by name, p_limit at a time after p_after (or the one named p_name):
+-- policy, size (messages: ready, scheduled and leased), leased (never above max_concurrency),
+-- when it was last served and when it may deliver next (NULL: empty).
+CREATE FUNCTION {schema}.channel_list(
+    p_queue text, p_limit integer DEFAULT 1000, p_after text DEFAULT NULL, p_name text DEFAULT NULL
+) RETURNS TABLE (
+    name text, max_concurrency integer, release_interval_ms bigint, max_size bigint,
+    on_full text, explicit boolean, size bigint, leased integer, last_served_at bigint,
+    ready_at bigint
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q {schema}.queue := {schema}._queue(p_queue);
+BEGIN
+    PERFORM {schema}._check_limit(p_limit);
+    RETURN QUERY
+    SELECT c.name, c.max_concurrency, c.release_interval_ms, c.max_size, c.on_full, c.explicit,
+           c.current_size, c.current_concurrency, c.last_served_at, c.ready_at
+      FROM {schema}.channel c
+     WHERE c.queue_id = q.id AND (p_after IS NULL OR c.name > p_after)
+       AND (p_name IS NULL OR c.name = p_name)
+     ORDER BY c.name
+     LIMIT p_limit;
+END $$;
+
+-- Recount the channels of a queue from its messages and correct counters that differ (say
+-- after a crash emptied an UNLOGGED queue). Blocks the queue's writers while it runs. Returns
+-- how many channels were corrected.
+CREATE FUNCTION {schema}.channel_recount(p_queue text, p_now bigint DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    q        {schema}.queue := {schema}._queue(p_queue);
+    v_names  text[];
+    v_sizes  bigint[];
+    v_leases integer[];
+BEGIN
+    -- EXCLUSIVE: no writer is half way (takes lock their rows before they update them).
+    EXECUTE format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', {schema_name}, 'message_' || q.id);
+    WITH actual AS (
+        SELECT m.channel AS name, count(*) AS size, count(*) FILTER (WHERE m.leased) AS leases
+          FROM {schema}.message m
+         WHERE m.queue_id = q.id AND m.channel IS NOT NULL
+         GROUP BY m.channel
+    ), diff AS (
+        SELECT coalesce(a.name, c.name) AS name,
+               coalesce(a.size, 0) - coalesce(c.current_size, 0) AS size,
+               coalesce(a.leases, 0) - coalesce(c.current_concurrency, 0) AS leases
+          FROM actual a
+          FULL JOIN (SELECT * FROM {schema}.channel WHERE queue_id = q.id) c ON c.name = a.name
+    )
+    SELECT array_agg(diff.name), array_agg(diff.size), array_agg(diff.leases::integer)
+      INTO v_names, v_sizes, v_leases
+      FROM diff WHERE diff.size <> 0 OR diff.leases <> 0;
+    IF v_names IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM {schema}._channel_enable(q.id);
+    PERFORM {schema}._channel_apply(q, v_names, v_sizes, v_leases, coalesce(p_now, {schema}.now_ms()));
+    RETURN cardinality(v_names);
 END $$;
 
 -- Send ---------------------------------------------------------------------------------------
@@ -328,6 +1031,15 @@ DECLARE
     v_ids     bigint[];
     v_keys    text[];
     v_created boolean[];
+    -- Channel bookkeeping: needed when the batch names channels or a replace moves a message
+    -- out of one; v_old_* is what the replaced messages were.
+    v_book         boolean;
+    v_old_ids      bigint[];
+    v_old_channels text[];
+    v_old_leased   boolean[];
+    v_ords         bigint[];
+    v_res          bigint[];
+    v_outcomes     text[];
 BEGIN
     IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('ignore', 'replace', 'error') THEN
         PERFORM {schema}._invalid('on_conflict must be ignore, replace or error');
@@ -372,11 +1084,18 @@ BEGIN
         END IF;
     END IF;
 
+    IF EXISTS (SELECT FROM unnest(p_channels) c WHERE length(c) NOT BETWEEN 1 AND 512) THEN
+        PERFORM {schema}._invalid('a channel name must have 1 to 512 characters');
+    END IF;
+    v_book := EXISTS (SELECT FROM unnest(p_channels) c WHERE c IS NOT NULL);
+    IF v_book THEN
+        PERFORM {schema}._channel_enable(q.id);
+    END IF;
+
     PERFORM pg_notify({schema_name}, q.name);
 
     IF p_keys IS NULL OR NOT EXISTS (SELECT FROM unnest(p_keys) k WHERE k IS NOT NULL) THEN
         -- No keys: plain insert; ids are assigned in input order.
-        RETURN QUERY
         WITH ins AS (
             INSERT INTO {schema}.message AS m (queue_id, dequeue_at, scheduled_at, enqueued_at,
                                               priority, channel, kind, content_type, headers, payload)
@@ -392,8 +1111,30 @@ BEGIN
              ORDER BY t.ord
             RETURNING m.id
         )
-        SELECT row_number() OVER (ORDER BY ins.id), ins.id, 'created'::text FROM ins;
+        SELECT array_agg(ins.id ORDER BY ins.id) INTO v_ids FROM ins;
+        IF v_book THEN
+            RETURN QUERY SELECT * FROM {schema}._channel_send(
+                q, p_channels, ARRAY(SELECT generate_series(1, v_n)::bigint), v_ids,
+                array_fill('created'::text, ARRAY[v_n]), NULL, NULL, NULL, v_now);
+        ELSE
+            RETURN QUERY SELECT u.ord, u.id, 'created'::text
+                           FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord);
+        END IF;
         RETURN;
+    END IF;
+
+    -- A replace ends an expired lease and may move a message between channels: lock the live
+    -- messages of the batch's keys first (in id order, so concurrent replacers cannot deadlock)
+    -- to know what they were, and replace only those.
+    IF p_on_conflict = 'replace' THEN
+        SELECT array_agg(o.id ORDER BY o.id), array_agg(o.channel ORDER BY o.id),
+               array_agg(o.leased ORDER BY o.id)
+          INTO v_old_ids, v_old_channels, v_old_leased
+          FROM (SELECT m.id, m.channel, m.leased FROM {schema}.message m
+                 WHERE m.queue_id = q.id AND m.key = ANY (p_keys)
+                 ORDER BY m.id
+                   FOR UPDATE) o;
+        v_book := v_book OR EXISTS (SELECT FROM unnest(v_old_channels) c WHERE c IS NOT NULL);
     END IF;
 
     -- Keyed: only the winning row of each key is written; 'replace' first updates live
@@ -418,6 +1159,7 @@ BEGIN
               FROM t
              WHERE p_on_conflict = 'replace' AND t.ord = t.win AND t.key IS NOT NULL
                AND m.queue_id = q.id AND m.key = t.key AND NOT (m.leased AND m.dequeue_at > v_now)
+               AND m.id = ANY (v_old_ids)
             RETURNING m.id, m.key
         ), ins AS (
             -- Keys that exist (or were just replaced above) are skipped here.
@@ -443,7 +1185,6 @@ BEGIN
             USING ERRCODE = 'LQ004';
     END IF;
 
-    RETURN QUERY
     WITH s AS (
         SELECT u.key, u.ord,
                CASE WHEN u.key IS NULL OR p_on_conflict = 'error' THEN u.ord
@@ -456,7 +1197,7 @@ BEGIN
         SELECT s.ord, row_number() OVER (ORDER BY s.ord) AS rn FROM s WHERE s.key IS NULL
     ), plain_r AS (
         SELECT r.id, row_number() OVER (ORDER BY r.id) AS rn FROM r WHERE r.key IS NULL
-    )
+    ), f(ord, id, outcome) AS (
     SELECT plain_s.ord, plain_r.id, 'created'::text
       FROM plain_s JOIN plain_r USING (rn)
     UNION ALL
@@ -466,7 +1207,18 @@ BEGIN
                 WHEN r.created THEN 'created' ELSE 'updated' END
       FROM s LEFT JOIN r ON r.key = s.key
      WHERE s.key IS NOT NULL
-     ORDER BY 1;
+    )
+    SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord),
+           array_agg(f.outcome ORDER BY f.ord)
+      INTO v_ords, v_res, v_outcomes
+      FROM f;
+    IF v_book THEN
+        RETURN QUERY SELECT * FROM {schema}._channel_send(
+            q, p_channels, v_ords, v_res, v_outcomes, v_old_ids, v_old_channels, v_old_leased,
+            v_now);
+    ELSE
+        RETURN QUERY SELECT * FROM unnest(v_ords, v_res, v_outcomes);
+    END IF;
 END $$;
 
 -- Take ---------------------------------------------------------------------------------------
@@ -476,6 +1228,10 @@ END $$;
 CREATE FUNCTION {schema}._dead_letter(q {schema}.queue, p_ids bigint[], p_errors text[], p_now bigint)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_channels text[];
+    v_leases   integer[];
+    v_dlq      {schema}.queue;
 BEGIN
     IF q.dead_letter_queue_id IS NOT NULL THEN
         WITH d AS (
@@ -483,7 +1239,7 @@ BEGIN
              USING unnest(p_ids, p_errors) AS e(id, error)
              WHERE m.queue_id = q.id AND m.id = e.id
             RETURNING m.*, e.error
-        )
+        ), i AS (
         INSERT INTO {schema}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, priority,
                                       channel, kind, content_type, headers, state, last_error, payload)
         SELECT q.dead_letter_queue_id, p_now, p_now, p_now, 0, d.channel, d.kind, d.content_type,
@@ -492,7 +1248,10 @@ BEGIN
                                       'attempts', d.attempts, 'error', coalesce(d.error, d.last_error),
                                       'enqueued_at', d.enqueued_at)),
                d.state, coalesce(d.error, d.last_error), d.payload
-          FROM d ORDER BY d.id;
+          FROM d ORDER BY d.id
+        )
+        SELECT array_agg(d.channel), array_agg(-d.leased::integer) INTO v_channels, v_leases
+          FROM d WHERE d.channel IS NOT NULL;
         PERFORM pg_notify({schema_name}, (SELECT name FROM {schema}.queue WHERE id = q.dead_letter_queue_id));
     ELSE
         WITH d AS (
@@ -500,14 +1259,29 @@ BEGIN
              USING unnest(p_ids, p_errors) AS e(id, error)
              WHERE m.queue_id = q.id AND m.id = e.id
             RETURNING m.*, e.error
-        )
+        ), a AS (
         INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at, enqueued_at,
                                       attempts, deliveries, priority, key, channel, kind,
                                       content_type, headers, state, last_error, payload)
         SELECT d.queue_id, d.id, 'dead', p_now, d.scheduled_at, d.enqueued_at, d.attempts,
                d.deliveries, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
                d.state, coalesce(d.error, d.last_error), d.payload
-          FROM d;
+          FROM d
+        )
+        SELECT array_agg(d.channel), array_agg(-d.leased::integer) INTO v_channels, v_leases
+          FROM d WHERE d.channel IS NOT NULL;
+    END IF;
+    -- The messages leave their channels; in a dead-letter queue they keep their channel.
+    IF v_channels IS NOT NULL THEN
+        PERFORM {schema}._channel_apply(q, v_channels,
+            array_fill(-1::bigint, ARRAY[cardinality(v_channels)]), v_leases, p_now);
+        IF q.dead_letter_queue_id IS NOT NULL THEN
+            PERFORM {schema}._channel_enable(q.dead_letter_queue_id);
+            SELECT * INTO v_dlq FROM {schema}.queue WHERE id = q.dead_letter_queue_id;
+            PERFORM {schema}._channel_apply(v_dlq, v_channels,
+                array_fill(1::bigint, ARRAY[cardinality(v_channels)]),
+                array_fill(0, ARRAY[cardinality(v_channels)]), p_now);
+        END IF;
     END IF;
 END $$;
 
@@ -537,12 +1311,18 @@ BEGIN
     IF p_ack_ids IS NOT NULL THEN
         PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
     END IF;
+    IF q.uses_channels THEN
+        RETURN QUERY SELECT * FROM {schema}._take_channels(q, p_limit, v_lease, v_now, 'lease');
+        RETURN;
+    END IF;
+    -- A queue that never used channels: one set-based statement. (channel IS NULL always holds
+    -- here; it also keeps a channel message sent since q was read out of this path.)
     SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
            array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
       INTO v_ids, v_dead
       FROM (SELECT m.id, m.dequeue_at, m.attempts
               FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.dequeue_at <= v_now
+             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
              ORDER BY m.dequeue_at, m.id
              LIMIT p_limit
                FOR UPDATE SKIP LOCKED) c;
@@ -582,11 +1362,18 @@ DECLARE
     v_now bigint := coalesce(p_now, {schema}.now_ms());
 BEGIN
     PERFORM {schema}._check_limit(p_limit);
+    IF q.uses_channels THEN
+        -- The channel row stays locked until the caller's transaction ends: the channel's
+        -- messages taken here count against its max_concurrency while in flight.
+        RETURN QUERY SELECT * FROM {schema}._take_channels(q, p_limit, NULL, v_now,
+            CASE WHEN coalesce(p_archive, q.archive) THEN 'archive' ELSE 'delete' END);
+        RETURN;
+    END IF;
     IF coalesce(p_archive, q.archive) THEN
         RETURN QUERY
         WITH c AS (
             SELECT m.id FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.dequeue_at <= v_now
+             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
              ORDER BY m.dequeue_at, m.id LIMIT p_limit FOR UPDATE SKIP LOCKED
         ), d AS (
             DELETE FROM {schema}.message m USING c
@@ -609,7 +1396,7 @@ BEGIN
         RETURN QUERY
         WITH c AS (
             SELECT m.id FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.dequeue_at <= v_now
+             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
              ORDER BY m.dequeue_at, m.id LIMIT p_limit FOR UPDATE SKIP LOCKED
         ), d AS (
             DELETE FROM {schema}.message m USING c
@@ -631,12 +1418,20 @@ DECLARE
     q {schema}.queue := {schema}._queue(p_queue);
 BEGIN
     PERFORM {schema}._check_limit(p_limit);
+    -- Plain messages from their index, channel messages from the head of each channel.
     RETURN QUERY
     SELECT m.id, m.attempts, m.deliveries,
            CASE WHEN m.leased THEN m.dequeue_at END, m.scheduled_at, m.enqueued_at, m.priority,
            m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload
-      FROM {schema}.message m
-     WHERE m.queue_id = q.id
+      FROM ((SELECT p.* FROM {schema}.message p
+              WHERE p.queue_id = q.id AND p.channel IS NULL
+              ORDER BY p.dequeue_at, p.id LIMIT p_limit)
+            UNION ALL
+            (SELECT h.* FROM {schema}.channel c
+               CROSS JOIN LATERAL (SELECT x.* FROM {schema}.message x
+                                    WHERE x.queue_id = q.id AND x.channel = c.name
+                                    ORDER BY x.dequeue_at, x.id LIMIT p_limit) h
+              WHERE c.queue_id = q.id AND q.uses_channels)) m
      ORDER BY m.dequeue_at, m.id
      LIMIT p_limit;
 END $$;
@@ -649,8 +1444,15 @@ DECLARE
     q     {schema}.queue := {schema}._queue(p_queue);
     v_now bigint := coalesce(p_now, {schema}.now_ms());
 BEGIN
-    RETURN (SELECT greatest(m.dequeue_at - v_now, 0) FROM {schema}.message m
-             WHERE m.queue_id = q.id ORDER BY m.dequeue_at, m.id LIMIT 1);
+    -- A channel is ready at its ready_at (its head, rate limit and concurrency limit permitting).
+    RETURN (SELECT greatest(min(x.at) - v_now, 0)
+              FROM ((SELECT m.dequeue_at FROM {schema}.message m
+                      WHERE m.queue_id = q.id AND m.channel IS NULL
+                      ORDER BY m.dequeue_at, m.id LIMIT 1)
+                    UNION ALL
+                    (SELECT c.ready_at FROM {schema}.channel c
+                      WHERE c.queue_id = q.id AND c.ready_at IS NOT NULL
+                      ORDER BY c.ready_at LIMIT 1)) x(at));
 END $$;
 
 -- Settle ---------------------------------------------------------------------------------------
@@ -659,9 +1461,42 @@ CREATE FUNCTION {schema}._ack(q {schema}.queue, p_ids bigint[], p_tokens integer
                               p_archive boolean, p_now bigint)
 RETURNS SETOF bigint
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_channels text[];
+    v_ids      bigint[];
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_tokens) THEN
         PERFORM {schema}._invalid('ids and tokens must have the same length');
+    END IF;
+    IF q.uses_channels AND NOT p_archive THEN
+        -- As below, and the messages leave their channels.
+        WITH d AS (
+            DELETE FROM {schema}.message m
+             USING unnest(p_ids, p_tokens) AS t(id, token)
+             WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased
+            RETURNING m.id, m.channel
+        )
+        SELECT array_agg(d.id), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
+          INTO v_ids, v_channels
+          FROM d;
+        IF v_channels IS NOT NULL THEN
+            PERFORM {schema}._channel_apply(q, v_channels,
+                array_fill(-1::bigint, ARRAY[cardinality(v_channels)]),
+                array_fill(-1, ARRAY[cardinality(v_channels)]), p_now);
+        END IF;
+        RETURN QUERY SELECT unnest(v_ids);
+        RETURN;
+    END IF;
+    IF q.uses_channels THEN
+        -- Lock the messages first (in id order) to know the channels they leave.
+        SELECT array_agg(x.channel) INTO v_channels
+          FROM (SELECT m.channel
+                  FROM unnest(p_ids, p_tokens) AS t(id, token)
+                  JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
+                 WHERE m.deliveries = t.token AND m.leased
+                 ORDER BY m.id
+                   FOR UPDATE OF m) x
+         WHERE x.channel IS NOT NULL;
     END IF;
     IF p_archive THEN
         RETURN QUERY
@@ -687,6 +1522,11 @@ BEGIN
          USING unnest(p_ids, p_tokens) AS t(id, token)
          WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased
         RETURNING m.id;
+    END IF;
+    IF v_channels IS NOT NULL THEN
+        PERFORM {schema}._channel_apply(q, v_channels,
+            array_fill(-1::bigint, ARRAY[cardinality(v_channels)]),
+            array_fill(-1, ARRAY[cardinality(v_channels)]), p_now);
     END IF;
 END $$;
 
@@ -727,6 +1567,9 @@ DECLARE
     v_now  bigint := coalesce(p_now, {schema}.now_ms());
     v_dead bigint[];
     v_errs text[];
+    v_channels text[];
+    v_blocked  bigint[];
+    v_fifo     bigint[];
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_tokens) THEN
         PERFORM {schema}._invalid('ids and tokens must have the same length');
@@ -748,9 +1591,27 @@ BEGIN
         PERFORM {schema}._dead_letter(q, v_dead, v_errs, v_now);
         RETURN QUERY SELECT d, 'dead'::text FROM unnest(v_dead) d;
     END IF;
+    IF q.uses_channels THEN
+        -- The retried messages give their leases back (locked first, in id order). In a
+        -- strict-FIFO channel (max_concurrency = 1) a retried message keeps its place at the
+        -- head and its delay holds the whole channel, so later messages cannot overtake it.
+        SELECT array_agg(x.channel), array_agg(CASE WHEN x.fifo THEN v_now + coalesce(x.delay_ms, 0) END),
+               array_agg(x.id) FILTER (WHERE x.fifo)
+          INTO v_channels, v_blocked, v_fifo
+          FROM (SELECT m.id, m.channel, t.delay_ms, c.max_concurrency = 1 AS fifo
+                  FROM unnest(p_ids, p_tokens, p_delays_ms) AS t(id, token, delay_ms)
+                  JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
+                  LEFT JOIN {schema}.channel c ON c.queue_id = q.id AND c.name = m.channel
+                 WHERE m.deliveries = t.token AND m.leased AND m.channel IS NOT NULL
+                 ORDER BY m.id
+                   FOR UPDATE OF m) x;
+    END IF;
     RETURN QUERY
     UPDATE {schema}.message m
-       SET dequeue_at = v_now + coalesce(t.delay_ms, 0) - m.priority * q.priority_step_ms,
+       SET dequeue_at = CASE WHEN m.id = ANY (v_fifo)
+                             THEN m.scheduled_at - m.priority * q.priority_step_ms
+                             ELSE v_now + coalesce(t.delay_ms, 0) - m.priority * q.priority_step_ms
+                        END,
            leased = false,
            attempts = CASE WHEN p_count_attempt THEN m.attempts ELSE m.attempts - 1 END,
            last_error = coalesce(t.error, m.last_error),
@@ -759,6 +1620,11 @@ BEGIN
            AS t(id, token, delay_ms, error, state)
      WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased
     RETURNING m.id, 'retry'::text;
+    IF v_channels IS NOT NULL THEN
+        PERFORM {schema}._channel_apply(q, v_channels,
+            array_fill(0::bigint, ARRAY[cardinality(v_channels)]),
+            array_fill(-1, ARRAY[cardinality(v_channels)]), v_now, v_blocked);
+    END IF;
     PERFORM pg_notify({schema_name}, q.name);
 END $$;
 
@@ -815,6 +1681,7 @@ DECLARE
     q     {schema}.queue := {schema}._queue(p_queue);
     v_now bigint := coalesce(p_now, {schema}.now_ms());
     v_n   bigint;
+    v_channels text[];
 BEGIN
     WITH d AS (
         DELETE FROM {schema}.archive a
@@ -826,9 +1693,16 @@ BEGIN
         SELECT q.id, v_now, v_now, v_now, d.priority, d.channel, d.kind, d.content_type, d.headers,
                d.state, d.last_error, d.payload
           FROM d ORDER BY d.id
-        RETURNING 1
+        RETURNING channel
     )
-    SELECT count(*) INTO v_n FROM i;
+    SELECT count(*), array_agg(i.channel) FILTER (WHERE i.channel IS NOT NULL)
+      INTO v_n, v_channels FROM i;
+    IF v_channels IS NOT NULL THEN
+        PERFORM {schema}._channel_enable(q.id);
+        PERFORM {schema}._channel_apply(q, v_channels,
+            array_fill(1::bigint, ARRAY[cardinality(v_channels)]),
+            array_fill(0, ARRAY[cardinality(v_channels)]), v_now);
+    END IF;
     IF v_n > 0 THEN
         PERFORM pg_notify({schema_name}, q.name);
     END IF;
@@ -868,5 +1742,15 @@ BEGIN
     DELETE FROM {schema}.archive a USING old
      WHERE a.queue_id = old.queue_id AND a.id = old.id;
     GET DIAGNOSTICS v_n = ROW_COUNT;
+    -- Empty channels nothing keeps (not configured, out of their release interval) go too;
+    -- SKIP LOCKED: never wait for a channel in use.
+    DELETE FROM {schema}.channel c
+     USING (SELECT g.queue_id, g.name FROM {schema}.channel g
+             WHERE g.current_size = 0 AND NOT g.explicit
+               AND coalesce(g.last_served_at + g.release_interval_ms, 0) <= v_now
+               AND coalesce(g.blocked_until, 0) <= v_now
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED) e
+     WHERE c.queue_id = e.queue_id AND c.name = e.name;
     RETURN v_n;
 END $$;
