@@ -247,8 +247,6 @@ def test_dead_lettering_on_take_keeps_the_previous_error(client: Client, db: Sql
     assert a["last_error"] == "lease expired on the last attempt"
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: take() counts messages it dead-letters against "
-                   "the limit, so take(n=1) can return [] while a message is ready")
 def test_take_returns_ready_messages_behind_one_it_dead_letters(client: Client, db: Sql) -> None:
     client.create_queue("q", max_attempts=1, lease=1)
     t = db.now()
@@ -258,8 +256,6 @@ def test_take_returns_ready_messages_behind_one_it_dead_letters(client: Client, 
     assert [d["payload"] for d in db.take("q", 1, t + 1000)] == [b"ready"]
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: take_tx() delivers a message whose lease "
-                   "expired on its last attempt (attempt max_attempts + 1) instead of dead-lettering it")
 def test_take_tx_does_not_deliver_beyond_max_attempts(client: Client, db: Sql) -> None:
     client.create_queue("q", max_attempts=1, lease=1)
     t = db.now()
@@ -268,9 +264,6 @@ def test_take_tx_does_not_deliver_beyond_max_attempts(client: Client, db: Sql) -
     assert db.call("take_tx", p_queue="q", p_limit=1, p_now=t + 1000) == []
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: nack sets dequeue_at = now + delay - priority*step, "
-                   "so a priority message is retried before its delay (nack documents 'retried after "
-                   "delay seconds')")
 def test_nack_delay_holds_for_priority_messages(client: Client, db: Sql) -> None:
     client.create_queue("q")
     t = db.now()

@@ -22,6 +22,12 @@ MAX_ATTEMPTS = 3
 STEP = 100  # priority_step_ms
 
 
+def due_at(at: int, priority: int, now: int) -> int:
+    """The documented ordering value: priority moves a message due now into the past; a message
+    scheduled for later is never due before ``at`` (negative priority still delays it)."""
+    return at + max(0, -priority * STEP) if at > now else at - priority * STEP
+
+
 @dataclass
 class Msg:
     id: int
@@ -80,7 +86,7 @@ class QueueModel(RuleBasedStateMachine):
                             p_delays_ms=[delay] * k)
         assert [r["outcome"] for r in rows] == ["created"] * k
         for r, p in zip(rows, payloads, strict=True):
-            self.msgs[r["id"]] = Msg(r["id"], self.now + delay - priority * STEP, priority, p)
+            self.msgs[r["id"]] = Msg(r["id"], due_at(self.now + delay, priority, self.now), priority, p)
 
     @rule(n=st.integers(1, 5), lease=st.sampled_from([None, 300, 2000]))
     def take(self, n: int, lease: int | None) -> None:
@@ -134,7 +140,7 @@ class QueueModel(RuleBasedStateMachine):
                 self.dead += 1
                 expected[i] = "dead"
                 continue
-            m.dequeue_at = self.now + delay - m.priority * STEP
+            m.dequeue_at = due_at(self.now + delay, m.priority, self.now)
             m.leased = False
             m.attempts -= 0 if count else 1
             m.last_error = error

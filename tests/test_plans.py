@@ -39,7 +39,7 @@ def candidate_queries(function: str) -> list[str]:
     for text in dict.fromkeys(found):  # take_tx has the same one twice
         text = re.sub(r"\bq\.id\b", "$1", text)
         text = re.sub(r"\bv_now\b", "$2", text)
-        text = re.sub(r"\bp_limit\b", "$3", text)
+        text = re.sub(r"\b(?:p_limit|v_want)\b", "$3", text)
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
         assert not unknown, f"{function}() candidate query uses {unknown}: teach this test about them"
         queries.append(text)

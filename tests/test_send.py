@@ -321,9 +321,6 @@ def test_failed_send_in_a_transaction_aborts_it(dsn: str, client: Client, q: str
     assert client.peek(q) == []
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: dequeue_at = at - priority*step, so a delayed "
-                   "message with priority > 0 is deliverable before its delay (send() documents "
-                   "'not deliverable before then')")
 def test_a_delayed_priority_message_is_not_delivered_early(client: Client, q: str, db: Sql) -> None:
     t = db.now()
     db.send(q, [b"later"], t, p_delays_ms=[60_000], p_priorities=[100])

@@ -9,11 +9,12 @@ from . import errors
 from .aio import AsyncClient
 from .client import Client
 from .migrations import DEFAULT_SCHEMA
-from .models import DeadMessage, Envelope, Message, QueueInfo, QueueMetrics, SendResult
+from .models import ChannelInfo, DeadMessage, Envelope, Message, QueueInfo, QueueMetrics, SendResult
 
 __all__ = [
     "DEFAULT_SCHEMA",
     "AsyncClient",
+    "ChannelInfo",
     "Client",
     "DeadMessage",
     "Envelope",

@@ -170,6 +170,15 @@ BEGIN
     RETURN q;
 END $$;
 
+-- The ordering value of a message due at p_at with priority p_priority. Priority moves a message
+-- that is due now into the past (it is served as if sent p_priority * step earlier); a message
+-- scheduled for later is never delivered before p_at (a negative priority still delays it).
+CREATE FUNCTION {schema}._dequeue_at(p_at bigint, p_priority integer, p_step bigint, p_now bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN p_at > p_now THEN p_at + greatest(0, -p_priority * p_step)
+                  ELSE p_at - p_priority * p_step END $$;
+
 CREATE FUNCTION {schema}._check_positive(p_value bigint, p_what text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -1099,7 +1108,7 @@ BEGIN
         WITH ins AS (
             INSERT INTO {schema}.message AS m (queue_id, dequeue_at, scheduled_at, enqueued_at,
                                               priority, channel, kind, content_type, headers, payload)
-            SELECT q.id, t.at - t.priority * q.priority_step_ms, t.at, v_now, t.priority,
+            SELECT q.id, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), t.at, v_now, t.priority,
                    t.channel, t.kind, t.content_type, t.headers, t.payload
               FROM (SELECT coalesce(u.at_ms, v_now + coalesce(u.delay_ms, 0)) AS at,
                            coalesce(u.priority, 0) AS priority, u.channel, u.kind, u.content_type,
@@ -1152,7 +1161,7 @@ BEGIN
                                         priority, key, channel, ord)
         ), upd AS (
             UPDATE {schema}.message m
-               SET dequeue_at = t.at - t.priority * q.priority_step_ms, scheduled_at = t.at,
+               SET dequeue_at = {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), scheduled_at = t.at,
                    priority = t.priority, channel = t.channel, kind = t.kind,
                    content_type = t.content_type, headers = t.headers, payload = t.payload,
                    attempts = 0, leased = false, state = NULL, last_error = NULL
@@ -1166,7 +1175,7 @@ BEGIN
             INSERT INTO {schema}.message AS m (queue_id, dequeue_at, scheduled_at, enqueued_at,
                                               priority, key, channel, kind, content_type, headers,
                                               payload)
-            SELECT q.id, t.at - t.priority * q.priority_step_ms, t.at, v_now, t.priority, t.key,
+            SELECT q.id, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), t.at, v_now, t.priority, t.key,
                    t.channel, t.kind, t.content_type, t.headers, t.payload
               FROM t WHERE t.ord = t.win ORDER BY t.ord
             ON CONFLICT (queue_id, key) WHERE key IS NOT NULL DO NOTHING
@@ -1303,6 +1312,8 @@ DECLARE
     q       {schema}.queue := {schema}._queue(p_queue);
     v_now   bigint := coalesce(p_now, {schema}.now_ms());
     v_lease bigint := coalesce(p_lease_ms, q.lease_ms);
+    v_want  integer := p_limit;
+    v_round integer := 0;
     v_ids   bigint[];
     v_dead  bigint[];
 BEGIN
@@ -1315,37 +1326,43 @@ BEGIN
         RETURN QUERY SELECT * FROM {schema}._take_channels(q, p_limit, v_lease, v_now, 'lease');
         RETURN;
     END IF;
-    -- A queue that never used channels: one set-based statement. (channel IS NULL always holds
-    -- here; it also keeps a channel message sent since q was read out of this path.)
-    SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
-           array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
-      INTO v_ids, v_dead
-      FROM (SELECT m.id, m.dequeue_at, m.attempts
-              FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
-             ORDER BY m.dequeue_at, m.id
-             LIMIT p_limit
-               FOR UPDATE SKIP LOCKED) c;
-    IF v_dead IS NOT NULL THEN
-        PERFORM {schema}._dead_letter(q, v_dead,
-            array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]), v_now);
-    END IF;
-    IF v_ids IS NULL THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    WITH u AS (
-        UPDATE {schema}.message m
-           SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
-               deliveries = m.deliveries + 1, leased = true
-          FROM unnest(v_ids) WITH ORDINALITY AS t(id, ord)
-         WHERE m.queue_id = q.id AND m.id = t.id
-        RETURNING t.ord, m.*
-    )
-    SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
-           u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
-           u.last_error, u.payload
-      FROM u ORDER BY u.ord;
+    -- A queue that never used channels: set-based. (channel IS NULL always holds here; it also
+    -- keeps a channel message sent since q was read out of this path.) Messages found dead (their
+    -- lease expired on the last attempt) do not count against p_limit: look again for more.
+    LOOP
+        SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
+               array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
+          INTO v_ids, v_dead
+          FROM (SELECT m.id, m.dequeue_at, m.attempts
+                  FROM {schema}.message m
+                 WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
+                 ORDER BY m.dequeue_at, m.id
+                 LIMIT v_want
+                   FOR UPDATE SKIP LOCKED) c;
+        IF v_dead IS NOT NULL THEN
+            PERFORM {schema}._dead_letter(q, v_dead,
+                array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]), v_now);
+        END IF;
+        IF v_ids IS NOT NULL THEN
+            -- Leased rows move past v_now, so a further round cannot select them again.
+            RETURN QUERY
+            WITH u AS (
+                UPDATE {schema}.message m
+                   SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+                       deliveries = m.deliveries + 1, leased = true
+                  FROM unnest(v_ids) WITH ORDINALITY AS t(id, ord)
+                 WHERE m.queue_id = q.id AND m.id = t.id
+                RETURNING t.ord, m.*
+            )
+            SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
+                   u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
+                   u.last_error, u.payload
+              FROM u ORDER BY u.ord;
+        END IF;
+        v_want := v_want - coalesce(cardinality(v_ids), 0);
+        v_round := v_round + 1;
+        EXIT WHEN v_dead IS NULL OR v_want <= 0 OR v_round >= 10;
+    END LOOP;
 END $$;
 
 -- Exactly-once with the caller's work: deletes (or archives) up to p_limit ready messages inside
@@ -1358,8 +1375,13 @@ CREATE FUNCTION {schema}.take_tx(
 ) RETURNS SETOF {schema}.delivery
 LANGUAGE plpgsql AS $$
 DECLARE
-    q     {schema}.queue := {schema}._queue(p_queue);
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    q         {schema}.queue := {schema}._queue(p_queue);
+    v_now     bigint := coalesce(p_now, {schema}.now_ms());
+    v_archive boolean := coalesce(p_archive, q.archive);
+    v_want    integer := p_limit;
+    v_round   integer := 0;
+    v_ids     bigint[];
+    v_dead    bigint[];
 BEGIN
     PERFORM {schema}._check_limit(p_limit);
     IF q.uses_channels THEN
@@ -1369,45 +1391,58 @@ BEGIN
             CASE WHEN coalesce(p_archive, q.archive) THEN 'archive' ELSE 'delete' END);
         RETURN;
     END IF;
-    IF coalesce(p_archive, q.archive) THEN
-        RETURN QUERY
-        WITH c AS (
-            SELECT m.id FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
-             ORDER BY m.dequeue_at, m.id LIMIT p_limit FOR UPDATE SKIP LOCKED
-        ), d AS (
-            DELETE FROM {schema}.message m USING c
-             WHERE m.queue_id = q.id AND m.id = c.id
-            RETURNING m.*
-        ), a AS (
-            INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
-                                          enqueued_at, attempts, deliveries, priority, key, channel,
-                                          kind, content_type, headers, state, last_error, payload)
-            SELECT d.queue_id, d.id, 'acked', v_now, d.scheduled_at, d.enqueued_at, d.attempts + 1,
-                   d.deliveries + 1, d.priority, d.key, d.channel, d.kind, d.content_type,
-                   d.headers, d.state, d.last_error, d.payload
-              FROM d
-        )
-        SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
-               d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
-               d.state, d.last_error, d.payload
-          FROM d ORDER BY d.dequeue_at, d.id;
-    ELSE
-        RETURN QUERY
-        WITH c AS (
-            SELECT m.id FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
-             ORDER BY m.dequeue_at, m.id LIMIT p_limit FOR UPDATE SKIP LOCKED
-        ), d AS (
-            DELETE FROM {schema}.message m USING c
-             WHERE m.queue_id = q.id AND m.id = c.id
-            RETURNING m.*
-        )
-        SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
-               d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
-               d.state, d.last_error, d.payload
-          FROM d ORDER BY d.dequeue_at, d.id;
-    END IF;
+    -- As in take(): a message whose lease expired on its last attempt is dead-lettered, not
+    -- delivered, and does not count against p_limit. Deleted rows cannot be selected again.
+    LOOP
+        SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
+               array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
+          INTO v_ids, v_dead
+          FROM (SELECT m.id, m.dequeue_at, m.attempts
+                  FROM {schema}.message m
+                 WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
+                 ORDER BY m.dequeue_at, m.id
+                 LIMIT v_want
+                   FOR UPDATE SKIP LOCKED) c;
+        IF v_dead IS NOT NULL THEN
+            PERFORM {schema}._dead_letter(q, v_dead,
+                array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]), v_now);
+        END IF;
+        IF v_ids IS NOT NULL AND v_archive THEN
+            RETURN QUERY
+            WITH d AS (
+                DELETE FROM {schema}.message m USING unnest(v_ids) WITH ORDINALITY AS t(id, ord)
+                 WHERE m.queue_id = q.id AND m.id = t.id
+                RETURNING t.ord, m.*
+            ), a AS (
+                INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
+                                              enqueued_at, attempts, deliveries, priority, key,
+                                              channel, kind, content_type, headers, state,
+                                              last_error, payload)
+                SELECT d.queue_id, d.id, 'acked', v_now, d.scheduled_at, d.enqueued_at,
+                       d.attempts + 1, d.deliveries + 1, d.priority, d.key, d.channel, d.kind,
+                       d.content_type, d.headers, d.state, d.last_error, d.payload
+                  FROM d
+            )
+            SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
+                   d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
+                   d.state, d.last_error, d.payload
+              FROM d ORDER BY d.ord;
+        ELSIF v_ids IS NOT NULL THEN
+            RETURN QUERY
+            WITH d AS (
+                DELETE FROM {schema}.message m USING unnest(v_ids) WITH ORDINALITY AS t(id, ord)
+                 WHERE m.queue_id = q.id AND m.id = t.id
+                RETURNING t.ord, m.*
+            )
+            SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
+                   d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
+                   d.state, d.last_error, d.payload
+              FROM d ORDER BY d.ord;
+        END IF;
+        v_want := v_want - coalesce(cardinality(v_ids), 0);
+        v_round := v_round + 1;
+        EXIT WHEN v_dead IS NULL OR v_want <= 0 OR v_round >= 10;
+    END LOOP;
 END $$;
 
 -- Look at the next messages in delivery order without leasing them.
@@ -1610,7 +1645,7 @@ BEGIN
     UPDATE {schema}.message m
        SET dequeue_at = CASE WHEN m.id = ANY (v_fifo)
                              THEN m.scheduled_at - m.priority * q.priority_step_ms
-                             ELSE v_now + coalesce(t.delay_ms, 0) - m.priority * q.priority_step_ms
+                             ELSE {schema}._dequeue_at(v_now + coalesce(t.delay_ms, 0), m.priority, q.priority_step_ms, v_now)
                         END,
            leased = false,
            attempts = CASE WHEN p_count_attempt THEN m.attempts ELSE m.attempts - 1 END,
