@@ -7,10 +7,9 @@ ack, nack, defer, extend (with current and stale tokens alike) and moving the cl
 step the whole queue (each message's schedule, attempts, token, lease, key, payload, error), the
 archive, the metrics, peek and next_ready_in must equal the model's.
 
-Two behaviours the core team has recorded as open bugs (tests/test_leases.py xfails) are
-accepted as alternatives of the model, so this test pins everything else today and keeps
-passing once they are fixed: take(n) may count the messages it dead-letters against n, and
-take_tx may deliver a message whose lease expired on its last attempt.
+Time semantics follow the core's documented rule: priority moves a message that is due now into
+the past (served as if sent priority x step earlier); a message scheduled for later is never
+delivered before its time (a negative priority still delays it).
 """
 
 from __future__ import annotations
@@ -41,6 +40,10 @@ KEYS = st.sampled_from([None, None, "a", "b", "c"])
 DELAYS = st.sampled_from([0, 0, 1, 50, LEASE, 5 * LEASE])
 PRIORITIES = st.sampled_from([0, 0, -1, 1, 2, -100, 100])
 ADVANCE = st.sampled_from([1, 49, 50, LEASE - 1, LEASE, LEASE + 1, 3 * LEASE, 20 * LEASE])
+
+
+def due_at(at: int, priority: int, step: int, now: int) -> int:
+    return at + max(0, -priority * step) if at > now else at - priority * step
 
 
 @dataclass(frozen=True)
@@ -120,28 +123,18 @@ class QueueMachine(RuleBasedStateMachine):
     def candidates(self) -> list[Msg]:
         return sorted((m for m in self.msgs.values() if m.dequeue_at <= self.now), key=lambda m: (m.dequeue_at, m.id))
 
-    def variants(self, n: int, tx: bool) -> list[tuple[list[Msg], list[Msg]]]:
-        """Possible (delivered, dead-lettered) of a take of n (see the module docstring)."""
-        c = self.candidates()
-        scan = c[:n]
-        out = [([m for m in scan if m.attempts < self.max_attempts], [m for m in scan if m.attempts >= self.max_attempts])]
+    def pick(self, rows: list[dict[str, Any]], n: int) -> tuple[list[Msg], list[Msg]]:
+        """What a take of n must do: walk the ready messages in (dequeue_at, id) order,
+        dead-lettering those whose lease expired on the last attempt (they do not count against
+        n), until n are delivered."""
         delivered: list[Msg] = []
         dead: list[Msg] = []
-        for m in c:
+        for m in sorted((m for m in self.msgs.values() if m.dequeue_at <= self.now), key=lambda m: (m.dequeue_at, m.id)):
             if len(delivered) == n:
                 break
             (delivered if m.attempts < self.max_attempts else dead).append(m)
-        out.append((delivered, dead))
-        if tx:
-            out.append((scan, []))
-        return out
-
-    def pick(self, rows: list[dict[str, Any]], n: int, tx: bool) -> tuple[list[Msg], list[Msg]]:
-        got = [r["id"] for r in rows]
-        for delivered, dead in self.variants(n, tx):
-            if [m.id for m in delivered] == got:
-                return delivered, dead
-        raise AssertionError(f"take({n}) returned {got}; the model allows {[[m.id for m in d] for d, _ in self.variants(n, tx)]}")
+        assert [r["id"] for r in rows] == [m.id for m in delivered]
+        return delivered, dead
 
     # -- rules -----------------------------------------------------------------------------
 
@@ -157,7 +150,7 @@ class QueueMachine(RuleBasedStateMachine):
             return
         [row] = self.db.send(self.q, [body], self.now, **args)
         at = self.now + delay
-        fresh = Msg(0, at - priority * self.step, at, priority, key, body)
+        fresh = Msg(0, due_at(at, priority, self.step, self.now), at, priority, key, body)
         if live is None:
             assert row["outcome"] == "created"
             self.msgs[row["id"]] = replace(fresh, id=self.new_id(row["id"]))
@@ -174,12 +167,12 @@ class QueueMachine(RuleBasedStateMachine):
         assert [(r["ord"], r["outcome"]) for r in rows] == [(i + 1, "created") for i in range(len(sends))]
         for r, body, (delay, prio) in zip(rows, bodies, sends, strict=True):
             at = self.now + delay
-            self.msgs[r["id"]] = Msg(self.new_id(r["id"]), at - prio * self.step, at, prio, None, body)
+            self.msgs[r["id"]] = Msg(self.new_id(r["id"]), due_at(at, prio, self.step, self.now), at, prio, None, body)
 
     @rule(n=st.integers(1, 4), lease=st.sampled_from([None, 1, LEASE, 4 * LEASE]))
     def take(self, n: int, lease: int | None) -> None:
         rows = self.db.take(self.q, n, self.now, p_lease_ms=lease)
-        delivered, dead = self.pick(rows, n, tx=False)
+        delivered, dead = self.pick(rows, n)
         for m in dead:
             self.to_archive(m, "dead")
         until = self.now + (lease or LEASE)
@@ -195,7 +188,7 @@ class QueueMachine(RuleBasedStateMachine):
         conn = self.db.conn
         with conn.transaction(force_rollback=not commit):
             rows = self.db.call("take_tx", p_queue=self.q, p_limit=n, p_now=self.now)
-        delivered, dead = self.pick(rows, n, tx=True)
+        delivered, dead = self.pick(rows, n)
         for m, r in zip(delivered, rows, strict=True):
             assert (r["attempt"], r["token"], r["lease_until"], bytes(r["payload"])) == \
                 (m.attempts + 1, m.deliveries + 1, None, m.payload)
@@ -232,7 +225,7 @@ class QueueMachine(RuleBasedStateMachine):
                 self.to_archive(replace(m, last_error=error or m.last_error), "dead")
             else:
                 expected[m.id] = "retry"
-                self.msgs[m.id] = replace(m, dequeue_at=self.now + delay - m.priority * self.step, leased=False,
+                self.msgs[m.id] = replace(m, dequeue_at=due_at(self.now + delay, m.priority, self.step, self.now), leased=False,
                                           attempts=m.attempts - (0 if count else 1), last_error=error or m.last_error)
         assert {r["id"]: r["outcome"] for r in rows} == expected
 
