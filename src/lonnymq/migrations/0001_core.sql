@@ -11,6 +11,24 @@ CREATE FUNCTION {schema}.now_ms() RETURNS bigint
 LANGUAGE sql VOLATILE PARALLEL SAFE
 AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
 
+-- The clock of a call: the server's, or p_now. Tests drive time through p_now; for anyone but
+-- members of the schema owner's role, p_now may not run ahead of the real clock (by more than
+-- a second), so an API caller cannot take messages early or steal live leases by moving time.
+CREATE FUNCTION {schema}._now(p_now bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_clock bigint := {schema}.now_ms();
+BEGIN
+    IF p_now IS NULL THEN
+        RETURN v_clock;
+    ELSIF p_now <= v_clock + 1000 OR pg_catalog.pg_has_role(session_user,
+            (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = {schema_name}), 'MEMBER') THEN
+        RETURN p_now;
+    END IF;
+    RAISE EXCEPTION 'p_now may not be in the future except for the schema owner (it exists for tests)'
+        USING ERRCODE = 'LQ002';
+END $$;
+
 CREATE TABLE {schema}.queue (
     id                   integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name                 text NOT NULL UNIQUE
@@ -356,7 +374,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q     {schema}.queue := {schema}._queue(p_name);
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    v_now bigint := {schema}._now(p_now);
     v_future bigint;
     v_leased bigint;
 BEGIN
@@ -920,7 +938,7 @@ BEGIN
            release_interval_ms = excluded.release_interval_ms,
            max_size = excluded.max_size, on_full = excluded.on_full, explicit = true;
     PERFORM {schema}._channel_apply(q, ARRAY[p_channel], ARRAY[0::bigint], ARRAY[0],
-                                    coalesce(p_now, {schema}.now_ms()));
+                                    {schema}._now(p_now));
     RETURN QUERY SELECT * FROM {schema}.channel_list(p_queue, 1, NULL, p_channel);
 END $$;
 
@@ -943,7 +961,7 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM {schema}._channel_apply(q, ARRAY[p_channel], ARRAY[0::bigint], ARRAY[0],
-                                    coalesce(p_now, {schema}.now_ms()));
+                                    {schema}._now(p_now));
     RETURN true;
 END $$;
 
@@ -1004,7 +1022,7 @@ BEGIN
         RETURN 0;
     END IF;
     PERFORM {schema}._channel_enable(q.id);
-    PERFORM {schema}._channel_apply(q, v_names, v_sizes, v_leases, coalesce(p_now, {schema}.now_ms()));
+    PERFORM {schema}._channel_apply(q, v_names, v_sizes, v_leases, {schema}._now(p_now));
     RETURN cardinality(v_names);
 END $$;
 
@@ -1034,7 +1052,7 @@ CREATE FUNCTION {schema}.send_batch(
 LANGUAGE plpgsql AS $$
 DECLARE
     q         {schema}.queue := {schema}._queue(p_queue);
-    v_now     bigint := coalesce(p_now, {schema}.now_ms());
+    v_now     bigint := {schema}._now(p_now);
     v_n       integer := coalesce(cardinality(p_payloads), 0);
     v_bad     record;
     v_ids     bigint[];
@@ -1310,7 +1328,7 @@ CREATE FUNCTION {schema}.take(
 LANGUAGE plpgsql AS $$
 DECLARE
     q       {schema}.queue := {schema}._queue(p_queue);
-    v_now   bigint := coalesce(p_now, {schema}.now_ms());
+    v_now   bigint := {schema}._now(p_now);
     v_lease bigint := coalesce(p_lease_ms, q.lease_ms);
     v_want  integer := p_limit;
     v_round integer := 0;
@@ -1376,7 +1394,7 @@ CREATE FUNCTION {schema}.take_tx(
 LANGUAGE plpgsql AS $$
 DECLARE
     q         {schema}.queue := {schema}._queue(p_queue);
-    v_now     bigint := coalesce(p_now, {schema}.now_ms());
+    v_now     bigint := {schema}._now(p_now);
     v_archive boolean := coalesce(p_archive, q.archive);
     v_want    integer := p_limit;
     v_round   integer := 0;
@@ -1477,7 +1495,7 @@ CREATE FUNCTION {schema}.next_ready_in(p_queue text, p_now bigint DEFAULT NULL) 
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q     {schema}.queue := {schema}._queue(p_queue);
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    v_now bigint := {schema}._now(p_now);
 BEGIN
     -- A channel is ready at its ready_at (its head, rate limit and concurrency limit permitting).
     RETURN (SELECT greatest(min(x.at) - v_now, 0)
@@ -1579,7 +1597,7 @@ DECLARE
     q {schema}.queue := {schema}._queue(p_queue);
 BEGIN
     RETURN QUERY SELECT * FROM {schema}._ack(q, p_ids, p_tokens, coalesce(p_archive, q.archive),
-                                             coalesce(p_now, {schema}.now_ms()));
+                                             {schema}._now(p_now));
 END $$;
 
 -- Give deliveries back: each matching (id, token) becomes ready again after its delay (priority
@@ -1599,7 +1617,7 @@ CREATE FUNCTION {schema}.nack(
 LANGUAGE plpgsql AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
-    v_now  bigint := coalesce(p_now, {schema}.now_ms());
+    v_now  bigint := {schema}._now(p_now);
     v_dead bigint[];
     v_errs text[];
     v_channels text[];
@@ -1683,7 +1701,7 @@ BEGIN
     END IF;
     RETURN QUERY
     UPDATE {schema}.message m
-       SET dequeue_at = coalesce(p_now, {schema}.now_ms()) + v_lease
+       SET dequeue_at = {schema}._now(p_now) + v_lease
       FROM unnest(p_ids, p_tokens) AS t(id, token)
      WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased
     RETURNING m.id, m.dequeue_at;
@@ -1714,7 +1732,7 @@ RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     q     {schema}.queue := {schema}._queue(p_queue);
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    v_now bigint := {schema}._now(p_now);
     v_n   bigint;
     v_channels text[];
 BEGIN
@@ -1761,7 +1779,7 @@ CREATE FUNCTION {schema}.maintain(p_limit integer DEFAULT 10000, p_now bigint DE
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    v_now bigint := {schema}._now(p_now);
     v_n   bigint;
 BEGIN
     PERFORM {schema}._check_limit(p_limit);

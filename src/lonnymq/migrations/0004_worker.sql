@@ -53,7 +53,7 @@ CREATE FUNCTION {schema}.cron_upsert(
 ) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    v_now bigint := {schema}._now(p_now);
 BEGIN
     PERFORM {schema}._queue(p_queue);  -- the queue must exist (LQ001 otherwise)
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{{0,199}}$' THEN
@@ -130,7 +130,7 @@ CREATE FUNCTION {schema}.cron_fire(p_name text, p_tick_ms bigint, p_now bigint D
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    v_now bigint := {schema}._now(p_now);
     c     {schema}.cron;
     v_id  bigint;
 BEGIN
@@ -169,7 +169,7 @@ CREATE FUNCTION {schema}.give_up(
 LANGUAGE plpgsql AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
-    v_now  bigint := coalesce(p_now, {schema}.now_ms());
+    v_now  bigint := {schema}._now(p_now);
     v_ids  bigint[];
     v_errs text[];
 BEGIN
