@@ -1,0 +1,52 @@
+"""The reference pipeline end to end on a small dataset: events -> Spark bulk enqueue ->
+worker processes with injected failures -> Spark report from the archive."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from spark_fixtures import spark  # noqa: F401 - the session fixture
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
+
+
+def test_pipeline_report_matches_what_happened(spark: Any, dsn: str, tmp_path: Path) -> None:
+    from lonnymq.spark.pipeline import fate, run
+
+    n = 3000
+    schema = "t_pipeline_test"
+    summary = run(dsn, schema, tmp_path, events=n, workers=1, concurrency=50, spark=spark,
+                  say=lambda _: None)
+    # The workers' fate of each event is deterministic: the report must count exactly it.
+    fates = [fate(f"evt-{i:010d}") for i in range(n)]
+    assert summary["messages"] == n
+    assert summary["dead"] == fates.count("poison")
+    assert summary["retried"] == fates.count("transient")
+    assert summary["acked"] == n - fates.count("poison")
+    assert summary["dead_letter_rate"] == pytest.approx(fates.count("poison") / n, abs=1e-5)
+
+    rep = tmp_path / "report"
+    for name in ("throughput", "latency_by_priority", "latency_by_channel", "outcomes_by_kind",
+                 "outcomes_by_channel", "overall"):
+        assert pq.read_table(rep / f"{name}.parquet").num_rows > 0, name
+    for png in ("throughput.png", "latency_priority.png", "latency_channel.png", "outcomes.png"):
+        assert (rep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Pickup latency by priority" in (rep / "index.html").read_text()
+    assert json.loads((rep / "summary.json").read_text())["events"] == n
+    by_priority = pq.read_table(rep / "latency_by_priority.parquet").to_pylist()
+    assert {r["tier"] for r in by_priority} == {"express", "standard", "bulk"}
+    assert sum(r["messages"] for r in by_priority) == n
+
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
