@@ -126,7 +126,7 @@ def print_report(b: Bench, rows: list[dict[str, Any]], tgts: list[dict[str, Any]
                       f"{r['p99_ms']:.1f}", f"{r['max_ms']:.1f}", f"{r['received']}/{r['sent']}")
         con.print(t)
     if b.flat:
-        t = Table(title="Dequeue latency: ready rows only vs + future-dated + leased rows (ms)")
+        t = Table(title="Dequeue latency, one take+settle per round trip: empty queue vs a queue with future-dated + leased rows (ms), interleaved")
         for col in ("system", "probe", "rows empty", "p50", "p99", "rows loaded", "p50 ", "p99 ", "p50 ratio"):
             t.add_column(col)
         for r in b.flat:
@@ -221,7 +221,7 @@ def write_chart(path: Path, b: Bench, rows: list[dict[str, Any]], title: str) ->
     if b.flat:
         names = [r["system"] for r in b.flat]
         x = range(len(names))
-        ax.bar([i - 0.2 for i in x], [r["empty_p50_ms"] for r in b.flat], 0.4, label="p50, ready rows only")
+        ax.bar([i - 0.2 for i in x], [r["empty_p50_ms"] for r in b.flat], 0.4, label="p50, empty queue")
         ax.bar([i + 0.2 for i in x], [r["loaded_p50_ms"] for r in b.flat], 0.4,
                label=f"p50, + {b.flat[0]['future']:,} future + {b.flat[0]['leased']:,} leased")
         ax.set_xticks(list(x), names)

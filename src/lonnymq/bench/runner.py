@@ -57,10 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                             "(default: bench-results/<timestamp>)")
     p.add_argument("--reps", type=int, help="repetitions of the throughput workloads (default 3)")
     p.add_argument("--procs", type=_ints, help="worker processes for the drains (default 2,4)")
-    p.add_argument("--backlog", type=int, help="backlog of the batched drains (default 50000; "
-                                               "one-at-a-time drains use half)")
+    p.add_argument("--backlog", type=int, help="backlog of the batched drains (default 100000; "
+                                               "one-at-a-time drains use a quarter)")
     p.add_argument("--phase-seconds", type=float,
-                   help="time box of each send/drain phase (default 5 s for sends, 15 s for drains)")
+                   help="time box of each send/drain phase (default 5 s for sends, 10 s for drains)")
     p.add_argument("--latency-rate", type=float, help="send rate of the pickup-latency workload (default 50/s)")
     p.add_argument("--flat-rows", type=int,
                    help="future-dated rows, and as many leased rows, for the flat dequeue workload (default 1000000)")
@@ -80,7 +80,7 @@ def config_from(args: argparse.Namespace) -> Config:
         c.drain_procs = args.procs
     if args.backlog:
         c.backlog_batch = args.backlog
-        c.backlog_one = max(1, args.backlog // 2)
+        c.backlog_one = max(1, args.backlog // 4)
     if args.phase_seconds:
         c.send_seconds = c.drain_seconds = args.phase_seconds
     if args.latency_rate:

@@ -30,15 +30,21 @@ class Variant:
 
 @dataclass(frozen=True)
 class Flat:
-    """Dequeue latency with many future-dated and leased rows: ``setup(dsn, future, leased)``
-    creates them through the system's own API; ``probe`` is a worker whose timed part sends
-    nothing and takes ``ctx.extra['n']`` ready messages one at a time, returning each call's
-    latency in seconds; ``ready(dsn, n)`` sends the ready messages it takes."""
+    """Dequeue latency with many future-dated and leased rows. The system has two queues: the
+    main one, where ``setup(dsn, future, leased)`` creates those rows through the system's own
+    API, and an empty one (``FLAT_EMPTY``). ``ready(dsn, n)`` sends ``n`` ready messages to
+    each. ``probe`` is a worker whose timed part takes ``ctx.extra['n']`` messages from each
+    queue one at a time, alternating between the two every ``ctx.extra['chunk']`` takes (so both
+    see the same machine), and returns {"empty": [seconds per call], "loaded": [...]}."""
 
     setup: Callable[[str, int, int], None]
     ready: Callable[[str, int], None]
     probe: Factory
     what: str
+
+
+#: The name of the always-empty queue of the flat workload.
+FLAT_EMPTY = "bench_empty"
 
 
 class System:

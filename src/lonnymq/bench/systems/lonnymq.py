@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from ..harness import Ctx, payload
-from .base import Flat, System, Variant
+from .base import FLAT_EMPTY, Flat, System, Variant
 
 QUEUE = "bench"
 SCHEMA = "lonnymq"
@@ -218,27 +218,29 @@ def _flat_setup(dsn: str, future: int, leased: int) -> None:
 def _flat_ready(dsn: str, n: int) -> None:
     c, conn = _client(dsn)
     try:
-        c.send_batch(QUEUE, [payload(i) for i in range(n)])
+        for queue in (QUEUE, FLAT_EMPTY):
+            c.send_batch(queue, [payload(i) for i in range(n)])
     finally:
         conn.close()
 
 
-def _flat_probe(dsn: str, ctx: Ctx) -> Callable[[], list[float]]:
+def _flat_probe(dsn: str, ctx: Ctx) -> Callable[[], dict[str, list[float]]]:
     c, conn = _client(dsn)
-    n = ctx.extra["n"]
+    n, chunk = ctx.extra["n"], ctx.extra["chunk"]
 
-    def work() -> list[float]:
-        out = []
-        prev: list[Any] = []
-        for _ in range(n):
-            t = time.perf_counter()
-            got = c.take(QUEUE, 1, ack=prev)
-            out.append(time.perf_counter() - t)
-            if not got:
-                break
-            prev = got
-        if prev:
-            c.ack(prev)
+    def work() -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {"empty": [], "loaded": []}
+        prev: dict[str, list[Any]] = {"empty": [], "loaded": []}
+        for _ in range(0, n, chunk):
+            for phase, queue in (("empty", FLAT_EMPTY), ("loaded", QUEUE)):
+                for _ in range(chunk):
+                    t = time.perf_counter()
+                    got = c.take(queue, 1, ack=prev[phase])
+                    out[phase].append(time.perf_counter() - t)
+                    prev[phase] = got
+        for got in prev.values():
+            if got:
+                c.ack(got)
         conn.close()
         return out
 
@@ -257,6 +259,7 @@ class LonnyMQ(System):
         try:
             c.migrate()
             c.create_queue(QUEUE)
+            c.create_queue(FLAT_EMPTY)
         finally:
             conn.close()
         return {"version": lonnymq.__version__}
@@ -265,6 +268,7 @@ class LonnyMQ(System):
         c, conn = _client(dsn)
         try:
             c.purge_queue(QUEUE)
+            c.purge_queue(FLAT_EMPTY)
         finally:
             conn.close()
 

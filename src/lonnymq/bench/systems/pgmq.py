@@ -16,7 +16,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ..harness import Ctx, payload
-from .base import Flat, System, Variant
+from .base import FLAT_EMPTY, Flat, System, Variant
 
 QUEUE = "bench"
 VT = 30
@@ -168,23 +168,24 @@ def _flat_setup(dsn: str, future: int, leased: int) -> None:
 
 def _flat_ready(dsn: str, n: int) -> None:
     with _connect(dsn) as c:
-        c.execute(SEND_BATCH_BIN, [QUEUE, [Jsonb(payload(i)) for i in range(n)]]).fetchall()
+        for queue in (QUEUE, FLAT_EMPTY):
+            c.execute(SEND_BATCH_BIN, [queue, [Jsonb(payload(i)) for i in range(n)]]).fetchall()
 
 
-def _flat_probe(dsn: str, ctx: Ctx) -> Callable[[], list[float]]:
+def _flat_probe(dsn: str, ctx: Ctx) -> Callable[[], dict[str, list[float]]]:
     c = _connect(dsn)
-    n = ctx.extra["n"]
+    n, chunk = ctx.extra["n"], ctx.extra["chunk"]
 
-    def work() -> list[float]:
-        out = []
-        for _ in range(n):
-            t = time.perf_counter()
-            rows = c.execute(READ, [QUEUE, VT, 1]).fetchall()
-            if rows:
-                c.execute(DELETE_ONE, [QUEUE, rows[0][0]]).fetchall()
-            out.append(time.perf_counter() - t)
-            if not rows:
-                break
+    def work() -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {"empty": [], "loaded": []}
+        for _ in range(0, n, chunk):
+            for phase, queue in (("empty", FLAT_EMPTY), ("loaded", QUEUE)):
+                for _ in range(chunk):
+                    t = time.perf_counter()
+                    rows = c.execute(READ, [queue, VT, 1]).fetchall()
+                    if rows:
+                        c.execute(DELETE_ONE, [queue, rows[0][0]]).fetchall()
+                    out[phase].append(time.perf_counter() - t)
         c.close()
         return out
 
@@ -195,7 +196,7 @@ class Pgmq(System):
     name = "pgmq"
     label = "pgmq"
     requires = ("pgmq",)
-    tables = (f"pgmq.q_{QUEUE}", f"pgmq.a_{QUEUE}")
+    tables = (f"pgmq.q_{QUEUE}", f"pgmq.a_{QUEUE}", f"pgmq.q_{FLAT_EMPTY}", f"pgmq.a_{FLAT_EMPTY}")
 
     def install(self, dsn: str) -> dict[str, Any]:
         from importlib.metadata import version
@@ -206,11 +207,12 @@ class Pgmq(System):
             install_pgmq_from_sql(conn=c)
         with _connect(dsn) as c:
             c.execute("SELECT pgmq.create(%s)", [QUEUE])
+            c.execute("SELECT pgmq.create(%s)", [FLAT_EMPTY])
         return {"version": f"pgmq SQL {get_embedded_sql_version()} (Python package {version('pgmq')})"}
 
     def clear(self, dsn: str) -> None:
         with _connect(dsn) as c:
-            c.execute(f"TRUNCATE pgmq.q_{QUEUE}, pgmq.a_{QUEUE}")
+            c.execute(f"TRUNCATE pgmq.q_{QUEUE}, pgmq.a_{QUEUE}, pgmq.q_{FLAT_EMPTY}, pgmq.a_{FLAT_EMPTY}")
 
     def preload(self, dsn: str, n: int) -> None:
         with _connect(dsn) as c:
