@@ -285,8 +285,6 @@ def test_queue_behaves_like_the_model(conn: psycopg.Connection, schema: str) -> 
     ))
 
 
-@pytest.mark.xfail(strict=True, reason="core bug (channels rewrite of next_ready_in): greatest(NULL - now, 0)"
-                   " is 0, so an empty queue reports 'ready now' and receive() polls it every 50 ms")
 def test_next_ready_in_of_an_empty_queue_is_null(client: Client, conn: psycopg.Connection, schema: str) -> None:
     """NULL ("nothing to wait for"), not 0 ("ready now"): receive() would otherwise poll an
     empty queue every 50 ms instead of sleeping until a NOTIFY."""

@@ -1498,7 +1498,8 @@ DECLARE
     v_now bigint := {schema}._now(p_now);
 BEGIN
     -- A channel is ready at its ready_at (its head, rate limit and concurrency limit permitting).
-    RETURN (SELECT greatest(min(x.at) - v_now, 0)
+    -- (greatest() ignores NULLs: an empty queue must stay NULL, not 'ready now'.)
+    RETURN (SELECT CASE WHEN min(x.at) IS NOT NULL THEN greatest(min(x.at) - v_now, 0) END
               FROM ((SELECT m.dequeue_at FROM {schema}.message m
                       WHERE m.queue_id = q.id AND m.channel IS NULL
                       ORDER BY m.dequeue_at, m.id LIMIT 1)
