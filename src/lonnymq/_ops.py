@@ -107,7 +107,7 @@ def check_limit(n: object) -> int:
 def _check_text(value: object, what: str, max_len: int) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > max_len or "\x00" in value:
+    if not isinstance(value, str) or not value or len(value) > max_len or not _storable(value):
         raise errors.InvalidArgument(
             f"{what} must be a non-empty string of at most {max_len} characters, got {value!r}"
         )
@@ -144,25 +144,52 @@ def _check_priority(priority: object) -> int:
     return priority
 
 
+#: What PostgreSQL text and jsonb cannot store: NUL, and lone surrogates (not UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable(text: str) -> bool:
+    return _UNSTORABLE.search(text) is None
+
+
+def _check_json(value: object, what: str) -> None:
+    """Raise InvalidArgument unless ``value`` is JSON that jsonb can store (also no NUL or lone
+    surrogate in any key or string: the database would refuse them with an untyped error)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise errors.InvalidArgument(f"{what} must be JSON-serialisable: {e}") from None
+    stack = [value]
+    while stack:  # iterative: json.dumps accepted the nesting depth, so this terminates
+        v = stack.pop()
+        if isinstance(v, str):
+            if not _storable(v):
+                raise errors.InvalidArgument(f"{what} must not contain NUL characters or lone surrogates")
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
+def _error_text(text: str) -> str:
+    """Error texts are diagnostics: keep them storable rather than refuse the nack."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
 def _headers(headers: object) -> Jsonb | None:
     if headers is None:
         return None
     if not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers):
         raise errors.InvalidArgument("headers must be a dict with string keys")
-    try:
-        json.dumps(headers, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise errors.InvalidArgument(f"headers must be JSON-serialisable: {e}") from None
+    _check_json(headers, "headers")
     return Jsonb(headers)
 
 
 def _state(state: object) -> Jsonb | None:
     if state is None:
         return None
-    try:
-        json.dumps(state, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise errors.InvalidArgument(f"state must be JSON-serialisable: {e}") from None
+    _check_json(state, "state")
     return Jsonb(state)
 
 
@@ -176,11 +203,14 @@ def encode_payload(payload: object) -> tuple[bytes, str | None]:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         body, ctype = bytes(payload), None
     elif isinstance(payload, str):
-        body, ctype = payload.encode("utf-8"), TEXT
+        try:
+            body, ctype = payload.encode("utf-8"), TEXT
+        except UnicodeEncodeError as e:
+            raise errors.InvalidArgument(f"payload is not valid text: {e}") from None
     else:
         try:
             body = _json_encode(payload).encode()
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:
             raise errors.InvalidArgument(f"payload is not bytes, str or JSON-serialisable: {e}") from None
         ctype = JSON
     if len(body) > MAX_PAYLOAD_BYTES:
@@ -443,7 +473,7 @@ class Ops:
         ids, tokens = _pairs(queue, messages)
         n = len(ids)
         delays = [to_ms(d, "delay") for d in _per_message(delay, n, "delay")]
-        errs = [None if e is None else str(e) for e in _per_message(error, n, "error", str)]
+        errs = [None if e is None else _error_text(str(e)) for e in _per_message(error, n, "error", str)]
         states = [_state(state)] * n if state is not None else None
         params = (queue, ids, tokens, delays, errs, states, count_attempt)
         return Op(self.st.nack, params, lambda rows: {r[0]: r[1] for r in rows})
@@ -460,7 +490,7 @@ class Ops:
     def dead_list(self, queue: str, n: int = 100, *, after_id: int = 0) -> Op[list[DeadMessage]]:
         check_queue(queue)
         check_limit(n)
-        if not isinstance(after_id, int) or isinstance(after_id, bool):
+        if not isinstance(after_id, int) or isinstance(after_id, bool) or not -(2**63) <= after_id < 2**63:
             raise errors.InvalidArgument(f"after_id must be a message id, got {after_id!r}")
         return Op(self.st.dead_list, (queue, n, after_id),
                   lambda rows: [DeadMessage(*r[:8], bytes(r[8])) for r in rows])
@@ -469,7 +499,7 @@ class Ops:
         check_queue(queue)
         if ids is not None:
             ids = list(ids)
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            if not all(isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids):
                 raise errors.InvalidArgument("ids must be message ids (integers)")
         return Op(self.st.dead_requeue, (queue, ids), _scalar)
 
