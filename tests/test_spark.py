@@ -352,3 +352,30 @@ def test_stream_write_sink_id_and_timestamps(spark: Any, dsn: str, schema: str, 
     ns = [m.payload["n"] for m in msgs]
     assert len(ns) >= 20 and len(ns) == len(set(ns))
     assert all(m.scheduled_at - start.timestamp() * 1000 > 3_000_000 for m in msgs)
+
+
+# -- the documentation --------------------------------------------------------------------------
+
+
+def test_docs_spark_examples_run(spark: Any, dsn: str, conn: psycopg.Connection[Any],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/spark.md's python blocks, in order, in one namespace, against a fresh database."""
+    import re
+    import uuid
+
+    from psycopg.conninfo import make_conninfo
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "spark.md"
+    blocks = re.findall(r"^```python\n(.*?)^```$", page.read_text(), flags=re.S | re.M)
+    assert len(blocks) >= 5
+    name = f"docs_{uuid.uuid4().hex[:10]}"
+    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    monkeypatch.setenv("LONNYMQ_DSN", make_conninfo(dsn, dbname=name))
+    namespace: dict[str, Any] = {"__name__": "docs_spark"}
+    try:
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"docs/spark.md[python block {i + 1}]", "exec"), namespace)
+    finally:
+        if "mq" in namespace:
+            namespace["mq"].close()
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -10,7 +10,8 @@
 --     and commit acks them. Offsets are batch numbers of this log, never message ids: a message
 --     committed late by a slow transaction is simply taken by a later batch.
 --
--- Nothing here changes the core tables or the send/take path. Times are epoch ms (bigint).
+-- Nothing here changes the core tables or the send/take path. Times are epoch ms (bigint);
+-- p_now goes through the core's _now(), so only the schema owner may move the clock ahead.
 
 -- Staging -------------------------------------------------------------------------------------
 
@@ -72,7 +73,7 @@ CREATE FUNCTION {schema}.spark_write_commit(
 LANGUAGE plpgsql AS $$
 DECLARE
     q          {schema}.queue := {schema}._queue(p_queue);
-    v_now      bigint := coalesce(p_now, {schema}.now_ms());
+    v_now      bigint := {schema}._now(p_now);
     -- send_batch per chunk: its per-row cost grows with the batch (channel bookkeeping), and a
     -- few thousand rows per call is where the total is lowest.
     v_chunk    constant integer := 4000;
@@ -222,7 +223,7 @@ CREATE FUNCTION {schema}.spark_stream_next(
 ) RETURNS TABLE (batch_id bigint, messages bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now    bigint := coalesce(p_now, {schema}.now_ms());
+    v_now    bigint := {schema}._now(p_now);
     v_ready  bigint := least(coalesce(p_ready_at, v_now), v_now);
     v_left   bigint := least(coalesce(p_limit, 1000000), 1000000);
     v_s      {schema}.spark_stream;
@@ -307,7 +308,7 @@ CREATE FUNCTION {schema}.spark_stream_commit(
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    v_now bigint := {schema}._now(p_now);
     v_s   {schema}.spark_stream;
     v_r   record;
     v_n   bigint := 0;
@@ -415,7 +416,7 @@ CREATE FUNCTION {schema}.spark_sweep(
 ) RETURNS TABLE (staged_rows bigint, streams bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now bigint := coalesce(p_now, {schema}.now_ms());
+    v_now bigint := {schema}._now(p_now);
 BEGIN
     IF p_stage_ttl_ms IS NULL OR p_stage_ttl_ms < 0 OR p_stream_ttl_ms IS NULL OR p_stream_ttl_ms < 0 THEN
         PERFORM {schema}._invalid('ttl must be >= 0');
