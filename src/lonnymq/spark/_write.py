@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 from psycopg import sql
+from psycopg.types.json import set_json_dumps
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -152,9 +153,8 @@ def _dumps(value: Any) -> bytes:
         raise errors.InvalidArgument(f"payload is not JSON-serialisable: {e}") from None
 
 
-def _kv(value: Any) -> Any:
-    # Arrow hands maps over as lists of (key, value) pairs.
-    return dict(value) if isinstance(value, list) else value
+def _json_text(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False, default=_json_default)
 
 
 class Encoder:
@@ -167,9 +167,9 @@ class Encoder:
     def payloads(self, batch: pa.RecordBatch) -> list[bytes]:
         plan = self.plan
         if plan.mode == "row_json":
-            rows = batch.select(list(plan.row_columns)).to_pylist()
+            rows = batch.select(list(plan.row_columns)).to_pylist(maps_as_pydicts="strict")
             return [_dumps(r) for r in rows]
-        values = batch.column(plan.payload).to_pylist()
+        values = batch.column(plan.payload).to_pylist(maps_as_pydicts="strict")
         if None in values:
             raise errors.InvalidArgument(f"column {plan.payload!r}: a row has a null payload")
         if plan.mode == "text":
@@ -194,7 +194,7 @@ class Encoder:
         if name == "at":
             ints = arr.cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
             return [None if v is None else v // 1000 for v in ints]
-        values = arr.to_pylist()
+        values = arr.to_pylist(maps_as_pydicts="strict")
         if name in ("kind", "key", "channel"):
             limit = _KIND_MAX if name == "kind" else _KEY_MAX
             for v in values:
@@ -203,7 +203,10 @@ class Encoder:
         if name == "headers":
             out = []
             for v in values:
-                h = json.loads(v) if plan.headers_string and v is not None else _kv(v)
+                try:
+                    h = json.loads(v) if plan.headers_string and v is not None else v
+                except ValueError:
+                    h = v  # not JSON: refused just below
                 if h is not None and not (isinstance(h, dict) and all(isinstance(k, str) for k in h)):
                     raise errors.InvalidArgument(f"column {col!r}: headers must be a JSON object")
                 out.append(h)
@@ -272,6 +275,8 @@ def stage(target: Target, plan: Plan, run: str, batches: Iterator[pa.RecordBatch
     if first is None:
         return Staged(run, 0, 0, sink)
     with target.connect() as conn:
+        # Headers from structs may hold dates or decimals: dump them like payloads.
+        set_json_dumps(_json_text, context=conn)
         conn.execute(register, (part, run, target.queue))
         with conn.cursor() as cur, cur.copy(copy) as cp:
             cp.set_types(["int8", "int4", *(t for _, t in cols)])
@@ -360,6 +365,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         assert ctx is not None
         query = ctx.getLocalProperty("sql.streaming.queryId")
         batch = ctx.getLocalProperty("streaming.sql.batchId")
+        if batch is None or (query is None and not self.sink_id):
+            raise errors.InvalidArgument("lonnymq: no streaming query/batch id in this task; give sinkId")
         sink = self.sink_id or f"query:{query}"
         run = str(uuid.uuid5(uuid.NAMESPACE_URL, f"lonnymq-sink:{sink}:{batch}"))
         return stage(self.target, self.plan, run, iterator, sink)
