@@ -38,7 +38,7 @@ def candidate_queries(function: str) -> list[str]:
     queries = []
     for text in dict.fromkeys(found):  # take_tx has the same one twice
         text = re.sub(r"\bq\.id\b", "$1", text)
-        text = re.sub(r"\bv_now\b", "$2", text)
+        text = re.sub(r"\b(?:v_now|p_now)\b", "$2", text)
         text = re.sub(r"\b(?:p_limit|v_want)\b", "$3", text)
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
         assert not unknown, f"{function}() candidate query uses {unknown}: teach this test about them"
@@ -123,7 +123,7 @@ def _explain(conn: psycopg.Connection, schema: str, query: str, mode: str, args:
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-@pytest.mark.parametrize("function", ["take", "take_tx"])
+@pytest.mark.parametrize("function", ["_lock_ready"])  # the candidate query of take() and take_tx()
 def test_candidate_query_walks_the_dequeue_index(dsn: str, loaded: tuple[str, int, int], function: str, mode: str) -> None:
     schema, qid, now = loaded
     with psycopg.connect(dsn) as conn:
@@ -142,7 +142,7 @@ def test_candidate_query_walks_the_dequeue_index(dsn: str, loaded: tuple[str, in
 def test_candidate_query_reads_a_handful_of_buffers(dsn: str, loaded: tuple[str, int, int]) -> None:
     schema, qid, now = loaded
     with psycopg.connect(dsn) as conn:
-        [query] = candidate_queries("take")
+        [query] = candidate_queries("_lock_ready")
         for mode in ("force_custom_plan", "force_generic_plan"):
             result = _explain(conn, schema, query, mode, (qid, now, LIMIT), analyze=True)
             plan = result["Plan"]
@@ -157,7 +157,7 @@ def test_candidate_query_reads_a_handful_of_buffers(dsn: str, loaded: tuple[str,
 def test_the_extracted_query_is_the_one_take_runs(dsn: str, loaded: tuple[str, int, int]) -> None:
     """Guard against the regex drifting: the extracted SELECT picks exactly what take() leases."""
     schema, qid, now = loaded
-    [query] = candidate_queries("take")
+    [query] = candidate_queries("_lock_ready")
     with psycopg.connect(dsn) as conn:
         text = query.replace("{schema}", sql.Identifier(schema).as_string(conn))
         picked = [r[0] for r in conn.execute(text.replace("$1", "%s").replace("$2", "%s").replace("$3", "%s"),
@@ -168,3 +168,12 @@ def test_the_extracted_query_is_the_one_take_runs(dsn: str, loaded: tuple[str, i
             (LIMIT, now)).fetchall()]
         conn.rollback()
     assert picked == taken and len(taken) == LIMIT
+
+
+@pytest.mark.parametrize("function", ["take", "take_tx"])
+def test_take_and_take_tx_lock_through_lock_ready(function: str) -> None:
+    """The plan tests above cover take() and take_tx() only while both lock via _lock_ready()."""
+    source = (resources.files("lonnymq.migrations") / "0001_core.sql").read_text()
+    body = _function_body(source, function)
+    assert "{schema}._lock_ready(q, v_want, v_now)" in body
+    assert "FOR UPDATE SKIP LOCKED" not in body.split("IF q.uses_channels")[1].split("END IF;", 1)[1]

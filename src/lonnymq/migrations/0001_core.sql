@@ -1312,6 +1312,28 @@ BEGIN
     END IF;
 END $$;
 
+-- The hot query of take() and take_tx() on a plain queue: lock up to p_limit ready messages in
+-- (dequeue_at, id) order, skipping rows others hold. Messages whose lease expired on their last
+-- allowed attempt are dead-lettered here (dead); the rest are returned in order (ids).
+CREATE FUNCTION {schema}._lock_ready(q {schema}.queue, p_limit integer, p_now bigint,
+                                     OUT ids bigint[], OUT dead bigint[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
+           array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
+      INTO ids, dead
+      FROM (SELECT m.id, m.dequeue_at, m.attempts
+              FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= p_now
+             ORDER BY m.dequeue_at, m.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED) c;
+    IF dead IS NOT NULL THEN
+        PERFORM {schema}._dead_letter(q, dead,
+            array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(dead)]), p_now);
+    END IF;
+END $$;
+
 -- Lease up to p_limit ready messages (dequeue_at <= now, including expired leases) for
 -- p_lease_ms, in (dequeue_at, id) order, skipping rows other transactions hold. Each delivery
 -- carries attempt (failures so far + 1) and token (the fencing token for ack/nack/extend).
@@ -1348,19 +1370,7 @@ BEGIN
     -- keeps a channel message sent since q was read out of this path.) Messages found dead (their
     -- lease expired on the last attempt) do not count against p_limit: look again for more.
     LOOP
-        SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
-               array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
-          INTO v_ids, v_dead
-          FROM (SELECT m.id, m.dequeue_at, m.attempts
-                  FROM {schema}.message m
-                 WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
-                 ORDER BY m.dequeue_at, m.id
-                 LIMIT v_want
-                   FOR UPDATE SKIP LOCKED) c;
-        IF v_dead IS NOT NULL THEN
-            PERFORM {schema}._dead_letter(q, v_dead,
-                array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]), v_now);
-        END IF;
+        SELECT r.ids, r.dead INTO v_ids, v_dead FROM {schema}._lock_ready(q, v_want, v_now) r;
         IF v_ids IS NOT NULL THEN
             -- Leased rows move past v_now, so a further round cannot select them again.
             RETURN QUERY
@@ -1412,19 +1422,7 @@ BEGIN
     -- As in take(): a message whose lease expired on its last attempt is dead-lettered, not
     -- delivered, and does not count against p_limit. Deleted rows cannot be selected again.
     LOOP
-        SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
-               array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
-          INTO v_ids, v_dead
-          FROM (SELECT m.id, m.dequeue_at, m.attempts
-                  FROM {schema}.message m
-                 WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
-                 ORDER BY m.dequeue_at, m.id
-                 LIMIT v_want
-                   FOR UPDATE SKIP LOCKED) c;
-        IF v_dead IS NOT NULL THEN
-            PERFORM {schema}._dead_letter(q, v_dead,
-                array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]), v_now);
-        END IF;
+        SELECT r.ids, r.dead INTO v_ids, v_dead FROM {schema}._lock_ready(q, v_want, v_now) r;
         IF v_ids IS NOT NULL AND v_archive THEN
             RETURN QUERY
             WITH d AS (
