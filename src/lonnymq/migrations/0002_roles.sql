@@ -129,21 +129,21 @@ BEGIN
     FOR r IN SELECT p.oid::regprocedure::text AS sig, p.proname, p.prokind,
                     p.prorettype IN ('trigger'::regtype, 'event_trigger'::regtype) AS is_trigger
                FROM pg_proc p WHERE p.pronamespace = v_ns ORDER BY p.oid LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', r.sig);
+        EXECUTE format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', r.sig);
         FOREACH v_role IN ARRAY v_roles LOOP
-            EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I', r.sig, v_role);
+            EXECUTE format('REVOKE ALL ON ROUTINE %s FROM %I', r.sig, v_role);
         END LOOP;
         CONTINUE WHEN starts_with(r.proname, '_') OR r.is_trigger OR r.prokind NOT IN ('f', 'p');
         EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER SET search_path = pg_catalog, pg_temp', r.sig);
         IF v_admin IS NOT NULL THEN
-            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', r.sig, v_admin);
+            EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.sig, v_admin);
         END IF;
         FOR g IN SELECT s.rolname FROM {schema}.security_grant sg
                    JOIN {schema}.security_role s ON s.kind = sg.kind
                   WHERE sg.object = r.proname AND 'EXECUTE' = ANY (sg.privileges)
                     AND s.rolname = ANY (v_roles) AND s.rolname IS DISTINCT FROM v_admin
                   ORDER BY s.kind LOOP
-            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', r.sig, g.rolname);
+            EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', r.sig, g.rolname);
         END LOOP;
     END LOOP;
 
