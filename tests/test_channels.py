@@ -702,8 +702,10 @@ def test_a_queue_without_channels_keeps_the_set_based_path(dsn: str, client: Cli
         assert len(other.take("chan", 2, other.now())) == 2
         assert channel_reads() > 0
         conn.rollback()
-    # The plain candidate query of take() uses the plain dequeue index (see test_plans.py).
-    assert "m.channel IS NULL AND m.dequeue_at <= v_now" in _body("take")
+    # The plain candidate query of take() (in _lock_ready) uses the plain dequeue index (see
+    # test_plans.py).
+    assert "{schema}._lock_ready(q, v_want, v_now)" in _body("take")
+    assert "m.channel IS NULL AND m.dequeue_at <= p_now" in _body("_lock_ready")
 
 
 def test_metrics_peek_and_next_ready_in_see_channel_messages(client: Client, db: Db) -> None:

@@ -24,7 +24,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from core_helpers import drop_schema, fresh_schema_name
-from lonnymq import Client, Envelope
+from lonnymq import Client, Envelope, errors
 from lonnymq.migrations import all_migrations
 
 PRIVILEGE = psycopg.errors.InsufficientPrivilege
@@ -117,7 +117,7 @@ def _call(dsn: str, schema: str, fn: Callable[[Client], Any]) -> Any:
 def _denied(dsn: str, schema: str, fn: Callable[[Client], Any]) -> bool:
     try:
         _call(dsn, schema, fn)
-    except PRIVILEGE:
+    except errors.PermissionDenied:  # the client's typed form of InsufficientPrivilege
         return True
     return False
 

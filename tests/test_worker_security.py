@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from lonnymq import Client
+from lonnymq import Client, errors
 from lonnymq.worker import App, Backoff, Worker
 from lonnymq.worker._sql import worker_ops
 from worker_helpers import eventually
@@ -67,5 +67,5 @@ def test_worker_runs_as_a_consumer(consumer_dsn: str, schema: str, client: Clien
     assert w.m_messages.total(outcome="dead") == 1
     assert "RuntimeError: always" in (client.dead_letters("jobs")[0].last_error or "")
     # Changing schedules is the admin's.
-    with Client(consumer_dsn, schema=schema, pool_size=1) as c, pytest.raises(psycopg.errors.InsufficientPrivilege):
+    with Client(consumer_dsn, schema=schema, pool_size=1) as c, pytest.raises(errors.PermissionDenied):
         c.run(worker_ops(schema).cron_delete("beat"))

@@ -229,6 +229,8 @@ def map_error(e: psycopg.Error) -> Exception:
         if cls is errors.InvalidArgument and msg.startswith("invalid queue name"):
             cls = errors.InvalidQueueName
         return cls(msg)
+    if state == "42501":  # insufficient_privilege
+        return errors.PermissionDenied(e.diag.message_primary or str(e))
     if state in ("3F000", "42883", "42P01"):  # schema/function/table missing
         return errors.NotInstalled(f"lonnymq is not installed or out of date: {e}")
     return e

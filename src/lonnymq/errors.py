@@ -50,6 +50,10 @@ class LeaseLost(LonnyMQError):
     was already settled. Nothing was changed."""
 
 
+class PermissionDenied(LonnyMQError, PermissionError):
+    """The database role may not do this (see the lonnymq_producer/consumer/admin roles)."""
+
+
 class NotInstalled(LonnyMQError):
     """The lonnymq schema is missing or older than this package; run ``lonnymq migrate``."""
 

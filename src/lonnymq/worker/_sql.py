@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg import sql
 
-from .._ops import Op, _check_text, _headers, _pairs, _state, check_queue, encode_payload, to_ms
+from .._ops import Op, _check_text, _error_text, _headers, _pairs, _state, check_queue, encode_payload, to_ms
 from ..models import Message
 
 #: The migration that created the tables and functions below.
@@ -75,13 +75,13 @@ class WorkerOps:
         """nack/defer of many deliveries, each with its own delay, error and saved state."""
         ids, tokens = _pairs(queue, messages)
         jstates = None if states is None or all(s is None for s in states) else [_state(s) for s in states]
-        params = (queue, ids, tokens, list(delays_ms), None if errors is None else list(errors),
+        params = (queue, ids, tokens, list(delays_ms), None if errors is None else _texts(errors),
                   jstates, count_attempt)
         return Op(self._nack, params, lambda rows: {r[0]: r[1] for r in rows})
 
     def give_up(self, queue: str, messages: Sequence[Message], errors: Sequence[str | None]) -> Op[set[int]]:
         ids, tokens = _pairs(queue, messages)
-        return Op(self._give_up, (queue, ids, tokens, list(errors)), lambda rows: {r[0] for r in rows})
+        return Op(self._give_up, (queue, ids, tokens, _texts(errors)), lambda rows: {r[0] for r in rows})
 
     def worker_queues(self, names: Sequence[str]) -> Op[dict[str, tuple[int, int]]]:
         """{queue: (lease_ms, max_attempts)} of the queues among ``names`` that exist."""
@@ -124,3 +124,8 @@ class WorkerOps:
 @lru_cache(maxsize=64)
 def worker_ops(schema: str) -> WorkerOps:
     return WorkerOps(schema)
+
+
+def _texts(errors: Sequence[str | None]) -> list[str | None]:
+    """Error texts (tracebacks may hold NULs or lone surrogates) made storable, as the core does."""
+    return [None if e is None else _error_text(e) for e in errors]
