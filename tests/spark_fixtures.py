@@ -20,8 +20,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+@pytest.fixture(scope="session", name="spark")
+def spark_session() -> Iterator[Any]:
+    """The shared SparkSession (import this fixture into a test module to use ``spark``)."""
     pytest.importorskip("pyspark")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONPATH"] = os.pathsep.join(

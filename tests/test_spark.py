@@ -12,9 +12,9 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from spark_fixtures import spark  # noqa: F401 - the session fixture
 
 from lonnymq import Client, Envelope
+from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
 
 pytestmark = [
     pytest.mark.spark,
@@ -86,7 +86,7 @@ def test_batch_write_bad_rows_fail_the_job_and_enqueue_nothing(spark: Any, dsn: 
                                                                conn: psycopg.Connection[Any]) -> None:
     client.create_queue("orders")
     df = spark.range(100).selectExpr("id", "CAST(CASE WHEN id = 77 THEN 101 ELSE 0 END AS INT) AS priority")
-    with pytest.raises(Exception, match="priority 101 is outside -100..100"):
+    with pytest.raises(Exception, match=r"priority 101 is outside -100\.\.100"):
         df.repartition(3).write.format("lonnymq").options(**opts(dsn, schema, "orders")).mode("append").save()
     assert client.metrics("orders").ready == 0
     with pytest.raises(Exception, match="only appends"):

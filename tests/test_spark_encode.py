@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("pyspark")
-import pyarrow as pa  # noqa: E402
-from pyspark.sql.types import (  # noqa: E402
+import pyarrow as pa
+from pyspark.sql.types import (
     BinaryType,
     DateType,
     DoubleType,
@@ -24,8 +24,8 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampType,
 )
 
-from lonnymq import errors  # noqa: E402
-from lonnymq.spark._write import Encoder, Plan  # noqa: E402
+from lonnymq import errors
+from lonnymq.spark._write import Encoder, Plan
 
 
 def encode(fields: list[tuple[str, Any]], columns: dict[str, pa.Array], **options: str) -> list[dict[str, Any]]:

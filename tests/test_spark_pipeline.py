@@ -9,7 +9,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from spark_fixtures import spark  # noqa: F401 - the session fixture
+
+from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
 
 pytestmark = [
     pytest.mark.spark,

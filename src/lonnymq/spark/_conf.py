@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -97,11 +97,16 @@ class Target:
         with psycopg.connect(self.dsn, autocommit=autocommit, application_name=APPLICATION_NAME) as conn:
             yield conn
 
-    def call(self, conn: psycopg.Connection[Any], function: str, args: str, params: tuple[Any, ...]) -> list[Any]:
-        """``SELECT * FROM <schema>.<function>(<args>)`` with lonnymq's typed errors."""
-        query = sql.SQL("SELECT * FROM {}.{}(" + args + ")").format(  # type: ignore[operator]
+    def query(self, function: str, args: LiteralString) -> sql.Composed:
+        """``SELECT * FROM <schema>.<function>(<args>)``; ``args`` are placeholders with casts."""
+        return sql.SQL("SELECT * FROM {}.{}(" + args + ")").format(
             sql.Identifier(self.schema), sql.Identifier(function)
         )
+
+    def call(self, conn: psycopg.Connection[Any], function: str, args: LiteralString,
+             params: tuple[Any, ...]) -> list[Any]:
+        """Run :meth:`query` with lonnymq's typed errors."""
+        query = self.query(function, args)
         try:
             return conn.execute(query, params).fetchall()
         except psycopg.Error as e:

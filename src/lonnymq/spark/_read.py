@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -112,14 +112,10 @@ class _Arrow:
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 
-def _fetch(target: Target, function: str, args: str, params: tuple[Any, ...], arrow: _Arrow
+def _fetch(target: Target, function: str, args: LiteralString, params: tuple[Any, ...], arrow: _Arrow
            ) -> Iterator[pa.RecordBatch]:
     """Stream a read function's rows through a server-side cursor, as Arrow batches."""
-    from psycopg import sql
-
-    query = sql.SQL("SELECT * FROM {}.{}(" + args + ")").format(  # type: ignore[operator]
-        sql.Identifier(target.schema), sql.Identifier(function)
-    )
+    query = target.query(function, args)
     with target.connect() as conn, conn.cursor(name="lonnymq_spark_read", binary=True) as cur:
         cur.itersize = _FETCH
         cur.execute(query, params)
@@ -220,7 +216,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # The driver-side reader lives as long as the query: keep one connection, and reconnect
     # once if it broke (every call below is idempotent).
-    def _call(self, function: str, args: str, params: tuple[Any, ...]) -> list[Any]:
+    def _call(self, function: str, args: LiteralString, params: tuple[Any, ...]) -> list[Any]:
         for attempt in (1, 2):
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.connect(self.target.dsn, autocommit=True,
@@ -250,10 +246,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         stream, after = start["stream"], int(start["batch"])
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        if max_rows is not None:
-            chunk = max(1, min(10_000, -(-max_rows // self.num_partitions)))
-        else:
-            chunk = 10_000
+        # One chunk per task of a full batch (a chunk is read by one task), at most 10,000.
+        chunk = 10_000 if max_rows is None else max(1, min(10_000, -(-max_rows // self.num_partitions)))
         [(batch, _n)] = self._call(
             "spark_stream_next",
             "%s::uuid, %s::text, %s::bigint, %s::int, %s::int, %s::bigint, %s::bigint",

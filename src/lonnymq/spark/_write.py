@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 from psycopg import sql
 from psycopg.types.json import set_json_dumps
 from pyspark import TaskContext
@@ -169,7 +169,7 @@ class Encoder:
         if plan.mode == "row_json":
             rows = batch.select(list(plan.row_columns)).to_pylist(maps_as_pydicts="strict")
             return [_dumps(r) for r in rows]
-        values = batch.column(plan.payload).to_pylist(maps_as_pydicts="strict")
+        values: list[Any] = batch.column(plan.payload).to_pylist(maps_as_pydicts="strict")
         if None in values:
             raise errors.InvalidArgument(f"column {plan.payload!r}: a row has a null payload")
         if plan.mode == "text":
@@ -194,14 +194,14 @@ class Encoder:
         if name == "at":
             ints = arr.cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
             return [None if v is None else v // 1000 for v in ints]
-        values = arr.to_pylist(maps_as_pydicts="strict")
+        values: list[Any] = arr.to_pylist(maps_as_pydicts="strict")
         if name in ("kind", "key", "channel"):
             limit = _KIND_MAX if name == "kind" else _KEY_MAX
             for v in values:
                 _check_text(v, f"column {col!r} ({name})", limit)
             return values
         if name == "headers":
-            out = []
+            headers: list[dict[str, Any] | None] = []
             for v in values:
                 try:
                     h = json.loads(v) if plan.headers_string and v is not None else v
@@ -209,24 +209,24 @@ class Encoder:
                     h = v  # not JSON: refused just below
                 if h is not None and not (isinstance(h, dict) and all(isinstance(k, str) for k in h)):
                     raise errors.InvalidArgument(f"column {col!r}: headers must be a JSON object")
-                out.append(h)
-            return out
+                headers.append(h)
+            return headers
         if name == "priority":
             for v in values:
                 if v is not None and not -100 <= v <= 100:
                     raise errors.InvalidArgument(f"column {col!r}: priority {v} is outside -100..100")
             return values
         if name == "delay":
-            out = []
+            delays: list[int | None] = []
             for v in values:
                 if v is None:
-                    out.append(None)
+                    delays.append(None)
                     continue
                 f = float(v)
                 if not math.isfinite(f) or f < 0:
                     raise errors.InvalidArgument(f"column {col!r}: delay must be finite and >= 0, got {v}")
-                out.append(round(f * 1000))
-            return out
+                delays.append(round(f * 1000))
+            return delays
         raise AssertionError(name)
 
     def rows(self, batch: pa.RecordBatch, part: int, seq: int) -> Iterator[tuple[Any, ...]]:
@@ -302,7 +302,8 @@ def commit(target: Target, run: str, messages: list[Any], on_conflict: str,
              sink, batch_id),
         )
         conn.commit()
-    return tuple(row)  # type: ignore[return-value]
+    created, updated, ignored, duplicate = row
+    return int(created), int(updated), int(ignored), bool(duplicate)
 
 
 def abort(target: Target, run: str, messages: list[Any]) -> None:

@@ -158,8 +158,8 @@ def _worker_process(dsn: str, schema: str, log_path: str, stop: Any, ready: Any,
     its delivery log is written as Parquet."""
     import logging
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     from ..worker import App, Backoff, Worker
 

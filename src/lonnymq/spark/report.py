@@ -86,8 +86,8 @@ def write_report(spark: Any, dsn: str, schema: str, queue: str, out: Path, log_d
     tables = {"throughput": throughput, "latency_by_priority": by_priority, "latency_by_channel": by_channel,
               "outcomes_by_kind": outcomes, "outcomes_by_channel": outcomes_by_channel, "overall": overall}
     # The tables are small: collect each once, and write the Parquet files from that.
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
     from pyspark.sql.pandas.types import to_arrow_schema
 
     rows: dict[str, list[dict[str, Any]]] = {}
