@@ -58,6 +58,10 @@ class Timings:
 def spark_session(master: str = "local[*]") -> Any:
     """A local Spark session for the pipeline, with the lonnymq data source registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import warnings
+
+    # PySpark 4.3 warns about pandas 3 when its Arrow helpers load; the pipeline uses no pandas.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
 
     from . import register
