@@ -600,9 +600,11 @@ DECLARE
     v_drop   bigint[] := ARRAY[]::bigint[];
     v_gone   text[];
 BEGIN
+    -- Join by ordinality, never p_channels[i]: subscripting a text[] walks it, O(n^2) per batch.
     WITH r AS (
-        SELECT r.ord, r.id, r.outcome, p_channels[r.ord] AS channel
+        SELECT r.ord, r.id, r.outcome, c.channel
           FROM unnest(p_ords, p_ids, p_outcomes) AS r(ord, id, outcome)
+          JOIN unnest(p_channels) WITH ORDINALITY AS c(channel, ord) ON c.ord = r.ord
          WHERE r.outcome IN ('created', 'updated')
     ), x AS (
         SELECT r.channel AS name, 1::bigint AS size, 0 AS leases FROM r
@@ -631,7 +633,8 @@ BEGIN
             END IF;
             v_drop := v_drop || ARRAY(
                 SELECT r.id FROM unnest(p_ords, p_ids, p_outcomes) AS r(ord, id, outcome)
-                 WHERE r.outcome = 'created' AND p_channels[r.ord] = v_full.name
+                  JOIN unnest(p_channels) WITH ORDINALITY AS c(channel, ord) ON c.ord = r.ord
+                 WHERE r.outcome = 'created' AND c.channel = v_full.name
                  ORDER BY r.ord DESC LIMIT v_full.excess);
         END LOOP;
         IF cardinality(v_drop) > 0 THEN
