@@ -39,12 +39,15 @@ def summarize(b: Bench) -> list[dict[str, Any]]:
 
 def _per_rep(b: Bench, workload: str, kind: str, procs: int, system: str,
              pick: str = "headline") -> dict[int, float]:
-    """rep -> rate of ``system``'s headline variant (``pick='best'``: its best variant)."""
+    """rep -> rate of ``system``'s headline variant (``pick='best'``: its best variant; else the
+    variant named ``pick``)."""
     out: dict[int, float] = {}
     for r in b.throughput:
         if (r["workload"], r["kind"], r["procs"], r["system"]) != (workload, kind, procs, system):
             continue
         if pick == "headline" and not r["headline"]:
+            continue
+        if pick not in ("headline", "best") and r["variant"] != pick:
             continue
         out[r["rep"]] = max(out.get(r["rep"], 0.0), r["rate"])
     return out
@@ -80,6 +83,9 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                 v, rs = _ratio(b, "drain", "batch", p, "lonnymq", "pgqueuer", "best")
                 add(f"batched take+ack / PgQueuer drain (P={p})", v, rs, BATCH_VS_PGQUEUER, ">=",
                     "vs PgQueuer's best batch size in the run (10 or 100)")
+                v, rs = _ratio(b, "drain", "batch", p, "lonnymq", "pgqueuer", "QueueManager batch_size=10")
+                add(f"  ... / PgQueuer at its default batch_size=10 (P={p})", v, rs, BATCH_VS_PGQUEUER, ">=",
+                    "vs PgQueuer as configured out of the box")
             if "seed" in have:
                 v, rs = _ratio(b, "drain", "one", p, "lonnymq", "seed", "headline")
                 add(f"one-at-a-time lease+ack / bare seed queue (P={p})", v, rs, ONE_VS_SEED, ">=",
@@ -90,6 +96,9 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                 v, rs = _ratio(b, "send", "batch", p, "lonnymq", "pgmq", "best")
                 add(f"send_batch(1000) / pgmq send_batch (P={p})", v, rs, SEND_BATCH_VS_PGMQ, ">=",
                     "vs pgmq's faster variant in each repetition (text or binary parameters)")
+                v, rs = _ratio(b, "send", "batch", p, "lonnymq", "pgmq", "send_batch(1000)")
+                add(f"  ... / pgmq send_batch as its client sends it (P={p})", v, rs, SEND_BATCH_VS_PGMQ,
+                    ">=", "vs pgmq's own client statement (%s::jsonb[], text parameters)")
         for rec in b.latency:
             if rec["system"] == "lonnymq" and rec["headline"]:
                 v = rec["p99_ms"]
@@ -166,6 +175,7 @@ def write_chart(path: Path, b: Bench, rows: list[dict[str, Any]], title: str) ->
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return False
     fig, axes = plt.subplots(2, 3, figsize=(19, 11))
@@ -184,6 +194,7 @@ def write_chart(path: Path, b: Bench, rows: list[dict[str, Any]], title: str) ->
         ax.set_yticks(range(len(vals)), names, fontsize=7)
         ax.invert_yaxis()
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("msg/s (median, min..max), log scale")
         ax.set_title(heading, fontsize=10)
         for i, v in enumerate(vals):
@@ -224,8 +235,12 @@ def write_chart(path: Path, b: Bench, rows: list[dict[str, Any]], title: str) ->
         ax.bar([i - 0.2 for i in x], [r["empty_p50_ms"] for r in b.flat], 0.4, label="p50, empty queue")
         ax.bar([i + 0.2 for i in x], [r["loaded_p50_ms"] for r in b.flat], 0.4,
                label=f"p50, + {b.flat[0]['future']:,} future + {b.flat[0]['leased']:,} leased")
+        for i, r in enumerate(b.flat):
+            ax.text(i - 0.2, r["empty_p50_ms"], f"{r['empty_p50_ms']:.2f}", ha="center", va="bottom", fontsize=7)
+            ax.text(i + 0.2, r["loaded_p50_ms"], f"{r['loaded_p50_ms']:.2f}", ha="center", va="bottom", fontsize=7)
         ax.set_xticks(list(x), names)
-        ax.set_ylabel("ms per take+settle round trip")
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per take+settle round trip, log scale")
         ax.set_title("dequeue latency must stay flat", fontsize=10)
         ax.legend(fontsize=7)
     else:

@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db-prefix", default="bench", type=_prefix,
                    help="scratch databases are named <prefix>_<system> (default: bench)")
     p.add_argument("--keep", action="store_true", help="keep the scratch databases")
+    p.add_argument("--from-json", type=Path, nargs="+", metavar="RESULTS",
+                   help="measure nothing: merge these results.json files (e.g. of separate runs) "
+                        "and write the table, results.json and chart.png again")
 
 
 def config_from(args: argparse.Namespace) -> Config:
@@ -92,7 +95,39 @@ def config_from(args: argparse.Namespace) -> Config:
     return c
 
 
+def rerender(paths: Sequence[Path], out: Path) -> int:
+    """Merge saved results and report them again (no database needed)."""
+    import json
+
+    from . import report
+
+    docs = [json.loads(p.read_text()) for p in paths]
+    names: list[str] = []
+    for d in docs:
+        names += [n for n in d["meta"]["systems"] if n not in names]
+    b = Bench([(load(n), "") for n in names if n in REGISTRY], Config(), lambda line: None)
+    for d in docs:
+        b.throughput += d["throughput"]
+        b.latency += d["latency"]
+        b.flat += d["flat"]
+        b.churn += d["churn"]
+    meta = {"merged_from": [str(p) for p in paths], "runs": [d["meta"] for d in docs]}
+    rows = report.summarize(b)
+    tgts = report.targets(b)
+    report.print_report(b, rows, tgts)
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_json(out / "results.json", meta, b, rows, tgts)
+    first = docs[0]["meta"]
+    title = (f"LonnyMQ bench, PostgreSQL {first['server']['server_version']}, {first['server']['cpus']} CPUs, "
+             f"synchronous_commit={first['server']['synchronous_commit']}, {first['started']}")
+    report.write_chart(out / "chart.png", b, rows, title)
+    print(f"wrote {out / 'results.json'} and {out / 'chart.png'}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.from_json:
+        return rerender(args.from_json, args.out or Path("bench-results") / "merged")
     config = config_from(args)
     systems = [load(name) for name in args.systems]
     missing = [m for m in (s.missing() for s in systems) if m]
@@ -109,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     meta: dict[str, Any] = {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "workloads": args.workloads, "systems": args.systems, "config": config.as_dict(),
         "payload_bytes": harness.PAYLOAD_BYTES, "versions": {},
     }
@@ -137,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.keep:
                 for s, _ in installed:
                     harness.drop_database(base, f"{args.db_prefix}_{s.name}")
-    meta["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    meta["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     meta["seconds"] = round(time.time() - started)
     meta["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
 

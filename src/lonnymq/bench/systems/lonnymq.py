@@ -137,7 +137,7 @@ def _pickup_notify(dsn: str, ctx: Ctx) -> Callable[[], list[tuple[int, float]]]:
     c.receive(QUEUE, 1, timeout=0)  # opens the LISTEN connection before the clock starts
 
     def work() -> list[tuple[int, float]]:
-        seen = []
+        seen: list[tuple[int, float]] = []
         while not ctx.expired():
             got = c.receive(QUEUE, 10, timeout=0.25)
             now = time.time()
@@ -155,7 +155,7 @@ def _pickup_poll(interval: float) -> Callable[[str, Ctx], Callable[[], list[tupl
         c, conn = _client(dsn)
 
         def work() -> list[tuple[int, float]]:
-            seen = []
+            seen: list[tuple[int, float]] = []
             while not ctx.expired():
                 got = c.take(QUEUE, 10)
                 now = time.time()

@@ -117,7 +117,7 @@ def _pickup(dsn: str, ctx: Ctx) -> Callable[[], list[tuple[int, float]]]:
     c = _connect(dsn)
 
     def work() -> list[tuple[int, float]]:
-        seen = []
+        seen: list[tuple[int, float]] = []
         while not ctx.expired():
             rows = c.execute(READ_POLL, [QUEUE, VT, 10, 1, 100]).fetchall()
             now = time.time()

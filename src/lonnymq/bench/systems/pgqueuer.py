@@ -28,7 +28,7 @@ def _loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
 
-        return uvloop.new_event_loop()  # type: ignore[no-any-return]
+        return uvloop.new_event_loop()
     except ImportError:
         return asyncio.new_event_loop()
 
@@ -41,7 +41,7 @@ class _Session:
     """An event loop and one asyncpg connection with PgQueuer's Queries on it."""
 
     def __init__(self, dsn: str) -> None:
-        import asyncpg
+        import asyncpg  # type: ignore[import-untyped]
         from pgqueuer.db import AsyncpgDriver
         from pgqueuer.queries import Queries
 
@@ -69,7 +69,7 @@ def _send(size: int) -> Callable[[str, Ctx], Callable[[], int]]:
                 if size == 1:
                     await s.queries.enqueue(ENTRYPOINT, json.dumps(msgs[n % 1000], separators=(",", ":")).encode())
                 else:
-                    bodies = [json.dumps(m, separators=(",", ":")).encode() for m in msgs[:size]]
+                    bodies: list[bytes | None] = [json.dumps(m, separators=(",", ":")).encode() for m in msgs[:size]]
                     await s.queries.enqueue([ENTRYPOINT] * size, bodies, [0] * size)
                 n += size
             return n
@@ -238,7 +238,7 @@ class PgQueuer(System):
         s = _Session(dsn)
 
         def send(ps: list[dict[str, Any]]) -> Any:
-            bodies = [json.dumps(p, separators=(",", ":")).encode() for p in ps]
+            bodies: list[bytes | None] = [json.dumps(p, separators=(",", ":")).encode() for p in ps]
             return s.run(s.queries.enqueue([ENTRYPOINT] * len(ps), bodies, [0] * len(ps)))
 
         return send, s.close
