@@ -346,8 +346,13 @@ class AsyncClient:
                     wait = min(wait, max(due_ms / 1000, _MIN_WAIT))
                 async for _ in listener.notifies(timeout=wait, stop_after=1):
                     pass
+        except BaseException:
+            # The listener may be broken or mid-wait (cancelled): never hand it out again.
+            await listener.close()
+            raise
         finally:
-            self._listeners.append(listener)
+            if not listener.closed:
+                self._listeners.append(listener)
 
     async def _listener(self) -> AsyncConnection[Any]:
         if self._listeners:

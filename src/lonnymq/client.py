@@ -348,8 +348,13 @@ class Client:
                     wait = min(wait, max(due_ms / 1000, _MIN_WAIT))
                 for _ in listener.notifies(timeout=wait, stop_after=1):
                     pass
+        except BaseException:
+            # The listener may be broken or mid-wait (cancelled): never hand it out again.
+            listener.close()
+            raise
         finally:
-            self._listeners.append(listener)
+            if not listener.closed:
+                self._listeners.append(listener)
 
     def _listener(self) -> Connection[Any]:
         if self._listeners:
