@@ -17,24 +17,12 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psycopg
 from psycopg import sql
 
 from lonnymq import Client, Envelope, Message
-
-
-@contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    if dsn:
-        yield dsn
-        return
-    from lonnymq.embedded import temporary_server
-
-    with temporary_server() as srv:
-        yield srv.dsn
+from lonnymq.embedded import dsn_or_temporary as server
 
 
 def fill(c: Client, queue: str, messages: int, channels: int) -> None:

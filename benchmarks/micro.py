@@ -10,29 +10,19 @@ in batches. Runs on a throwaway embedded server unless --dsn is given.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 from psycopg import sql
 
 from lonnymq import Client, Message
+from lonnymq.embedded import dsn_or_temporary as server
 
 PAYLOAD = {"order_id": 123456, "customer": "c-000042", "items": [{"sku": "A-1", "qty": 2}],
            "note": "x" * 120}
 
 
-@contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    if dsn:
-        yield dsn
-        return
-    from lonnymq.embedded import temporary_server
-
-    with temporary_server() as srv:
-        yield srv.dsn
 
 
 def rate(n: int, seconds: float) -> str:

@@ -11,28 +11,16 @@ are the write alone (stage with COPY in parallel tasks + one commit transaction)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 from psycopg import sql
 
 from lonnymq import Client, Envelope
-
-
-@contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    if dsn:
-        yield dsn
-        return
-    from lonnymq.embedded import temporary_server
-
-    with temporary_server() as srv:
-        yield srv.dsn
+from lonnymq.embedded import dsn_or_temporary as server
 
 
 def event(i: int) -> dict[str, object]:

@@ -12,28 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 from psycopg import sql
 
 from lonnymq import Client
+from lonnymq.embedded import dsn_or_temporary as server
 from lonnymq.worker import App, Worker
-
-
-@contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    if dsn:
-        yield dsn
-        return
-    from lonnymq.embedded import temporary_server
-
-    with temporary_server() as srv:
-        yield srv.dsn
 
 
 def run_once(dsn: str, n: int, concurrency: int, mode: str, work_ms: float, cooldown: float) -> tuple[float, Worker]:

@@ -57,6 +57,7 @@ __all__ = [
     "EmbeddedServer",
     "EmbeddedServerError",
     "default_data_dir",
+    "dsn_or_temporary",
     "resolve_dsn",
     "temporary_server",
 ]
@@ -763,6 +764,16 @@ def temporary_server(**kw: Any) -> Iterator[EmbeddedServer]:
             if socket_dir != server.data_dir:
                 shutil.rmtree(socket_dir, ignore_errors=True)
             shutil.rmtree(root, ignore_errors=True)
+
+@contextlib.contextmanager
+def dsn_or_temporary(dsn: str | None) -> Iterator[str]:
+    """``dsn`` if given; otherwise the DSN of a throwaway embedded server that lives for the
+    ``with`` block (what benchmark scripts run on by default)."""
+    if dsn:
+        yield dsn
+        return
+    with temporary_server() as srv:
+        yield srv.dsn
 
 
 def resolve_dsn(dsn: str | None = None, *, env: str = "LONNYMQ_DSN") -> str:

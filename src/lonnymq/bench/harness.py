@@ -16,7 +16,7 @@ import platform
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,18 +49,6 @@ SETTINGS = (
 
 
 # -- server and databases ------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    """The server to benchmark on: ``dsn`` if given, else a throwaway embedded PostgreSQL."""
-    if dsn:
-        yield dsn
-        return
-    from ..embedded import temporary_server
-
-    with temporary_server() as srv:
-        yield srv.dsn
 
 
 def dsn_for(base: str, dbname: str) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..embedded import dsn_or_temporary
 from . import harness
 from .systems import REGISTRY, load
 from .workloads import RUNNERS, WORKLOADS, Bench, Config
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         "workloads": args.workloads, "systems": args.systems, "config": config.as_dict(),
         "payload_bytes": harness.PAYLOAD_BYTES, "versions": {},
     }
-    with harness.server(args.dsn) as base:
+    with dsn_or_temporary(args.dsn) as base:
         meta["server"] = harness.server_settings(base)
         log(f"lonnymq bench on PostgreSQL {meta['server']['server_version']} "
             f"(synchronous_commit={meta['server']['synchronous_commit']}, fsync={meta['server']['fsync']}), "
