@@ -654,6 +654,51 @@ BEGIN
      ORDER BY r.ord;
 END $$;
 
+-- Hand out locked messages p_ids, in that order: 'lease' them for p_lease_ms, or 'delete' /
+-- 'archive' them (take_tx). Returns the deliveries in the order of p_ids.
+CREATE FUNCTION {schema}._deliver(q {schema}.queue, p_ids bigint[], p_mode text, p_lease_ms bigint,
+                                  p_now bigint)
+RETURNS SETOF {schema}.delivery
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_mode = 'lease' THEN
+        RETURN QUERY
+        WITH u AS (
+            UPDATE {schema}.message m
+               SET dequeue_at = p_now + p_lease_ms, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+              FROM unnest(p_ids) WITH ORDINALITY AS t(id, ord)
+             WHERE m.queue_id = q.id AND m.id = t.id
+            RETURNING t.ord, m.*
+        )
+        SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
+               u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
+               u.last_error, u.payload
+          FROM u ORDER BY u.ord;
+    ELSE
+        RETURN QUERY
+        WITH d AS (
+            DELETE FROM {schema}.message m
+             USING unnest(p_ids) WITH ORDINALITY AS t(id, ord)
+             WHERE m.queue_id = q.id AND m.id = t.id
+            RETURNING t.ord, m.*
+        ), a AS (
+            INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
+                                          enqueued_at, attempts, deliveries, priority, key,
+                                          channel, kind, content_type, headers, state,
+                                          last_error, payload)
+            SELECT d.queue_id, d.id, 'acked', p_now, d.scheduled_at, d.enqueued_at,
+                   d.attempts + 1, d.deliveries + 1, d.priority, d.key, d.channel, d.kind,
+                   d.content_type, d.headers, d.state, d.last_error, d.payload
+              FROM d WHERE p_mode = 'archive'
+        )
+        SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
+               d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
+               d.state, d.last_error, d.payload
+          FROM d ORDER BY d.ord;
+    END IF;
+END $$;
+
 -- take and take_tx of a queue that uses channels. A call serves the ready channels round robin
 -- by (ready_at, turn), interleaved by time with plain messages, in passes: each pass picks up to
 -- the number still wanted of the next ready channels (after a cursor), locks their heads, merges
@@ -830,42 +875,7 @@ BEGIN
             CONTINUE;
         END IF;
 
-        IF p_mode = 'lease' THEN
-            RETURN QUERY
-            WITH u AS (
-                UPDATE {schema}.message m
-                   SET dequeue_at = p_now + p_lease_ms, attempts = m.attempts + 1,
-                       deliveries = m.deliveries + 1, leased = true
-                  FROM unnest(v_ids) WITH ORDINALITY AS t(id, ord)
-                 WHERE m.queue_id = q.id AND m.id = t.id
-                RETURNING t.ord, m.*
-            )
-            SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
-                   u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
-                   u.last_error, u.payload
-              FROM u ORDER BY u.ord;
-        ELSE
-            RETURN QUERY
-            WITH d AS (
-                DELETE FROM {schema}.message m
-                 USING unnest(v_ids) WITH ORDINALITY AS t(id, ord)
-                 WHERE m.queue_id = q.id AND m.id = t.id
-                RETURNING t.ord, m.*
-            ), a AS (
-                INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
-                                              enqueued_at, attempts, deliveries, priority, key,
-                                              channel, kind, content_type, headers, state,
-                                              last_error, payload)
-                SELECT d.queue_id, d.id, 'acked', p_now, d.scheduled_at, d.enqueued_at,
-                       d.attempts + 1, d.deliveries + 1, d.priority, d.key, d.channel, d.kind,
-                       d.content_type, d.headers, d.state, d.last_error, d.payload
-                  FROM d WHERE p_mode = 'archive'
-            )
-            SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
-                   d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
-                   d.state, d.last_error, d.payload
-              FROM d ORDER BY d.ord;
-        END IF;
+        RETURN QUERY SELECT * FROM {schema}._deliver(q, v_ids, p_mode, p_lease_ms, p_now);
         v_got := v_got + cardinality(v_ids);
         v_next := v_next + v_n_plain;
 
@@ -1376,19 +1386,7 @@ BEGIN
         SELECT r.ids, r.dead INTO v_ids, v_dead FROM {schema}._lock_ready(q, v_want, v_now) r;
         IF v_ids IS NOT NULL THEN
             -- Leased rows move past v_now, so a further round cannot select them again.
-            RETURN QUERY
-            WITH u AS (
-                UPDATE {schema}.message m
-                   SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
-                       deliveries = m.deliveries + 1, leased = true
-                  FROM unnest(v_ids) WITH ORDINALITY AS t(id, ord)
-                 WHERE m.queue_id = q.id AND m.id = t.id
-                RETURNING t.ord, m.*
-            )
-            SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
-                   u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
-                   u.last_error, u.payload
-              FROM u ORDER BY u.ord;
+            RETURN QUERY SELECT * FROM {schema}._deliver(q, v_ids, 'lease', v_lease, v_now);
         END IF;
         v_want := v_want - coalesce(cardinality(v_ids), 0);
         v_round := v_round + 1;
@@ -1426,37 +1424,9 @@ BEGIN
     -- delivered, and does not count against p_limit. Deleted rows cannot be selected again.
     LOOP
         SELECT r.ids, r.dead INTO v_ids, v_dead FROM {schema}._lock_ready(q, v_want, v_now) r;
-        IF v_ids IS NOT NULL AND v_archive THEN
-            RETURN QUERY
-            WITH d AS (
-                DELETE FROM {schema}.message m USING unnest(v_ids) WITH ORDINALITY AS t(id, ord)
-                 WHERE m.queue_id = q.id AND m.id = t.id
-                RETURNING t.ord, m.*
-            ), a AS (
-                INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
-                                              enqueued_at, attempts, deliveries, priority, key,
-                                              channel, kind, content_type, headers, state,
-                                              last_error, payload)
-                SELECT d.queue_id, d.id, 'acked', v_now, d.scheduled_at, d.enqueued_at,
-                       d.attempts + 1, d.deliveries + 1, d.priority, d.key, d.channel, d.kind,
-                       d.content_type, d.headers, d.state, d.last_error, d.payload
-                  FROM d
-            )
-            SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
-                   d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
-                   d.state, d.last_error, d.payload
-              FROM d ORDER BY d.ord;
-        ELSIF v_ids IS NOT NULL THEN
-            RETURN QUERY
-            WITH d AS (
-                DELETE FROM {schema}.message m USING unnest(v_ids) WITH ORDINALITY AS t(id, ord)
-                 WHERE m.queue_id = q.id AND m.id = t.id
-                RETURNING t.ord, m.*
-            )
-            SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
-                   d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
-                   d.state, d.last_error, d.payload
-              FROM d ORDER BY d.ord;
+        IF v_ids IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM {schema}._deliver(q, v_ids,
+                CASE WHEN v_archive THEN 'archive' ELSE 'delete' END, NULL, v_now);
         END IF;
         v_want := v_want - coalesce(cardinality(v_ids), 0);
         v_round := v_round + 1;
