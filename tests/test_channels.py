@@ -550,7 +550,7 @@ def hot_queries() -> dict[str, str]:
     $1 queue id, $2 now, $3 channels passed by, $4 a channel name, $5 $6 the pick's cursor,
     $7 .. $10 the picked channels (names, ready_at, turn, at their concurrency limit)."""
     found = {}
-    for fn in ("_take_channels", "_channel_ready_at"):
+    for fn in ("_lock_ready", "_take_channels", "_channel_ready_at"):  # _lock_ready: plain candidates
         for text in re.findall(r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", _body(fn)):
             # Of "SELECT array_agg(...) FROM (SELECT ... FOR UPDATE SKIP LOCKED) c", the inner
             # statement is the lookup; the outer one only orders the rows it locked.
@@ -622,8 +622,9 @@ def crowded(dsn: str) -> Iterator[tuple[str, int, int]]:
 
 
 def test_hot_queries_are_found() -> None:
-    # plain candidates, the pick, the heads; the two head lookups of ready_at
-    assert Counter(hot_queries().values()) == {"_take_channels": 3, "_channel_ready_at": 2}
+    # plain candidates (shared with take()); the pick, the heads; the two head lookups of ready_at
+    assert Counter(hot_queries().values()) == {"_lock_ready": 1, "_take_channels": 2, "_channel_ready_at": 2}
+    assert "{schema}._lock_ready(q, p_limit, p_now)" in _body("_take_channels")
 
 
 @pytest.mark.slow

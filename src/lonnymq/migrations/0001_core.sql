@@ -750,19 +750,10 @@ DECLARE
     v_last_at  bigint;
     v_last_tn  bigint;
 BEGIN
-    SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
-           array_agg(c.dequeue_at ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
-           array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
-      INTO v_plain, v_plain_at, v_dead
-      FROM (SELECT m.id, m.dequeue_at, m.attempts
-              FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= p_now
-             ORDER BY m.dequeue_at, m.id
-             LIMIT p_limit
-               FOR UPDATE SKIP LOCKED) c;
+    -- The plain candidates, locked (and the dead among them dead-lettered) as in take().
+    SELECT r.ids, r.ats, r.dead INTO v_plain, v_plain_at, v_dead
+      FROM {schema}._lock_ready(q, p_limit, p_now) r;
     IF v_dead IS NOT NULL THEN
-        PERFORM {schema}._dead_letter(q, v_dead,
-            array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]), p_now);
         v_dead_n := cardinality(v_dead);
     END IF;
     v_plain := coalesce(v_plain, ARRAY[]::bigint[]);
@@ -1327,14 +1318,16 @@ END $$;
 
 -- The hot query of take() and take_tx() on a plain queue: lock up to p_limit ready messages in
 -- (dequeue_at, id) order, skipping rows others hold. Messages whose lease expired on their last
--- allowed attempt are dead-lettered here (dead); the rest are returned in order (ids).
+-- allowed attempt are dead-lettered here (dead); the rest are returned in order (ids, with
+-- their dequeue_at in ats for the channel path's merge).
 CREATE FUNCTION {schema}._lock_ready(q {schema}.queue, p_limit integer, p_now bigint,
-                                     OUT ids bigint[], OUT dead bigint[])
+                                     OUT ids bigint[], OUT ats bigint[], OUT dead bigint[])
 LANGUAGE plpgsql AS $$
 BEGIN
     SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
+           array_agg(c.dequeue_at ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
            array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
-      INTO ids, dead
+      INTO ids, ats, dead
       FROM (SELECT m.id, m.dequeue_at, m.attempts
               FROM {schema}.message m
              WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= p_now
