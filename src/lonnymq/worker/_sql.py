@@ -10,7 +10,18 @@ from typing import Any
 
 from psycopg import sql
 
-from .._ops import Op, _check_text, _error_text, _headers, _pairs, _state, check_queue, encode_payload, to_ms
+from .._ops import (
+    Op,
+    _check_text,
+    _error_text,
+    _headers,
+    _pairs,
+    _state,
+    check_queue,
+    encode_payload,
+    statements,
+    to_ms,
+)
 from ..models import Message
 
 #: The migration that created the tables and functions below.
@@ -41,10 +52,7 @@ class WorkerOps:
 
         self._version = q("SELECT coalesce(max(version), 0) FROM {s}.migration")
         self._now = q("SELECT {s}.now_ms()")
-        self._nack = q(
-            "SELECT * FROM {s}.nack(%s::text, %s::bigint[], %s::int[], %s::bigint[], %s::text[],"
-            " %s::jsonb[], %s::bool)"
-        )
+        self._nack = statements(schema).nack  # the client's own statement (binary arrays)
         self._give_up = q("SELECT * FROM {s}.give_up(%s::text, %s::bigint[], %s::int[], %s::text[])")
         self._worker_queues = q("SELECT * FROM {s}.worker_queues(%s::text[])")
         self._cron_list = q("SELECT * FROM {s}.cron_list()")
