@@ -10,7 +10,6 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from importlib import resources
 from itertools import pairwise
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from psycopg import sql
 
 from channel_helpers import Db, consumer
-from core_helpers import drop_schema, fresh_schema_name
+from core_helpers import drop_schema, fresh_schema_name, function_source
 from lonnymq import Client, Envelope, errors
 
 
@@ -532,9 +531,7 @@ PER_CHANNEL = 20
 
 
 def _body(name: str) -> str:
-    source = (resources.files("lonnymq.migrations") / "0001_core.sql").read_text()
-    start = source.index(f"CREATE FUNCTION {{schema}}.{name}(")
-    return source[start:source.index("END $$;", start)]
+    return function_source(name)
 
 
 _VARS = {r"\bq\.max_attempts\b": "5", r"\bq\.id\b": "$1", r"\bp_now\b": "$2", r"\bv_bound\b": "$2",
@@ -546,7 +543,7 @@ _PARAMS = "(int, bigint, text[], text, bigint, bigint, text[], bigint[], bigint[
 
 def hot_queries() -> dict[str, str]:
     """The statements of the channel path of take that read the channel and message tables,
-    verbatim from 0001_core.sql, with plpgsql variables as the parameters of _PARAMS:
+    verbatim from the migrations, with plpgsql variables as the parameters of _PARAMS:
     $1 queue id, $2 now, $3 channels passed by, $4 a channel name, $5 $6 the pick's cursor,
     $7 .. $10 the picked channels (names, ready_at, turn, at their concurrency limit)."""
     found = {}

@@ -1,5 +1,5 @@
-"""Plan tests for the hot query: the candidate SELECT of take() (and take_tx()), taken verbatim
-from 0001_core.sql, on a realistic queue of 600k messages must walk the dequeue index from
+"""Plan tests for the hot query: the candidate SELECTs of take() (and take_tx()), taken verbatim
+from the migration that defines them last, on a realistic queue of 600k messages must walk the dequeue index from
 its head: an index scan, no sequential scan, no sort, a handful of buffers."""
 
 from __future__ import annotations
@@ -7,14 +7,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from importlib import resources
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from core_helpers import drop_schema, fresh_schema_name
+from core_helpers import drop_schema, fresh_schema_name, function_source
 from lonnymq import Client
 
 pytestmark = pytest.mark.slow
@@ -23,20 +22,17 @@ PER_STATE = 200_000
 LIMIT = 10
 
 
-def _function_body(source: str, name: str) -> str:
-    start = source.index(f"CREATE FUNCTION {{schema}}.{name}(")
-    return source[start:source.index("END $$;", start)]
-
-
 def candidate_queries(function: str) -> list[str]:
-    """The row-locking candidate SELECTs of ``function`` in 0001_core.sql, with the queue id,
-    the time and the limit as $1, $2 and $3."""
-    source = (resources.files("lonnymq.migrations") / "0001_core.sql").read_text()
-    body = _function_body(source, function)
+    """The row-locking candidate SELECTs of ``function`` (its current definition), with the
+    queue id, the time and the limit as $1, $2 and $3: subqueries in parentheses, and whole
+    statements (SELECT ... INTO ... FOR UPDATE SKIP LOCKED;) without the INTO."""
+    body = function_source(function)
     found = re.findall(r"\(\s*(SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\s*\)", body)
+    found += re.findall(r"(SELECT\s[^;()]*?FOR UPDATE SKIP LOCKED);", body)
     assert found, f"no candidate SELECT ... FOR UPDATE SKIP LOCKED found in {function}()"
     queries = []
     for text in dict.fromkeys(found):  # take_tx has the same one twice
+        text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
         text = re.sub(r"\bq\.id\b", "$1", text)
         text = re.sub(r"\b(?:v_now|p_now)\b", "$2", text)
         text = re.sub(r"\b(?:p_limit|v_want)\b", "$3", text)
@@ -123,7 +119,8 @@ def _explain(conn: psycopg.Connection, schema: str, query: str, mode: str, args:
 
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-@pytest.mark.parametrize("function", ["_lock_ready"])  # the candidate query of take() and take_tx()
+# _lock_ready: the candidates of take() and take_tx(); take: its one-message lean path.
+@pytest.mark.parametrize("function", ["_lock_ready", "take"])
 def test_candidate_query_walks_the_dequeue_index(dsn: str, loaded: tuple[str, int, int], function: str, mode: str) -> None:
     schema, qid, now = loaded
     with psycopg.connect(dsn) as conn:
@@ -139,41 +136,48 @@ def test_candidate_query_walks_the_dequeue_index(dsn: str, loaded: tuple[str, in
         conn.rollback()
 
 
-def test_candidate_query_reads_a_handful_of_buffers(dsn: str, loaded: tuple[str, int, int]) -> None:
+@pytest.mark.parametrize(("function", "rows"), [("_lock_ready", LIMIT), ("take", 1)])
+def test_candidate_query_reads_a_handful_of_buffers(dsn: str, loaded: tuple[str, int, int], function: str,
+                                                    rows: int) -> None:
     schema, qid, now = loaded
     with psycopg.connect(dsn) as conn:
-        [query] = candidate_queries("_lock_ready")
+        [query] = candidate_queries(function)
         for mode in ("force_custom_plan", "force_generic_plan"):
             result = _explain(conn, schema, query, mode, (qid, now, LIMIT), analyze=True)
             plan = result["Plan"]
             buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
-            print(f"\n{mode}: {plan['Actual Rows']} rows, {buffers} buffers,"
+            print(f"\n{function} {mode}: {plan['Actual Rows']} rows, {buffers} buffers,"
                   f" {result['Execution Time']:.2f} ms")
-            assert plan["Actual Rows"] == LIMIT
+            assert plan["Actual Rows"] == rows
             assert buffers <= 50, buffers
             conn.rollback()  # the EXPLAIN ANALYZE really locked the rows
 
 
-def test_the_extracted_query_is_the_one_take_runs(dsn: str, loaded: tuple[str, int, int]) -> None:
-    """Guard against the regex drifting: the extracted SELECT picks exactly what take() leases."""
+@pytest.mark.parametrize(("function", "limit"), [("_lock_ready", LIMIT), ("take", 1)])
+def test_the_extracted_query_is_the_one_take_runs(dsn: str, loaded: tuple[str, int, int], function: str,
+                                                  limit: int) -> None:
+    """Guard against the regex drifting: the extracted SELECT picks exactly what take() leases
+    (take(n) for n > 1 locks through _lock_ready, take(1) through its own lean path)."""
     schema, qid, now = loaded
-    [query] = candidate_queries("_lock_ready")
+    [query] = candidate_queries(function)
     with psycopg.connect(dsn) as conn:
         text = query.replace("{schema}", sql.Identifier(schema).as_string(conn))
-        picked = [r[0] for r in conn.execute(text.replace("$1", "%s").replace("$2", "%s").replace("$3", "%s"),
-                                             (qid, now, LIMIT)).fetchall()]
+        text = text.replace("$1", "%(q)s").replace("$2", "%(now)s").replace("$3", "%(limit)s")
+        picked = [r[0] for r in conn.execute(text, {"q": qid, "now": now, "limit": limit}).fetchall()]
         conn.rollback()
         taken = [r[0] for r in conn.execute(
             sql.SQL("SELECT id FROM {}.take('q', %s, p_now => %s)").format(sql.Identifier(schema)),
-            (LIMIT, now)).fetchall()]
+            (limit, now)).fetchall()]
         conn.rollback()
-    assert picked == taken and len(taken) == LIMIT
+    assert picked == taken and len(taken) == limit
 
 
 @pytest.mark.parametrize("function", ["take", "take_tx"])
-def test_take_and_take_tx_lock_through_lock_ready(function: str) -> None:
-    """The plan tests above cover take() and take_tx() only while both lock via _lock_ready()."""
-    source = (resources.files("lonnymq.migrations") / "0001_core.sql").read_text()
-    body = _function_body(source, function)
+def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> None:
+    """The plan tests above cover take() and take_tx() only while each row-locking SELECT on
+    their plain path is either _lock_ready()'s or one candidate_queries() extracts."""
+    body = function_source(function)
     assert "{schema}._lock_ready(q, v_want, v_now)" in body
-    assert "FOR UPDATE SKIP LOCKED" not in body.split("IF q.uses_channels")[1].split("END IF;", 1)[1]
+    plain = body.split("IF q.uses_channels")[-1].split("END IF;", 1)[1]
+    locks = plain.count("FOR UPDATE SKIP LOCKED")
+    assert locks == (len(candidate_queries(function)) if locks else 0)
