@@ -49,7 +49,7 @@ def test_quick_run_covers_every_system_and_workload(dsn: str, tmp_path: Path) ->
     for kind in ("one", "batch"):
         assert {s for w, k, s in by if (w, k) == ("send", kind)} == {"lonnymq", "pgmq", "pgqueuer", "seed"}
     assert {s for w, k, s in by if (w, k) == ("drain", "one")} == systems
-    assert {s for w, k, s in by if (w, k) == ("drain", "batch")} == {"lonnymq", "pgmq", "pgqueuer", "floor"}
+    assert {s for w, k, s in by if (w, k) == ("drain", "batch")} == {"lonnymq", "pgmq", "pgqueuer", "floor", "leasefloor"}
     for r in doc["throughput"]:
         assert r["n"] > 0 and r["rate"] > 0, r
         if r["workload"] == "drain":
@@ -75,7 +75,7 @@ def test_quick_run_covers_every_system_and_workload(dsn: str, tmp_path: Path) ->
         assert sum(p["consumed_per_s"] for p in r["timeline"]) > 0
 
     names = " ".join(t["target"] for t in doc["targets"])
-    for part in ("/ floor", "/ PgQueuer", "/ bare seed", "/ pgmq send_batch", "pickup latency p99"):
+    for part in ("/ floor", "/ lease floor", "/ PgQueuer", "/ bare seed", "/ pgmq send_batch", "pickup latency p99"):
         assert part in names
     assert all(t["value"] is not None for t in doc["targets"])
     if importlib.util.find_spec("matplotlib"):

@@ -66,11 +66,15 @@ def targets(b: Bench) -> list[dict[str, Any]]:
     have = {s.name for s, _ in b.systems}
     out: list[dict[str, Any]] = []
 
-    def add(name: str, ratio: float, ratios: list[float], goal: float, op: str, detail: str) -> None:
-        ok = None if math.isnan(ratio) else (ratio >= goal if op == ">=" else ratio < goal)
+    def add(name: str, ratio: float, ratios: list[float], goal: float | None, op: str, detail: str) -> None:
+        """A target; goal None: a ratio shown for context, with no goal."""
+        if goal is None or math.isnan(ratio):
+            ok = None
+        else:
+            ok = ratio >= goal if op == ">=" else ratio < goal
         out.append({"target": name, "value": None if math.isnan(ratio) else round(ratio, 3),
-                    "per_rep": [round(x, 3) for x in ratios], "goal": f"{op} {goal:g}", "met": ok,
-                    "detail": detail})
+                    "per_rep": [round(x, 3) for x in ratios], "goal": "" if goal is None else f"{op} {goal:g}",
+                    "met": ok, "detail": detail})
 
     procs_list = sorted({r["procs"] for r in b.throughput if r["workload"] == "drain"})
     if "lonnymq" in have:
@@ -90,6 +94,11 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                 v, rs = _ratio(b, "drain", "one", p, "lonnymq", "seed", "headline")
                 add(f"one-at-a-time lease+ack / bare seed queue (P={p})", v, rs, ONE_VS_SEED, ">=",
                     "take(1, ack=prev) vs message_dequeue()")
+            if "leasefloor" in have:
+                for kind, what in (("one", "one-at-a-time"), ("batch", "batched")):
+                    v, rs = _ratio(b, "drain", kind, p, "lonnymq", "leasefloor", "headline")
+                    add(f"  {what} lease+ack / lease floor (P={p})", v, rs, None, ">=",
+                        "context: vs one plain statement that acks and leases (no attempts, tokens)")
         if "pgmq" in have:
             procs = sorted({r["procs"] for r in b.throughput if r["workload"] == "send"})
             for p in procs:
@@ -155,7 +164,7 @@ def print_report(b: Bench, rows: list[dict[str, Any]], tgts: list[dict[str, Any]
         for col in ("target", "value", "goal", "met", "per repetition", "compared"):
             t.add_column(col)
         for g in tgts:
-            met = {True: "yes", False: "NO", None: "n/a"}[g["met"]]
+            met = {True: "yes", False: "NO", None: "n/a" if g["goal"] else ""}[g["met"]]
             t.add_row(g["target"], "n/a" if g["value"] is None else f"{g['value']:.2f}", g["goal"], met,
                       ", ".join(f"{x:.2f}" for x in g["per_rep"]), g["detail"])
         con.print(t)
@@ -188,7 +197,7 @@ def write_chart(path: Path, b: Bench, rows: list[dict[str, Any]], title: str) ->
         names = [label(r) for r in picked]
         vals = [r["rate_median"] for r in picked]
         errs = [[r["rate_median"] - r["rate_min"] for r in picked], [r["rate_max"] - r["rate_median"] for r in picked]]
-        colors = ["tab:blue" if r["system"] == "lonnymq" else "tab:gray" if r["system"] == "floor" else "tab:orange"
+        colors = ["tab:blue" if r["system"] == "lonnymq" else "tab:gray" if r["system"] in ("floor", "leasefloor") else "tab:orange"
                   for r in picked]
         ax.barh(range(len(vals)), vals, xerr=errs, color=colors)
         ax.set_yticks(range(len(vals)), names, fontsize=7)

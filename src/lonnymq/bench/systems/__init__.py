@@ -14,6 +14,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "pgqueuer": ("pgqueuer", "PgQueuer"),
     "seed": ("seed", "Seed"),
     "floor": ("floor", "Floor"),
+    "leasefloor": ("lease_floor", "LeaseFloor"),
 }
 
 

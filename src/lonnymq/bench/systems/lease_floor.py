@@ -1,0 +1,96 @@
+"""The lease floor: the least a queue with leases (visibility timeouts) can do per message in
+PostgreSQL. A bare table with a visibility column; one plain statement acknowledges the
+previous message(s) (DELETE) and leases the next (UPDATE of the visibility time, which moves
+the row in its index), in one round trip and one transaction. No function call, no attempts,
+no fencing token, no dead-lettering: the physical reference for LonnyMQ's ``take(n, ack=prev)``,
+as the floor is for take-and-delete."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from ..harness import Ctx, payload
+from .base import System, Variant
+
+DDL = """
+CREATE TABLE lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL);
+CREATE INDEX lq_vt ON lq (vt, id);
+"""
+
+INSERT_BATCH = "INSERT INTO lq (payload) SELECT unnest(%b::jsonb[])"
+
+# %(prev)s: the ids leased by the previous call, acknowledged here.
+LEASE = """
+WITH ack AS (DELETE FROM lq WHERE id = ANY (%(prev)b)),
+     now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
+     pick AS (SELECT lq.id FROM lq, now WHERE lq.vt <= now.ms ORDER BY lq.vt, lq.id
+              LIMIT {n} FOR UPDATE OF lq SKIP LOCKED)
+UPDATE lq SET vt = (SELECT ms FROM now) + 30000 FROM pick WHERE lq.id = pick.id
+RETURNING lq.id, lq.payload
+"""
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def _lease_ack(n: int) -> Callable[[str, Ctx], Callable[[], int]]:
+    stmt = LEASE.format(n=n)
+
+    def factory(dsn: str, ctx: Ctx) -> Callable[[], int]:
+        c = _connect(dsn)
+
+        def work() -> int:
+            done = 0
+            prev: list[int] = []
+            while not ctx.expired():
+                rows = c.execute(stmt, {"prev": prev}).fetchall()
+                if not rows:
+                    break
+                done += len(rows)
+                prev = [r[0] for r in rows]
+            if prev:
+                c.execute("DELETE FROM lq WHERE id = ANY (%b)", [prev])
+            c.close()
+            return done
+
+        return work
+
+    return factory
+
+
+class LeaseFloor(System):
+    name = "leasefloor"
+    label = "lease floor"
+    tables = ("public.lq",)
+
+    def install(self, dsn: str) -> dict[str, Any]:
+        with _connect(dsn) as c:
+            c.execute(DDL)
+        return {"version": "DELETE previous + UPDATE vt ... LIMIT n SKIP LOCKED, one statement"}
+
+    def clear(self, dsn: str) -> None:
+        with _connect(dsn) as c:
+            c.execute("TRUNCATE lq")
+
+    def preload(self, dsn: str, n: int) -> None:
+        with _connect(dsn) as c:
+            for start in range(0, n, 1000):
+                c.execute(INSERT_BATCH, [[Jsonb(payload(i)) for i in range(start, min(n, start + 1000))]])
+
+    def remaining(self, dsn: str) -> int:
+        with _connect(dsn) as c:
+            row = c.execute("SELECT count(*) FROM lq").fetchone()
+            return int(row[0]) if row else 0
+
+    def drains(self) -> list[Variant]:
+        return [
+            Variant(self.name, "ack+lease 1, one statement", "one", _lease_ack(1),
+                    note="DELETE previous + UPDATE vt of the next, one row"),
+            Variant(self.name, "ack+lease 100, one statement", "batch", _lease_ack(100),
+                    note="DELETE previous + UPDATE vt of the next, 100 rows"),
+        ]
