@@ -68,10 +68,7 @@ def targets(b: Bench) -> list[dict[str, Any]]:
 
     def add(name: str, ratio: float, ratios: list[float], goal: float | None, op: str, detail: str) -> None:
         """A target; goal None: a ratio shown for context, with no goal."""
-        if goal is None or math.isnan(ratio):
-            ok = None
-        else:
-            ok = ratio >= goal if op == ">=" else ratio < goal
+        ok = None if goal is None or math.isnan(ratio) else (ratio >= goal if op == ">=" else ratio < goal)
         out.append({"target": name, "value": None if math.isnan(ratio) else round(ratio, 3),
                     "per_rep": [round(x, 3) for x in ratios], "goal": "" if goal is None else f"{op} {goal:g}",
                     "met": ok, "detail": detail})

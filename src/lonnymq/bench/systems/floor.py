@@ -4,8 +4,6 @@ reference that every queue's batched take is a fraction of."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .base import Variant
 from .seed import Seed, churn_statement, drain_statement
 
@@ -17,9 +15,7 @@ class Floor(Seed):
     name = "floor"
     label = "PostgreSQL floor"
 
-    def install(self, dsn: str) -> dict[str, Any]:
-        super().install(dsn)
-        return {"version": "DELETE ... LIMIT n SKIP LOCKED RETURNING"}
+    version = "DELETE ... LIMIT n SKIP LOCKED RETURNING"
 
     def sends(self) -> list[Variant]:
         return []  # the seed's INSERTs are the bare-table reference for sends

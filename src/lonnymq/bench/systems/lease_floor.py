@@ -11,17 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from ..harness import Ctx, payload
-from .base import System, Variant
+from ..harness import Ctx
+from .base import Variant
+from .seed import BareTable
 
 DDL = """
 CREATE TABLE lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL);
 CREATE INDEX lq_vt ON lq (vt, id);
 """
-
-INSERT_BATCH = "INSERT INTO lq (payload) SELECT unnest(%b::jsonb[])"
 
 # %(prev)s: the ids leased by the previous call, acknowledged here.
 LEASE = """
@@ -63,29 +61,13 @@ def _lease_ack(n: int) -> Callable[[str, Ctx], Callable[[], int]]:
     return factory
 
 
-class LeaseFloor(System):
+class LeaseFloor(BareTable):
     name = "leasefloor"
     label = "lease floor"
+    table = "lq"
     tables = ("public.lq",)
-
-    def install(self, dsn: str) -> dict[str, Any]:
-        with _connect(dsn) as c:
-            c.execute(DDL)
-        return {"version": "DELETE previous + UPDATE vt ... LIMIT n SKIP LOCKED, one statement"}
-
-    def clear(self, dsn: str) -> None:
-        with _connect(dsn) as c:
-            c.execute("TRUNCATE lq")
-
-    def preload(self, dsn: str, n: int) -> None:
-        with _connect(dsn) as c:
-            for start in range(0, n, 1000):
-                c.execute(INSERT_BATCH, [[Jsonb(payload(i)) for i in range(start, min(n, start + 1000))]])
-
-    def remaining(self, dsn: str) -> int:
-        with _connect(dsn) as c:
-            row = c.execute("SELECT count(*) FROM lq").fetchone()
-            return int(row[0]) if row else 0
+    ddl = DDL
+    version = "DELETE previous + UPDATE vt ... LIMIT n SKIP LOCKED, one statement"
 
     def drains(self) -> list[Variant]:
         return [

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ..harness import Ctx, payload
@@ -126,29 +127,39 @@ def churn_statement(stmt: str) -> Callable[[str, Ctx], Callable[[], list[tuple[f
     return factory
 
 
-class Seed(System):
-    name = "seed"
-    label = "bare SKIP LOCKED (seed)"
-    tables = ("public.q",)
+class BareTable(System):
+    """A system that is one table of (id, payload, ...) in public, made by ``ddl``."""
+
+    table = "q"
+    ddl = DDL
+    version = ""
 
     def install(self, dsn: str) -> dict[str, Any]:
         with _connect(dsn) as c:
-            c.execute(DDL)
-        return {"version": "seed design"}
+            c.execute(self.ddl)
+        return {"version": self.version}
 
     def clear(self, dsn: str) -> None:
         with _connect(dsn) as c:
-            c.execute("TRUNCATE q")
+            c.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(self.table)))
 
     def preload(self, dsn: str, n: int) -> None:
+        insert = sql.SQL("INSERT INTO {} (payload) SELECT unnest(%b::jsonb[])").format(sql.Identifier(self.table))
         with _connect(dsn) as c:
             for start in range(0, n, 1000):
-                c.execute(INSERT_BATCH, [[Jsonb(payload(i)) for i in range(start, min(n, start + 1000))]])
+                c.execute(insert, [[Jsonb(payload(i)) for i in range(start, min(n, start + 1000))]])
 
     def remaining(self, dsn: str) -> int:
         with _connect(dsn) as c:
-            row = c.execute("SELECT count(*) FROM q").fetchone()
+            row = c.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(self.table))).fetchone()
             return int(row[0]) if row else 0
+
+
+class Seed(BareTable):
+    name = "seed"
+    label = "bare SKIP LOCKED (seed)"
+    tables = ("public.q",)
+    version = "seed design"
 
     def sends(self) -> list[Variant]:
         return [
