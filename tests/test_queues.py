@@ -95,6 +95,34 @@ def test_concurrent_create_if_not_exists(dsn: str, schema: str) -> None:
     assert sorted(results, key=repr) == [False, False, False, True]
 
 
+@pytest.mark.parametrize("if_exists", [False, True])
+def test_a_drop_waiting_for_another_drop_finds_no_queue(dsn: str, schema: str, if_exists: bool) -> None:
+    """The second of two concurrent drops of one queue waits for the first and then reports a
+    missing queue (or False), not the first one's vanished partition."""
+    outcome: list[object] = []
+    with Client(dsn, schema=schema, pool_size=1) as c, psycopg.connect(dsn) as first:
+        c.create_queue("q")
+        Client(first, schema=schema).drop_queue("q")  # not committed yet: holds the queue
+
+        def second() -> None:
+            try:
+                with Client(dsn, schema=schema, pool_size=1) as other:
+                    outcome.append(other.drop_queue("q", if_exists=if_exists))
+            except BaseException as e:  # checked below
+                outcome.append(e)
+
+        t = threading.Thread(target=second)
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and outcome == [], "the second drop did not wait for the first"
+        first.commit()
+        t.join(30)
+    if if_exists:
+        assert outcome == [False]
+    else:
+        assert len(outcome) == 1 and isinstance(outcome[0], errors.QueueNotFound), outcome
+
+
 def test_drop_removes_messages_archive_and_partition(client: Client, db: Sql) -> None:
     client.create_queue("q", archive=True)
     client.send_batch("q", [b"1", b"2"])

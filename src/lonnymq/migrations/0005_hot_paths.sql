@@ -30,6 +30,10 @@
 --    and could not be inlined. _now() and the lean path read the clock directly instead (the
 --    same expression).
 --
+-- 4. queue_drop() serialises with queue_create() and with other drops of the same name (0001
+--    took no lock: a second concurrent drop failed with a raw "table does not exist"), and a
+--    queue that became a dead-letter queue while it was being dropped is refused as in use.
+--
 -- Replacing a function resets SECURITY DEFINER and its pinned search_path: the last statement
 -- re-applies them (0002_roles.sql).
 
@@ -380,6 +384,41 @@ BEGIN
      USING unnest(p_ids, p_tokens) AS t(id, token)
      WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
     RETURNING m.id;
+END $$;
+
+-- 4. Dropping a queue --------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION {schema}.queue_drop(p_name text, p_if_exists boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    q {schema}.queue;
+BEGIN
+    -- queue_create's lock, then the row: a concurrent drop waits here and then finds nothing.
+    PERFORM pg_advisory_xact_lock(hashtext({schema_name}), hashtext(p_name));
+    SELECT * INTO q FROM {schema}.queue WHERE name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        IF p_if_exists THEN
+            RETURN false;
+        END IF;
+        PERFORM {schema}._queue(p_name);
+    END IF;
+    IF EXISTS (SELECT FROM {schema}.queue WHERE dead_letter_queue_id = q.id) THEN
+        RAISE EXCEPTION 'queue % is the dead-letter queue of %', quote_literal(p_name),
+            (SELECT string_agg(quote_literal(name), ', ') FROM {schema}.queue
+              WHERE dead_letter_queue_id = q.id)
+            USING ERRCODE = 'LQ006';
+    END IF;
+    EXECUTE format('DROP TABLE %I.%I', {schema_name}, 'message_' || q.id);
+    DELETE FROM {schema}.archive WHERE queue_id = q.id;
+    BEGIN
+        DELETE FROM {schema}.queue WHERE id = q.id;
+    EXCEPTION WHEN foreign_key_violation THEN
+        -- A queue naming this one as its dead-letter queue committed since the check above.
+        RAISE EXCEPTION 'queue % became the dead-letter queue of another queue', quote_literal(p_name)
+            USING ERRCODE = 'LQ006';
+    END;
+    RETURN true;
 END $$;
 
 SELECT {schema}._apply_privileges();
