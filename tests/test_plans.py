@@ -180,7 +180,8 @@ def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> Non
     assert "{schema}._lock_ready(q, v_want, v_now)" in body
     plain = body.split("IF q.uses_channels")[-1].split("END IF;", 1)[1]
     locks = plain.count("FOR UPDATE SKIP LOCKED")
-    assert locks == (len(candidate_queries(function)) if locks else 0)
+    if locks:
+        assert locks == len(candidate_queries(function))
 
 
 # Settling by (id, token) ----------------------------------------------------------------------
@@ -206,7 +207,12 @@ def stale(dsn: str) -> Iterator[tuple[str, list[tuple[int, int]]]]:
         for _ in range(0, LEASED + SETTLE, 5000):
             c.send_batch("q", [b"x"] * 5000)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("ANALYZE {}.message").format(sql.Identifier(schema)))
+            s = sql.Identifier(schema)
+            [(qid,)] = conn.execute(sql.SQL("SELECT id FROM {}.queue WHERE name = 'q'").format(s)).fetchall()
+            # No autoanalyze may catch up with the takes below while the test runs.
+            conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(
+                sql.Identifier(schema, f"message_{qid}")))
+            conn.execute(sql.SQL("ANALYZE {}.message").format(s))
         c.take("q", LEASED)
         mine = [(m.id, m.token) for m in c.take("q", SETTLE)]
     yield schema, mine
