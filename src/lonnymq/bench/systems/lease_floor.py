@@ -8,20 +8,17 @@ as the floor is for take-and-delete."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import psycopg
 
 from ..harness import Ctx
 from .base import Variant
-from .seed import BareTable
+from .seed import BareTable, _connect
 
 DDL = """
 CREATE TABLE lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL);
 CREATE INDEX lq_vt ON lq (vt, id);
 """
 
-# %(prev)s: the ids leased by the previous call, acknowledged here.
+# %(prev)b: the ids leased by the previous call, acknowledged here.
 LEASE = """
 WITH ack AS (DELETE FROM lq WHERE id = ANY (%(prev)b)),
      now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
@@ -30,10 +27,6 @@ WITH ack AS (DELETE FROM lq WHERE id = ANY (%(prev)b)),
 UPDATE lq SET vt = (SELECT ms FROM now) + 30000 FROM pick WHERE lq.id = pick.id
 RETURNING lq.id, lq.payload
 """
-
-
-def _connect(dsn: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(dsn, autocommit=True)
 
 
 def _lease_ack(n: int) -> Callable[[str, Ctx], Callable[[], int]]:
