@@ -530,10 +530,6 @@ CHANNELS = 10_000
 PER_CHANNEL = 20
 
 
-def _body(name: str) -> str:
-    return function_source(name)
-
-
 _VARS = {r"\bq\.max_attempts\b": "5", r"\bq\.id\b": "$1", r"\bp_now\b": "$2", r"\bv_bound\b": "$2",
          r"\bv_skip\b": "$3", r"\bp_queue_id\b": "$1", r"\bp_name\b": "$4", r"\bp_limit\b": "10",
          r"\bv_want\b": "10", r"\bv_at\b": "$5", r"\bv_turn\b": "$6", r"\bv_open\b": "ARRAY[]::text[]",
@@ -548,7 +544,7 @@ def hot_queries() -> dict[str, str]:
     $7 .. $10 the picked channels (names, ready_at, turn, at their concurrency limit)."""
     found = {}
     for fn in ("_lock_ready", "_take_channels", "_channel_ready_at"):  # _lock_ready: plain candidates
-        for text in re.findall(r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", _body(fn)):
+        for text in re.findall(r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", function_source(fn)):
             # Of "SELECT array_agg(...) FROM (SELECT ... FOR UPDATE SKIP LOCKED) c", the inner
             # statement is the lookup; the outer one only orders the rows it locked.
             inner = re.search(r"\((SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\)", text)
@@ -621,7 +617,7 @@ def crowded(dsn: str) -> Iterator[tuple[str, int, int]]:
 def test_hot_queries_are_found() -> None:
     # plain candidates (shared with take()); the pick, the heads; the two head lookups of ready_at
     assert Counter(hot_queries().values()) == {"_lock_ready": 1, "_take_channels": 2, "_channel_ready_at": 2}
-    assert "{schema}._lock_ready(q, p_limit, p_now)" in _body("_take_channels")
+    assert "{schema}._lock_ready(q, p_limit, p_now)" in function_source("_take_channels")
 
 
 @pytest.mark.slow
@@ -702,8 +698,8 @@ def test_a_queue_without_channels_keeps_the_set_based_path(dsn: str, client: Cli
         conn.rollback()
     # The plain candidate query of take() (in _lock_ready) uses the plain dequeue index (see
     # test_plans.py).
-    assert "{schema}._lock_ready(q, v_want, v_now)" in _body("take")
-    assert "m.channel IS NULL AND m.dequeue_at <= p_now" in _body("_lock_ready")
+    assert "{schema}._lock_ready(q, v_want, v_now)" in function_source("take")
+    assert "m.channel IS NULL AND m.dequeue_at <= p_now" in function_source("_lock_ready")
 
 
 def test_metrics_peek_and_next_ready_in_see_channel_messages(client: Client, db: Db) -> None:
