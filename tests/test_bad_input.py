@@ -13,7 +13,7 @@ import pytest
 
 from core_helpers import CountingConnection, Sql, drop_schema, fresh_schema_name
 from lonnymq import Client, Envelope, Message, errors
-from lonnymq._ops import MAX_PAYLOAD_BYTES, map_error
+from lonnymq.client.ops import MAX_PAYLOAD_BYTES, map_error
 
 BAD_NAMES = ["a;drop table x", "A", "", "x" * 100, "q'--", "1abc", "a b", "ä", 'q"', "-a", None, 5]
 NOT_FINITE = [math.nan, math.inf, -math.inf]

@@ -28,8 +28,8 @@ def test_the_check_notices_a_hand_edit() -> None:
     assert spec and spec.loader
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    source = (ROOT / "src" / "lonnymq" / "aio.py").read_text()
-    generated = (ROOT / "src" / "lonnymq" / "client.py").read_text()
+    source = (ROOT / "src" / "lonnymq" / "client" / "aio.py").read_text()
+    generated = (ROOT / "src" / "lonnymq" / "client" / "sync.py").read_text()
     assert tool.convert(source) == generated
     assert tool.convert(source.replace("Lease up to", "Leases up to")) != generated
     assert "await " not in generated and "async def" not in generated

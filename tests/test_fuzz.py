@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from core_helpers import Sql
 from lonnymq import Client, errors
-from lonnymq._ops import MAX_MS, QUEUE_NAME_RE
+from lonnymq.client.ops import MAX_MS, QUEUE_NAME_RE
 from lonnymq.models import decode_payload
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Generate the sync client (src/lonnymq/client.py) from the async one (src/lonnymq/aio.py).
+"""Generate the sync client (src/lonnymq/client/sync.py) from the async one (src/lonnymq/client/aio.py).
 
 Writing the client once keeps the two from drifting; tests/test_codegen.py fails if the
 committed client.py is not what this script produces. Run: python tools/async_to_sync.py
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "src" / "lonnymq" / "aio.py"
-TARGET = ROOT / "src" / "lonnymq" / "client.py"
+SOURCE = ROOT / "src" / "lonnymq" / "client" / "aio.py"
+TARGET = ROOT / "src" / "lonnymq" / "client" / "sync.py"
 
 # Whole-word replacements, applied in order.
 WORDS = [

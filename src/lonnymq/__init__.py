@@ -6,8 +6,7 @@ imported here.
 """
 
 from . import errors
-from .aio import AsyncClient
-from .client import Client
+from .client import AsyncClient, Client
 from .migrations import DEFAULT_SCHEMA
 from .models import ChannelInfo, DeadMessage, Envelope, Message, QueueInfo, QueueMetrics, SendResult
 

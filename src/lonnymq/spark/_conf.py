@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from .. import errors
-from .._ops import check_queue, map_error
+from ..client.ops import check_queue, map_error
 from ..migrations import DEFAULT_SCHEMA, check_schema
 
 APPLICATION_NAME = "lonnymq-spark"

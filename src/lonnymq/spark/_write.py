@@ -51,7 +51,7 @@ from pyspark.sql.types import (
 )
 
 from .. import errors
-from .._ops import _check_text
+from ..client.ops import _check_text
 from ..models import JSON, TEXT
 from ._conf import Target, choice_option, option
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg import sql
 
-from .._ops import (
+from ..client.ops import (
     Op,
     _check_text,
     _error_text,

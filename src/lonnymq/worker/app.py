@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from .._ops import _check_text, check_queue, encode_payload, to_ms
+from ..client.ops import _check_text, check_queue, encode_payload, to_ms
 from ..errors import InvalidArgument
 from ..models import Message
 from .schedule import Schedule, parse_schedule

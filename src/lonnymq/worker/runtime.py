@@ -40,8 +40,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import errors
-from .._ops import _state, to_ms
-from ..aio import AsyncClient
+from ..client.ops import _state, to_ms
+from ..client.aio import AsyncClient
 from ..migrations import DEFAULT_SCHEMA
 from ..models import Message, QueueMetrics
 from ._sql import WORKER_MIGRATION, worker_ops

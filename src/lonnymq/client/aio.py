@@ -18,9 +18,9 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from . import errors
-from ._ops import Op, Ops, map_error, settled, to_ms
-from .migrations import (
+from .. import errors
+from .ops import Op, Ops, map_error, settled, to_ms
+from ..migrations import (
     DEFAULT_SCHEMA,
     applied_query,
     bootstrap_query,
@@ -29,7 +29,7 @@ from .migrations import (
     pending,
     record_query,
 )
-from .models import (
+from ..models import (
     ChannelInfo,
     DeadMessage,
     Envelope,

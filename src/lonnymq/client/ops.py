@@ -19,8 +19,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from . import errors
-from .models import (
+from .. import errors
+from ..models import (
     JSON,
     TEXT,
     ChannelInfo,

@@ -20,9 +20,9 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from . import errors
-from ._ops import Op, Ops, map_error, settled, to_ms
-from .migrations import (
+from .. import errors
+from .ops import Op, Ops, map_error, settled, to_ms
+from ..migrations import (
     DEFAULT_SCHEMA,
     applied_query,
     bootstrap_query,
@@ -31,7 +31,7 @@ from .migrations import (
     pending,
     record_query,
 )
-from .models import (
+from ..models import (
     ChannelInfo,
     DeadMessage,
     Envelope,
