@@ -73,8 +73,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--dsn", default=os.environ.get("LONNYMQ_BENCH_DSN"))
     args = ap.parse_args()
-    kinds = [("plain", 0, None), (f"{args.channels} channels", args.channels, None),
-             (f"{args.channels} channels, max_concurrency=2", args.channels, 2)]
+    kinds = [
+        ("plain", 0, None),
+        (f"{args.channels} channels", args.channels, None),
+        (f"{args.channels} channels, max_concurrency=2", args.channels, 2),
+    ]
     with server(args.dsn) as dsn:
         schema = f"bench_{uuid.uuid4().hex[:8]}"
         try:
@@ -82,8 +85,10 @@ def main() -> None:
                 c.migrate()
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-                print(f"PostgreSQL {version}, {args.messages} messages of 64 bytes, "
-                      f"{args.workers} workers, take(n=batch, ack=previous)")
+                print(
+                    f"PostgreSQL {version}, {args.messages} messages of 64 bytes, "
+                    f"{args.workers} workers, take(n=batch, ack=previous)"
+                )
                 print(f"{'queue':<40} {'batch':>5} {'msgs/s':>10}")
                 for batch in (int(b) for b in args.batches.split(",")):
                     for label, channels, limit in kinds:

@@ -19,10 +19,7 @@ from psycopg import sql
 from lonnymq import Client, Message
 from lonnymq.embedded import dsn_or_temporary as server
 
-PAYLOAD = {"order_id": 123456, "customer": "c-000042", "items": [{"sku": "A-1", "qty": 2}],
-           "note": "x" * 120}
-
-
+PAYLOAD = {"order_id": 123456, "customer": "c-000042", "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 120}
 
 
 def rate(n: int, seconds: float) -> str:

@@ -24,9 +24,15 @@ from lonnymq.embedded import dsn_or_temporary as server
 
 
 def event(i: int) -> dict[str, object]:
-    return {"order_id": i, "customer": f"c-{i % 50_000:06d}", "status": "created",
-            "amount": round((i % 997) * 1.37, 2), "currency": "EUR",
-            "items": [{"sku": f"SKU-{i % 313}", "qty": 1 + i % 3}], "region": ("eu", "us", "apac")[i % 3]}
+    return {
+        "order_id": i,
+        "customer": f"c-{i % 50_000:06d}",
+        "status": "created",
+        "amount": round((i % 997) * 1.37, 2),
+        "currency": "EUR",
+        "items": [{"sku": f"SKU-{i % 313}", "qty": 1 + i % 3}],
+        "region": ("eu", "us", "apac")[i % 3],
+    }
 
 
 def main() -> None:
@@ -49,8 +55,12 @@ def main() -> None:
                 results = [("client send_batch", run_client(c, args))]
                 results += run_spark(dsn, schema, args)
             with psycopg.connect(dsn) as conn:
-                counts = conn.execute(sql.SQL("SELECT q.name, count(*) FROM {s}.message m JOIN {s}.queue q"
-                                              " ON q.id = m.queue_id GROUP BY 1").format(s=sql.Identifier(schema)))
+                counts = conn.execute(
+                    sql.SQL(
+                        "SELECT q.name, count(*) FROM {s}.message m JOIN {s}.queue q"
+                        " ON q.id = m.queue_id GROUP BY 1"
+                    ).format(s=sql.Identifier(schema))
+                )
                 got = dict(counts.fetchall())
                 got.pop("warmup")
                 assert got == dict.fromkeys(("client", "spark_json", "spark_rows"), args.n), got
@@ -66,7 +76,7 @@ def run_client(c: Client, args: argparse.Namespace) -> tuple[float, str]:
     envs = [Envelope(event(i), channel=("eu", "us", "apac")[i % 3], priority=i % 3) for i in range(args.n)]
     t = time.perf_counter()
     for lo in range(0, args.n, args.batch):
-        c.send_batch("client", envs[lo:lo + args.batch])
+        c.send_batch("client", envs[lo : lo + args.batch])
     return time.perf_counter() - t, f"(one process, batches of {args.batch})"
 
 
@@ -75,37 +85,68 @@ def run_spark(dsn: str, schema: str, args: argparse.Namespace) -> list[tuple[str
 
     import lonnymq.spark
 
-    spark = (SparkSession.builder.master(args.master).appName("lonnymq-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("lonnymq-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     lonnymq.spark.register(spark)
     parts = args.partitions or spark.sparkContext.defaultParallelism
-    events = spark.range(args.n, numPartitions=parts).selectExpr(
-        "id AS order_id", "format_string('c-%06d', id % 50000) AS customer", "'created' AS status",
-        "round((id % 997) * 1.37, 2) AS amount", "'EUR' AS currency",
-        "array(named_struct('sku', concat('SKU-', id % 313), 'qty', 1 + id % 3)) AS items",
-        "element_at(array('eu', 'us', 'apac'), CAST(id % 3 AS INT) + 1) AS region",
-        "CAST(id % 3 AS INT) AS priority",
-    ).cache()
+    events = (
+        spark.range(args.n, numPartitions=parts)
+        .selectExpr(
+            "id AS order_id",
+            "format_string('c-%06d', id % 50000) AS customer",
+            "'created' AS status",
+            "round((id % 997) * 1.37, 2) AS amount",
+            "'EUR' AS currency",
+            "array(named_struct('sku', concat('SKU-', id % 313), 'qty', 1 + id % 3)) AS items",
+            "element_at(array('eu', 'us', 'apac'), CAST(id % 3 AS INT) + 1) AS region",
+            "CAST(id % 3 AS INT) AS priority",
+        )
+        .cache()
+    )
     events.count()
     # Warm up: the first job of a session starts the Python workers (seconds, not the write).
-    (events.where("order_id % 1000 = 0").selectExpr("order_id").write.format("lonnymq").option("dsn", dsn)
-       .option("schema", schema).option("queue", "warmup").mode("append").save())
+    (
+        events.where("order_id % 1000 = 0")
+        .selectExpr("order_id")
+        .write.format("lonnymq")
+        .option("dsn", dsn)
+        .option("schema", schema)
+        .option("queue", "warmup")
+        .mode("append")
+        .save()
+    )
     out = []
     try:
         # The payload built by Spark (to_json in the JVM); the data source copies strings.
         as_json = events.selectExpr(
             "to_json(struct(order_id, customer, status, amount, currency, items, region)) AS payload",
-            "region AS channel", "priority")
+            "region AS channel",
+            "priority",
+        )
         # No payload column: every other column becomes the JSON payload, built in Python.
         as_rows = events.withColumn("channel", events.region)
-        runs = [("spark write, payload=to_json(...) column", as_json, "spark_json", {"payloadFormat": "json"}),
-                ("spark write, all columns as JSON", as_rows, "spark_rows", {})]
+        runs = [
+            ("spark write, payload=to_json(...) column", as_json, "spark_json", {"payloadFormat": "json"}),
+            ("spark write, all columns as JSON", as_rows, "spark_rows", {}),
+        ]
         for name, df, queue, extra in runs:
             t = time.perf_counter()
-            (df.write.format("lonnymq").option("dsn", dsn).option("schema", schema).option("queue", queue)
-               .options(**extra).mode("append").save())
+            (
+                df.write.format("lonnymq")
+                .option("dsn", dsn)
+                .option("schema", schema)
+                .option("queue", queue)
+                .options(**extra)
+                .mode("append")
+                .save()
+            )
             out.append((name, (time.perf_counter() - t, f"({parts} tasks, {args.master})")))
     finally:
         spark.stop()

@@ -24,7 +24,9 @@ from lonnymq.embedded import dsn_or_temporary as server
 from lonnymq.worker import App, Worker
 
 
-def run_once(dsn: str, n: int, concurrency: int, mode: str, work_ms: float, cooldown: float) -> tuple[float, Worker]:
+def run_once(
+    dsn: str, n: int, concurrency: int, mode: str, work_ms: float, cooldown: float
+) -> tuple[float, Worker]:
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     client = Client(dsn, schema=schema)
     try:
@@ -36,11 +38,13 @@ def run_once(dsn: str, n: int, concurrency: int, mode: str, work_ms: float, cool
         pause = work_ms / 1000
 
         if mode == "async":
+
             @app.handler("bench")
             async def handle(job):  # type: ignore[no-untyped-def]
                 if pause:
                     await asyncio.sleep(pause)
         else:
+
             @app.handler("bench")
             def handle_sync(job):  # type: ignore[no-untyped-def]
                 if pause:
@@ -72,18 +76,28 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--modes", nargs="+", default=["async", "sync"], choices=["async", "sync"])
     p.add_argument("--work-ms", type=float, default=0.0, help="handler sleep per message")
-    p.add_argument("--fetch-cooldown", type=float, nargs="+", default=[0.002],
-                   help="Worker(fetch_cooldown=...) values to compare (seconds)")
+    p.add_argument(
+        "--fetch-cooldown",
+        type=float,
+        nargs="+",
+        default=[0.002],
+        help="Worker(fetch_cooldown=...) values to compare (seconds)",
+    )
     args = p.parse_args()
     with server(args.dsn) as dsn:
-        print(f"{'mode':<6} {'conc':>4} {'work_ms':>7} {'cooldown':>8} {'n':>6} {'msg/s':>9} {'fetches':>8}"
-              f" {'msg/fetch':>9}")
+        print(
+            f"{'mode':<6} {'conc':>4} {'work_ms':>7} {'cooldown':>8} {'n':>6} {'msg/s':>9} {'fetches':>8}"
+            f" {'msg/fetch':>9}"
+        )
         for mode in args.modes:
             for cooldown in args.fetch_cooldown:
                 rate, w = run_once(dsn, args.n, args.concurrency, mode, args.work_ms, cooldown)
                 fetches = w.m_fetches.total()
-                print(f"{mode:<6} {args.concurrency:>4} {args.work_ms:>7} {cooldown:>8} {args.n:>6} {rate:>9.0f}"
-                      f" {fetches:>8.0f} {w.m_fetched.total() / max(fetches, 1):>9.1f}", flush=True)
+                print(
+                    f"{mode:<6} {args.concurrency:>4} {args.work_ms:>7} {cooldown:>8} {args.n:>6} {rate:>9.0f}"
+                    f" {fetches:>8.0f} {w.m_fetched.total() / max(fetches, 1):>9.1f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

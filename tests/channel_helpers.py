@@ -33,15 +33,21 @@ class Db:
     def qid(self, queue: str) -> int:
         return int(self.q("SELECT id FROM {s}.queue WHERE name = %s", (queue,))[0]["id"])
 
-    def send(self, queue: str, items: list[tuple[str | None, str]], now: int, *,
-             keys: list[str | None] | None = None, on_conflict: str = "ignore",
-             delays: list[int | None] | None = None) -> list[dict[str, Any]]:
+    def send(
+        self,
+        queue: str,
+        items: list[tuple[str | None, str]],
+        now: int,
+        *,
+        keys: list[str | None] | None = None,
+        on_conflict: str = "ignore",
+        delays: list[int | None] | None = None,
+    ) -> list[dict[str, Any]]:
         """Send (channel, payload) pairs; returns (ord, id, outcome) rows."""
         return self.q(
             "SELECT * FROM {s}.send_batch(%s, %s::bytea[], p_channels => %s::text[],"
             " p_keys => %s::text[], p_on_conflict => %s, p_delays_ms => %s::bigint[], p_now => %s)",
-            (queue, [p.encode() for _, p in items], [c for c, _ in items], keys, on_conflict,
-             delays, now),
+            (queue, [p.encode() for _, p in items], [c for c, _ in items], keys, on_conflict, delays, now),
         )
 
     def take(self, queue: str, n: int, now: int, lease_ms: int | None = None) -> list[dict[str, Any]]:
@@ -54,22 +60,39 @@ class Db:
         return [bytes(d["payload"]).decode() for d in self.take(queue, n, now, lease_ms)]
 
     def ack(self, queue: str, deliveries: list[dict[str, Any]], now: int) -> list[int]:
-        rows = self.q("SELECT * FROM {s}.ack(%s, %s, %s, NULL, %s)",
-                      (queue, [d["id"] for d in deliveries], [d["token"] for d in deliveries], now))
+        rows = self.q(
+            "SELECT * FROM {s}.ack(%s, %s, %s, NULL, %s)",
+            (queue, [d["id"] for d in deliveries], [d["token"] for d in deliveries], now),
+        )
         return [r["ack"] for r in rows]
 
-    def nack(self, queue: str, deliveries: list[dict[str, Any]], now: int, delay_ms: int = 0,
-             count_attempt: bool = True) -> dict[int, str]:
+    def nack(
+        self,
+        queue: str,
+        deliveries: list[dict[str, Any]],
+        now: int,
+        delay_ms: int = 0,
+        count_attempt: bool = True,
+    ) -> dict[int, str]:
         rows = self.q(
             "SELECT * FROM {s}.nack(%s, %s, %s, %s, NULL, NULL, %s, %s)",
-            (queue, [d["id"] for d in deliveries], [d["token"] for d in deliveries],
-             [delay_ms] * len(deliveries), count_attempt, now),
+            (
+                queue,
+                [d["id"] for d in deliveries],
+                [d["token"] for d in deliveries],
+                [delay_ms] * len(deliveries),
+                count_attempt,
+                now,
+            ),
         )
         return {r["id"]: r["outcome"] for r in rows}
 
     def channel(self, queue: str, name: str) -> dict[str, Any] | None:
-        rows = self.q("SELECT c.* FROM {s}.channel c JOIN {s}.queue q ON q.id = c.queue_id"
-                      " WHERE q.name = %s AND c.name = %s", (queue, name))
+        rows = self.q(
+            "SELECT c.* FROM {s}.channel c JOIN {s}.queue q ON q.id = c.queue_id"
+            " WHERE q.name = %s AND c.name = %s",
+            (queue, name),
+        )
         return rows[0] if rows else None
 
     def check_channels(self, queue: str, *, ready_at: bool = True) -> None:
@@ -81,14 +104,21 @@ class Db:
             for r in self.q(
                 "SELECT channel, count(*) AS size, count(*) FILTER (WHERE leased) AS leased"
                 " FROM {s}.message WHERE queue_id = %s AND channel IS NOT NULL GROUP BY channel",
-                (qid,))
+                (qid,),
+            )
         }
-        rows = self.q("SELECT c.*, {s}._channel_ready_at(c.queue_id, c.name, c.current_size,"
-                      " c.current_concurrency, c.max_concurrency, c.last_served_at,"
-                      " c.release_interval_ms, c.blocked_until) AS fresh"
-                      " FROM {s}.channel c WHERE c.queue_id = %s", (qid,))
-        kept = {r["name"]: (r["current_size"], r["current_concurrency"]) for r in rows
-                if (r["current_size"], r["current_concurrency"]) != (0, 0)}
+        rows = self.q(
+            "SELECT c.*, {s}._channel_ready_at(c.queue_id, c.name, c.current_size,"
+            " c.current_concurrency, c.max_concurrency, c.last_served_at,"
+            " c.release_interval_ms, c.blocked_until) AS fresh"
+            " FROM {s}.channel c WHERE c.queue_id = %s",
+            (qid,),
+        )
+        kept = {
+            r["name"]: (r["current_size"], r["current_concurrency"])
+            for r in rows
+            if (r["current_size"], r["current_concurrency"]) != (0, 0)
+        }
         assert kept == actual
         for r in rows:
             assert (r["current_size"] == 0) == (r["ready_at"] is None), r

@@ -22,16 +22,39 @@ from lonnymq import Message
 
 # The SQL type of every parameter name the core functions use, for explicit casts.
 _TYPES = {
-    "p_name": "text", "p_queue": "text", "p_now": "bigint", "p_limit": "int", "p_cap": "int",
-    "p_lease_ms": "bigint", "p_max_attempts": "int", "p_dead_letter_queue": "text",
-    "p_archive": "bool", "p_retention_ms": "bigint", "p_unlogged": "bool",
-    "p_max_payload_bytes": "int", "p_priority_step_ms": "bigint", "p_if_not_exists": "bool",
-    "p_if_exists": "bool", "p_payloads": "bytea[]", "p_kinds": "text[]",
-    "p_content_types": "text[]", "p_headers": "jsonb[]", "p_at_ms": "bigint[]",
-    "p_delays_ms": "bigint[]", "p_priorities": "int2[]", "p_keys": "text[]",
-    "p_channels": "text[]", "p_on_conflict": "text", "p_ids": "bigint[]", "p_tokens": "int[]",
-    "p_ack_ids": "bigint[]", "p_ack_tokens": "int[]", "p_errors": "text[]",
-    "p_states": "jsonb[]", "p_count_attempt": "bool", "p_after_id": "bigint",
+    "p_name": "text",
+    "p_queue": "text",
+    "p_now": "bigint",
+    "p_limit": "int",
+    "p_cap": "int",
+    "p_lease_ms": "bigint",
+    "p_max_attempts": "int",
+    "p_dead_letter_queue": "text",
+    "p_archive": "bool",
+    "p_retention_ms": "bigint",
+    "p_unlogged": "bool",
+    "p_max_payload_bytes": "int",
+    "p_priority_step_ms": "bigint",
+    "p_if_not_exists": "bool",
+    "p_if_exists": "bool",
+    "p_payloads": "bytea[]",
+    "p_kinds": "text[]",
+    "p_content_types": "text[]",
+    "p_headers": "jsonb[]",
+    "p_at_ms": "bigint[]",
+    "p_delays_ms": "bigint[]",
+    "p_priorities": "int2[]",
+    "p_keys": "text[]",
+    "p_channels": "text[]",
+    "p_on_conflict": "text",
+    "p_ids": "bigint[]",
+    "p_tokens": "int[]",
+    "p_ack_ids": "bigint[]",
+    "p_ack_tokens": "int[]",
+    "p_errors": "text[]",
+    "p_states": "jsonb[]",
+    "p_count_attempt": "bool",
+    "p_after_id": "bigint",
 }
 
 
@@ -88,22 +111,41 @@ class Sql:
         return rows[0] if rows else None
 
     def count(self, queue: str) -> int:
-        return int(self.q(
-            "SELECT count(*) AS n FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id"
-            " WHERE q.name = %s", (queue,))[0]["n"])
+        return int(
+            self.q(
+                "SELECT count(*) AS n FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id"
+                " WHERE q.name = %s",
+                (queue,),
+            )[0]["n"]
+        )
 
     def archive(self, queue: str) -> list[dict[str, Any]]:
         return self.q(
             "SELECT a.* FROM {s}.archive a JOIN {s}.queue q ON q.id = a.queue_id"
-            " WHERE q.name = %s ORDER BY a.id", (queue,))
+            " WHERE q.name = %s ORDER BY a.id",
+            (queue,),
+        )
 
 
 def as_message(queue: str, row: dict[str, Any]) -> Message:
     """The client's Message for a delivery row returned by the SQL take()."""
     return Message(
-        queue, row["id"], row["token"], row["attempt"], row["lease_until"], row["scheduled_at"],
-        row["enqueued_at"], row["priority"], row["key"], row["channel"], row["kind"],
-        row["content_type"], row["headers"], row["state"], row["last_error"], bytes(row["payload"]),
+        queue,
+        row["id"],
+        row["token"],
+        row["attempt"],
+        row["lease_until"],
+        row["scheduled_at"],
+        row["enqueued_at"],
+        row["priority"],
+        row["key"],
+        row["channel"],
+        row["kind"],
+        row["content_type"],
+        row["headers"],
+        row["state"],
+        row["last_error"],
+        bytes(row["payload"]),
     )
 
 
@@ -271,5 +313,5 @@ def function_source(name: str) -> str:
         for create in ("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION"):
             start = m.template.find(f"{create} {{schema}}.{name}(")
             if start >= 0:
-                return m.template[start:m.template.index("END $$;", start)]
+                return m.template[start : m.template.index("END $$;", start)]
     raise LookupError(f"no migration defines {name}()")

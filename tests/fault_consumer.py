@@ -73,15 +73,22 @@ class Worker:
         pairs = [(m.id, m.token) if isinstance(m, Message) else m for m in messages]
         if pairs:
             self.conn.execute(
-                self.q("INSERT INTO {s}." + table + " (id, token, pid) SELECT i, t, %s FROM unnest(%s::bigint[], %s::int[]) AS u(i, t)"),
+                self.q(
+                    "INSERT INTO {s}."
+                    + table
+                    + " (id, token, pid) SELECT i, t, %s FROM unnest(%s::bigint[], %s::int[]) AS u(i, t)"
+                ),
                 (self.pid, [p[0] for p in pairs], [p[1] for p in pairs]),
             )
 
     def queue_empty(self) -> bool:
         assert self.conn is not None
         row = self.conn.execute(
-            self.q("SELECT NOT EXISTS (SELECT FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id WHERE q.name = %s)"),
-            (self.args.queue,)).fetchone()
+            self.q(
+                "SELECT NOT EXISTS (SELECT FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id WHERE q.name = %s)"
+            ),
+            (self.args.queue,),
+        ).fetchone()
         return bool(row and row[0])
 
     def lease_batch(self) -> bool:
@@ -92,8 +99,10 @@ class Worker:
         self.in_hand = batch
         self.jitter()
         self.conn.execute(
-            self.q("INSERT INTO {s}.fault_result (id, token, key, pid) SELECT i, t, k, %s"
-                   " FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS u(i, t, k)"),
+            self.q(
+                "INSERT INTO {s}.fault_result (id, token, key, pid) SELECT i, t, k, %s"
+                " FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS u(i, t, k)"
+            ),
             (self.pid, [m.id for m in batch], [m.token for m in batch], [m.key for m in batch]),
         )
         self.jitter()

@@ -51,7 +51,9 @@ class Consumer:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         self.proc = subprocess.Popen(
             [sys.executable, CONSUMER, "--dsn", dsn, "--schema", schema, *args],
-            stdout=subprocess.PIPE, stderr=self.err, env=env,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            env=env,
         )
         self.pid = self.proc.pid
 
@@ -72,8 +74,11 @@ class Consumer:
 
 def queue_size(conn: psycopg.Connection[Any], schema: str, queue: str = "q") -> int:
     row = conn.execute(
-        sql.SQL("SELECT count(*) FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id WHERE q.name = %s")
-        .format(s=sql.Identifier(schema)), (queue,)).fetchone()
+        sql.SQL(
+            "SELECT count(*) FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id WHERE q.name = %s"
+        ).format(s=sql.Identifier(schema)),
+        (queue,),
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -94,28 +99,36 @@ class Report:
     never_processed: int = 0  # deliveries taken but not processed (consumer died first)
 
     def __str__(self) -> str:
-        return (f"{self.messages} messages, {self.processed} processed deliveries, "
-                f"{self.duplicated_messages} messages processed twice or more "
-                f"(extra deliveries by cause: {dict(self.extra_deliveries)}), "
-                f"{self.never_processed} deliveries lost in flight before processing")
+        return (
+            f"{self.messages} messages, {self.processed} processed deliveries, "
+            f"{self.duplicated_messages} messages processed twice or more "
+            f"(extra deliveries by cause: {dict(self.extra_deliveries)}), "
+            f"{self.never_processed} deliveries lost in flight before processing"
+        )
 
 
 def check_at_least_once(
-    conn: psycopg.Connection[Any], schema: str, message_ids: set[int], killed_pids: set[int] = frozenset(),  # type: ignore[assignment]
+    conn: psycopg.Connection[Any],
+    schema: str,
+    message_ids: set[int],
+    killed_pids: set[int] = frozenset(),  # type: ignore[assignment]
 ) -> Report:
     """Assert the lease-mode guarantees for ``message_ids`` (every message committed to the
     queue) from the bookkeeping tables; returns the numbers."""
     s = sql.Identifier(schema)
 
     def rows(table: str, cols: str = "id, token, pid") -> list[tuple[Any, ...]]:
-        return conn.execute(sql.SQL("SELECT " + cols + " FROM {}.{}").format(s, sql.Identifier(table))).fetchall()  # type: ignore[operator]
+        return conn.execute(
+            sql.SQL("SELECT " + cols + " FROM {}.{}").format(s, sql.Identifier(table))
+        ).fetchall()  # type: ignore[operator]
 
     assert queue_size(conn, schema) == 0, "messages left in the queue"
     acks = rows("fault_ack")
     ack_count = Counter(i for i, _, _ in acks)
     assert set(ack_count) == message_ids, (
         f"acknowledged: {len(ack_count)}, committed: {len(message_ids)}; missing e.g. "
-        f"{sorted(message_ids - set(ack_count))[:5]}, unknown e.g. {sorted(set(ack_count) - message_ids)[:5]}")
+        f"{sorted(message_ids - set(ack_count))[:5]}, unknown e.g. {sorted(set(ack_count) - message_ids)[:5]}"
+    )
     twice = [i for i, n in ack_count.items() if n > 1]
     assert twice == [], f"messages acknowledged twice (came back after an ack): {twice[:10]}"
     acked_token = {i: t for i, t, _ in acks}
@@ -134,9 +147,13 @@ def check_at_least_once(
     for i, deliveries in by_id.items():
         assert i in acked_token, f"message {i} was processed but never acknowledged"
         tokens = [t for t, _ in deliveries]
-        assert acked_token[i] in tokens, f"message {i}: acknowledged delivery {acked_token[i]} was never processed"
+        assert acked_token[i] in tokens, (
+            f"message {i}: acknowledged delivery {acked_token[i]} was never processed"
+        )
         later = [t for t in tokens if t > acked_token[i]]
-        assert later == [], f"message {i} came back after its ack (token {acked_token[i]}): deliveries {later}"
+        assert later == [], (
+            f"message {i} came back after its ack (token {acked_token[i]}): deliveries {later}"
+        )
         report.never_processed += acked_token[i] - len(tokens)
         if len(deliveries) > 1:
             report.duplicated_messages += 1

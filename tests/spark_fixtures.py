@@ -25,9 +25,7 @@ def spark_session() -> Iterator[Any]:
     """The shared SparkSession (import this fixture into a test module to use ``spark``)."""
     pytest.importorskip("pyspark")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
-    )
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     from pyspark.sql import SparkSession
 
     import lonnymq.spark

@@ -65,9 +65,12 @@ def q(client: Client, db: Sql) -> str:
 
 
 def _unchanged(db: Sql) -> tuple[Any, ...]:
-    return (db.q("SELECT * FROM {s}.message ORDER BY id"), db.q("SELECT * FROM {s}.archive"),
-            db.q("SELECT name FROM {s}.queue ORDER BY name"), db.q("SELECT to_regclass(%s) AS x",
-                                                                  (f"{db.schema}.x",)))
+    return (
+        db.q("SELECT * FROM {s}.message ORDER BY id"),
+        db.q("SELECT * FROM {s}.archive"),
+        db.q("SELECT name FROM {s}.queue ORDER BY name"),
+        db.q("SELECT to_regclass(%s) AS x", (f"{db.schema}.x",)),
+    )
 
 
 # -- queue names ---------------------------------------------------------------------------
@@ -111,8 +114,13 @@ def test_invalid_queue_names_reach_sql_safely(sdb: Sql, name: str) -> None:
     with pytest.raises(psycopg.Error) as e:
         db.call("queue_create", p_name=name)
     assert e.value.sqlstate == "LQ002"
-    for func, args in (("send_batch", {"p_payloads": [b"x"]}), ("take", {}), ("peek", {}),
-                       ("queue_purge", {}), ("ack", {"p_ids": [1], "p_tokens": [1]})):
+    for func, args in (
+        ("send_batch", {"p_payloads": [b"x"]}),
+        ("take", {}),
+        ("peek", {}),
+        ("queue_purge", {}),
+        ("ack", {"p_ids": [1], "p_tokens": [1]}),
+    ):
         key = "p_name" if func == "queue_purge" else "p_queue"
         with pytest.raises(psycopg.Error) as e:
             db.call(func, **{key: name}, **args)
@@ -145,8 +153,9 @@ def test_unknown_queue(sclient: Client, sdb: Sql) -> None:
 # -- times -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [-1, -0.001, *NOT_FINITE, timedelta(seconds=-1), "1", True, 1e300],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "value", [-1, -0.001, *NOT_FINITE, timedelta(seconds=-1), "1", True, 1e300], ids=repr
+)
 def test_bad_delays_and_timeouts(sclient: Client, sdb: Sql, held: Message, value: Any) -> None:
     client, db, q, m = sclient, sdb, "q", held
     before = _unchanged(db)
@@ -201,7 +210,9 @@ def test_payload_over_the_queue_limit_writes_nothing(sclient: Client, sdb: Sql) 
     assert issubclass(errors.PayloadTooLarge, errors.InvalidArgument)
 
 
-def test_payload_over_the_hard_ceiling_is_refused_before_sending(dsn: str, shared: tuple[str, Message], sdb: Sql) -> None:
+def test_payload_over_the_hard_ceiling_is_refused_before_sending(
+    dsn: str, shared: tuple[str, Message], sdb: Sql
+) -> None:
     q, db = "q", sdb
     huge = bytes(MAX_PAYLOAD_BYTES + 1)
     with CountingConnection.connect(dsn, autocommit=True) as c:
@@ -252,7 +263,9 @@ class Unjsonable:
     ],
     ids=repr,
 )
-def test_wrong_types_in_send(dsn: str, shared: tuple[str, Message], sdb: Sql, kwargs: dict[str, Any], what: str) -> None:
+def test_wrong_types_in_send(
+    dsn: str, shared: tuple[str, Message], sdb: Sql, kwargs: dict[str, Any], what: str
+) -> None:
     q = "q"
     with CountingConnection.connect(dsn, autocommit=True) as c:
         client = Client(c, schema=shared[0])
@@ -277,17 +290,28 @@ def test_batch_must_be_a_list_of_messages(sclient: Client, sdb: Sql, messages: A
 @pytest.mark.parametrize("n", [0, -1, 100_001, True, 1.0, "1", None], ids=repr)
 def test_bad_counts(sclient: Client, n: Any) -> None:
     client, q = sclient, "q"
-    for call in (lambda: client.take(q, n), lambda: client.take_tx(q, n), lambda: client.peek(q, n),
-                 lambda: client.receive(q, n, timeout=0), lambda: client.metrics(q, cap=n),
-                 lambda: client.dead_letters(q, n), lambda: client.maintain(limit=n)):
+    for call in (
+        lambda: client.take(q, n),
+        lambda: client.take_tx(q, n),
+        lambda: client.peek(q, n),
+        lambda: client.receive(q, n, timeout=0),
+        lambda: client.metrics(q, cap=n),
+        lambda: client.dead_letters(q, n),
+        lambda: client.maintain(limit=n),
+    ):
         with pytest.raises(errors.InvalidArgument):
             call()
 
 
 def test_bad_queue_settings(client: Client) -> None:
-    for kwargs in ({"max_attempts": 0}, {"max_attempts": True}, {"max_attempts": 1.5},
-                   {"max_payload_bytes": 0}, {"max_payload_bytes": MAX_PAYLOAD_BYTES + 1},
-                   {"max_payload_bytes": "1"}):
+    for kwargs in (
+        {"max_attempts": 0},
+        {"max_attempts": True},
+        {"max_attempts": 1.5},
+        {"max_payload_bytes": 0},
+        {"max_payload_bytes": MAX_PAYLOAD_BYTES + 1},
+        {"max_payload_bytes": "1"},
+    ):
         with pytest.raises(errors.InvalidArgument):
             client.create_queue("q", **kwargs)
     assert client.list_queues() == []
@@ -372,7 +396,11 @@ SQL_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("send_batch", {"p_queue": "q", "p_payloads": [b"x"], "p_on_conflict": "upsert"}, "LQ002"),
     ("send_batch", {"p_queue": "q", "p_payloads": [b"x"], "p_on_conflict": None}, "LQ002"),
     ("send_batch", {"p_queue": "q", "p_payloads": [b"ok", b"x" * 101]}, "LQ003"),
-    ("send_batch", {"p_queue": "q", "p_payloads": [b"x"], "p_keys": ["live"], "p_on_conflict": "error"}, "LQ004"),
+    (
+        "send_batch",
+        {"p_queue": "q", "p_payloads": [b"x"], "p_keys": ["live"], "p_on_conflict": "error"},
+        "LQ004",
+    ),
     ("send_batch", {"p_queue": "q", "p_payloads": [b"x"], "p_delays_ms": [2**63 - 1]}, "22003"),
     ("take", {"p_queue": "q", "p_limit": 0}, "LQ002"),
     ("take", {"p_queue": "q", "p_limit": 100_001}, "LQ002"),
@@ -420,8 +448,14 @@ def test_sql_names_are_never_interpolated(sdb: Sql) -> None:
     db = sdb
     before = _unchanged(db)
     evil = "x'); DROP TABLE x; --"
-    for func, key in (("queue_create", "p_name"), ("queue_drop", "p_name"), ("queue_purge", "p_name"),
-                      ("queue_metrics", "p_name"), ("take", "p_queue"), ("dead_purge", "p_queue")):
+    for func, key in (
+        ("queue_create", "p_name"),
+        ("queue_drop", "p_name"),
+        ("queue_purge", "p_name"),
+        ("queue_metrics", "p_name"),
+        ("take", "p_queue"),
+        ("dead_purge", "p_queue"),
+    ):
         with pytest.raises(psycopg.Error) as e:
             db.call(func, **{key: evil})
         assert e.value.sqlstate in ("LQ001", "LQ002")

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_cli_lists_the_bench_command() -> None:
-    out = subprocess.run([sys.executable, "-m", "lonnymq", "bench", "--help"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "lonnymq", "bench", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "--quick" in out and "--churn-minutes" in out
 
 
@@ -34,9 +35,26 @@ def test_quick_run_covers_every_system_and_workload(dsn: str, tmp_path: Path) ->
     prefix = f"smoke_{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
-        [sys.executable, "-m", "lonnymq.bench", "--quick", "--dsn", dsn, "--out", str(tmp_path),
-         "--db-prefix", prefix, "--procs", "2", "--churn-minutes", "0.05"],
-        capture_output=True, text=True, timeout=600, env=env,
+        [
+            sys.executable,
+            "-m",
+            "lonnymq.bench",
+            "--quick",
+            "--dsn",
+            dsn,
+            "--out",
+            str(tmp_path),
+            "--db-prefix",
+            prefix,
+            "--procs",
+            "2",
+            "--churn-minutes",
+            "0.05",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Targets" in proc.stdout
@@ -49,7 +67,13 @@ def test_quick_run_covers_every_system_and_workload(dsn: str, tmp_path: Path) ->
     for kind in ("one", "batch"):
         assert {s for w, k, s in by if (w, k) == ("send", kind)} == {"lonnymq", "pgmq", "pgqueuer", "seed"}
     assert {s for w, k, s in by if (w, k) == ("drain", "one")} == systems
-    assert {s for w, k, s in by if (w, k) == ("drain", "batch")} == {"lonnymq", "pgmq", "pgqueuer", "floor", "leasefloor"}
+    assert {s for w, k, s in by if (w, k) == ("drain", "batch")} == {
+        "lonnymq",
+        "pgmq",
+        "pgqueuer",
+        "floor",
+        "leasefloor",
+    }
     for r in doc["throughput"]:
         assert r["n"] > 0 and r["rate"] > 0, r
         if r["workload"] == "drain":
@@ -75,7 +99,14 @@ def test_quick_run_covers_every_system_and_workload(dsn: str, tmp_path: Path) ->
         assert sum(p["consumed_per_s"] for p in r["timeline"]) > 0
 
     names = " ".join(t["target"] for t in doc["targets"])
-    for part in ("/ floor", "/ lease floor", "/ PgQueuer", "/ bare seed", "/ pgmq send_batch", "pickup latency p99"):
+    for part in (
+        "/ floor",
+        "/ lease floor",
+        "/ PgQueuer",
+        "/ bare seed",
+        "/ pgmq send_batch",
+        "pickup latency p99",
+    ):
         assert part in names
     assert all(t["value"] is not None for t in doc["targets"])
     if importlib.util.find_spec("matplotlib"):

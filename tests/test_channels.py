@@ -120,8 +120,11 @@ def test_max_concurrency_is_never_exceeded_by_concurrent_consumers(dsn: str, sch
         c.create_queue("q")
         for name, limit in limits.items():
             c.set_channel("q", name, max_concurrency=limit)
-        c.send_batch("q", [Envelope(f"{i}", channel=name) for name in limits for i in range(60)]
-                     + [Envelope(f"{i}", channel="free") for i in range(60)])
+        c.send_batch(
+            "q",
+            [Envelope(f"{i}", channel=name) for name in limits for i in range(60)]
+            + [Envelope(f"{i}", channel="free") for i in range(60)],
+        )
     qid = db.qid("q")
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(4)
@@ -135,8 +138,11 @@ def test_max_concurrency_is_never_exceeded_by_concurrent_consumers(dsn: str, sch
     try:
         # Sample from a connection of our own, as often as we can, until the consumers are done.
         while any(p.is_alive() for p in procs) and out.qsize() < len(procs):
-            for r in db.q("SELECT channel, count(*) AS n FROM {s}.message WHERE queue_id = %s"
-                          " AND leased AND dequeue_at > {s}.now_ms() GROUP BY channel", (qid,)):
+            for r in db.q(
+                "SELECT channel, count(*) AS n FROM {s}.message WHERE queue_id = %s"
+                " AND leased AND dequeue_at > {s}.now_ms() GROUP BY channel",
+                (qid,),
+            ):
                 seen[r["channel"]] = max(seen[r["channel"]], r["n"])
             for r in db.q("SELECT name, current_concurrency FROM {s}.channel WHERE queue_id = %s", (qid,)):
                 counted[r["name"]] = max(counted[r["name"]], r["current_concurrency"])
@@ -149,7 +155,9 @@ def test_max_concurrency_is_never_exceeded_by_concurrent_consumers(dsn: str, sch
                 p.kill()
     assert [p.exitcode for p in procs] == [0] * 4
     done = [d for per in results for d in per]
-    assert Counter((d[1], d[2]) for d in done) == {(n, f"{i}"): 1 for n in [*limits, "free"] for i in range(60)}
+    assert Counter((d[1], d[2]) for d in done) == {
+        (n, f"{i}"): 1 for n in [*limits, "free"] for i in range(60)
+    }
     assert samples > 50
     for name, limit in limits.items():
         assert seen[name] <= limit and counted[name] <= limit, (name, seen, counted)
@@ -159,7 +167,9 @@ def test_max_concurrency_is_never_exceeded_by_concurrent_consumers(dsn: str, sch
     db.check_channels("q")
 
 
-def test_max_concurrency_1_is_strict_fifo_per_channel_under_concurrency(dsn: str, schema: str, db: Db) -> None:
+def test_max_concurrency_1_is_strict_fifo_per_channel_under_concurrency(
+    dsn: str, schema: str, db: Db
+) -> None:
     with Client(dsn, schema=schema) as c:
         c.create_queue("q", channel_max_concurrency=1)
         c.send_batch("q", [Envelope(f"{i}", channel=f"k{i % 4}") for i in range(160)])
@@ -313,10 +323,13 @@ def test_release_interval_in_real_time(client: Client, db: Db) -> None:
 def test_max_size_rejects_the_whole_batch(client: Client, db: Db) -> None:
     client.create_queue("q")
     client.set_channel("q", "small", max_size=3)
-    assert [r.outcome for r in client.send_batch("q", [Envelope(i, channel="small") for i in range(2)])] == ["created"] * 2
+    assert [r.outcome for r in client.send_batch("q", [Envelope(i, channel="small") for i in range(2)])] == [
+        "created"
+    ] * 2
     with pytest.raises(errors.ChannelFull, match="small"):
-        client.send_batch("q", [Envelope("other", channel="x"), Envelope(1, channel="small"),
-                                Envelope(2, channel="small")])
+        client.send_batch(
+            "q", [Envelope("other", channel="x"), Envelope(1, channel="small"), Envelope(2, channel="small")]
+        )
     assert db.channel("q", "x") is None  # nothing of the batch was written
     assert client.send("q", 3, channel="small").outcome == "created"
     with pytest.raises(errors.ChannelFull):
@@ -329,7 +342,9 @@ def test_max_size_rejects_the_whole_batch(client: Client, db: Db) -> None:
 
 def test_max_size_drops_the_newest(client: Client, db: Db) -> None:
     client.create_queue("q", channel_max_size=2, channel_on_full="drop")
-    results = client.send_batch("q", [Envelope(i, channel="a") for i in range(5)] + [Envelope("b", channel="b")])
+    results = client.send_batch(
+        "q", [Envelope(i, channel="a") for i in range(5)] + [Envelope("b", channel="b")]
+    )
     assert [r.outcome for r in results] == ["created", "created", "dropped", "dropped", "dropped", "created"]
     assert [r.id is None for r in results] == [False, False, True, True, True, False]
     assert sorted(m.payload for m in client.take("q", 10) if m.channel == "a") == [0, 1]
@@ -367,15 +382,21 @@ def test_counters_stay_exact_through_every_path(client: Client, db: Db) -> None:
     db.check_channels("q")
     db.check_channels("dlq")
     # give_up-style dead-lettering goes through the same path
-    db.q("SELECT {s}._dead_letter(q, ARRAY(SELECT id FROM {s}.message WHERE queue_id = q.id"
-         " AND channel = 'b' LIMIT 1), ARRAY['gave up'], %s) FROM {s}.queue q WHERE q.name = 'q'", (t,))
+    db.q(
+        "SELECT {s}._dead_letter(q, ARRAY(SELECT id FROM {s}.message WHERE queue_id = q.id"
+        " AND channel = 'b' LIMIT 1), ARRAY['gave up'], %s) FROM {s}.queue q WHERE q.name = 'q'",
+        (t,),
+    )
     db.check_channels("q")
     db.check_channels("dlq")
     # replace moves a message between channels and ends an expired lease
     db.send("q", [("a", "keyed")], t + 6_000, keys=["k1"])
     [kd] = [d for d in db.take("q", 50, t + 6_000) if d["key"] == "k1"]
     db.check_channels("q")
-    assert db.send("q", [("b", "moved")], t + 10_000, keys=["k1"], on_conflict="replace")[0]["outcome"] == "updated"
+    assert (
+        db.send("q", [("b", "moved")], t + 10_000, keys=["k1"], on_conflict="replace")[0]["outcome"]
+        == "updated"
+    )
     db.check_channels("q")
     db.send("q", [(None, "unchanneled")], t + 10_000, keys=["k1"], on_conflict="replace")
     db.check_channels("q")
@@ -425,14 +446,28 @@ def test_a_recount_corrects_drifted_counters(client: Client, db: Db) -> None:
 def test_set_list_and_reset_channels(client: Client, db: Db) -> None:
     client.create_queue("q", channel_max_concurrency=4, channel_release_interval=0.5)
     info = client.set_channel("q", "vip", max_concurrency=10, max_size=100, on_full="drop")
-    assert (info.queue, info.name, info.max_concurrency, info.release_interval_ms, info.max_size,
-            info.on_full, info.explicit, info.size, info.leased, info.ready_at) == (
-        "q", "vip", 10, None, 100, "drop", True, 0, 0, None)
+    assert (
+        info.queue,
+        info.name,
+        info.max_concurrency,
+        info.release_interval_ms,
+        info.max_size,
+        info.on_full,
+        info.explicit,
+        info.size,
+        info.leased,
+        info.ready_at,
+    ) == ("q", "vip", 10, None, 100, "drop", True, 0, 0, None)
     client.send_batch("q", [Envelope(1, channel="vip"), Envelope(2, channel="std")])
     [m] = [m for m in client.take("q", 2) if m.channel == "std"]
     std = {c.name: c for c in client.channels("q")}["std"]
     assert (std.max_concurrency, std.release_interval_ms, std.explicit, std.size, std.leased) == (
-        4, 500, False, 1, 1)
+        4,
+        500,
+        False,
+        1,
+        1,
+    )
     assert [c.name for c in client.channels("q", after="std")] == ["vip"]
     assert client.reset_channel("q", "vip") is True
     assert client.reset_channel("q", "vip") is False
@@ -444,8 +479,13 @@ def test_set_list_and_reset_channels(client: Client, db: Db) -> None:
 
 def test_bad_channel_arguments(client: Client) -> None:
     client.create_queue("q")
-    for kwargs in ({"max_concurrency": 0}, {"max_size": -1}, {"on_full": "block"},
-                   {"release_interval": -1}, {"max_concurrency": True}):
+    for kwargs in (
+        {"max_concurrency": 0},
+        {"max_size": -1},
+        {"on_full": "block"},
+        {"release_interval": -1},
+        {"max_concurrency": True},
+    ):
         with pytest.raises(errors.InvalidArgument):
             client.set_channel("q", "a", **kwargs)  # type: ignore[arg-type]
     with pytest.raises(errors.InvalidArgument):
@@ -459,9 +499,14 @@ def test_bad_channel_arguments(client: Client) -> None:
 
 def test_bad_channel_arguments_in_sql(client: Client, db: Db) -> None:
     client.create_queue("q")
-    for args in (("a", 0, None, None, "reject"), ("a", None, -1, None, "reject"),
-                 ("a", None, None, 0, "reject"), ("a", None, None, None, "block"),
-                 ("", None, None, None, "reject"), ("x" * 513, None, None, None, "reject")):
+    for args in (
+        ("a", 0, None, None, "reject"),
+        ("a", None, -1, None, "reject"),
+        ("a", None, None, 0, "reject"),
+        ("a", None, None, None, "block"),
+        ("", None, None, None, "reject"),
+        ("x" * 513, None, None, None, "reject"),
+    ):
         with pytest.raises(psycopg.Error) as e:
             db.q("SELECT * FROM {s}.channel_set('q', %s, %s, %s, %s, %s)", args)
         assert e.value.sqlstate == "LQ002"
@@ -530,10 +575,24 @@ CHANNELS = 10_000
 PER_CHANNEL = 20
 
 
-_VARS = {r"\bq\.max_attempts\b": "5", r"\bq\.id\b": "$1", r"\bp_now\b": "$2", r"\bv_bound\b": "$2",
-         r"\bv_skip\b": "$3", r"\bp_queue_id\b": "$1", r"\bp_name\b": "$4", r"\bp_limit\b": "10",
-         r"\bv_want\b": "10", r"\bv_at\b": "$5", r"\bv_turn\b": "$6", r"\bv_open\b": "ARRAY[]::text[]",
-         r"\bv_names\b": "$7", r"\bv_keys\b": "$8", r"\bv_turns\b": "$9", r"\bv_limited\b": "$10"}
+_VARS = {
+    r"\bq\.max_attempts\b": "5",
+    r"\bq\.id\b": "$1",
+    r"\bp_now\b": "$2",
+    r"\bv_bound\b": "$2",
+    r"\bv_skip\b": "$3",
+    r"\bp_queue_id\b": "$1",
+    r"\bp_name\b": "$4",
+    r"\bp_limit\b": "10",
+    r"\bv_want\b": "10",
+    r"\bv_at\b": "$5",
+    r"\bv_turn\b": "$6",
+    r"\bv_open\b": "ARRAY[]::text[]",
+    r"\bv_names\b": "$7",
+    r"\bv_keys\b": "$8",
+    r"\bv_turns\b": "$9",
+    r"\bv_limited\b": "$10",
+}
 _PARAMS = "(int, bigint, text[], text, bigint, bigint, text[], bigint[], bigint[], boolean[])"
 
 
@@ -544,7 +603,9 @@ def hot_queries() -> dict[str, str]:
     $7 .. $10 the picked channels (names, ready_at, turn, at their concurrency limit)."""
     found = {}
     for fn in ("_lock_ready", "_take_channels", "_channel_ready_at"):  # _lock_ready: plain candidates
-        for text in re.findall(r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", function_source(fn)):
+        for text in re.findall(
+            r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", function_source(fn)
+        ):
             # Of "SELECT array_agg(...) FROM (SELECT ... FOR UPDATE SKIP LOCKED) c", the inner
             # statement is the lookup; the outer one only orders the rows it locked.
             inner = re.search(r"\((SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\)", text)
@@ -579,7 +640,7 @@ def _sorts_a_table(plan: str) -> bool:
     for i, line in enumerate(lines):
         if line.strip().startswith(("Sort ", "->  Sort ", "Sort")) and "Sort Key" not in line:
             indent = len(line) - len(line.lstrip())
-            for below in lines[i + 1:]:
+            for below in lines[i + 1 :]:
                 if len(below) - len(below.lstrip()) <= indent:
                     break
                 if re.search(r"(Index|Index Only|Seq|Bitmap Heap) Scan .* on (message|channel)", below):
@@ -600,13 +661,15 @@ def crowded(dsn: str) -> Iterator[tuple[str, int, int]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         db = Db(conn, schema)
         qid, now = db.qid("q"), db.now()
-        db.q("""INSERT INTO {s}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, attempts,
+        db.q(
+            """INSERT INTO {s}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, attempts,
                                          deliveries, leased, channel, payload)
                 SELECT %(q)s, CASE WHEN i %% 4 = 0 THEN %(now)s + 30000 + i ELSE %(now)s - 1000000 + i END,
                        %(now)s - 1000000 + i, %(now)s - 1000000 + i, (i %% 4 = 0)::int,
                        (i %% 4 = 0)::int, i %% 4 = 0, 'c' || (i %% %(ch)s), '\\x7b7d'
                   FROM generate_series(1, %(n)s) i""",
-             {"q": qid, "now": now, "ch": CHANNELS, "n": CHANNELS * PER_CHANNEL})
+            {"q": qid, "now": now, "ch": CHANNELS, "n": CHANNELS * PER_CHANNEL},
+        )
         assert db.q("SELECT {s}.channel_recount('q', %s) AS n", (now,))[0]["n"] == CHANNELS
         db.q("ANALYZE {s}.message")
         db.q("ANALYZE {s}.channel")
@@ -624,8 +687,18 @@ def test_hot_queries_are_found() -> None:
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_channel_take_queries_use_indexes(dsn: str, crowded: tuple[str, int, int], mode: str) -> None:
     schema, qid, now = crowded
-    args = (qid, now, ["c1", "c2"], "c77", now - 10**9, 0, ["c3", "c4", "c8"], [now] * 3, [1, 2, 3],
-            [False, True, False])
+    args = (
+        qid,
+        now,
+        ["c1", "c2"],
+        "c77",
+        now - 10**9,
+        0,
+        ["c3", "c4", "c8"],
+        [now] * 3,
+        [1, 2, 3],
+        [False, True, False],
+    )
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.Identifier(mode)))
         for i, query in enumerate(hot_queries()):
@@ -633,9 +706,14 @@ def test_channel_take_queries_use_indexes(dsn: str, crowded: tuple[str, int, int
             name = sql.Identifier(f"p{i}")
             # Client-side binding: the $n stay in the text for PREPARE, not for the protocol.
             psycopg.ClientCursor(conn).execute(sql.SQL("PREPARE {} " + _PARAMS + " AS ").format(name) + q)
-            plan = "\n".join(r[0] for r in conn.execute(
-                sql.SQL("EXPLAIN (COSTS OFF) EXECUTE {} ({})").format(
-                    name, sql.SQL(", ").join(map(sql.Literal, args)))))
+            plan = "\n".join(
+                r[0]
+                for r in conn.execute(
+                    sql.SQL("EXPLAIN (COSTS OFF) EXECUTE {} ({})").format(
+                        name, sql.SQL(", ").join(map(sql.Literal, args))
+                    )
+                )
+            )
             assert "Seq Scan" not in plan and not _sorts_a_table(plan), f"{query}\n{plan}"
             for expected in _expected_indexes(query):
                 assert re.search(r"Index (Only )?Scan using \S*" + expected, plan), f"{query}\n{plan}"
@@ -643,7 +721,9 @@ def test_channel_take_queries_use_indexes(dsn: str, crowded: tuple[str, int, int
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
-def test_channel_take_reads_a_bounded_number_of_index_entries(dsn: str, crowded: tuple[str, int, int], mode: str) -> None:
+def test_channel_take_reads_a_bounded_number_of_index_entries(
+    dsn: str, crowded: tuple[str, int, int], mode: str
+) -> None:
     """The real take(): no sequential scan anywhere, and a handful of index entries read per
     message delivered, with 10,000 ready channels and 200,000 messages."""
     schema, qid, now = crowded
@@ -655,16 +735,22 @@ def test_channel_take_reads_a_bounded_number_of_index_entries(dsn: str, crowded:
         conn.rollback()
         got = db.take("q", 50, now)
         assert len({d["channel"] for d in got}) == 50
-        stats = db.q("""SELECT relname, seq_scan FROM pg_stat_xact_user_tables
+        stats = db.q(
+            """SELECT relname, seq_scan FROM pg_stat_xact_user_tables
                          WHERE schemaname = %s AND relname IN ('channel', %s)""",
-                     (schema, f"message_{qid}"))
+            (schema, f"message_{qid}"),
+        )
         assert {r["relname"] for r in stats} == {"channel", f"message_{qid}"}
         assert all(r["seq_scan"] == 0 for r in stats), stats
-        read = {r["idx"]: r["n"] for r in db.q(
-            """SELECT i.indexrelid::regclass::text AS idx,
+        read = {
+            r["idx"]: r["n"]
+            for r in db.q(
+                """SELECT i.indexrelid::regclass::text AS idx,
                       pg_stat_get_xact_tuples_returned(i.indexrelid) AS n
                  FROM pg_index i WHERE i.indrelid IN (%s::regclass, %s::regclass)""",
-            (f'"{schema}".channel', f'"{schema}".message_{qid}'))}
+                (f'"{schema}".channel', f'"{schema}".message_{qid}'),
+            )
+        }
         # About 8 per message (pick, head, ready_at, two updates by key); a pick rereading the
         # entries this call left behind would add 50 * 49 / 2.
         assert sum(read.values()) < 50 * 12, read
@@ -677,14 +763,18 @@ def test_a_queue_without_channels_keeps_the_set_based_path(dsn: str, client: Cli
     client.send_batch("plain", list(range(20)))
     client.send_batch("chan", [Envelope(i, channel="a") for i in range(20)])
     assert {r["name"]: r["uses_channels"] for r in db.q("SELECT name, uses_channels FROM {s}.queue")} == {
-        "plain": False, "chan": True}
+        "plain": False,
+        "chan": True,
+    }
     with psycopg.connect(dsn) as conn:
         other = Db(conn, db.schema)
 
         def channel_reads() -> int:
-            r = other.q("SELECT coalesce(sum(seq_scan + coalesce(idx_scan, 0)), 0) AS n"
-                        " FROM pg_stat_xact_user_tables WHERE schemaname = %s AND relname = 'channel'",
-                        (db.schema,))
+            r = other.q(
+                "SELECT coalesce(sum(seq_scan + coalesce(idx_scan, 0)), 0) AS n"
+                " FROM pg_stat_xact_user_tables WHERE schemaname = %s AND relname = 'channel'",
+                (db.schema,),
+            )
             return int(r[0]["n"])
 
         for _ in range(3):

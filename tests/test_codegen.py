@@ -37,12 +37,16 @@ def test_the_check_notices_a_hand_edit() -> None:
 
 def test_both_clients_have_the_same_api() -> None:
     def public(cls: type) -> dict[str, inspect.Signature]:
-        return {n: inspect.signature(f) for n, f in vars(cls).items() if callable(f) and not n.startswith("_")}
+        return {
+            n: inspect.signature(f) for n, f in vars(cls).items() if callable(f) and not n.startswith("_")
+        }
 
     sync, aio = public(Client), public(AsyncClient)
     assert sync.keys() == aio.keys()
     for name, sig in aio.items():
-        assert [p.name for p in sig.parameters.values()] == [p.name for p in sync[name].parameters.values()], name
+        assert [p.name for p in sig.parameters.values()] == [
+            p.name for p in sync[name].parameters.values()
+        ], name
         assert not inspect.iscoroutinefunction(getattr(Client, name)), name
     assert inspect.iscoroutinefunction(AsyncClient.take)
 

@@ -22,12 +22,15 @@ PROCESSES = 4
 BATCH = 50
 
 
-def _drain(dsn: str, schema: str, consumer: Callable[..., None]) -> tuple[list[list[Any]], list[list[int]], float]:
+def _drain(
+    dsn: str, schema: str, consumer: Callable[..., None]
+) -> tuple[list[list[Any]], list[list[int]], float]:
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
     out = ctx.Queue()
-    procs = [ctx.Process(target=consumer, args=(dsn, schema, "q", BATCH, barrier, out))
-             for _ in range(PROCESSES)]
+    procs = [
+        ctx.Process(target=consumer, args=(dsn, schema, "q", BATCH, barrier, out)) for _ in range(PROCESSES)
+    ]
     started = time.perf_counter()
     for p in procs:
         p.start()
@@ -64,15 +67,23 @@ def sent(client: Client) -> list[int]:
     return ids
 
 
-def test_leasing_consumers_never_share_a_message(dsn: str, schema: str, conn: psycopg.Connection, sent: list[int]) -> None:
+def test_leasing_consumers_never_share_a_message(
+    dsn: str, schema: str, conn: psycopg.Connection, sent: list[int]
+) -> None:
     delivered, acked, took = _drain(dsn, schema, lease_consumer)
     _check(sent, delivered, acked, Sql(conn, schema))
-    print(f"\n{PROCESSES} leasing consumers drained {MESSAGES} messages in {took:.2f}s"
-          f" (per process: {[len(d) for d in delivered]})")
+    print(
+        f"\n{PROCESSES} leasing consumers drained {MESSAGES} messages in {took:.2f}s"
+        f" (per process: {[len(d) for d in delivered]})"
+    )
 
 
-def test_take_tx_consumers_never_share_a_message(dsn: str, schema: str, conn: psycopg.Connection, sent: list[int]) -> None:
+def test_take_tx_consumers_never_share_a_message(
+    dsn: str, schema: str, conn: psycopg.Connection, sent: list[int]
+) -> None:
     delivered, committed, took = _drain(dsn, schema, tx_consumer)
     _check(sent, delivered, committed, Sql(conn, schema))
-    print(f"\n{PROCESSES} take_tx consumers drained {MESSAGES} messages in {took:.2f}s"
-          f" (per process: {[len(d) for d in delivered]})")
+    print(
+        f"\n{PROCESSES} take_tx consumers drained {MESSAGES} messages in {took:.2f}s"
+        f" (per process: {[len(d) for d in delivered]})"
+    )

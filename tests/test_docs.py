@@ -23,7 +23,9 @@ def python_blocks(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_doc_examples_run(page: str, dsn: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doc_examples_run(
+    page: str, dsn: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = ROOT / page
     blocks = python_blocks(path.read_text())
     assert blocks, f"{page} has no python examples"

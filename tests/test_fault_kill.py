@@ -28,7 +28,9 @@ LEASE = 2.0
 KILLS = 20
 
 
-def test_kill_9_consumers_at_random_points(dsn: str, schema: str, client: Client, conn: psycopg.Connection) -> None:
+def test_kill_9_consumers_at_random_points(
+    dsn: str, schema: str, client: Client, conn: psycopg.Connection
+) -> None:
     client.create_queue("q", lease=LEASE, max_attempts=1000)
     create_tables(conn, schema)
     rnd = random.Random()
@@ -42,7 +44,9 @@ def test_kill_9_consumers_at_random_points(dsn: str, schema: str, client: Client
         try:
             with Client(dsn, schema=schema, pool_size=1) as mq:
                 for start in range(0, MESSAGES, 500):
-                    sent.extend(r.id for r in mq.send_batch("q", [{"i": i} for i in range(start, start + 500)]))  # type: ignore[misc]
+                    sent.extend(
+                        r.id for r in mq.send_batch("q", [{"i": i} for i in range(start, start + 500)])
+                    )  # type: ignore[misc]
                     time.sleep(0.05)
         except BaseException as e:
             producer_error.append(e)

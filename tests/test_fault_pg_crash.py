@@ -64,7 +64,7 @@ class Producer(threading.Thread):
         try:
             conn: psycopg.Connection[Any] | None = None
             for start in range(0, len(self.keys), BATCH):
-                batch = [Envelope({"n": n}, key=f"m-{n}") for n in self.keys[start:start + BATCH]]
+                batch = [Envelope({"n": n}, key=f"m-{n}") for n in self.keys[start : start + BATCH]]
                 while True:
                     try:
                         if conn is None or conn.closed:
@@ -98,8 +98,10 @@ def test_immediate_stop_and_restart_under_load(crashable: EmbeddedServer) -> Non
     started = time.monotonic()
     numbers = list(range(MESSAGES))
     producers = [Producer(dsn, numbers[i::PRODUCERS]) for i in range(PRODUCERS)]
-    consumers = [Consumer(dsn, SCHEMA, "--mode", "lease", "--batch", "20", "--lease", "2", "--retry")
-                 for _ in range(CONSUMERS)]
+    consumers = [
+        Consumer(dsn, SCHEMA, "--mode", "lease", "--batch", "20", "--lease", "2", "--retry")
+        for _ in range(CONSUMERS)
+    ]
     for p in producers:
         p.start()
 
@@ -127,8 +129,11 @@ def test_immediate_stop_and_restart_under_load(crashable: EmbeddedServer) -> Non
             c.proc.terminate()
         stats = [c.finish() for c in consumers]
         s = sql.Identifier(SCHEMA)
-        by_key = dict(conn.execute(sql.SQL(
-            "SELECT key, array_agg(DISTINCT id) FROM {}.fault_result GROUP BY key").format(s)).fetchall())
+        by_key = dict(
+            conn.execute(
+                sql.SQL("SELECT key, array_agg(DISTINCT id) FROM {}.fault_result GROUP BY key").format(s)
+            ).fetchall()
+        )
         processed = {i for arr in by_key.values() for i in arr}
         report = check_at_least_once(conn, SCHEMA, processed)
         leftover = queue_size(conn, SCHEMA)
@@ -146,7 +151,9 @@ def test_immediate_stop_and_restart_under_load(crashable: EmbeddedServer) -> Non
     assert doubled <= unknown, f"keys sent twice without an unknown outcome: {sorted(doubled - unknown)[:10]}"
     assert leftover == 0
     assert sum(st["db_errors"] for st in stats) > 0, "the consumers never saw a crash"
-    print(f"\nPostgreSQL crashes (sent so far, seconds down): {crashes}; {elapsed:.1f}s in all; "
-          f"producer retries {sum(p.retries for p in producers)}, keys with unknown outcome {len(unknown)}, "
-          f"keys enqueued twice {len(doubled)}, outcomes {sum((p.outcomes for p in producers), Counter())}; "
-          f"{report}; consumers {stats}")
+    print(
+        f"\nPostgreSQL crashes (sent so far, seconds down): {crashes}; {elapsed:.1f}s in all; "
+        f"producer retries {sum(p.retries for p in producers)}, keys with unknown outcome {len(unknown)}, "
+        f"keys enqueued twice {len(doubled)}, outcomes {sum((p.outcomes for p in producers), Counter())}; "
+        f"{report}; consumers {stats}"
+    )

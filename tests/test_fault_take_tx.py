@@ -21,19 +21,25 @@ MESSAGES = 50_000
 PROCESSES = 8
 
 
-def test_eight_take_tx_processes_never_share_a_message(dsn: str, schema: str, client: Client, conn: psycopg.Connection) -> None:
+def test_eight_take_tx_processes_never_share_a_message(
+    dsn: str, schema: str, client: Client, conn: psycopg.Connection
+) -> None:
     client.create_queue("q")
     create_tables(conn, schema)
     sent: list[int] = []
     for start in range(0, MESSAGES, 5000):
         sent += [r.id for r in client.send_batch("q", [{"i": i} for i in range(start, start + 5000)])]  # type: ignore[misc]
     started = time.monotonic()
-    procs = [Consumer(dsn, schema, "--mode", "tx", "--batch", "50", "--rollback", "0.05", "--exit-when-empty")
-             for _ in range(PROCESSES)]
+    procs = [
+        Consumer(dsn, schema, "--mode", "tx", "--batch", "50", "--rollback", "0.05", "--exit-when-empty")
+        for _ in range(PROCESSES)
+    ]
     stats = [p.finish(timeout=240) for p in procs]
     elapsed = time.monotonic() - started
 
-    rows = conn.execute(sql.SQL("SELECT id, token FROM {}.fault_result").format(sql.Identifier(schema))).fetchall()
+    rows = conn.execute(
+        sql.SQL("SELECT id, token FROM {}.fault_result").format(sql.Identifier(schema))
+    ).fetchall()
     ids = [i for i, _ in rows]
     doubles = [i for i, n in Counter(ids).items() if n > 1]
     assert doubles == [], f"{len(doubles)} messages delivered twice, e.g. {doubles[:10]}"
@@ -43,5 +49,7 @@ def test_eight_take_tx_processes_never_share_a_message(dsn: str, schema: str, cl
     assert {t for _, t in rows} == {1}
     rolled_back = sum(s["rolled_back"] for s in stats)
     assert rolled_back > 0 and all(s["messages"] > 0 for s in stats), stats
-    print(f"\ntake_tx: {MESSAGES} messages, {PROCESSES} processes, {elapsed:.1f}s "
-          f"({MESSAGES / elapsed:,.0f} msg/s), {rolled_back} batches rolled back and retaken; {stats}")
+    print(
+        f"\ntake_tx: {MESSAGES} messages, {PROCESSES} processes, {elapsed:.1f}s "
+        f"({MESSAGES / elapsed:,.0f} msg/s), {rolled_back} batches rolled back and retaken; {stats}"
+    )

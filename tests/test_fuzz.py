@@ -25,20 +25,39 @@ from lonnymq.models import decode_payload
 
 pytestmark = pytest.mark.slow
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 LIMIT = 1000  # max_payload_bytes of queue "q"
 
 # Any str, including NUL, lone surrogates and other unstorable characters.
 ANY_TEXT = st.one_of(
     st.text(st.characters(exclude_categories=()), max_size=40),
-    st.text(st.sampled_from(["\x00", "\ud800", "\udfff", "\x01", "a", "'", '"', "\\", ";", "%", "é", "\U0001f600"]), max_size=8),
+    st.text(
+        st.sampled_from(
+            ["\x00", "\ud800", "\udfff", "\x01", "a", "'", '"', "\\", ";", "%", "é", "\U0001f600"]
+        ),
+        max_size=8,
+    ),
 )
 NOT_TEXT = st.one_of(st.none(), st.integers(), st.binary(max_size=4), st.floats(), st.booleans())
 JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(-1e15, 1e15), ANY_TEXT)
-JSON = st.recursive(JSON_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(ANY_TEXT, inner, max_size=3)), max_leaves=12)
-TIMES = st.one_of(st.none(), st.floats(), st.integers(), st.timedeltas(), st.booleans(), st.text(max_size=2),
-                  st.sampled_from([1e-9, 0.0005, 0.001, MAX_MS / 1000, MAX_MS / 1000 + 1, -0.0]))
+JSON = st.recursive(
+    JSON_LEAF,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(ANY_TEXT, inner, max_size=3)),
+    max_leaves=12,
+)
+TIMES = st.one_of(
+    st.none(),
+    st.floats(),
+    st.integers(),
+    st.timedeltas(),
+    st.booleans(),
+    st.text(max_size=2),
+    st.sampled_from([1e-9, 0.0005, 0.001, MAX_MS / 1000, MAX_MS / 1000 + 1, -0.0]),
+)
 
 
 def storable(s: str) -> bool:
@@ -71,8 +90,12 @@ def valid_seconds(v: Any, positive: bool, sql: bool = True) -> bool:
         v = v.total_seconds()
     elif isinstance(v, bool) or not isinstance(v, (int, float)):
         return False
-    return math.isfinite(v) and (v > 0 if positive else v >= 0) and v * 1000 <= MAX_MS and \
-        (not sql or round(v * 1000) >= positive)
+    return (
+        math.isfinite(v)
+        and (v > 0 if positive else v >= 0)
+        and v * 1000 <= MAX_MS
+        and (not sql or round(v * 1000) >= positive)
+    )
 
 
 @pytest.fixture
@@ -89,9 +112,12 @@ def db(client: Client, conn: psycopg.Connection, schema: str) -> Sql:
 
 
 def snapshot(db: Sql) -> tuple[Any, ...]:
-    return (db.q("SELECT * FROM {s}.message ORDER BY queue_id, id"), db.q("SELECT * FROM {s}.archive ORDER BY id"),
-            db.q("SELECT name, lease_ms, max_attempts, archive, max_payload_bytes FROM {s}.queue ORDER BY name"),
-            db.q("SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace ORDER BY 1", (db.schema,)))
+    return (
+        db.q("SELECT * FROM {s}.message ORDER BY queue_id, id"),
+        db.q("SELECT * FROM {s}.archive ORDER BY id"),
+        db.q("SELECT name, lease_ms, max_attempts, archive, max_payload_bytes FROM {s}.queue ORDER BY name"),
+        db.q("SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace ORDER BY 1", (db.schema,)),
+    )
 
 
 def attempt(db: Sql, call: Callable[[], Any]) -> Any:
@@ -107,7 +133,9 @@ def attempt(db: Sql, call: Callable[[], Any]) -> Any:
 
 
 def stored(db: Sql, msg_id: int) -> dict[str, Any]:
-    [row] = db.q("SELECT key, kind, headers, payload, content_type, priority FROM {s}.message WHERE id = %s", (msg_id,))
+    [row] = db.q(
+        "SELECT key, kind, headers, payload, content_type, priority FROM {s}.message WHERE id = %s", (msg_id,)
+    )
     return row
 
 
@@ -124,8 +152,14 @@ def test_queue_names(client: Client, db: Sql, name: Any) -> None:
     if name in ("q", "r"):  # the fixture's queues: not bad input
         return
     valid = isinstance(name, str) and QUEUE_NAME_RE.match(name) is not None
-    for call in (lambda: client.send(name, b"x"), lambda: client.take(name), lambda: client.peek(name),
-                 lambda: client.metrics(name), lambda: client.dead_letters(name), lambda: client.purge_queue(name)):
+    for call in (
+        lambda: client.send(name, b"x"),
+        lambda: client.take(name),
+        lambda: client.peek(name),
+        lambda: client.metrics(name),
+        lambda: client.dead_letters(name),
+        lambda: client.purge_queue(name),
+    ):
         out = attempt(db, call)
         assert isinstance(out, errors.QueueNotFound if valid else errors.InvalidQueueName), out
     out = attempt(db, lambda: client.create_queue(name))
@@ -137,13 +171,19 @@ def test_queue_names(client: Client, db: Sql, name: Any) -> None:
 
 
 @FUZZ
-@given(key=st.one_of(ANY_TEXT, NOT_TEXT, st.text(min_size=500, max_size=520)), kind=st.one_of(ANY_TEXT, st.none()),
-       on_conflict=st.sampled_from(["ignore", "replace", "error", "upsert", ""]))
+@given(
+    key=st.one_of(ANY_TEXT, NOT_TEXT, st.text(min_size=500, max_size=520)),
+    kind=st.one_of(ANY_TEXT, st.none()),
+    on_conflict=st.sampled_from(["ignore", "replace", "error", "upsert", ""]),
+)
 @example(key="live", kind=None, on_conflict="error")
 @example(key="live", kind=None, on_conflict="replace")
 def test_keys_and_kinds(client: Client, db: Sql, key: Any, kind: Any, on_conflict: str) -> None:
-    valid = (key is None or (isinstance(key, str) and 0 < len(key) <= 512 and storable(key))) and \
-        (kind is None or (0 < len(kind) <= 255 and storable(kind))) and on_conflict in ("ignore", "replace", "error")
+    valid = (
+        (key is None or (isinstance(key, str) and 0 < len(key) <= 512 and storable(key)))
+        and (kind is None or (0 < len(kind) <= 255 and storable(kind)))
+        and on_conflict in ("ignore", "replace", "error")
+    )
     live = key is not None and valid and bool(db.q("SELECT 1 FROM {s}.message WHERE key = %s", (key,)))
     out = attempt(db, lambda: client.send("q", b"k", key=key, kind=kind, on_conflict=on_conflict))  # type: ignore[arg-type]
     if not valid:
@@ -151,16 +191,28 @@ def test_keys_and_kinds(client: Client, db: Sql, key: Any, kind: Any, on_conflic
     elif live and on_conflict == "error":
         assert isinstance(out, errors.DuplicateKey), out
     else:
-        assert out.outcome == ("created" if not live else "ignored" if on_conflict != "replace" or key == "live" else "updated")
+        assert out.outcome == (
+            "created" if not live else "ignored" if on_conflict != "replace" or key == "live" else "updated"
+        )
         row = stored(db, out.id)
         assert row["key"] == key and (out.outcome == "ignored" or row["kind"] == kind)
 
 
 @FUZZ
-@given(headers=st.one_of(st.dictionaries(ANY_TEXT, JSON, max_size=4), JSON, st.dictionaries(st.integers(), JSON, max_size=2),
-                         st.just({"x": float("nan")}), st.just({"x": b"bytes"}), st.just({"x": {1, 2}})))
+@given(
+    headers=st.one_of(
+        st.dictionaries(ANY_TEXT, JSON, max_size=4),
+        JSON,
+        st.dictionaries(st.integers(), JSON, max_size=2),
+        st.just({"x": float("nan")}),
+        st.just({"x": b"bytes"}),
+        st.just({"x": {1, 2}}),
+    )
+)
 def test_headers(client: Client, db: Sql, headers: Any) -> None:
-    valid = headers is None or (isinstance(headers, dict) and all(isinstance(k, str) for k in headers) and storable_json(headers))
+    valid = headers is None or (
+        isinstance(headers, dict) and all(isinstance(k, str) for k in headers) and storable_json(headers)
+    )
     out = attempt(db, lambda: client.send("q", b"h", headers=headers))
     if not valid:
         assert isinstance(out, errors.InvalidArgument), out
@@ -169,14 +221,22 @@ def test_headers(client: Client, db: Sql, headers: Any) -> None:
 
 
 @FUZZ
-@given(sizes=st.lists(st.one_of(st.integers(0, 2 * LIMIT), st.sampled_from([LIMIT - 1, LIMIT, LIMIT + 1])), min_size=1, max_size=5),
-       text=ANY_TEXT, value=JSON)
+@given(
+    sizes=st.lists(
+        st.one_of(st.integers(0, 2 * LIMIT), st.sampled_from([LIMIT - 1, LIMIT, LIMIT + 1])),
+        min_size=1,
+        max_size=5,
+    ),
+    text=ANY_TEXT,
+    value=JSON,
+)
 def test_payloads_and_sizes(client: Client, db: Sql, sizes: list[int], text: str, value: Any) -> None:
     out = attempt(db, lambda: client.send_batch("q", [bytes(n) for n in sizes]))
     if max(sizes) > LIMIT:  # all or nothing
         assert isinstance(out, errors.PayloadTooLarge), out
     else:
         assert [bytes(stored(db, r.id)["payload"]) for r in out] == [bytes(n) for n in sizes]
+
     # str: stored as UTF-8 (NUL is fine in a payload; a lone surrogate is not text). JSON values
     # come back equal (as JSON text they are ASCII, whatever their strings hold).
     def ok(p: Any) -> bool:
@@ -197,26 +257,44 @@ def test_payloads_and_sizes(client: Client, db: Sql, sizes: list[int], text: str
 
 
 @FUZZ
-@given(lease=TIMES, delay=TIMES, priority=st.one_of(st.integers(-300, 300), st.floats(), st.booleans()),
-       n=st.one_of(st.integers(-5, 100_005), st.sampled_from([0, 1, 100_000, 100_001]), st.floats(), st.booleans()))
-def test_times_priorities_and_counts(client: Client, db: Sql, lease: Any, delay: Any, priority: Any, n: Any) -> None:
+@given(
+    lease=TIMES,
+    delay=TIMES,
+    priority=st.one_of(st.integers(-300, 300), st.floats(), st.booleans()),
+    n=st.one_of(
+        st.integers(-5, 100_005), st.sampled_from([0, 1, 100_000, 100_001]), st.floats(), st.booleans()
+    ),
+)
+def test_times_priorities_and_counts(
+    client: Client, db: Sql, lease: Any, delay: Any, priority: Any, n: Any
+) -> None:
     out = attempt(db, lambda: client.send("q", b"t", delay=delay, priority=priority))
-    ok_send = (delay is None or valid_seconds(delay, False)) and isinstance(priority, int) and \
-        not isinstance(priority, bool) and -100 <= priority <= 100
+    ok_send = (
+        (delay is None or valid_seconds(delay, False))
+        and isinstance(priority, int)
+        and not isinstance(priority, bool)
+        and -100 <= priority <= 100
+    )
     assert isinstance(out, errors.InvalidArgument) != ok_send, (out, delay, priority)
     out = attempt(db, lambda: client.take("q", n, lease=lease))
     ok_n = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 100_000
-    assert isinstance(out, errors.InvalidArgument) != (ok_n and (lease is None or valid_seconds(lease, True))), (out, n, lease)
+    assert isinstance(out, errors.InvalidArgument) != (
+        ok_n and (lease is None or valid_seconds(lease, True))
+    ), (out, n, lease)
     if not isinstance(out, Exception) and out:
         ext = attempt(db, lambda: client.extend(out, lease=lease))
         assert not isinstance(ext, Exception) and set(ext) == {m.id for m in out}
         back = attempt(db, lambda: client.defer(out, delay=delay))
-        assert isinstance(back, errors.InvalidArgument) != (delay is None or valid_seconds(delay, False)), back
+        assert isinstance(back, errors.InvalidArgument) != (delay is None or valid_seconds(delay, False)), (
+            back
+        )
         if isinstance(back, Exception):
             client.release(out)
     # "r" never runs dry, so a valid timeout returns at once with a message.
     out = attempt(db, lambda: client.receive("r", timeout=delay, poll=lease if lease is not None else 1))
-    ok_receive = (delay is None or valid_seconds(delay, False)) and (lease is None or valid_seconds(lease, True, sql=False))
+    ok_receive = (delay is None or valid_seconds(delay, False)) and (
+        lease is None or valid_seconds(lease, True, sql=False)
+    )
     assert isinstance(out, errors.InvalidArgument) != ok_receive, (out, delay, lease)
     if ok_receive:
         assert len(out) == 1
@@ -236,38 +314,83 @@ def sql_attempt(db: Sql, func: str, **args: Any) -> Any:
         with db.conn.transaction():
             return db.call(func, **args)
     except psycopg.Error as e:
-        assert e.sqlstate is not None and (e.sqlstate.startswith("LQ") or e.sqlstate == "22003"), \
+        assert e.sqlstate is not None and (e.sqlstate.startswith("LQ") or e.sqlstate == "22003"), (
             f"{func}: untyped SQLSTATE {e.sqlstate}: {e}"
+        )
         assert snapshot(db) == before
         return e
 
 
 @FUZZ
 @given(name=SQL_TEXT, lease=BIGINT, attempts=INT, payload_limit=INT, retention=BIGINT, step=BIGINT)
-def test_sql_queue_settings(db: Sql, name: str, lease: int, attempts: int, payload_limit: int, retention: int, step: int) -> None:
-    out = sql_attempt(db, "queue_create", p_name=name, p_lease_ms=lease, p_max_attempts=attempts,
-                      p_max_payload_bytes=payload_limit, p_retention_ms=retention, p_priority_step_ms=step)
+def test_sql_queue_settings(
+    db: Sql, name: str, lease: int, attempts: int, payload_limit: int, retention: int, step: int
+) -> None:
+    out = sql_attempt(
+        db,
+        "queue_create",
+        p_name=name,
+        p_lease_ms=lease,
+        p_max_attempts=attempts,
+        p_max_payload_bytes=payload_limit,
+        p_retention_ms=retention,
+        p_priority_step_ms=step,
+    )
     if not isinstance(out, Exception):
         assert QUEUE_NAME_RE.match(name) and name not in ("q", "r")
         db.call("queue_drop", p_name=name)
 
 
 @FUZZ
-@given(delays=st.lists(st.one_of(st.none(), BIGINT), min_size=1, max_size=3), ats=st.one_of(st.none(), BIGINT),
-       priorities=st.lists(st.integers(-(2**15), 2**15 - 1), min_size=1, max_size=3), now=st.one_of(st.none(), BIGINT),
-       limit=INT, lease=st.one_of(st.none(), BIGINT))
-def test_sql_times_and_limits(db: Sql, delays: list[int | None], ats: int | None, priorities: list[int], now: int | None,
-                              limit: int, lease: int | None) -> None:
+@given(
+    delays=st.lists(st.one_of(st.none(), BIGINT), min_size=1, max_size=3),
+    ats=st.one_of(st.none(), BIGINT),
+    priorities=st.lists(st.integers(-(2**15), 2**15 - 1), min_size=1, max_size=3),
+    now=st.one_of(st.none(), BIGINT),
+    limit=INT,
+    lease=st.one_of(st.none(), BIGINT),
+)
+def test_sql_times_and_limits(
+    db: Sql,
+    delays: list[int | None],
+    ats: int | None,
+    priorities: list[int],
+    now: int | None,
+    limit: int,
+    lease: int | None,
+) -> None:
     n = min(len(delays), len(priorities))
-    out = sql_attempt(db, "send_batch", p_queue="q", p_payloads=[b"s"] * n, p_delays_ms=delays[:n],
-                      p_at_ms=[ats] * n, p_priorities=priorities[:n], p_now=now)
+    out = sql_attempt(
+        db,
+        "send_batch",
+        p_queue="q",
+        p_payloads=[b"s"] * n,
+        p_delays_ms=delays[:n],
+        p_at_ms=[ats] * n,
+        p_priorities=priorities[:n],
+        p_now=now,
+    )
     if not isinstance(out, Exception):
         assert all(-100 <= p <= 100 for p in priorities[:n])
     out = sql_attempt(db, "take", p_queue="r", p_limit=limit, p_lease_ms=lease, p_now=now)
     if not isinstance(out, Exception):
         assert 1 <= limit <= 100_000 and (lease is None or lease > 0)
         if out:
-            sql_attempt(db, "extend", p_queue="r", p_ids=[r["id"] for r in out], p_tokens=[r["token"] for r in out],
-                        p_lease_ms=lease, p_now=now)
-            sql_attempt(db, "nack", p_queue="r", p_ids=[r["id"] for r in out], p_tokens=[r["token"] for r in out],
-                        p_delays_ms=[lease] * len(out), p_now=now)
+            sql_attempt(
+                db,
+                "extend",
+                p_queue="r",
+                p_ids=[r["id"] for r in out],
+                p_tokens=[r["token"] for r in out],
+                p_lease_ms=lease,
+                p_now=now,
+            )
+            sql_attempt(
+                db,
+                "nack",
+                p_queue="r",
+                p_ids=[r["id"] for r in out],
+                p_tokens=[r["token"] for r in out],
+                p_delays_ms=[lease] * len(out),
+                p_now=now,
+            )

@@ -26,11 +26,19 @@ def test_nack_retries_after_its_delay(client: Client, db: Sql) -> None:
     t = db.now()
     db.send("q", [b"a", b"b"], t)
     a, b = db.take("q", 2, t)
-    out = db.call("nack", p_queue="q", p_ids=[a["id"], b["id"]], p_tokens=[1, 1],
-                  p_delays_ms=[10_000, 0], p_errors=["e-a", None], p_now=t)
+    out = db.call(
+        "nack",
+        p_queue="q",
+        p_ids=[a["id"], b["id"]],
+        p_tokens=[1, 1],
+        p_delays_ms=[10_000, 0],
+        p_errors=["e-a", None],
+        p_now=t,
+    )
     assert sorted((r["id"], r["outcome"]) for r in out) == [(a["id"], "retry"), (b["id"], "retry")]
     assert [(d["payload"], d["attempt"], d["last_error"]) for d in db.take("q", 5, t + 9_999)] == [
-        (b"b", 2, None)]
+        (b"b", 2, None)
+    ]
     [d] = db.take("q", 5, t + 10_000)
     assert (d["payload"], d["attempt"], d["token"], d["last_error"]) == (b"a", 2, 2, "e-a")
 
@@ -77,8 +85,16 @@ def test_defer_with_delay(client: Client, db: Sql) -> None:
     t = db.now()
     db.send("q", [b"x"], t)
     [d] = db.take("q", 1, t)
-    db.call("nack", p_queue="q", p_ids=[d["id"]], p_tokens=[d["token"]], p_delays_ms=[500],
-            p_states=[{"k": "v"}], p_count_attempt=False, p_now=t)
+    db.call(
+        "nack",
+        p_queue="q",
+        p_ids=[d["id"]],
+        p_tokens=[d["token"]],
+        p_delays_ms=[500],
+        p_states=[{"k": "v"}],
+        p_count_attempt=False,
+        p_now=t,
+    )
     assert db.take("q", 1, t + 499) == []
     [d] = db.take("q", 1, t + 500)
     assert (d["attempt"], d["state"]) == (1, {"k": "v"})
@@ -90,8 +106,9 @@ def test_extend_pushes_the_lease(client: Client, db: Sql) -> None:
     db.send("q", [b"x"], t)
     [d] = db.take("q", 1, t)
     assert d["lease_until"] == t + 1000
-    [e] = db.call("extend", p_queue="q", p_ids=[d["id"]], p_tokens=[d["token"]], p_lease_ms=5000,
-                  p_now=t + 500)
+    [e] = db.call(
+        "extend", p_queue="q", p_ids=[d["id"]], p_tokens=[d["token"]], p_lease_ms=5000, p_now=t + 500
+    )
     assert e == {"id": d["id"], "lease_until": t + 5500}
     assert db.take("q", 1, t + 5499) == []
     [again] = db.take("q", 1, t + 5500)
@@ -163,7 +180,8 @@ def test_an_expired_lease_not_yet_retaken_can_still_be_settled(client: Client, d
     db.send("q", [b"x"], t)
     [d] = db.take("q", 1, t, p_lease_ms=1)
     assert db.call("ack", p_queue="q", p_ids=[d["id"]], p_tokens=[d["token"]], p_now=t + 10) == [
-        {"ack": d["id"]}]
+        {"ack": d["id"]}
+    ]
 
 
 # -- max attempts and dead letters ---------------------------------------------------------
@@ -181,11 +199,23 @@ def test_last_failed_attempt_goes_to_the_dead_letter_queue(client: Client, db: S
     assert db.count("work") == 0 and db.archive("work") == []
     [d] = client.take("dlq")
     assert (d.payload, d.kind, d.last_error, d.attempt, d.priority, d.key) == (
-        {"n": 1}, "email", "second", 1, 0, None)
+        {"n": 1},
+        "email",
+        "second",
+        1,
+        0,
+        None,
+    )
     assert d.headers["trace"] == "t1"  # type: ignore[index]
     info = d.headers["lonnymq_dead_letter"]  # type: ignore[index]
-    assert (info["queue"], info["id"], info["key"], info["attempts"], info["error"],
-            info["enqueued_at"]) == ("work", sent.id, "k1", 2, "second", m.enqueued_at)
+    assert (info["queue"], info["id"], info["key"], info["attempts"], info["error"], info["enqueued_at"]) == (
+        "work",
+        sent.id,
+        "k1",
+        2,
+        "second",
+        m.enqueued_at,
+    )
     # The key is free again in the source queue.
     assert client.send("work", "again", key="k1").outcome == "created"
 
@@ -198,7 +228,9 @@ def test_last_failed_attempt_goes_to_the_archive_without_a_dlq(client: Client, d
     assert db.count("work") == 0
     dead = client.dead_letters("work")
     assert [(x.id, x.attempts, x.kind, x.last_error, x.payload) for x in dead] == [
-        (mx.id, 1, "k", "bad x", b"x"), (my.id, 1, None, None, b"y")]
+        (mx.id, 1, "k", "bad x", b"x"),
+        (my.id, 1, None, None, b"y"),
+    ]
     assert [a["status"] for a in db.archive("work")] == ["dead", "dead"]
     assert client.metrics("work").dead == 2
     assert [x.id for x in client.dead_letters("work", after_id=mx.id)] == [my.id]
@@ -209,7 +241,9 @@ def test_last_failed_attempt_goes_to_the_archive_without_a_dlq(client: Client, d
     assert client.dead_letters("work") == []
 
 
-def test_lease_expiring_on_the_last_attempt_is_dead_lettered_on_the_next_take(client: Client, db: Sql) -> None:
+def test_lease_expiring_on_the_last_attempt_is_dead_lettered_on_the_next_take(
+    client: Client, db: Sql
+) -> None:
     client.create_queue("dlq")
     client.create_queue("work", max_attempts=2, dead_letter_queue="dlq", lease=1)
     client.create_queue("solo", max_attempts=1, lease=1)
@@ -228,7 +262,11 @@ def test_lease_expiring_on_the_last_attempt_is_dead_lettered_on_the_next_take(cl
     assert db.take("solo", 1, t + 1000) == []
     [a] = db.archive("solo")
     assert (a["id"], a["status"], a["last_error"], a["attempts"]) == (
-        s["id"], "dead", "lease expired on the last attempt", 1)
+        s["id"],
+        "dead",
+        "lease expired on the last attempt",
+        1,
+    )
     # The late holder's ack is refused and changes nothing.
     assert db.call("ack", p_queue="solo", p_ids=[s["id"]], p_tokens=[s["token"]], p_now=t + 1001) == []
     assert len(db.archive("solo")) == 1

@@ -51,7 +51,8 @@ def test_migrate_waits_for_the_advisory_lock(dsn: str, new_schema: str) -> None:
                     with psycopg.connect(dsn, autocommit=True) as probe:
                         waiting = probe.execute(
                             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                            " AND pid <> %s", (holder.info.backend_pid,)
+                            " AND pid <> %s",
+                            (holder.info.backend_pid,),
                         ).fetchone()[0]
                     time.sleep(0.05)
                 assert waiting == 1, "migrate() did not queue behind the advisory lock"
@@ -62,7 +63,9 @@ def test_migrate_waits_for_the_advisory_lock(dsn: str, new_schema: str) -> None:
     assert result == ALL
 
 
-def test_concurrent_migrators_apply_each_migration_once(dsn: str, new_schema: str, schema: str, conn: psycopg.Connection) -> None:
+def test_concurrent_migrators_apply_each_migration_once(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
+) -> None:
     n = 4
     barrier = threading.Barrier(n)
     results: list[list[int] | BaseException] = [[] for _ in range(n)]
@@ -86,7 +89,9 @@ def test_concurrent_migrators_apply_each_migration_once(dsn: str, new_schema: st
     assert catalog(conn, new_schema) == catalog(conn, schema)
 
 
-def test_second_migrate_returns_nothing_and_changes_nothing(client: Client, conn: psycopg.Connection, schema: str) -> None:
+def test_second_migrate_returns_nothing_and_changes_nothing(
+    client: Client, conn: psycopg.Connection, schema: str
+) -> None:
     before = catalog(conn, schema)
     applied_before = conn.execute(
         sql.SQL("SELECT version, applied_at FROM {}.migration ORDER BY 1").format(sql.Identifier(schema))
@@ -94,13 +99,18 @@ def test_second_migrate_returns_nothing_and_changes_nothing(client: Client, conn
     assert client.migrate() == []
     assert client.migrate(target=1) == []
     assert catalog(conn, schema) == before
-    assert conn.execute(
-        sql.SQL("SELECT version, applied_at FROM {}.migration ORDER BY 1").format(sql.Identifier(schema))
-    ).fetchall() == applied_before
+    assert (
+        conn.execute(
+            sql.SQL("SELECT version, applied_at FROM {}.migration ORDER BY 1").format(sql.Identifier(schema))
+        ).fetchall()
+        == applied_before
+    )
 
 
 @pytest.mark.parametrize("first", ALL[:-1] or ALL)
-def test_replaying_migrations_equals_a_fresh_install(dsn: str, new_schema: str, schema: str, conn: psycopg.Connection, first: int) -> None:
+def test_replaying_migrations_equals_a_fresh_install(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection, first: int
+) -> None:
     with Client(dsn, schema=new_schema, pool_size=1) as c:
         assert c.migrate(target=first) == [v for v in ALL if v <= first]
         partial = conn.execute(
@@ -111,30 +121,43 @@ def test_replaying_migrations_equals_a_fresh_install(dsn: str, new_schema: str, 
     assert catalog(conn, new_schema) == catalog(conn, schema)
 
 
-def test_printed_sql_applied_with_psql_equals_migrate(dsn: str, new_schema: str, schema: str, conn: psycopg.Connection) -> None:
+def test_printed_sql_applied_with_psql_equals_migrate(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
+) -> None:
     psql = pg_program("psql")
     if psql is None:
         pytest.skip("no psql binary")
     printed = subprocess.run(
         [sys.executable, "-m", "lonnymq", "migrate", "--print-sql", "--schema", new_schema],
-        check=True, capture_output=True, text=True, timeout=60,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     ).stdout
     assert printed == script(new_schema)
     subprocess.run(
         [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", "-"],
-        input=printed, check=True, capture_output=True, text=True, timeout=60,
+        input=printed,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert catalog(conn, new_schema) == catalog(conn, schema)
     with Client(dsn, schema=new_schema, pool_size=1) as c:
         assert c.migrate() == []  # the script recorded its versions
 
 
-def test_script_applied_with_psycopg_equals_migrate(dsn: str, new_schema: str, schema: str, conn: psycopg.Connection) -> None:
+def test_script_applied_with_psycopg_equals_migrate(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
+) -> None:
     conn.execute(script(new_schema))  # no parameters: simple protocol, many statements
     assert catalog(conn, new_schema) == catalog(conn, schema)
 
 
-def test_script_up_to_a_target_then_migrate(dsn: str, new_schema: str, schema: str, conn: psycopg.Connection) -> None:
+def test_script_up_to_a_target_then_migrate(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
+) -> None:
     conn.execute(script(new_schema, target=1))
     with Client(dsn, schema=new_schema, pool_size=1) as c:
         assert c.migrate() == ALL[1:]
@@ -146,17 +169,24 @@ def _pg_dump(dsn: str, schema: str) -> str:
     assert pg_dump is not None
     out = subprocess.run(
         [pg_dump, "--schema-only", "--no-owner", "-n", schema, "-d", dsn],
-        check=True, capture_output=True, text=True, timeout=60,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     ).stdout
     out = out.replace(f'"{schema}"', "<schema>").replace(schema, "<schema>")
     return "\n".join(
-        line for line in out.splitlines()
-        if line and not line.startswith(("--", "\\restrict", "\\unrestrict"))
+        line
+        for line in out.splitlines()
+        if line
+        and not line.startswith(("--", "\\restrict", "\\unrestrict"))
         and "pg_attver=" not in line  # a per-server column option some PostgreSQL builds add
     )
 
 
-def test_pg_dump_of_fresh_install_equals_replay(dsn: str, new_schema: str, schema: str, conn: psycopg.Connection) -> None:
+def test_pg_dump_of_fresh_install_equals_replay(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
+) -> None:
     pg_dump = pg_program("pg_dump")
     if pg_dump is None:
         pytest.skip("no pg_dump binary")
@@ -175,7 +205,8 @@ def test_pg_dump_of_fresh_install_equals_replay(dsn: str, new_schema: str, schem
 def test_unknown_applied_version_is_refused(client: Client, conn: psycopg.Connection, schema: str) -> None:
     conn.execute(
         sql.SQL("INSERT INTO {}.migration (version, name) VALUES (9999, 'from_the_future')").format(
-            sql.Identifier(schema))
+            sql.Identifier(schema)
+        )
     )
     with pytest.raises(errors.MigrationError, match="9999"):
         client.migrate()
@@ -201,7 +232,9 @@ def test_calls_on_a_schema_without_lonnymq_raise_not_installed(dsn: str, new_sch
             c.send("q", b"x")
 
 
-def test_catalog_comparison_sees_small_differences(dsn: str, new_schema: str, schema: str, conn: psycopg.Connection) -> None:
+def test_catalog_comparison_sees_small_differences(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
+) -> None:
     """The comparisons above are only worth something if a one-word change shows up."""
     with Client(dsn, schema=new_schema, pool_size=1) as c:
         c.migrate()
@@ -210,8 +243,10 @@ def test_catalog_comparison_sees_small_differences(dsn: str, new_schema: str, sc
     assert catalog(conn, new_schema) == base
     s = sql.Identifier(new_schema)
     for change in (
-        sql.SQL("CREATE OR REPLACE FUNCTION {}.now_ms() RETURNS bigint LANGUAGE sql VOLATILE PARALLEL SAFE"
-                " AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 1 $$").format(s),
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}.now_ms() RETURNS bigint LANGUAGE sql VOLATILE PARALLEL SAFE"
+            " AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 1 $$"
+        ).format(s),
         sql.SQL("ALTER TABLE {}.queue ALTER COLUMN lease_ms SET DEFAULT 1").format(s),
         sql.SQL("CREATE INDEX extra ON {}.archive (archived_at)").format(s),
     ):

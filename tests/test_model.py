@@ -12,7 +12,14 @@ from typing import Any
 import psycopg
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from core_helpers import Sql
 from lonnymq import Client
@@ -49,8 +56,9 @@ class QueueModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.queue = f"m{next(self.names)}"
-        self.client.create_queue(self.queue, lease=LEASE / 1000, max_attempts=MAX_ATTEMPTS,
-                                 priority_step=STEP / 1000)
+        self.client.create_queue(
+            self.queue, lease=LEASE / 1000, max_attempts=MAX_ATTEMPTS, priority_step=STEP / 1000
+        )
         self.now = self.db.now()
         self.msgs: dict[int, Msg] = {}
         self.held: list[tuple[int, int]] = []  # (id, token) of every delivery, stale ones too
@@ -82,8 +90,9 @@ class QueueModel(RuleBasedStateMachine):
     def send(self, k: int, priority: int, delay: int) -> None:
         payloads = [f"p{self.sent + i}".encode() for i in range(k)]
         self.sent += k
-        rows = self.db.send(self.queue, payloads, self.now, p_priorities=[priority] * k,
-                            p_delays_ms=[delay] * k)
+        rows = self.db.send(
+            self.queue, payloads, self.now, p_priorities=[priority] * k, p_delays_ms=[delay] * k
+        )
         assert [r["outcome"] for r in rows] == ["created"] * k
         for r, p in zip(rows, payloads, strict=True):
             self.msgs[r["id"]] = Msg(r["id"], due_at(self.now + delay, priority, self.now), priority, p)
@@ -91,8 +100,9 @@ class QueueModel(RuleBasedStateMachine):
     @rule(n=st.integers(1, 5), lease=st.sampled_from([None, 300, 2000]))
     def take(self, n: int, lease: int | None) -> None:
         got = self.db.take(self.queue, n, self.now, p_lease_ms=lease)
-        ready = sorted((m for m in self.msgs.values() if m.dequeue_at <= self.now),
-                       key=lambda m: (m.dequeue_at, m.id))[:n]
+        ready = sorted(
+            (m for m in self.msgs.values() if m.dequeue_at <= self.now), key=lambda m: (m.dequeue_at, m.id)
+        )[:n]
         expected = []
         for m in ready:
             if m.attempts >= MAX_ATTEMPTS:  # its last lease expired: dead-lettered
@@ -104,32 +114,54 @@ class QueueModel(RuleBasedStateMachine):
             m.deliveries += 1
             m.leased = True
             expected.append((m.id, m.attempts, m.deliveries, m.dequeue_at, m.payload, m.last_error, m.state))
-        assert [(d["id"], d["attempt"], d["token"], d["lease_until"], bytes(d["payload"]), d["last_error"],
-                 d["state"]) for d in got] == expected
+        assert [
+            (
+                d["id"],
+                d["attempt"],
+                d["token"],
+                d["lease_until"],
+                bytes(d["payload"]),
+                d["last_error"],
+                d["state"],
+            )
+            for d in got
+        ] == expected
         self.held += [(d["id"], d["token"]) for d in got]
 
     @precondition(lambda self: self.held)
     @rule(picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=4))
     def ack(self, picks: list[int]) -> None:
         ids, tokens = self._settle_args(picks)
-        got = {r["ack"] for r in self.db.call("ack", p_queue=self.queue, p_ids=ids, p_tokens=tokens,
-                                               p_now=self.now)}
+        got = {
+            r["ack"]
+            for r in self.db.call("ack", p_queue=self.queue, p_ids=ids, p_tokens=tokens, p_now=self.now)
+        }
         expected = {i for i, t in zip(ids, tokens, strict=True) if self._live(i, t)}
         assert got == expected
         for i in expected:
             del self.msgs[i]
 
     @precondition(lambda self: self.held)
-    @rule(picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=4),
-          delay=st.sampled_from([0, 400, 1500]), count=st.booleans(),
-          state=st.one_of(st.none(), st.integers(0, 9)))
+    @rule(
+        picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=4),
+        delay=st.sampled_from([0, 400, 1500]),
+        count=st.booleans(),
+        state=st.one_of(st.none(), st.integers(0, 9)),
+    )
     def nack(self, picks: list[int], delay: int, count: bool, state: int | None) -> None:
         ids, tokens = self._settle_args(picks)
         error = f"e{self.now}"
-        rows = self.db.call("nack", p_queue=self.queue, p_ids=ids, p_tokens=tokens,
-                            p_delays_ms=[delay] * len(ids), p_errors=[error] * len(ids),
-                            p_states=[{"s": state}] * len(ids) if state is not None else None,
-                            p_count_attempt=count, p_now=self.now)
+        rows = self.db.call(
+            "nack",
+            p_queue=self.queue,
+            p_ids=ids,
+            p_tokens=tokens,
+            p_delays_ms=[delay] * len(ids),
+            p_errors=[error] * len(ids),
+            p_states=[{"s": state}] * len(ids) if state is not None else None,
+            p_count_attempt=count,
+            p_now=self.now,
+        )
         expected = {}
         for i, t in zip(ids, tokens, strict=True):
             m = self._live(i, t)
@@ -150,11 +182,14 @@ class QueueModel(RuleBasedStateMachine):
         assert {r["id"]: r["outcome"] for r in rows} == expected
 
     @precondition(lambda self: self.held)
-    @rule(picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=4), lease=st.sampled_from([None, 50, 5000]))
+    @rule(
+        picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=4), lease=st.sampled_from([None, 50, 5000])
+    )
     def extend(self, picks: list[int], lease: int | None) -> None:
         ids, tokens = self._settle_args(picks)
-        rows = self.db.call("extend", p_queue=self.queue, p_ids=ids, p_tokens=tokens, p_lease_ms=lease,
-                            p_now=self.now)
+        rows = self.db.call(
+            "extend", p_queue=self.queue, p_ids=ids, p_tokens=tokens, p_lease_ms=lease, p_now=self.now
+        )
         expected = {}
         for i, t in zip(ids, tokens, strict=True):
             m = self._live(i, t)
@@ -168,16 +203,44 @@ class QueueModel(RuleBasedStateMachine):
         rows = self.db.q(
             "SELECT m.id, m.dequeue_at, m.attempts, m.deliveries, m.leased, m.priority, m.payload,"
             " m.last_error, m.state FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id"
-            " WHERE q.name = %s ORDER BY m.id", (self.queue,))
-        assert [(r["id"], r["dequeue_at"], r["attempts"], r["deliveries"], r["leased"], r["priority"],
-                 bytes(r["payload"]), r["last_error"], r["state"]) for r in rows] == [
-            (m.id, m.dequeue_at, m.attempts, m.deliveries, m.leased, m.priority, m.payload, m.last_error,
-             m.state) for m in sorted(self.msgs.values(), key=lambda m: m.id)]
+            " WHERE q.name = %s ORDER BY m.id",
+            (self.queue,),
+        )
+        assert [
+            (
+                r["id"],
+                r["dequeue_at"],
+                r["attempts"],
+                r["deliveries"],
+                r["leased"],
+                r["priority"],
+                bytes(r["payload"]),
+                r["last_error"],
+                r["state"],
+            )
+            for r in rows
+        ] == [
+            (
+                m.id,
+                m.dequeue_at,
+                m.attempts,
+                m.deliveries,
+                m.leased,
+                m.priority,
+                m.payload,
+                m.last_error,
+                m.state,
+            )
+            for m in sorted(self.msgs.values(), key=lambda m: m.id)
+        ]
         [metrics] = self.db.call("queue_metrics", p_name=self.queue, p_now=self.now)
         future = [m for m in self.msgs.values() if m.dequeue_at > self.now]
         assert (metrics["ready"], metrics["leased"], metrics["scheduled"], metrics["dead"]) == (
-            len(self.msgs) - len(future), sum(m.leased for m in future),
-            sum(not m.leased for m in future), self.dead)
+            len(self.msgs) - len(future),
+            sum(m.leased for m in future),
+            sum(not m.leased for m in future),
+            self.dead,
+        )
 
 
 def test_queue_behaves_like_its_model(client: Client, conn: psycopg.Connection, schema: str) -> None:
@@ -185,6 +248,11 @@ def test_queue_behaves_like_its_model(client: Client, conn: psycopg.Connection, 
     QueueModel.client = client
     run_state_machine_as_test(
         QueueModel,
-        settings=settings(max_examples=25, stateful_step_count=30, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow]),
+        settings=settings(
+            max_examples=25,
+            stateful_step_count=30,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
     )

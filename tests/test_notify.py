@@ -48,7 +48,9 @@ def test_one_notification_per_transaction(dsn: str, client: Client, listener: ps
     assert _drain(listener) == ["a", "a"]  # two transactions: two wake-ups
 
 
-def test_no_notification_from_a_rolled_back_send(dsn: str, client: Client, listener: psycopg.Connection) -> None:
+def test_no_notification_from_a_rolled_back_send(
+    dsn: str, client: Client, listener: psycopg.Connection
+) -> None:
     client.create_queue("a")
     with psycopg.connect(dsn) as tx:
         client.send("a", 1, conn=tx)

@@ -99,8 +99,14 @@ def _dequeue_index(conn: psycopg.Connection, schema: str, qid: int) -> str:
     return str(name)
 
 
-def _explain(conn: psycopg.Connection, schema: str, query: str, mode: str, args: tuple[int, int, int],
-             analyze: bool = False) -> dict[str, Any]:
+def _explain(
+    conn: psycopg.Connection,
+    schema: str,
+    query: str,
+    mode: str,
+    args: tuple[int, int, int],
+    analyze: bool = False,
+) -> dict[str, Any]:
     conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.Literal(mode)))
     conn.execute("DEALLOCATE ALL")
     conn.execute(
@@ -113,7 +119,8 @@ def _explain(conn: psycopg.Connection, schema: str, query: str, mode: str, args:
     # still generic or custom as plan_cache_mode says).
     [(out,)] = conn.execute(
         sql.SQL("EXPLAIN ({}) EXECUTE candidates({})").format(
-            sql.SQL(options), sql.SQL(", ").join(sql.Literal(a) for a in args))  # type: ignore[arg-type]
+            sql.SQL(options), sql.SQL(", ").join(sql.Literal(a) for a in args)
+        )  # type: ignore[arg-type]
     ).fetchall()
     return out[0]  # type: ignore[no-any-return]
 
@@ -121,7 +128,9 @@ def _explain(conn: psycopg.Connection, schema: str, query: str, mode: str, args:
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 # _lock_ready: the candidates of take() and take_tx(); take: its one-message lean path.
 @pytest.mark.parametrize("function", ["_lock_ready", "take"])
-def test_candidate_query_walks_the_dequeue_index(dsn: str, loaded: tuple[str, int, int], function: str, mode: str) -> None:
+def test_candidate_query_walks_the_dequeue_index(
+    dsn: str, loaded: tuple[str, int, int], function: str, mode: str
+) -> None:
     schema, qid, now = loaded
     with psycopg.connect(dsn) as conn:
         index = _dequeue_index(conn, schema, qid)
@@ -137,8 +146,9 @@ def test_candidate_query_walks_the_dequeue_index(dsn: str, loaded: tuple[str, in
 
 
 @pytest.mark.parametrize(("function", "rows"), [("_lock_ready", LIMIT), ("take", 1)])
-def test_candidate_query_reads_a_handful_of_buffers(dsn: str, loaded: tuple[str, int, int], function: str,
-                                                    rows: int) -> None:
+def test_candidate_query_reads_a_handful_of_buffers(
+    dsn: str, loaded: tuple[str, int, int], function: str, rows: int
+) -> None:
     schema, qid, now = loaded
     with psycopg.connect(dsn) as conn:
         [query] = candidate_queries(function)
@@ -146,16 +156,19 @@ def test_candidate_query_reads_a_handful_of_buffers(dsn: str, loaded: tuple[str,
             result = _explain(conn, schema, query, mode, (qid, now, LIMIT), analyze=True)
             plan = result["Plan"]
             buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
-            print(f"\n{function} {mode}: {plan['Actual Rows']} rows, {buffers} buffers,"
-                  f" {result['Execution Time']:.2f} ms")
+            print(
+                f"\n{function} {mode}: {plan['Actual Rows']} rows, {buffers} buffers,"
+                f" {result['Execution Time']:.2f} ms"
+            )
             assert plan["Actual Rows"] == rows
             assert buffers <= 50, buffers
             conn.rollback()  # the EXPLAIN ANALYZE really locked the rows
 
 
 @pytest.mark.parametrize(("function", "limit"), [("_lock_ready", LIMIT), ("take", 1)])
-def test_the_extracted_query_is_the_one_take_runs(dsn: str, loaded: tuple[str, int, int], function: str,
-                                                  limit: int) -> None:
+def test_the_extracted_query_is_the_one_take_runs(
+    dsn: str, loaded: tuple[str, int, int], function: str, limit: int
+) -> None:
     """Guard against the regex drifting: the extracted SELECT picks exactly what take() leases
     (take(n) for n > 1 locks through _lock_ready, take(1) through its own lean path)."""
     schema, qid, now = loaded
@@ -165,9 +178,13 @@ def test_the_extracted_query_is_the_one_take_runs(dsn: str, loaded: tuple[str, i
         text = text.replace("$1", "%(q)s").replace("$2", "%(now)s").replace("$3", "%(limit)s")
         picked = [r[0] for r in conn.execute(text, {"q": qid, "now": now, "limit": limit}).fetchall()]
         conn.rollback()
-        taken = [r[0] for r in conn.execute(
-            sql.SQL("SELECT id FROM {}.take('q', %s, p_now => %s)").format(sql.Identifier(schema)),
-            (limit, now)).fetchall()]
+        taken = [
+            r[0]
+            for r in conn.execute(
+                sql.SQL("SELECT id FROM {}.take('q', %s, p_now => %s)").format(sql.Identifier(schema)),
+                (limit, now),
+            ).fetchall()
+        ]
         conn.rollback()
     assert picked == taken and len(taken) == limit
 
@@ -210,8 +227,11 @@ def stale(dsn: str) -> Iterator[tuple[str, list[tuple[int, int]]]]:
             s = sql.Identifier(schema)
             [(qid,)] = conn.execute(sql.SQL("SELECT id FROM {}.queue WHERE name = 'q'").format(s)).fetchall()
             # No autoanalyze may catch up with the takes below while the test runs.
-            conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(
-                sql.Identifier(schema, f"message_{qid}")))
+            conn.execute(
+                sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(
+                    sql.Identifier(schema, f"message_{qid}")
+                )
+            )
             conn.execute(sql.SQL("ANALYZE {}.message").format(s))
         c.take("q", LEASED)
         mine = [(m.id, m.token) for m in c.take("q", SETTLE)]
@@ -230,19 +250,28 @@ _SETTLE_CALLS = {
 
 
 @pytest.mark.parametrize("call", list(_SETTLE_CALLS))
-def test_settling_reads_only_its_rows_with_stale_statistics(dsn: str, stale: tuple[str, list[tuple[int, int]]],
-                                                            call: str) -> None:
+def test_settling_reads_only_its_rows_with_stale_statistics(
+    dsn: str, stale: tuple[str, list[tuple[int, int]]], call: str
+) -> None:
     schema, mine = stale
     with psycopg.connect(dsn) as conn:
         s = sql.Identifier(schema)
-        [(part,)] = conn.execute(sql.SQL("SELECT format('%%I.message_%%s', %s::text, id) FROM {}.queue WHERE name = 'q'")
-                                 .format(s), (schema,)).fetchall()
-        settled = conn.execute(sql.SQL(_SETTLE_CALLS[call]).format(s=s),
-                               {"ids": [i for i, _ in mine], "tokens": [t for _, t in mine]}).fetchall()
+        [(part,)] = conn.execute(
+            sql.SQL("SELECT format('%%I.message_%%s', %s::text, id) FROM {}.queue WHERE name = 'q'").format(
+                s
+            ),
+            (schema,),
+        ).fetchall()
+        settled = conn.execute(
+            sql.SQL(_SETTLE_CALLS[call]).format(s=s),
+            {"ids": [i for i, _ in mine], "tokens": [t for _, t in mine]},
+        ).fetchall()
         # This transaction's own counters for the queue's partition (not yet flushed anywhere).
         [(seq_read, idx_fetch)] = conn.execute(
             "SELECT coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
-            " WHERE relid = %s::regclass", (part,)).fetchall()
+            " WHERE relid = %s::regclass",
+            (part,),
+        ).fetchall()
         conn.rollback()
     assert len(settled) >= SETTLE or call.startswith("take"), settled
     assert seq_read == 0 and idx_fetch < 10 * SETTLE, (call, seq_read, idx_fetch)

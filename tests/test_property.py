@@ -86,8 +86,14 @@ class QueueMachine(RuleBasedStateMachine):
         QueueMachine.queues += 1
         self.q = f"q{QueueMachine.queues}"
         self.max_attempts, self.archived, self.step = max_attempts, archive, step
-        self.db.call("queue_create", p_name=self.q, p_lease_ms=LEASE, p_max_attempts=max_attempts,
-                     p_archive=archive, p_priority_step_ms=step)
+        self.db.call(
+            "queue_create",
+            p_name=self.q,
+            p_lease_ms=LEASE,
+            p_max_attempts=max_attempts,
+            p_archive=archive,
+            p_priority_step_ms=step,
+        )
 
     def teardown(self) -> None:
         if hasattr(self, "q"):
@@ -121,7 +127,9 @@ class QueueMachine(RuleBasedStateMachine):
             self.archive[m.id] = (status, m.attempts + plus, m.deliveries + plus)
 
     def candidates(self) -> list[Msg]:
-        return sorted((m for m in self.msgs.values() if m.dequeue_at <= self.now), key=lambda m: (m.dequeue_at, m.id))
+        return sorted(
+            (m for m in self.msgs.values() if m.dequeue_at <= self.now), key=lambda m: (m.dequeue_at, m.id)
+        )
 
     def pick(self, rows: list[dict[str, Any]], n: int) -> tuple[list[Msg], list[Msg]]:
         """What a take of n must do: walk the ready messages in (dequeue_at, id) order,
@@ -129,7 +137,9 @@ class QueueMachine(RuleBasedStateMachine):
         n), until n are delivered."""
         delivered: list[Msg] = []
         dead: list[Msg] = []
-        for m in sorted((m for m in self.msgs.values() if m.dequeue_at <= self.now), key=lambda m: (m.dequeue_at, m.id)):
+        for m in sorted(
+            (m for m in self.msgs.values() if m.dequeue_at <= self.now), key=lambda m: (m.dequeue_at, m.id)
+        ):
             if len(delivered) == n:
                 break
             (delivered if m.attempts < self.max_attempts else dead).append(m)
@@ -138,7 +148,12 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------------------
 
-    @rule(key=KEYS, delay=DELAYS, priority=PRIORITIES, on_conflict=st.sampled_from(["ignore", "replace", "error"]))
+    @rule(
+        key=KEYS,
+        delay=DELAYS,
+        priority=PRIORITIES,
+        on_conflict=st.sampled_from(["ignore", "replace", "error"]),
+    )
     def send(self, key: str | None, delay: int, priority: int, on_conflict: str) -> None:
         body = self.payload()
         live = next((m for m in self.msgs.values() if key is not None and m.key == key), None)
@@ -163,11 +178,15 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(sends=st.lists(st.tuples(DELAYS, PRIORITIES), min_size=2, max_size=4))
     def send_batch(self, sends: list[tuple[int, int]]) -> None:
         bodies = [self.payload() for _ in sends]
-        rows = self.db.send(self.q, bodies, self.now, p_delays_ms=[d for d, _ in sends], p_priorities=[p for _, p in sends])
+        rows = self.db.send(
+            self.q, bodies, self.now, p_delays_ms=[d for d, _ in sends], p_priorities=[p for _, p in sends]
+        )
         assert [(r["ord"], r["outcome"]) for r in rows] == [(i + 1, "created") for i in range(len(sends))]
         for r, body, (delay, prio) in zip(rows, bodies, sends, strict=True):
             at = self.now + delay
-            self.msgs[r["id"]] = Msg(self.new_id(r["id"]), due_at(at, prio, self.step, self.now), at, prio, None, body)
+            self.msgs[r["id"]] = Msg(
+                self.new_id(r["id"]), due_at(at, prio, self.step, self.now), at, prio, None, body
+            )
 
     @rule(n=st.integers(1, 4), lease=st.sampled_from([None, 1, LEASE, 4 * LEASE]))
     def take(self, n: int, lease: int | None) -> None:
@@ -177,10 +196,17 @@ class QueueMachine(RuleBasedStateMachine):
             self.to_archive(m, "dead")
         until = self.now + (lease or LEASE)
         for m, r in zip(delivered, rows, strict=True):
-            m = replace(m, attempts=m.attempts + 1, deliveries=m.deliveries + 1, leased=True, dequeue_at=until)
+            m = replace(
+                m, attempts=m.attempts + 1, deliveries=m.deliveries + 1, leased=True, dequeue_at=until
+            )
             self.msgs[m.id] = m
-            assert (r["attempt"], r["token"], r["lease_until"], bytes(r["payload"]), r["key"]) == \
-                (m.attempts, m.deliveries, until, m.payload, m.key)
+            assert (r["attempt"], r["token"], r["lease_until"], bytes(r["payload"]), r["key"]) == (
+                m.attempts,
+                m.deliveries,
+                until,
+                m.payload,
+                m.key,
+            )
             self.issued.append(Delivery(m.id, m.deliveries))
 
     @rule(n=st.integers(1, 3), commit=st.booleans())
@@ -190,8 +216,12 @@ class QueueMachine(RuleBasedStateMachine):
             rows = self.db.call("take_tx", p_queue=self.q, p_limit=n, p_now=self.now)
         delivered, dead = self.pick(rows, n)
         for m, r in zip(delivered, rows, strict=True):
-            assert (r["attempt"], r["token"], r["lease_until"], bytes(r["payload"])) == \
-                (m.attempts + 1, m.deliveries + 1, None, m.payload)
+            assert (r["attempt"], r["token"], r["lease_until"], bytes(r["payload"])) == (
+                m.attempts + 1,
+                m.deliveries + 1,
+                None,
+                m.payload,
+            )
         if commit:
             for m in dead:
                 self.to_archive(m, "dead")
@@ -202,7 +232,9 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def ack(self, data: st.DataObject) -> None:
         ds = self.draw(data)
-        rows = self.db.call("ack", p_queue=self.q, p_ids=[d.id for d in ds], p_tokens=[d.token for d in ds], p_now=self.now)
+        rows = self.db.call(
+            "ack", p_queue=self.q, p_ids=[d.id for d in ds], p_tokens=[d.token for d in ds], p_now=self.now
+        )
         expected = {d.id for d in ds if self.valid(d)}
         assert {r[next(iter(r))] for r in rows} == expected
         for i in expected:
@@ -212,9 +244,16 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data(), delay=DELAYS, count=st.booleans(), error=st.sampled_from([None, "boom"]))
     def nack(self, data: st.DataObject, delay: int, count: bool, error: str | None) -> None:
         ds = self.draw(data)
-        rows = self.db.call("nack", p_queue=self.q, p_ids=[d.id for d in ds], p_tokens=[d.token for d in ds],
-                            p_delays_ms=[delay] * len(ds), p_errors=[error] * len(ds), p_count_attempt=count,
-                            p_now=self.now)
+        rows = self.db.call(
+            "nack",
+            p_queue=self.q,
+            p_ids=[d.id for d in ds],
+            p_tokens=[d.token for d in ds],
+            p_delays_ms=[delay] * len(ds),
+            p_errors=[error] * len(ds),
+            p_count_attempt=count,
+            p_now=self.now,
+        )
         expected = {}
         for d in ds:
             if not self.valid(d):
@@ -225,16 +264,27 @@ class QueueMachine(RuleBasedStateMachine):
                 self.to_archive(replace(m, last_error=error or m.last_error), "dead")
             else:
                 expected[m.id] = "retry"
-                self.msgs[m.id] = replace(m, dequeue_at=due_at(self.now + delay, m.priority, self.step, self.now), leased=False,
-                                          attempts=m.attempts - (0 if count else 1), last_error=error or m.last_error)
+                self.msgs[m.id] = replace(
+                    m,
+                    dequeue_at=due_at(self.now + delay, m.priority, self.step, self.now),
+                    leased=False,
+                    attempts=m.attempts - (0 if count else 1),
+                    last_error=error or m.last_error,
+                )
         assert {r["id"]: r["outcome"] for r in rows} == expected
 
     @precondition(lambda self: self.issued)
     @rule(data=st.data(), lease=st.sampled_from([None, 1, LEASE, 10 * LEASE]))
     def extend(self, data: st.DataObject, lease: int | None) -> None:
         ds = self.draw(data)
-        rows = self.db.call("extend", p_queue=self.q, p_ids=[d.id for d in ds], p_tokens=[d.token for d in ds],
-                            p_lease_ms=lease, p_now=self.now)
+        rows = self.db.call(
+            "extend",
+            p_queue=self.q,
+            p_ids=[d.id for d in ds],
+            p_tokens=[d.token for d in ds],
+            p_lease_ms=lease,
+            p_now=self.now,
+        )
         until = self.now + (lease or LEASE)
         expected = {d.id: until for d in ds if self.valid(d)}
         assert {r["id"]: r["lease_until"] for r in rows} == expected
@@ -254,10 +304,14 @@ class QueueMachine(RuleBasedStateMachine):
         qid = self.db.queue_id(self.q)
         rows = self.db.q(
             "SELECT id, dequeue_at, scheduled_at, priority, key, payload, attempts, deliveries, leased, last_error"
-            " FROM {s}.message WHERE queue_id = %s ORDER BY id", (qid,))
+            " FROM {s}.message WHERE queue_id = %s ORDER BY id",
+            (qid,),
+        )
         actual = {r["id"]: Msg(**{**r, "payload": bytes(r["payload"])}) for r in rows}
         assert actual == self.msgs
-        archived = self.db.q("SELECT id, status, attempts, deliveries FROM {s}.archive WHERE queue_id = %s", (qid,))
+        archived = self.db.q(
+            "SELECT id, status, attempts, deliveries FROM {s}.archive WHERE queue_id = %s", (qid,)
+        )
         assert {r["id"]: (r["status"], r["attempts"], r["deliveries"]) for r in archived} == self.archive
 
     @invariant()
@@ -267,10 +321,15 @@ class QueueMachine(RuleBasedStateMachine):
         now, ms = self.now, list(self.msgs.values())
         [metrics] = self.db.call("queue_metrics", p_name=self.q, p_now=now)
         assert (metrics["ready"], metrics["scheduled"], metrics["leased"], metrics["dead"]) == (
-            sum(m.dequeue_at <= now for m in ms), sum(m.dequeue_at > now and not m.leased for m in ms),
-            sum(m.dequeue_at > now and m.leased for m in ms), sum(s == "dead" for s, _, _ in self.archive.values()))
+            sum(m.dequeue_at <= now for m in ms),
+            sum(m.dequeue_at > now and not m.leased for m in ms),
+            sum(m.dequeue_at > now and m.leased for m in ms),
+            sum(s == "dead" for s, _, _ in self.archive.values()),
+        )
         order = sorted(ms, key=lambda m: (m.dequeue_at, m.id))
-        assert [r["id"] for r in self.db.call("peek", p_queue=self.q, p_limit=10, p_now=now)] == [m.id for m in order[:10]]
+        assert [r["id"] for r in self.db.call("peek", p_queue=self.q, p_limit=10, p_now=now)] == [
+            m.id for m in order[:10]
+        ]
         if order:  # the empty queue: test_next_ready_in_of_an_empty_queue_is_null
             [ready_in] = self.db.call("next_ready_in", p_queue=self.q, p_now=now)
             assert ready_in["next_ready_in"] == max(order[0].dequeue_at - now, 0)
@@ -279,13 +338,20 @@ class QueueMachine(RuleBasedStateMachine):
 @pytest.mark.slow
 def test_queue_behaves_like_the_model(conn: psycopg.Connection, schema: str) -> None:
     QueueMachine.db = Sql(conn, schema)
-    run_state_machine_as_test(QueueMachine, settings=settings(
-        max_examples=100, stateful_step_count=40, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    ))
+    run_state_machine_as_test(
+        QueueMachine,
+        settings=settings(
+            max_examples=100,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
 
 
-def test_next_ready_in_of_an_empty_queue_is_null(client: Client, conn: psycopg.Connection, schema: str) -> None:
+def test_next_ready_in_of_an_empty_queue_is_null(
+    client: Client, conn: psycopg.Connection, schema: str
+) -> None:
     """NULL ("nothing to wait for"), not 0 ("ready now"): receive() would otherwise poll an
     empty queue every 50 ms instead of sleeping until a NOTIFY."""
     client.create_queue("q")

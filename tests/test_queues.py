@@ -20,24 +20,51 @@ def db(conn: psycopg.Connection, schema: str) -> Sql:
 def _persistence(db: Sql, queue: str) -> str:
     return db.q(
         "SELECT c.relpersistence AS p FROM pg_class c WHERE c.relnamespace = %s::regnamespace"
-        " AND c.relname = %s", (db.schema, f"message_{db.queue_id(queue)}"))[0]["p"]
+        " AND c.relname = %s",
+        (db.schema, f"message_{db.queue_id(queue)}"),
+    )[0]["p"]
 
 
 def test_create_with_settings_and_list(client: Client) -> None:
     assert client.create_queue("dlq") is True
-    assert client.create_queue(
-        "jobs.email:v1-a", lease=2.5, max_attempts=7, dead_letter_queue="dlq", archive=True,
-        retention=3600, unlogged=True, max_payload_bytes=1000, priority_step=0.25,
-    ) is True
+    assert (
+        client.create_queue(
+            "jobs.email:v1-a",
+            lease=2.5,
+            max_attempts=7,
+            dead_letter_queue="dlq",
+            archive=True,
+            retention=3600,
+            unlogged=True,
+            max_payload_bytes=1000,
+            priority_step=0.25,
+        )
+        is True
+    )
     by_name = {q.name: q for q in client.list_queues()}
     assert list(by_name) == ["dlq", "jobs.email:v1-a"]
     q = by_name["jobs.email:v1-a"]
-    assert (q.lease_ms, q.max_attempts, q.dead_letter_queue, q.archive, q.retention_ms, q.unlogged,
-            q.max_payload_bytes, q.priority_step_ms) == (2500, 7, "dlq", True, 3_600_000, True, 1000, 250)
+    assert (
+        q.lease_ms,
+        q.max_attempts,
+        q.dead_letter_queue,
+        q.archive,
+        q.retention_ms,
+        q.unlogged,
+        q.max_payload_bytes,
+        q.priority_step_ms,
+    ) == (2500, 7, "dlq", True, 3_600_000, True, 1000, 250)
     d = by_name["dlq"]
-    assert (d.lease_ms, d.max_attempts, d.dead_letter_queue, d.archive, d.retention_ms, d.unlogged,
-            d.max_payload_bytes, d.priority_step_ms) == (30_000, 5, None, False, 604_800_000, False,
-                                                          1024 * 1024, 1000)
+    assert (
+        d.lease_ms,
+        d.max_attempts,
+        d.dead_letter_queue,
+        d.archive,
+        d.retention_ms,
+        d.unlogged,
+        d.max_payload_bytes,
+        d.priority_step_ms,
+    ) == (30_000, 5, None, False, 604_800_000, False, 1024 * 1024, 1000)
 
 
 def test_unlogged_queue_has_an_unlogged_partition(client: Client, db: Sql) -> None:
@@ -183,7 +210,9 @@ def test_archive_retention_and_maintain(client: Client, db: Sql) -> None:
     for q in ("keep", "short"):
         for d in db.take(q, 10, now):
             if d["payload"] == b"s2":
-                db.call("nack", p_queue=q, p_ids=[d["id"]], p_tokens=[d["token"]], p_errors=["boom"], p_now=now)
+                db.call(
+                    "nack", p_queue=q, p_ids=[d["id"]], p_tokens=[d["token"]], p_errors=["boom"], p_now=now
+                )
             else:
                 db.call("ack", p_queue=q, p_ids=[d["id"]], p_tokens=[d["token"]], p_now=now)
     assert [(a["status"], a["payload"]) for a in db.archive("short")] == [("acked", b"s1"), ("dead", b"s2")]
@@ -222,12 +251,24 @@ def test_metrics_by_state(client: Client, db: Sql) -> None:
     [m3] = db.take("q", 1, t - 100, p_lease_ms=30_000)  # m3: leased until t + 29900
     assert m3["payload"] == b"m3"
     [row] = db.call("queue_metrics", p_name="q", p_now=t)
-    assert row == {"queue": "q", "ready": 3, "scheduled": 2, "leased": 1, "dead": 1,
-                   "oldest_ready_age_ms": 10_000, "next_scheduled_at": t + 60_000}
+    assert row == {
+        "queue": "q",
+        "ready": 3,
+        "scheduled": 2,
+        "leased": 1,
+        "dead": 1,
+        "oldest_ready_age_ms": 10_000,
+        "next_scheduled_at": t + 60_000,
+    }
     # Once the lease of m3 expires it is ready again; at t + 60000 s1 is ready too.
     [row] = db.call("queue_metrics", p_name="q", p_now=t + 60_000)
-    assert (row["ready"], row["scheduled"], row["leased"], row["oldest_ready_age_ms"],
-            row["next_scheduled_at"]) == (5, 1, 0, 70_000, t + 90_000)
+    assert (
+        row["ready"],
+        row["scheduled"],
+        row["leased"],
+        row["oldest_ready_age_ms"],
+        row["next_scheduled_at"],
+    ) == (5, 1, 0, 70_000, t + 90_000)
     m = client.metrics("q")  # the real clock: a few ms after t
     assert (m.queue, m.ready, m.scheduled, m.leased, m.dead) == ("q", 3, 2, 1, 1)
     assert 10_000 <= m.oldest_ready_age_ms < 70_000
@@ -238,7 +279,13 @@ def test_metrics_of_an_empty_queue(client: Client) -> None:
     client.create_queue("q")
     m = client.metrics("q")
     assert (m.ready, m.scheduled, m.leased, m.dead, m.oldest_ready_age_ms, m.next_scheduled_at) == (
-        0, 0, 0, 0, None, None)
+        0,
+        0,
+        0,
+        0,
+        None,
+        None,
+    )
 
 
 def _fill(db: Sql, q: str, t: int, ready: int, leased: int, scheduled: int) -> None:
@@ -299,4 +346,6 @@ def test_metrics_on_a_million_messages_are_capped(client: Client, db: Sql) -> No
     assert row["next_scheduled_at"] == t + 3_600_000 + 700_001
     m = client.metrics("q", cap=1000)
     assert (m.ready, m.scheduled, m.leased) == (1000, 1000, 1000)
-    print(f"\n1M messages: load+vacuum {loaded - started:.2f}s, queue_metrics(cap=100000) {took * 1000:.0f} ms")
+    print(
+        f"\n1M messages: load+vacuum {loaded - started:.2f}s, queue_metrics(cap=100000) {took * 1000:.0f} ms"
+    )

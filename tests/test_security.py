@@ -37,7 +37,9 @@ MakeLogin = Callable[..., str]
 @pytest.fixture(scope="module", autouse=True)
 def _can_create_roles(dsn: str) -> None:
     with psycopg.connect(dsn) as c:
-        row = c.execute("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchone()
+        row = c.execute(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
     if not row or not row[0]:
         pytest.skip("the test DSN's user may not create roles")
 
@@ -51,15 +53,21 @@ def login(dsn: str) -> Iterator[MakeLogin]:
         name = f"lmq_login_{uuid.uuid4().hex[:10]}"
         password = secrets.token_hex(12)
         with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                sql.Identifier(name), sql.Literal(password)))
+            c.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(name), sql.Literal(password)
+                )
+            )
             made.append(name)
             for group in member_of:
                 c.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(name)))
             if createdb_grant:
-                c.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
-                    sql.Identifier(c.execute("SELECT current_database()").fetchone()[0]),  # type: ignore[index]
-                    sql.Identifier(name)))
+                c.execute(
+                    sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                        sql.Identifier(c.execute("SELECT current_database()").fetchone()[0]),  # type: ignore[index]
+                        sql.Identifier(name),
+                    )
+                )
         return make_conninfo(dsn, user=name, password=password)
 
     yield make
@@ -89,7 +97,7 @@ def _table_access(dsn: str, schema: str) -> list[str]:
         "select queue": "SELECT * FROM {s}.queue",
         "select migration": "SELECT * FROM {s}.migration",
         "insert message": "INSERT INTO {s}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, payload)"
-                          " SELECT id, 0, 0, 0, 'x' FROM {s}.queue",
+        " SELECT id, 0, 0, 0, 'x' FROM {s}.queue",
         "update message": "UPDATE {s}.message SET payload = 'evil'",
         "delete message": "DELETE FROM {s}.message",
         "truncate message": "TRUNCATE {s}.message",
@@ -130,12 +138,15 @@ def _count(conn: psycopg.Connection, schema: str, table: str = "message") -> int
 # -- what each role may do -----------------------------------------------------------------
 
 
-def test_producer_can_only_send(setup: Client, schema: str, login: MakeLogin, conn: psycopg.Connection) -> None:
+def test_producer_can_only_send(
+    setup: Client, schema: str, login: MakeLogin, conn: psycopg.Connection
+) -> None:
     dsn = login("lonnymq_producer")
     sent = _call(dsn, schema, lambda c: c.send("q", b"from producer", key="k"))
     assert sent.outcome == "created"
-    assert [r.outcome for r in _call(dsn, schema, lambda c: c.send_batch("q", [b"a", Envelope(b"b", key="k")]))] \
-        == ["created", "ignored"]
+    assert [
+        r.outcome for r in _call(dsn, schema, lambda c: c.send_batch("q", [b"a", Envelope(b"b", key="k")]))
+    ] == ["created", "ignored"]
     for name, fn in {
         "next_ready_in": lambda c: c.run(c.ops.next_ready_in("q")),
         "take": lambda c: c.take("q"),
@@ -155,8 +166,9 @@ def test_producer_can_only_send(setup: Client, schema: str, login: MakeLogin, co
     assert _count(conn, schema) == 3
 
 
-
-def test_consumer_can_only_take_and_settle(setup: Client, schema: str, login: MakeLogin, conn: psycopg.Connection) -> None:
+def test_consumer_can_only_take_and_settle(
+    setup: Client, schema: str, login: MakeLogin, conn: psycopg.Connection
+) -> None:
     dsn = login("lonnymq_consumer")
     with Client(dsn, schema=schema, pool_size=1) as c:
         [m] = c.take("q", lease=30)
@@ -215,8 +227,12 @@ def test_admin_manages_queues_through_functions_only(setup: Client, schema: str,
 
 def test_a_login_without_a_lonnymq_role_can_do_nothing(setup: Client, schema: str, login: MakeLogin) -> None:
     dsn = login()
-    for fn in (lambda c: c.send("q", b"x"), lambda c: c.take("q"), lambda c: c.list_queues(),
-               lambda c: c.create_queue("x")):
+    for fn in (
+        lambda c: c.send("q", b"x"),
+        lambda c: c.take("q"),
+        lambda c: c.list_queues(),
+        lambda c: c.create_queue("x"),
+    ):
         assert _denied(dsn, schema, fn)
     assert _table_access(dsn, schema) == []
 
@@ -224,7 +240,9 @@ def test_a_login_without_a_lonnymq_role_can_do_nothing(setup: Client, schema: st
 # -- the catalog: DEFINER functions are pinned, nothing is PUBLIC ---------------------------
 
 
-@pytest.mark.parametrize("version", [m.version for m in all_migrations() if m.version >= 2], ids=lambda v: f"upto{v:04d}")
+@pytest.mark.parametrize(
+    "version", [m.version for m in all_migrations() if m.version >= 2], ids=lambda v: f"upto{v:04d}"
+)
 def test_every_function_is_private_or_a_pinned_definer(dsn: str, version: int) -> None:
     """After migrating a fresh schema up to each version: no function is executable by PUBLIC;
     every API function (no leading '_') is SECURITY DEFINER with search_path = pg_catalog,
@@ -237,7 +255,9 @@ def test_every_function_is_private_or_a_pinned_definer(dsn: str, version: int) -
             rows = conn.execute(
                 "SELECT p.oid::regprocedure::text, p.proname, p.prosecdef, p.proconfig,"
                 "       has_function_privilege('public', p.oid, 'EXECUTE'), p.prorettype = 'trigger'::regtype"
-                "  FROM pg_proc p WHERE p.pronamespace = %s::regnamespace", (name,)).fetchall()
+                "  FROM pg_proc p WHERE p.pronamespace = %s::regnamespace",
+                (name,),
+            ).fetchall()
     finally:
         drop_schema(dsn, name)
     assert len(rows) > 20
@@ -251,7 +271,9 @@ def test_every_function_is_private_or_a_pinned_definer(dsn: str, version: int) -
     assert bad == []
 
 
-def test_roles_get_on_tables_exactly_what_security_grant_says(client: Client, schema: str, conn: psycopg.Connection) -> None:
+def test_roles_get_on_tables_exactly_what_security_grant_says(
+    client: Client, schema: str, conn: psycopg.Connection
+) -> None:
     """The core's tables (and every queue partition) grant nothing; the only table privileges
     are the rows of security_grant (the version table, and what later migrations registered)."""
     client.create_queue("q")  # its partition too
@@ -261,18 +283,27 @@ def test_roles_get_on_tables_exactly_what_security_grant_says(client: Client, sc
         "       'REFERENCES','TRIGGER']) AS p(privilege_type)"
         " WHERE c.relnamespace = %s::regnamespace AND c.relkind IN ('r', 'p', 'v', 'S')"
         "   AND r.rolname IN ('lonnymq_producer', 'lonnymq_consumer', 'lonnymq_admin')"
-        "   AND has_table_privilege(r.oid, c.oid, p.privilege_type)", (schema,)).fetchall()
-    policy = conn.execute(sql.SQL(
-        "SELECT g.object, r.rolname, p FROM {s}.security_grant g JOIN {s}.security_role r USING (kind),"
-        " unnest(g.privileges) p WHERE p <> 'EXECUTE'").format(s=sql.Identifier(schema))).fetchall()
+        "   AND has_table_privilege(r.oid, c.oid, p.privilege_type)",
+        (schema,),
+    ).fetchall()
+    policy = conn.execute(
+        sql.SQL(
+            "SELECT g.object, r.rolname, p FROM {s}.security_grant g JOIN {s}.security_role r USING (kind),"
+            " unnest(g.privileges) p WHERE p <> 'EXECUTE'"
+        ).format(s=sql.Identifier(schema))
+    ).fetchall()
     assert sorted(rows) == sorted(policy)
     assert ("migration", "lonnymq_producer", "SELECT") in rows
     core = {"queue", "message", "message_1", "archive", "channel", "security_role", "security_grant"}
     assert [r for r in rows if r[0] in core] == []
-    assert conn.execute("SELECT has_schema_privilege('public', %s, 'USAGE')", (schema,)).fetchone() == (False,)
+    assert conn.execute("SELECT has_schema_privilege('public', %s, 'USAGE')", (schema,)).fetchone() == (
+        False,
+    )
 
 
-def test_apply_privileges_is_idempotent_and_refuses_unknown_names(client: Client, schema: str, conn: psycopg.Connection) -> None:
+def test_apply_privileges_is_idempotent_and_refuses_unknown_names(
+    client: Client, schema: str, conn: psycopg.Connection
+) -> None:
     s = sql.Identifier(schema)
     client.create_queue("q")  # a partition appears; it must stay private too
 
@@ -280,13 +311,17 @@ def test_apply_privileges_is_idempotent_and_refuses_unknown_names(client: Client
         return conn.execute(
             "SELECT proname, proacl::text, prosecdef, proconfig FROM pg_proc WHERE pronamespace = %(s)s::regnamespace"
             " UNION ALL SELECT relname, relacl::text, null, null FROM pg_class WHERE relnamespace = %(s)s::regnamespace"
-            " ORDER BY 1, 2", {"s": schema}).fetchall()
+            " ORDER BY 1, 2",
+            {"s": schema},
+        ).fetchall()
 
     conn.execute(sql.SQL("SELECT {}._apply_privileges()").format(s))
     before = acls()
     conn.execute(sql.SQL("SELECT {}._apply_privileges()").format(s))
     assert acls() == before
-    conn.execute(sql.SQL("INSERT INTO {}.security_grant (object, kind) VALUES ('sned_batch', 'producer')").format(s))
+    conn.execute(
+        sql.SQL("INSERT INTO {}.security_grant (object, kind) VALUES ('sned_batch', 'producer')").format(s)
+    )
     with pytest.raises(psycopg.Error) as e:
         conn.execute(sql.SQL("SELECT {}._apply_privileges()").format(s))
     assert e.value.sqlstate == "LQ002" and "sned_batch" in str(e.value)
@@ -296,7 +331,9 @@ def test_apply_privileges_is_idempotent_and_refuses_unknown_names(client: Client
 # -- search_path hijacking --------------------------------------------------------------------
 
 
-def test_a_callers_search_path_cannot_hijack_definer_functions(setup: Client, schema: str, login: MakeLogin, dsn: str) -> None:
+def test_a_callers_search_path_cannot_hijack_definer_functions(
+    setup: Client, schema: str, login: MakeLogin, dsn: str
+) -> None:
     """A consumer owning a schema defines '=' operators that raise with the current user, and puts
     that schema before pg_catalog. The pinned functions never see them. Without the pin, the
     same call runs the consumer's code as the functions' owner: the attack the pin stops."""
@@ -304,16 +341,26 @@ def test_a_callers_search_path_cannot_hijack_definer_functions(setup: Client, sc
     user = psycopg.conninfo.conninfo_to_dict(consumer)["user"]
     evil = f"evil_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as su:
-        su.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(evil), sql.Identifier(str(user))))
+        su.execute(
+            sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                sql.Identifier(evil), sql.Identifier(str(user))
+            )
+        )
     try:
         with psycopg.connect(consumer, autocommit=True) as c:
             e = sql.Identifier(evil)
             for t in ("text", "integer", "bigint"):
-                c.execute(sql.SQL(
-                    "CREATE FUNCTION {e}.eq(a {t}, b {t}) RETURNS boolean LANGUAGE plpgsql AS"
-                    " $$ BEGIN RAISE EXCEPTION 'hijacked as %', current_user; END $$").format(e=e, t=sql.SQL(t)))
-                c.execute(sql.SQL("CREATE OPERATOR {e}.= (LEFTARG = {t}, RIGHTARG = {t}, FUNCTION = {e}.eq)")
-                          .format(e=e, t=sql.SQL(t)))
+                c.execute(
+                    sql.SQL(
+                        "CREATE FUNCTION {e}.eq(a {t}, b {t}) RETURNS boolean LANGUAGE plpgsql AS"
+                        " $$ BEGIN RAISE EXCEPTION 'hijacked as %', current_user; END $$"
+                    ).format(e=e, t=sql.SQL(t))
+                )
+                c.execute(
+                    sql.SQL(
+                        "CREATE OPERATOR {e}.= (LEFTARG = {t}, RIGHTARG = {t}, FUNCTION = {e}.eq)"
+                    ).format(e=e, t=sql.SQL(t))
+                )
             c.execute(sql.SQL("SET search_path = {}, pg_catalog").format(e))
             with pytest.raises(psycopg.Error, match="hijacked as"):
                 c.execute("SELECT 'a'::text = 'b'::text")  # the operators work in this session
@@ -337,9 +384,21 @@ def test_a_callers_search_path_cannot_hijack_definer_functions(setup: Client, sc
 
 
 _VALUES: dict[str, Any] = {
-    "text": "q", "bytea": b"x", "bigint": 1, "integer": 1, "smallint": 1, "boolean": False,
-    "jsonb": {}, "uuid": uuid.UUID(int=1), "text[]": ["q"], "bytea[]": [b"x"], "bigint[]": [1],
-    "integer[]": [1], "smallint[]": [1], "jsonb[]": [{}], "boolean[]": [False],
+    "text": "q",
+    "bytea": b"x",
+    "bigint": 1,
+    "integer": 1,
+    "smallint": 1,
+    "boolean": False,
+    "jsonb": {},
+    "uuid": uuid.UUID(int=1),
+    "text[]": ["q"],
+    "bytea[]": [b"x"],
+    "bigint[]": [1],
+    "integer[]": [1],
+    "smallint[]": [1],
+    "jsonb[]": [{}],
+    "boolean[]": [False],
 }
 
 _EVIL = [
@@ -362,29 +421,42 @@ def _api_functions(conn: psycopg.Connection, schema: str) -> list[tuple[str, lis
         "SELECT p.proname, p.proargnames, p.proargmodes, p.pronargs, p.pronargdefaults,"
         "       ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t)"
         "  FROM pg_proc p WHERE p.pronamespace = %s::regnamespace AND p.proname !~ '^_'"
-        "   AND p.prokind = 'f' ORDER BY 1", (schema,)).fetchall()
+        "   AND p.prokind = 'f' ORDER BY 1",
+        (schema,),
+    ).fetchall()
     out = []
     for name, argnames, modes, nargs, ndefaults, types in rows:
         names = [n for n, m in zip(argnames or [], modes or ["i"] * nargs, strict=False) if m in ("i", "b")]
-        out.append((name, [(n, t, i >= nargs - ndefaults) for i, (n, t) in enumerate(zip(names, types, strict=True))]))
+        out.append(
+            (
+                name,
+                [(n, t, i >= nargs - ndefaults) for i, (n, t) in enumerate(zip(names, types, strict=True))],
+            )
+        )
     return out
 
 
 def _objects(conn: psycopg.Connection) -> tuple[Any, ...]:
     return (
         # Partitions (and their indexes) of queues that a legitimate call created are not code.
-        conn.execute("SELECT array_agg(c.oid::regclass::text ORDER BY c.oid) FROM pg_class c"
-                     " WHERE c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'pg_toast'::regnamespace,"
-                     "                              'information_schema'::regnamespace)"
-                     "   AND c.relname !~ '^message_[0-9]+($|_)' AND c.relpersistence <> 't'").fetchone(),
-        conn.execute("SELECT array_agg(p.oid::regprocedure::text ORDER BY p.oid) FROM pg_proc p"
-                     " WHERE p.pronamespace <> 'pg_catalog'::regnamespace").fetchone(),
+        conn.execute(
+            "SELECT array_agg(c.oid::regclass::text ORDER BY c.oid) FROM pg_class c"
+            " WHERE c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'pg_toast'::regnamespace,"
+            "                              'information_schema'::regnamespace)"
+            "   AND c.relname !~ '^message_[0-9]+($|_)' AND c.relpersistence <> 't'"
+        ).fetchone(),
+        conn.execute(
+            "SELECT array_agg(p.oid::regprocedure::text ORDER BY p.oid) FROM pg_proc p"
+            " WHERE p.pronamespace <> 'pg_catalog'::regnamespace"
+        ).fetchone(),
         conn.execute("SELECT array_agg(rolname::text ORDER BY rolname) FROM pg_roles").fetchone(),
         conn.execute("SELECT array_agg(nspname::text ORDER BY nspname) FROM pg_namespace").fetchone(),
     )
 
 
-def test_no_text_argument_of_any_api_function_is_executed(setup: Client, schema: str, conn: psycopg.Connection) -> None:
+def test_no_text_argument_of_any_api_function_is_executed(
+    setup: Client, schema: str, conn: psycopg.Connection
+) -> None:
     """Every text, text[] and jsonb argument of every API function (found in the catalog, so
     functions of later migrations are covered) gets injection strings; whether the call fails
     or not, no statement hidden in them runs: the canary, the catalog and the roles stay."""
@@ -403,7 +475,12 @@ def test_no_text_argument_of_any_api_function_is_executed(setup: Client, schema:
                 values: dict[str, Any] = {}
                 for name, t, has_default in args:
                     if name == target:
-                        v: Any = {"text": evil, "text[]": [evil], "jsonb": {evil: evil}, "jsonb[]": [{evil: evil}]}[t]
+                        v: Any = {
+                            "text": evil,
+                            "text[]": [evil],
+                            "jsonb": {evil: evil},
+                            "jsonb[]": [{evil: evil}],
+                        }[t]
                     elif has_default:
                         continue
                     elif t in _VALUES:
@@ -411,10 +488,20 @@ def test_no_text_argument_of_any_api_function_is_executed(setup: Client, schema:
                     else:
                         pytest.fail(f"{func}.{name}: no test value for type {t}")
                     if t.startswith("jsonb"):
-                        v = psycopg.types.json.Jsonb(v) if t == "jsonb" else [psycopg.types.json.Jsonb(x) for x in v]
+                        v = (
+                            psycopg.types.json.Jsonb(v)
+                            if t == "jsonb"
+                            else [psycopg.types.json.Jsonb(x) for x in v]
+                        )
                     values[name] = (t, v)
-                query = sql.SQL("SELECT * FROM {}.{}({})").format(s, sql.Identifier(func), sql.SQL(", ").join(
-                    sql.SQL("{} => %s::{}").format(sql.Identifier(n), sql.SQL(t)) for n, (t, _) in values.items()))
+                query = sql.SQL("SELECT * FROM {}.{}({})").format(
+                    s,
+                    sql.Identifier(func),
+                    sql.SQL(", ").join(
+                        sql.SQL("{} => %s::{}").format(sql.Identifier(n), sql.SQL(t))
+                        for n, (t, _) in values.items()
+                    ),
+                )
                 calls += 1
                 with conn.transaction(force_rollback=True):  # legit effects (a dropped queue) undone
                     try:
@@ -423,7 +510,9 @@ def test_no_text_argument_of_any_api_function_is_executed(setup: Client, schema:
                     except psycopg.Error as e:
                         assert e.sqlstate and e.sqlstate[:2] in ("LQ", "22", "23", "P0"), (func, target, e)
                     assert _objects(conn) == before, (func, target, evil)
-                    assert conn.execute(sql.SQL("SELECT array_agg(x) FROM {}.canary").format(s)).fetchone() == ([1],)
+                    assert conn.execute(
+                        sql.SQL("SELECT array_agg(x) FROM {}.canary").format(s)
+                    ).fetchone() == ([1],)
     assert calls > 200
     assert _objects(conn) == before
 
@@ -459,7 +548,9 @@ def _drop_roles(dsn: str, prefix: str) -> None:
             c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(f"{prefix}_{kind}")))
 
 
-def test_a_role_prefix_gives_a_schema_its_own_roles(setup: Client, schema: str, prefixed: tuple[str, str], login: MakeLogin) -> None:
+def test_a_role_prefix_gives_a_schema_its_own_roles(
+    setup: Client, schema: str, prefixed: tuple[str, str], login: MakeLogin
+) -> None:
     other, prefix = prefixed
     with Client(setup.conninfo, schema=other, pool_size=1) as owner:
         owner.create_queue("q")
@@ -488,7 +579,9 @@ def test_an_owner_without_createrole_installs_then_grants_later(dsn: str, login:
         warnings = _migrate_with_prefix(owner, name, prefix)
         assert len(warnings) == 3 and all("may not create roles" in w for w in warnings)
         with psycopg.connect(dsn, autocommit=True) as su:
-            assert su.execute("SELECT count(*) FROM pg_roles WHERE rolname LIKE %s", (prefix + "%",)).fetchone() == (0,)
+            assert su.execute(
+                "SELECT count(*) FROM pg_roles WHERE rolname LIKE %s", (prefix + "%",)
+            ).fetchone() == (0,)
             for kind in ("producer", "consumer", "admin"):
                 su.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(f"{prefix}_{kind}")))
         producer, admin = login(f"{prefix}_producer"), login(f"{prefix}_admin")
@@ -526,7 +619,9 @@ def test_concurrent_installs_of_two_schemas_create_the_roles_once(dsn: str) -> N
             t.start()
             with psycopg.connect(dsn, autocommit=True) as watch:
                 for _ in range(200):
-                    row = watch.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (b_pid,)).fetchone()
+                    row = watch.execute(
+                        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (b_pid,)
+                    ).fetchone()
                     if row and row[0] == "Lock":
                         break
                     threading.Event().wait(0.05)
@@ -538,9 +633,13 @@ def test_concurrent_installs_of_two_schemas_create_the_roles_once(dsn: str) -> N
         assert not t.is_alive() and failure == []
         with psycopg.connect(dsn) as c:
             for schema in (first, second):
-                assert c.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')", (
-                    f"{prefix}_producer", f"{schema}.send_batch(text,bytea[],text[],text[],jsonb[],bigint[],bigint[],smallint[],text[],text[],text,bigint)",
-                )).fetchone() == (True,)
+                assert c.execute(
+                    "SELECT has_function_privilege(%s, %s, 'EXECUTE')",
+                    (
+                        f"{prefix}_producer",
+                        f"{schema}.send_batch(text,bytea[],text[],text[],jsonb[],bigint[],bigint[],smallint[],text[],text[],text,bigint)",
+                    ),
+                ).fetchone() == (True,)
     finally:
         drop_schema(dsn, first)
         drop_schema(dsn, second)
@@ -558,17 +657,27 @@ def test_a_consumer_cannot_move_the_clock(setup: Client, schema: str, login: Mak
     setup.send("q", b"later", delay=3600)
     s = sql.Identifier(schema)
     with psycopg.connect(second) as c:
-        for func, args in (("take", "'q', 5, NULL, NULL, NULL"), ("take_tx", "'q', 5, NULL"),
-                           ("extend", f"'q', ARRAY[{m.id}]::bigint[], ARRAY[{m.token}], NULL")):
+        for func, args in (
+            ("take", "'q', 5, NULL, NULL, NULL"),
+            ("take_tx", "'q', 5, NULL"),
+            ("extend", f"'q', ARRAY[{m.id}]::bigint[], ARRAY[{m.token}], NULL"),
+        ):
             with pytest.raises(psycopg.Error) as e:
-                c.execute(sql.SQL("SELECT * FROM {}.{}(" + args + ", %s)").format(s, sql.Identifier(func)),  # type: ignore[operator]
-                          (m.lease_until + 1,))
+                c.execute(
+                    sql.SQL("SELECT * FROM {}.{}(" + args + ", %s)").format(s, sql.Identifier(func)),  # type: ignore[operator]
+                    (m.lease_until + 1,),
+                )
             assert e.value.sqlstate == "LQ002", func
             c.rollback()
         # A past clock buys nothing: what it could take is ready anyway.
-        assert c.execute(sql.SQL("SELECT * FROM {}.take('q', 5, NULL, NULL, NULL, 0)").format(s)).fetchall() == []
+        assert (
+            c.execute(sql.SQL("SELECT * FROM {}.take('q', 5, NULL, NULL, NULL, 0)").format(s)).fetchall()
+            == []
+        )
     assert _call(first, schema, lambda c: c.ack(m)) == {m.id}
     with psycopg.connect(setup.conninfo) as owner:  # the owner (tests) may
-        rows = owner.execute(sql.SQL("SELECT id FROM {}.take('q', 5, NULL, NULL, NULL, %s)").format(s),
-                             (m.lease_until + 3600_000,)).fetchall()
+        rows = owner.execute(
+            sql.SQL("SELECT id FROM {}.take('q', 5, NULL, NULL, NULL, %s)").format(s),
+            (m.lease_until + 3600_000,),
+        ).fetchall()
     assert len(rows) == 1

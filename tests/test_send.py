@@ -3,6 +3,7 @@ enqueueing inside the caller's transaction."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,7 +44,7 @@ def test_batch_of_20000_is_one_round_trip_in_input_order(dsn: str, schema: str, 
         assert c.executed == 1
     assert [r.outcome for r in results] == ["created"] * n
     ids = [r.id for r in results]
-    assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(ids))
     stored = db.q("SELECT m.id, convert_from(m.payload, 'UTF8') AS p FROM {s}.message m ORDER BY m.id")
     assert [(r["id"], r["p"]) for r in stored] == [(ids[i], f"m{i}") for i in range(n)]
 
@@ -248,8 +249,9 @@ def test_key_error(client: Client, q: str) -> None:
     with pytest.raises(errors.DuplicateKey):
         client.send(q, "v2", key="k", on_conflict="error")
     with pytest.raises(errors.DuplicateKey):
-        client.send_batch(q, [Envelope("new", key="fresh"), Envelope("plain"), Envelope("v3", key="k")],
-                          on_conflict="error")
+        client.send_batch(
+            q, [Envelope("new", key="fresh"), Envelope("plain"), Envelope("v3", key="k")], on_conflict="error"
+        )
     assert _payloads(client, q) == ["v1"]
     # Inside one batch too.
     with pytest.raises(errors.DuplicateKey):
@@ -275,11 +277,25 @@ def test_keys_repeated_within_a_batch(client: Client, q: str) -> None:
 
 def test_mixed_keyed_and_plain_batch_keeps_input_order(client: Client, q: str) -> None:
     client.send(q, "old", key="b")
-    items = [Envelope("p1"), Envelope("a1", key="a"), Envelope("p2"), Envelope("b1", key="b"),
-             Envelope("p3"), Envelope("a2", key="a"), Envelope("c1", key="c")]
+    items = [
+        Envelope("p1"),
+        Envelope("a1", key="a"),
+        Envelope("p2"),
+        Envelope("b1", key="b"),
+        Envelope("p3"),
+        Envelope("a2", key="a"),
+        Envelope("c1", key="c"),
+    ]
     rs = client.send_batch(q, items)
-    assert [r.outcome for r in rs] == ["created", "created", "created", "ignored", "created",
-                                       "ignored", "created"]
+    assert [r.outcome for r in rs] == [
+        "created",
+        "created",
+        "created",
+        "ignored",
+        "created",
+        "ignored",
+        "created",
+    ]
     assert rs[5].id == rs[1].id
     created = [r.id for r in rs if r.outcome == "created"]
     assert created == sorted(created)
@@ -292,7 +308,9 @@ def test_mixed_keyed_and_plain_batch_keeps_input_order(client: Client, q: str) -
 # -- the caller's transaction --------------------------------------------------------------
 
 
-def test_send_commits_and_rolls_back_with_the_callers_transaction(dsn: str, client: Client, q: str, schema: str) -> None:
+def test_send_commits_and_rolls_back_with_the_callers_transaction(
+    dsn: str, client: Client, q: str, schema: str
+) -> None:
     orders = sql.SQL("{}.orders").format(sql.Identifier(schema))
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(sql.SQL("CREATE TABLE {} (id int)").format(orders))

@@ -41,15 +41,18 @@ def all_messages(client: Client, queue: str) -> list[Any]:
 # -- batch write ------------------------------------------------------------------------------
 
 
-def test_batch_write_columns_become_messages(spark: Any, dsn: str, schema: str, client: Client,
-                                             conn: psycopg.Connection[Any]) -> None:
+def test_batch_write_columns_become_messages(
+    spark: Any, dsn: str, schema: str, client: Client, conn: psycopg.Connection[Any]
+) -> None:
     client.create_queue("orders", priority_step=1)
     at = datetime(2030, 1, 1, tzinfo=UTC)
     df = spark.createDataFrame(
-        [(1, "ada", 2.5, "k1", "created", "eu", 5, None, None),
-         (2, "bob", 1.0, "k2", "paid", None, 0, 30.0, None),
-         (3, "cy", 9.0, "k1", "created", "us", -3, None, at),   # duplicate key: ignored
-         (4, "dee", 4.0, None, None, None, None, None, None)],
+        [
+            (1, "ada", 2.5, "k1", "created", "eu", 5, None, None),
+            (2, "bob", 1.0, "k2", "paid", None, 0, 30.0, None),
+            (3, "cy", 9.0, "k1", "created", "us", -3, None, at),  # duplicate key: ignored
+            (4, "dee", 4.0, None, None, None, None, None, None),
+        ],
         "order_id long, customer string, amount double, key string, kind string, channel string,"
         " priority int, delay double, at timestamp",
     )
@@ -68,22 +71,24 @@ def test_batch_write_columns_become_messages(spark: Any, dsn: str, schema: str, 
 
     # A payload column: text as text, JSON text as JSON (payloadFormat=json), structs as JSON.
     client.create_queue("texts")
-    spark.createDataFrame([("hello",), ("wörld",)], "payload string").write.format("lonnymq") \
-        .options(**opts(dsn, schema, "texts")).mode("append").save()
+    spark.createDataFrame([("hello",), ("wörld",)], "payload string").write.format("lonnymq").options(
+        **opts(dsn, schema, "texts")
+    ).mode("append").save()
     assert sorted(m.payload for m in all_messages(client, "texts")) == ["hello", "wörld"]
     client.create_queue("jsons")
-    spark.createDataFrame([('{"a": 1}',)], "payload string").write.format("lonnymq") \
-        .options(**opts(dsn, schema, "jsons", payloadFormat="json")).mode("append").save()
-    spark.sql("SELECT named_struct('x', 1, 'tags', array('a', 'b')) AS payload, "
-              "map('trace', 't-1') AS headers").write.format("lonnymq") \
-        .options(**opts(dsn, schema, "jsons")).mode("append").save()
+    spark.createDataFrame([('{"a": 1}',)], "payload string").write.format("lonnymq").options(
+        **opts(dsn, schema, "jsons", payloadFormat="json")
+    ).mode("append").save()
+    spark.sql(
+        "SELECT named_struct('x', 1, 'tags', array('a', 'b')) AS payload, map('trace', 't-1') AS headers"
+    ).write.format("lonnymq").options(**opts(dsn, schema, "jsons")).mode("append").save()
     got = sorted((json.dumps(m.payload, sort_keys=True), m.headers) for m in all_messages(client, "jsons"))
     assert got == [('{"a": 1}', None), ('{"tags": ["a", "b"], "x": 1}', {"trace": "t-1"})]
 
 
-def test_batch_write_bad_rows_fail_the_job_and_enqueue_nothing(spark: Any, dsn: str, schema: str,
-                                                               client: Client,
-                                                               conn: psycopg.Connection[Any]) -> None:
+def test_batch_write_bad_rows_fail_the_job_and_enqueue_nothing(
+    spark: Any, dsn: str, schema: str, client: Client, conn: psycopg.Connection[Any]
+) -> None:
     client.create_queue("orders")
     df = spark.range(100).selectExpr("id", "CAST(CASE WHEN id = 77 THEN 101 ELSE 0 END AS INT) AS priority")
     with pytest.raises(Exception, match=r"priority 101 is outside -100\.\.100"):
@@ -96,30 +101,38 @@ def test_batch_write_bad_rows_fail_the_job_and_enqueue_nothing(spark: Any, dsn: 
 
 
 @pytest.mark.slow
-def test_batch_write_retried_task_enqueues_exactly_n(spark: Any, dsn: str, schema: str, client: Client,
-                                                     conn: psycopg.Connection[Any]) -> None:
+def test_batch_write_retried_task_enqueues_exactly_n(
+    spark: Any, dsn: str, schema: str, client: Client, conn: psycopg.Connection[Any]
+) -> None:
     """Partition 1's first attempt stages its rows and then fails; Spark retries it. The
     commit must move only the successful attempt's rows: exactly N messages, each once."""
     client.create_queue("orders")
     n = 3000
     df = spark.range(n).selectExpr("id AS order_id").repartition(3)
-    (df.write.format("lonnymq_flaky").options(**opts(dsn, schema, "orders", failPartition=1))
-       .mode("append").save())
+    (
+        df.write.format("lonnymq_flaky")
+        .options(**opts(dsn, schema, "orders", failPartition=1))
+        .mode("append")
+        .save()
+    )
     ids = Counter(m.payload["order_id"] for m in all_messages(client, "orders"))
     assert len(ids) == n and set(ids.values()) == {1}
     assert staged_rows(conn, schema) == 0  # the failed attempt's staging is gone too
 
 
 @pytest.mark.slow
-def test_batch_write_failed_job_enqueues_nothing_and_cleans_up(spark: Any, dsn: str, schema: str,
-                                                                client: Client,
-                                                                conn: psycopg.Connection[Any]) -> None:
+def test_batch_write_failed_job_enqueues_nothing_and_cleans_up(
+    spark: Any, dsn: str, schema: str, client: Client, conn: psycopg.Connection[Any]
+) -> None:
     client.create_queue("orders")
     df = spark.range(3000).selectExpr("id AS order_id").repartition(3)
     with pytest.raises(Exception, match="injected task failure"):
-        (df.write.format("lonnymq_flaky")
-           .options(**opts(dsn, schema, "orders", failPartition=1, failAttempts=99))
-           .mode("append").save())
+        (
+            df.write.format("lonnymq_flaky")
+            .options(**opts(dsn, schema, "orders", failPartition=1, failAttempts=99))
+            .mode("append")
+            .save()
+        )
     assert client.metrics("orders").ready == 0
     # abort is best effort (other tasks may still stage after it); the sweeper gets the rest.
     from lonnymq.spark import sweep
@@ -128,32 +141,37 @@ def test_batch_write_failed_job_enqueues_nothing_and_cleans_up(spark: Any, dsn: 
     assert staged_rows(conn, schema) == 0
 
 
-def test_batch_write_with_write_id_is_idempotent_across_jobs(spark: Any, dsn: str, schema: str,
-                                                             client: Client) -> None:
+def test_batch_write_with_write_id_is_idempotent_across_jobs(
+    spark: Any, dsn: str, schema: str, client: Client
+) -> None:
     client.create_queue("orders")
     df = spark.range(500).selectExpr("id AS order_id").repartition(2)
     for _ in range(2):  # e.g. a rerun after the driver died just after committing
-        df.write.format("lonnymq").options(**opts(dsn, schema, "orders", writeId="orders-2024-06-01")) \
-            .mode("append").save()
+        df.write.format("lonnymq").options(**opts(dsn, schema, "orders", writeId="orders-2024-06-01")).mode(
+            "append"
+        ).save()
     assert client.metrics("orders").ready == 500
 
 
 # -- batch read -------------------------------------------------------------------------------
 
 
-def test_batch_read_queue_archive_and_dead_letters(spark: Any, dsn: str, schema: str,
-                                                   client: Client) -> None:
+def test_batch_read_queue_archive_and_dead_letters(spark: Any, dsn: str, schema: str, client: Client) -> None:
     client.create_queue("jobs", archive=True, max_attempts=1)
-    client.send_batch("jobs", [Envelope({"n": i}, kind="job", channel=f"c{i % 3}", priority=i % 5)
-                               for i in range(40)])
-    client.ack(client.take("jobs", 10))                                  # 10 acked -> archive
-    client.nack(client.take("jobs", 5), error="boom")                    # 5 dead (max_attempts 1)
+    client.send_batch(
+        "jobs", [Envelope({"n": i}, kind="job", channel=f"c{i % 3}", priority=i % 5) for i in range(40)]
+    )
+    client.ack(client.take("jobs", 10))  # 10 acked -> archive
+    client.nack(client.take("jobs", 5), error="boom")  # 5 dead (max_attempts 1)
     client.send("jobs", b"\x00\xffraw")
     client.send("jobs", "plain text", delay=3600)
 
     def load(table: str, **more: Any) -> Any:
-        return (spark.read.format("lonnymq")
-                .options(**opts(dsn, schema, "jobs", table=table, numPartitions=3, **more)).load())
+        return (
+            spark.read.format("lonnymq")
+            .options(**opts(dsn, schema, "jobs", table=table, numPartitions=3, **more))
+            .load()
+        )
 
     live = load("messages")
     assert live.rdd.getNumPartitions() == 3
@@ -178,8 +196,13 @@ def test_batch_read_queue_archive_and_dead_letters(spark: Any, dsn: str, schema:
     assert all(r.archived_at is not None for r in dead)
 
     # A column subset in another order, via a user schema.
-    ids = spark.read.format("lonnymq").schema("id long, queue string") \
-        .options(**opts(dsn, schema, "jobs", table="dead")).load().collect()
+    ids = (
+        spark.read.format("lonnymq")
+        .schema("id long, queue string")
+        .options(**opts(dsn, schema, "jobs", table="dead"))
+        .load()
+        .collect()
+    )
     assert sorted(r.id for r in ids) == sorted(r.id for r in dead) and {r.queue for r in ids} == {"jobs"}
 
 
@@ -194,29 +217,41 @@ class BatchLog:
         self.dsn, self.crash_in_batch = dsn, crash_in_batch
         self.table = sql.Identifier(schema, "spark_test_sink")
         with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (run int, batch_id bigint, id bigint, payload text)")
-                      .format(self.table))
+            c.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (run int, batch_id bigint, id bigint, payload text)"
+                ).format(self.table)
+            )
         self.run = 0
 
     def __call__(self, df: Any, batch_id: int) -> None:
         rows = df.select("id", "payload").collect()
         with psycopg.connect(self.dsn, autocommit=True) as c, c.cursor() as cur:
-            cur.executemany(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s)").format(self.table),
-                            [(self.run, batch_id, r.id, r.payload) for r in rows])
+            cur.executemany(
+                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s)").format(self.table),
+                [(self.run, batch_id, r.id, r.payload) for r in rows],
+            )
         if self.crash_in_batch == batch_id:
             self.crash_in_batch = None
             raise RuntimeError(f"injected crash in batch {batch_id}, after its rows were written")
 
     def rows(self) -> list[tuple[int, int, int]]:
         with psycopg.connect(self.dsn) as c:
-            return c.execute(sql.SQL("SELECT run, batch_id, id FROM {} ORDER BY run, batch_id, id")
-                             .format(self.table)).fetchall()
+            return c.execute(
+                sql.SQL("SELECT run, batch_id, id FROM {} ORDER BY run, batch_id, id").format(self.table)
+            ).fetchall()
 
 
 def run_stream(spark: Any, options: dict[str, str], sink: BatchLog, checkpoint: Path) -> Any:
-    q = (spark.readStream.format("lonnymq").options(**options).load()
-         .writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
-         .trigger(availableNow=True).start())
+    q = (
+        spark.readStream.format("lonnymq")
+        .options(**options)
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         q.awaitTermination()
     finally:
@@ -224,14 +259,15 @@ def run_stream(spark: Any, options: dict[str, str], sink: BatchLog, checkpoint: 
     return q
 
 
-def test_stream_read_admission_control_available_now_and_archive(spark: Any, dsn: str, schema: str,
-                                                                 client: Client,
-                                                                 tmp_path: Path) -> None:
+def test_stream_read_admission_control_available_now_and_archive(
+    spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path
+) -> None:
     client.create_queue("events")
     sent = client.send_batch("events", [{"i": i} for i in range(25)])
     sink = BatchLog(dsn, schema)
-    q = run_stream(spark, opts(dsn, schema, "events", maxRowsPerBatch=10, ack="archive"), sink,
-                   tmp_path / "ckpt")
+    q = run_stream(
+        spark, opts(dsn, schema, "events", maxRowsPerBatch=10, ack="archive"), sink, tmp_path / "ckpt"
+    )
     assert [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]] == [10, 10, 5]
     got = Counter(i for _, _, i in sink.rows())
     assert set(got) == {r.id for r in sent} and set(got.values()) == {1}
@@ -246,8 +282,9 @@ def test_stream_read_admission_control_available_now_and_archive(spark: Any, dsn
 
 
 @pytest.mark.slow
-def test_stream_read_crash_and_restart_loses_and_skips_nothing(spark: Any, dsn: str, schema: str,
-                                                               client: Client, tmp_path: Path) -> None:
+def test_stream_read_crash_and_restart_loses_and_skips_nothing(
+    spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path
+) -> None:
     client.create_queue("events")
     sent = {r.id for r in client.send_batch("events", [{"i": i} for i in range(40)])}
     sink = BatchLog(dsn, schema, crash_in_batch=1)
@@ -262,17 +299,18 @@ def test_stream_read_crash_and_restart_loses_and_skips_nothing(spark: Any, dsn: 
     run_stream(spark, options, sink, tmp_path / "ckpt")
     rows = sink.rows()
     seen = Counter(i for _, _, i in rows)
-    assert set(seen) == sent                                       # none lost, none skipped
+    assert set(seen) == sent  # none lost, none skipped
     duplicated = {i for i, n in seen.items() if n > 1}
-    assert duplicated == crashed_batch                             # only the replayed batch
+    assert duplicated == crashed_batch  # only the replayed batch
     replayed = {i for run, b, i in rows if run == 1 and b == 1}
-    assert replayed == crashed_batch                               # replay = same messages
+    assert replayed == crashed_batch  # replay = same messages
     m = client.metrics("events")
     assert (m.ready, m.leased) == (0, 0)
 
 
-def test_stream_read_does_not_skip_a_late_committing_transaction(spark: Any, dsn: str, schema: str,
-                                                                 client: Client, tmp_path: Path) -> None:
+def test_stream_read_does_not_skip_a_late_committing_transaction(
+    spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path
+) -> None:
     """Message ids are assigned at insert but transactions commit out of order: while a slow
     sender's transaction is open, messages with higher ids commit and are consumed. An offset
     of max(id) would now skip the slow message forever; the stream must still deliver it."""
@@ -280,12 +318,12 @@ def test_stream_read_does_not_skip_a_late_committing_transaction(spark: Any, dsn
     early = {r.id for r in client.send_batch("events", list(range(5)))}
     sink = BatchLog(dsn, schema)
     options = opts(dsn, schema, "events")
-    with psycopg.connect(dsn) as slow:                            # a transaction held open
+    with psycopg.connect(dsn) as slow:  # a transaction held open
         late = client.send("events", "late", conn=slow)
         later = {r.id for r in client.send_batch("events", list(range(5, 10)))}
         run_stream(spark, options, sink, tmp_path / "ckpt")
         assert {i for _, _, i in sink.rows()} == early | later
-        assert late.id is not None and late.id < max(later)      # max(id) is past the late one
+        assert late.id is not None and late.id < max(later)  # max(id) is past the late one
         slow.commit()
     run_stream(spark, options, sink, tmp_path / "ckpt")
     rows = sink.rows()
@@ -297,9 +335,9 @@ def test_stream_read_does_not_skip_a_late_committing_transaction(spark: Any, dsn
 
 
 @pytest.mark.slow
-def test_stream_write_restart_after_commit_writes_each_batch_once(spark: Any, dsn: str, schema: str,
-                                                                  client: Client, tmp_path: Path,
-                                                                  conn: psycopg.Connection[Any]) -> None:
+def test_stream_write_restart_after_commit_writes_each_batch_once(
+    spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path, conn: psycopg.Connection[Any]
+) -> None:
     """Queue to queue: batch 0 has a task that fails after staging (retried), and the driver
     dies right after batch 1's database commit, before Spark records it. The restart replays
     batch 1 from the source; the sink must recognise it: every message arrives exactly once."""
@@ -308,14 +346,29 @@ def test_stream_write_restart_after_commit_writes_each_batch_once(spark: Any, ds
     client.send_batch("in", [{"i": i} for i in range(30)])
     flag = tmp_path / "crash.flag"
     flag.touch()
-    options = opts(dsn, schema, "out", payloadFormat="json", failPartition=0, failBatch=0,
-                   crashAfterCommit=1, crashFlag=flag)
+    options = opts(
+        dsn,
+        schema,
+        "out",
+        payloadFormat="json",
+        failPartition=0,
+        failBatch=0,
+        crashAfterCommit=1,
+        crashFlag=flag,
+    )
 
     def run() -> None:
-        q = (spark.readStream.format("lonnymq").options(**opts(dsn, schema, "in", maxRowsPerBatch=10)).load()
-             .selectExpr("payload", "channel", "priority")
-             .writeStream.format("lonnymq_flaky").options(**options)
-             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+        q = (
+            spark.readStream.format("lonnymq")
+            .options(**opts(dsn, schema, "in", maxRowsPerBatch=10))
+            .load()
+            .selectExpr("payload", "channel", "priority")
+            .writeStream.format("lonnymq_flaky")
+            .options(**options)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
         q.awaitTermination()
 
     with pytest.raises(Exception, match="injected crash after committing batch 1"):
@@ -328,20 +381,31 @@ def test_stream_write_restart_after_commit_writes_each_batch_once(spark: Any, ds
     assert set(got) == set(range(35)) and set(got.values()) == {1}
     assert client.metrics("in").ready == 0
     assert staged_rows(conn, schema) == 0
-    commits = conn.execute(sql.SQL("SELECT batch_id, messages FROM {}.spark_sink_commit ORDER BY 1")
-                           .format(sql.Identifier(schema))).fetchall()
+    commits = conn.execute(
+        sql.SQL("SELECT batch_id, messages FROM {}.spark_sink_commit ORDER BY 1").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
     assert commits == [(0, 10), (1, 10), (2, 10), (3, 5)]
 
 
-def test_stream_write_sink_id_and_timestamps(spark: Any, dsn: str, schema: str, client: Client,
-                                             tmp_path: Path) -> None:
+def test_stream_write_sink_id_and_timestamps(
+    spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path
+) -> None:
     """A rate-source stream into a queue with an explicit sinkId; `at` schedules delivery."""
     client.create_queue("ticks")
     start = datetime.now(UTC)
-    q = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
-         .selectExpr("value AS n", "timestamp + INTERVAL 1 HOUR AS at")
-         .writeStream.format("lonnymq").options(**opts(dsn, schema, "ticks", sinkId="ticks-v1"))
-         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="1 second").start())
+    q = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 50)
+        .load()
+        .selectExpr("value AS n", "timestamp + INTERVAL 1 HOUR AS at")
+        .writeStream.format("lonnymq")
+        .options(**opts(dsn, schema, "ticks", sinkId="ticks-v1"))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
     try:
         deadline = datetime.now(UTC) + timedelta(seconds=60)
         while client.metrics("ticks").scheduled < 20 and datetime.now(UTC) < deadline:
@@ -357,8 +421,9 @@ def test_stream_write_sink_id_and_timestamps(spark: Any, dsn: str, schema: str, 
 # -- the documentation --------------------------------------------------------------------------
 
 
-def test_docs_spark_examples_run(spark: Any, dsn: str, conn: psycopg.Connection[Any],
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docs_spark_examples_run(
+    spark: Any, dsn: str, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """docs/spark.md's python blocks, in order, in one namespace, against a fresh database."""
     import re
     import uuid

@@ -24,8 +24,7 @@ def test_pipeline_report_matches_what_happened(spark: Any, dsn: str, tmp_path: P
 
     n = 3000
     schema = "t_pipeline_test"
-    summary = run(dsn, schema, tmp_path, events=n, workers=1, concurrency=50, spark=spark,
-                  say=lambda _: None)
+    summary = run(dsn, schema, tmp_path, events=n, workers=1, concurrency=50, spark=spark, say=lambda _: None)
     # The workers' fate of each event is deterministic: the report must count exactly it.
     fates = [fate(f"evt-{i:010d}") for i in range(n)]
     assert summary["messages"] == n
@@ -35,8 +34,14 @@ def test_pipeline_report_matches_what_happened(spark: Any, dsn: str, tmp_path: P
     assert summary["dead_letter_rate"] == pytest.approx(fates.count("poison") / n, abs=1e-5)
 
     rep = tmp_path / "report"
-    for name in ("throughput", "latency_by_priority", "latency_by_channel", "outcomes_by_kind",
-                 "outcomes_by_channel", "overall"):
+    for name in (
+        "throughput",
+        "latency_by_priority",
+        "latency_by_channel",
+        "outcomes_by_kind",
+        "outcomes_by_channel",
+        "overall",
+    ):
         assert pq.read_table(rep / f"{name}.parquet").num_rows > 0, name
     for png in ("throughput.png", "latency_priority.png", "latency_channel.png", "outcomes.png"):
         assert (rep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -19,9 +19,18 @@ Conn = psycopg.Connection[Any]
 
 def call(conn: Conn, schema: str, function: str, **params: Any) -> list[tuple[Any, ...]]:
     """``SELECT * FROM schema.function(p_x => %s, ...)`` with explicit casts."""
-    casts = {"p_run": "uuid", "p_stream": "uuid", "p_parts": "bigint[]", "p_counts": "bigint[]",
-             "p_limit": "int", "p_chunk": "int", "p_archive": "bool", "p_queue": "text",
-             "p_sink": "text", "p_on_conflict": "text"}
+    casts = {
+        "p_run": "uuid",
+        "p_stream": "uuid",
+        "p_parts": "bigint[]",
+        "p_counts": "bigint[]",
+        "p_limit": "int",
+        "p_chunk": "int",
+        "p_archive": "bool",
+        "p_queue": "text",
+        "p_sink": "text",
+        "p_on_conflict": "text",
+    }
     args = sql.SQL(", ").join(
         sql.SQL("{} => %s::{}").format(sql.Identifier(k), sql.SQL(casts.get(k, "bigint")))  # type: ignore[arg-type]
         for k in params
@@ -32,16 +41,24 @@ def call(conn: Conn, schema: str, function: str, **params: Any) -> list[tuple[An
 
 def stage(conn: Conn, schema: str, run: uuid.UUID, part: int, payloads: list[str], queue: str = "q") -> int:
     s = sql.Identifier(schema)
-    conn.execute(sql.SQL("INSERT INTO {}.spark_stage_part (part, run_id, queue) VALUES (%s, %s, %s)").format(s),
-                 (part, run, queue))
+    conn.execute(
+        sql.SQL("INSERT INTO {}.spark_stage_part (part, run_id, queue) VALUES (%s, %s, %s)").format(s),
+        (part, run, queue),
+    )
     with conn.cursor() as cur:
-        cur.executemany(sql.SQL("INSERT INTO {}.spark_stage (part, seq, payload, content_type) VALUES (%s, %s, %s, 'text/plain; charset=utf-8')").format(s),
-                        [(part, i, p.encode()) for i, p in enumerate(payloads)])
+        cur.executemany(
+            sql.SQL(
+                "INSERT INTO {}.spark_stage (part, seq, payload, content_type) VALUES (%s, %s, %s, 'text/plain; charset=utf-8')"
+            ).format(s),
+            [(part, i, p.encode()) for i, p in enumerate(payloads)],
+        )
     return part
 
 
 def staged(conn: Conn, schema: str) -> list[int]:
-    rows = conn.execute(sql.SQL("SELECT DISTINCT part FROM {}.spark_stage ORDER BY 1").format(sql.Identifier(schema)))
+    rows = conn.execute(
+        sql.SQL("SELECT DISTINCT part FROM {}.spark_stage ORDER BY 1").format(sql.Identifier(schema))
+    )
     return [r[0] for r in rows]
 
 
@@ -54,8 +71,8 @@ def test_commit_moves_exactly_the_reported_parts_in_order(client: Client, conn: 
     run, other = uuid.uuid4(), uuid.uuid4()
     a = stage(conn, schema, run, 11, ["a0", "a1", "a2"])
     b = stage(conn, schema, run, 22, ["b0", "b1"])
-    stage(conn, schema, run, 33, ["failed-attempt"] * 4)      # a failed attempt: never reported
-    d = stage(conn, schema, other, 44, ["other-write"])       # another write's staging
+    stage(conn, schema, run, 33, ["failed-attempt"] * 4)  # a failed attempt: never reported
+    d = stage(conn, schema, other, 44, ["other-write"])  # another write's staging
     [row] = call(conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[b, a], p_counts=[2, 3])
     assert row == (5, 0, 0, False)
     assert payloads(client) == ["b0", "b1", "a0", "a1", "a2"]
@@ -80,8 +97,17 @@ def test_sink_commit_happens_once_per_batch(client: Client, conn: Conn, schema: 
     def commit(batch: int, text: str) -> tuple[Any, ...]:
         run = uuid.uuid4()
         part = stage(conn, schema, run, abs(hash((batch, text))) % 2**62 + 1, [text])
-        [row] = call(conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[part],
-                     p_counts=[1], p_sink="query:abc", p_batch=batch)
+        [row] = call(
+            conn,
+            schema,
+            "spark_write_commit",
+            p_queue="q",
+            p_run=run,
+            p_parts=[part],
+            p_counts=[1],
+            p_sink="query:abc",
+            p_batch=batch,
+        )
         return row
 
     assert commit(0, "batch 0") == (1, 0, 0, False)
@@ -100,7 +126,7 @@ def test_abort_and_sweep_clear_staging(client: Client, conn: Conn, schema: str) 
     stage(conn, schema, old, 3, ["z"])
     assert call(conn, schema, "spark_write_abort", p_run=run, p_parts=None) == [(2,)]
     assert staged(conn, schema) == [3]
-    assert call(conn, schema, "spark_sweep") == [(0, 0)]      # young staging is kept
+    assert call(conn, schema, "spark_sweep") == [(0, 0)]  # young staging is kept
     far = 10**15
     assert call(conn, schema, "spark_sweep", p_now=far) == [(1, 0)]
     assert staged(conn, schema) == []
@@ -117,8 +143,11 @@ def test_stream_batches_are_planned_once_read_and_acked(client: Client, conn: Co
     assert client.metrics("q").ready == 2
     chunks = call(conn, schema, "spark_stream_chunks", p_stream=stream, p_after=0, p_upto=1)
     assert chunks == [(1, 0, 2), (1, 1, 1)]
-    read = [r[1] for c in chunks for r in call(conn, schema, "spark_stream_read", p_stream=stream,
-                                               p_batch=c[0], p_chunk=c[1])]
+    read = [
+        r[1]
+        for c in chunks
+        for r in call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=c[0], p_chunk=c[1])
+    ]
     assert read == ids[:3]
     assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(3,)]
     assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(0,)]  # idempotent
@@ -136,8 +165,12 @@ def test_stream_batches_are_planned_once_read_and_acked(client: Client, conn: Co
 def test_stream_ready_bound_and_lease_renewal(client: Client, conn: Conn, schema: str) -> None:
     client.create_queue("q")
     t = 1_000_000_000_000
-    conn.execute(sql.SQL("SELECT {}.send_batch(p_queue => 'q', p_payloads => ARRAY['x'::bytea], p_now => %s)")
-                 .format(sql.Identifier(schema)), (t,))
+    conn.execute(
+        sql.SQL("SELECT {}.send_batch(p_queue => 'q', p_payloads => ARRAY['x'::bytea], p_now => %s)").format(
+            sql.Identifier(schema)
+        ),
+        (t,),
+    )
     stream = uuid.uuid4()
     base = {"p_stream": stream, "p_queue": "q", "p_after": 0, "p_limit": 10}
     # availableNow started before the message was sent: it is not part of this run.
@@ -150,18 +183,29 @@ def test_stream_ready_bound_and_lease_renewal(client: Client, conn: Conn, schema
     assert conn.execute(sql.SQL(lease).format(sql.Identifier(schema))).fetchone() == (t + 1600,)
 
 
-def test_stream_read_and_commit_leave_deliveries_that_are_no_longer_ours(client: Client, conn: Conn,
-                                                                         schema: str) -> None:
+def test_stream_read_and_commit_leave_deliveries_that_are_no_longer_ours(
+    client: Client, conn: Conn, schema: str
+) -> None:
     client.create_queue("q")
     client.send("q", "x")
     stream = uuid.uuid4()
-    call(conn, schema, "spark_stream_next", p_stream=stream, p_queue="q", p_after=0, p_limit=10,
-         p_lease_ms=1000)
+    call(
+        conn,
+        schema,
+        "spark_stream_next",
+        p_stream=stream,
+        p_queue="q",
+        p_after=0,
+        p_limit=10,
+        p_lease_ms=1000,
+    )
     # The query stayed down past its lease; another consumer took the message.
     assert client.take("q", 1) == []  # still leased by the stream now
     far = 10**15
-    taken = conn.execute(sql.SQL("SELECT id, token FROM {}.take(p_queue => 'q', p_now => %s)")
-                         .format(sql.Identifier(schema)), (far,)).fetchall()
+    taken = conn.execute(
+        sql.SQL("SELECT id, token FROM {}.take(p_queue => 'q', p_now => %s)").format(sql.Identifier(schema)),
+        (far,),
+    ).fetchall()
     assert len(taken) == 1
     assert call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=1, p_chunk=0) == []
     assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(0,)]
@@ -169,8 +213,15 @@ def test_stream_read_and_commit_leave_deliveries_that_are_no_longer_ours(client:
 
 
 def test_privileges_follow_the_role_model(conn: Conn, schema: str) -> None:
-    roles = dict(conn.execute(sql.SQL("SELECT kind, rolname FROM {}.security_role").format(sql.Identifier(schema))).fetchall())
-    exists = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", [list(roles.values())])}
+    roles = dict(
+        conn.execute(
+            sql.SQL("SELECT kind, rolname FROM {}.security_role").format(sql.Identifier(schema))
+        ).fetchall()
+    )
+    exists = {
+        r[0]
+        for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", [list(roles.values())])
+    }
     if roles.get("producer") not in exists or roles.get("consumer") not in exists:
         pytest.skip("the lonnymq roles do not exist on this server")
     producer, consumer = roles["producer"], roles["consumer"]
@@ -180,8 +231,25 @@ def test_privileges_follow_the_role_model(conn: Conn, schema: str) -> None:
         row = conn.execute(q, (role, f'"{schema}".{obj}', priv)).fetchone()
         return bool(row and row[0])
 
-    assert can(producer, "table", "spark_stage", "INSERT") and not can(producer, "table", "spark_stage", "SELECT")
-    assert can(producer, "function", "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint)", "EXECUTE")
-    assert not can(producer, "function", "spark_stream_next(uuid,text,bigint,integer,integer,bigint,bigint,bigint)", "EXECUTE")
-    assert can(consumer, "function", "spark_stream_next(uuid,text,bigint,integer,integer,bigint,bigint,bigint)", "EXECUTE")
+    assert can(producer, "table", "spark_stage", "INSERT") and not can(
+        producer, "table", "spark_stage", "SELECT"
+    )
+    assert can(
+        producer,
+        "function",
+        "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint)",
+        "EXECUTE",
+    )
+    assert not can(
+        producer,
+        "function",
+        "spark_stream_next(uuid,text,bigint,integer,integer,bigint,bigint,bigint)",
+        "EXECUTE",
+    )
+    assert can(
+        consumer,
+        "function",
+        "spark_stream_next(uuid,text,bigint,integer,integer,bigint,bigint,bigint)",
+        "EXECUTE",
+    )
     assert not can(consumer, "function", "spark_read_archive(text,bigint,bigint,text)", "EXECUTE")

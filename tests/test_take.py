@@ -3,6 +3,8 @@ inside the caller's transaction and exact FIFO order."""
 
 from __future__ import annotations
 
+import itertools
+
 import psycopg
 import pytest
 
@@ -25,14 +27,28 @@ def test_lease_delivers_attempt_times_and_token(client: Client, q: str, db: Sql)
     t = db.now()
     [s] = db.send(q, [b"x"], t - 1000, p_at_ms=[t - 500], p_kinds=["k"], p_keys=["key"])
     [d] = db.take(q, 1, t)
-    assert (d["id"], d["attempt"], d["token"], d["lease_until"], d["scheduled_at"], d["enqueued_at"],
-            d["kind"], d["key"]) == (s["id"], 1, 1, t + 30_000, t - 500, t - 1000, "k", "key")
+    assert (
+        d["id"],
+        d["attempt"],
+        d["token"],
+        d["lease_until"],
+        d["scheduled_at"],
+        d["enqueued_at"],
+        d["kind"],
+        d["key"],
+    ) == (s["id"], 1, 1, t + 30_000, t - 500, t - 1000, "k", "key")
     # Retried after a nack: the times stay those of the first send; attempt and token move on.
     db.call("nack", p_queue=q, p_ids=[d["id"]], p_tokens=[1], p_delays_ms=[100], p_errors=["e"], p_now=t)
     assert db.take(q, 1, t + 99) == []
     [d] = db.take(q, 1, t + 100, p_lease_ms=5)
-    assert (d["attempt"], d["token"], d["lease_until"], d["scheduled_at"], d["enqueued_at"],
-            d["last_error"]) == (2, 2, t + 105, t - 500, t - 1000, "e")
+    assert (
+        d["attempt"],
+        d["token"],
+        d["lease_until"],
+        d["scheduled_at"],
+        d["enqueued_at"],
+        d["last_error"],
+    ) == (2, 2, t + 105, t - 500, t - 1000, "e")
 
 
 def test_take_through_the_client(client: Client, q: str, db: Sql) -> None:
@@ -69,8 +85,15 @@ def test_ack_archives_on_an_archive_queue_or_when_asked(client: Client, db: Sql)
     client.ack(p1, archive=True)
     client.ack(p2)
     [arch] = db.archive("arch")
-    assert (arch["id"], arch["status"], arch["attempts"], arch["deliveries"], arch["kind"],
-            arch["headers"], arch["payload"]) == (a1.id, "acked", 1, 1, "k", {"h": 1}, b"1")
+    assert (
+        arch["id"],
+        arch["status"],
+        arch["attempts"],
+        arch["deliveries"],
+        arch["kind"],
+        arch["headers"],
+        arch["payload"],
+    ) == (a1.id, "acked", 1, 1, "k", {"h": 1}, b"1")
     assert arch["scheduled_at"] == a1.scheduled_at and arch["enqueued_at"] == a1.enqueued_at
     assert [a["id"] for a in db.archive("plain")] == [p1.id]
     assert db.count("arch") == db.count("plain") == 0
@@ -116,7 +139,9 @@ def test_take_tx_is_gone_on_commit(dsn: str, client: Client, q: str, db: Sql) ->
     with psycopg.connect(dsn) as tx:
         ms = client.take_tx(q, 2, conn=tx)
         assert [(m.payload, m.attempt, m.token, m.lease_until) for m in ms] == [
-            (b"1", 1, 1, None), (b"2", 1, 1, None)]
+            (b"1", 1, 1, None),
+            (b"2", 1, 1, None),
+        ]
         # Others skip the locked rows while the transaction is open.
         assert [m.payload for m in client.take(q, 5)] == [b"3"]
         tx.commit()
@@ -172,7 +197,7 @@ def test_fifo_among_equal_dequeue_times(client: Client, q: str, db: Sql) -> None
     while batch := client.take(q, 37):
         taken += [m.id for m in batch]
     assert taken == sent
-    assert all(a < b for a, b in zip(taken, taken[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(taken))
 
 
 def test_fifo_with_take_tx(dsn: str, client: Client, q: str) -> None:

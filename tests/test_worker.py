@@ -127,8 +127,11 @@ def test_heartbeats_keep_a_long_handler_exclusive(dsn: str, schema: str, client:
         await a.start()
         await b.start()
         try:
-            await eventually(lambda: asyncio.to_thread(lambda: client.metrics("jobs").leased == 0
-                                                       and client.metrics("jobs").ready == 0 and runs))
+            await eventually(
+                lambda: asyncio.to_thread(
+                    lambda: client.metrics("jobs").leased == 0 and client.metrics("jobs").ready == 0 and runs
+                )
+            )
         finally:
             await a.stop()
             await b.stop()
@@ -442,7 +445,9 @@ def test_second_stop_request_skips_the_wait(dsn: str, schema: str, client: Clien
     assert client.metrics("jobs").ready == 1
 
 
-def test_a_failing_side_task_stops_the_worker_loudly(dsn: str, schema: str, client: Client, conn: psycopg.Connection) -> None:
+def test_a_failing_side_task_stops_the_worker_loudly(
+    dsn: str, schema: str, client: Client, conn: psycopg.Connection
+) -> None:
     client.create_queue("jobs")
     client.create_queue("ticks")
     client.send("jobs", "x")
@@ -462,7 +467,9 @@ def test_a_failing_side_task_stops_the_worker_loudly(dsn: str, schema: str, clie
         await w.start()
         await eventually(lambda: w.in_flight == 1)
         # The scheduler's next call fails with something that is not a connection error.
-        await asyncio.to_thread(conn.execute, sql.SQL("DROP FUNCTION {}.cron_list()").format(sql.Identifier(schema)))
+        await asyncio.to_thread(
+            conn.execute, sql.SQL("DROP FUNCTION {}.cron_list()").format(sql.Identifier(schema))
+        )
         await eventually(lambda: w._stopping.is_set(), what="the worker to begin stopping")
         gate.set()
         with pytest.raises(WorkerError, match="scheduler"):
@@ -513,7 +520,9 @@ def test_delayed_message_runs_when_due_without_polling(dsn: str, schema: str, cl
     with_worker(app, dsn, schema, scenario, poll_interval=60)
 
 
-def test_start_refuses_missing_queue_and_old_schema(dsn: str, schema: str, client: Client, conn: psycopg.Connection) -> None:
+def test_start_refuses_missing_queue_and_old_schema(
+    dsn: str, schema: str, client: Client, conn: psycopg.Connection
+) -> None:
     app = App()
 
     @app.handler("absent")
@@ -531,7 +540,9 @@ def test_start_refuses_missing_queue_and_old_schema(dsn: str, schema: str, clien
         asyncio.run(Worker(app, dsn, schema=schema).run())
 
 
-def test_survives_losing_its_database_connections(dsn: str, schema: str, client: Client, conn: psycopg.Connection) -> None:
+def test_survives_losing_its_database_connections(
+    dsn: str, schema: str, client: Client, conn: psycopg.Connection
+) -> None:
     client.create_queue("jobs", lease=5)
     client.send_batch("jobs", list(range(300)))
     app = App()

@@ -18,7 +18,9 @@ from lonnymq.cli.worker import _serve, load_app
 from lonnymq.worker import App, Worker
 
 
-def test_signals_stop_gracefully_then_hard_and_handlers_are_restored(dsn: str, schema: str, client: Client) -> None:
+def test_signals_stop_gracefully_then_hard_and_handlers_are_restored(
+    dsn: str, schema: str, client: Client
+) -> None:
     client.create_queue("jobs")
     client.send_batch("jobs", ["quick", "stuck"])
     app = App()
@@ -37,6 +39,7 @@ def test_signals_stop_gracefully_then_hard_and_handlers_are_restored(dsn: str, s
 
     before = signal.signal(signal.SIGTERM, mine)
     try:
+
         def send_signals() -> None:
             started.wait(20)
             time.sleep(0.3)

@@ -28,8 +28,15 @@ def fire(conn: psycopg.Connection[Any], schema: str, name: str, tick: int, now: 
 
 
 def upsert(conn: psycopg.Connection[Any], schema: str, name: str, now: int, **kw: Any) -> str:
-    args = {"p_name": name, "p_schedule": "@every 1s", "p_queue": "ticks", "p_payload": b'{"x":1}',
-            "p_content_type": "application/json", "p_now": now, **kw}
+    args = {
+        "p_name": name,
+        "p_schedule": "@every 1s",
+        "p_queue": "ticks",
+        "p_payload": b'{"x":1}',
+        "p_content_type": "application/json",
+        "p_now": now,
+        **kw,
+    }
     names = sql.SQL(", ").join(sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder()) for k in args)
     q = sql.SQL("SELECT {}.cron_upsert({})").format(sql.Identifier(schema), names)
     row = conn.execute(q, list(args.values())).fetchone()
@@ -37,7 +44,9 @@ def upsert(conn: psycopg.Connection[Any], schema: str, name: str, now: int, **kw
     return str(row[0])
 
 
-def test_each_tick_is_sent_once_by_racing_schedulers(dsn: str, schema: str, client: Client, conn: psycopg.Connection) -> None:
+def test_each_tick_is_sent_once_by_racing_schedulers(
+    dsn: str, schema: str, client: Client, conn: psycopg.Connection
+) -> None:
     client.create_queue("ticks")
     assert upsert(conn, schema, "beat", T0) == "created"
     racers = 8
@@ -89,7 +98,9 @@ def test_fire_rules(dsn: str, schema: str, client: Client, conn: psycopg.Connect
     assert fire(conn, schema, "beat", T0 + 5000, T0 + 7000) is not None
 
 
-def test_redeclaring_keeps_the_last_tick(dsn: str, schema: str, client: Client, conn: psycopg.Connection) -> None:
+def test_redeclaring_keeps_the_last_tick(
+    dsn: str, schema: str, client: Client, conn: psycopg.Connection
+) -> None:
     client.create_queue("ticks")
     client.create_queue("other")
     assert upsert(conn, schema, "beat", T0) == "created"
@@ -138,8 +149,24 @@ def test_worker_sends_every_tick_once_across_a_restart(dsn: str, schema: str, cl
 def test_cron_cli(dsn: str, schema: str, client: Client, capsys: pytest.CaptureFixture[str]) -> None:
     client.create_queue("reports")
     base = ["--dsn", dsn, "--schema", schema]
-    assert main(["cron", "add", "nightly", "0 3 * * *", "--queue", "reports",
-                 "--payload", '{"kind": "daily"}', "--kind", "report", *base]) == 0
+    assert (
+        main(
+            [
+                "cron",
+                "add",
+                "nightly",
+                "0 3 * * *",
+                "--queue",
+                "reports",
+                "--payload",
+                '{"kind": "daily"}',
+                "--kind",
+                "report",
+                *base,
+            ]
+        )
+        == 0
+    )
     assert "created" in capsys.readouterr().out
     assert main(["cron", "list", "--json", *base]) == 0
     (row,) = json.loads(capsys.readouterr().out)

@@ -69,7 +69,10 @@ def test_exposition_format_and_escaping() -> None:
     assert types == {"x_total": "counter", "lat_seconds": "histogram", "g": "gauge"}
     assert samples[("x_total", frozenset({("queue", 'we\\"ird\\\\q\\nx')}))] == 1
     assert samples[("x_total", frozenset({("queue", "a")}))] == 2
-    buckets = [samples[("lat_seconds_bucket", frozenset({("queue", "a"), ("le", le)}))] for le in ("0.1", "1", "+Inf")]
+    buckets = [
+        samples[("lat_seconds_bucket", frozenset({("queue", "a"), ("le", le)}))]
+        for le in ("0.1", "1", "+Inf")
+    ]
     assert buckets == [1, 3, 4]
     assert samples[("lat_seconds_count", frozenset({("queue", "a")}))] == 4
     assert samples[("lat_seconds_sum", frozenset({("queue", "a")}))] == pytest.approx(4.05)
@@ -136,10 +139,14 @@ def test_endpoint_serves_real_values(dsn: str, schema: str, client: Client) -> N
     assert value("lonnymq_worker_concurrency") == 8
     assert value("lonnymq_worker_in_flight") == 0
     assert types["lonnymq_worker_handler_duration_seconds"] == "histogram"
-    cumulative = [v for (n, labels), v in samples.items()
-                  if n == "lonnymq_worker_handler_duration_seconds_bucket"]
-    les = sorted((float(dict(labels)["le"].replace("+Inf", "inf")), v) for (n, labels), v in samples.items()
-                 if n == "lonnymq_worker_handler_duration_seconds_bucket")
+    cumulative = [
+        v for (n, labels), v in samples.items() if n == "lonnymq_worker_handler_duration_seconds_bucket"
+    ]
+    les = sorted(
+        (float(dict(labels)["le"].replace("+Inf", "inf")), v)
+        for (n, labels), v in samples.items()
+        if n == "lonnymq_worker_handler_duration_seconds_bucket"
+    )
     assert [v for _, v in les] == sorted(cumulative) and math.isinf(les[-1][0]) and les[-1][1] == 21
     assert scraped["404"][0] == 404  # type: ignore[index]
     # The endpoint goes away with the worker.

@@ -46,9 +46,25 @@ def test_next_after(expr: str, after: int, expected: int) -> None:
 
 @pytest.mark.parametrize(
     "expr",
-    ["", "* * * *", "* * * * * *", "60 * * * *", "* 24 * * *", "* * 0 * *", "* * * 13 *",
-     "* * * * 8", "*/0 * * * *", "5-1 * * * *", "a * * * *", "0 0 30 feb *", "@every 0s",
-     "@every 500ms", "@every", "@sometimes", "* * * foo *"],
+    [
+        "",
+        "* * * *",
+        "* * * * * *",
+        "60 * * * *",
+        "* 24 * * *",
+        "* * 0 * *",
+        "* * * 13 *",
+        "* * * * 8",
+        "*/0 * * * *",
+        "5-1 * * * *",
+        "a * * * *",
+        "0 0 30 feb *",
+        "@every 0s",
+        "@every 500ms",
+        "@every",
+        "@sometimes",
+        "* * * foo *",
+    ],
 )
 def test_bad_schedules_are_rejected(expr: str) -> None:
     with pytest.raises(InvalidArgument):
@@ -67,16 +83,25 @@ def test_ticks_in_a_window() -> None:
 
 def _range(lo: int, hi: int) -> st.SearchStrategy[str]:
     # Proper ranges only: croniter mishandles "a-a" (it reads "5-5" as every day).
-    return st.tuples(st.integers(lo, hi), st.integers(lo, hi)).filter(lambda t: t[0] != t[1]).map(
-        lambda t: f"{min(t)}-{max(t)}")
+    return (
+        st.tuples(st.integers(lo, hi), st.integers(lo, hi))
+        .filter(lambda t: t[0] != t[1])
+        .map(lambda t: f"{min(t)}-{max(t)}")
+    )
 
 
 _FIELD = {
-    "minute": st.one_of(st.just("*"), st.integers(0, 59).map(str), st.integers(1, 30).map(lambda s: f"*/{s}"),
-                        _range(0, 59)),
-    "hour": st.one_of(st.just("*"), st.integers(0, 23).map(str), st.integers(1, 12).map(lambda s: f"*/{s}"),
-                      st.lists(st.integers(0, 23), min_size=1, max_size=3, unique=True).map(
-                          lambda v: ",".join(map(str, sorted(v))))),
+    "minute": st.one_of(
+        st.just("*"), st.integers(0, 59).map(str), st.integers(1, 30).map(lambda s: f"*/{s}"), _range(0, 59)
+    ),
+    "hour": st.one_of(
+        st.just("*"),
+        st.integers(0, 23).map(str),
+        st.integers(1, 12).map(lambda s: f"*/{s}"),
+        st.lists(st.integers(0, 23), min_size=1, max_size=3, unique=True).map(
+            lambda v: ",".join(map(str, sorted(v)))
+        ),
+    ),
     "day": st.one_of(st.just("*"), st.integers(1, 28).map(str), _range(1, 28)),
     "month": st.one_of(st.just("*"), st.integers(1, 12).map(str)),
     "weekday": st.one_of(st.just("*"), st.integers(0, 6).map(str), _range(0, 6)),

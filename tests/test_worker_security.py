@@ -21,12 +21,16 @@ from worker_helpers import eventually
 @pytest.fixture
 def consumer_dsn(dsn: str, schema: str, conn: psycopg.Connection) -> Iterator[str]:
     # schema: the migrations create the group roles.
-    row = conn.execute("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchone()
+    row = conn.execute(
+        "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
     if not row or not row[0]:
         pytest.skip("the test DSN's user may not create roles")
     name = f"lmq_worker_{uuid.uuid4().hex[:10]}"
     password = secrets.token_hex(12)
-    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name), sql.Literal(password)))
+    conn.execute(
+        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name), sql.Literal(password))
+    )
     conn.execute(sql.SQL("GRANT lonnymq_consumer TO {}").format(sql.Identifier(name)))
     yield make_conninfo(dsn, user=name, password=password)
     conn.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(sql.Identifier(name)))

@@ -47,7 +47,9 @@ def with_worker(
     return asyncio.run(main())
 
 
-def until(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Callable[[Worker], Awaitable[None]]:
+def until(
+    cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
+) -> Callable[[Worker], Awaitable[None]]:
     """A scenario that only waits for ``cond``."""
 
     async def scenario(w: Worker) -> None:

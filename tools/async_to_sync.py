@@ -29,8 +29,10 @@ PATTERNS = [
     (r"\basync with ", "with "),
     (r"\basync for ", "for "),
     (r"\bawait ", ""),
-    (r"The asyncio client\. ``client\.py`` is generated from this file by ``tools/async_to_sync\.py``\.",
-     "The synchronous client.\n\nGenerated from ``aio.py`` by ``tools/async_to_sync.py``: do not edit."),
+    (
+        r"The asyncio client\. ``client\.py`` is generated from this file by ``tools/async_to_sync\.py``\.",
+        "The synchronous client.\n\nGenerated from ``aio.py`` by ``tools/async_to_sync.py``: do not edit.",
+    ),
     (r"A LonnyMQ client on asyncio\.", "A LonnyMQ client (synchronous; thread-safe when built on a pool)."),
 ]
 

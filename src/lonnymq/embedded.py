@@ -765,6 +765,7 @@ def temporary_server(**kw: Any) -> Iterator[EmbeddedServer]:
                 shutil.rmtree(socket_dir, ignore_errors=True)
             shutil.rmtree(root, ignore_errors=True)
 
+
 @contextlib.contextmanager
 def dsn_or_temporary(dsn: str | None) -> Iterator[str]:
     """``dsn`` if given; otherwise the DSN of a throwaway embedded server that lives for the

@@ -43,9 +43,23 @@ class Workers:
         }
         log = open(self.logs / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lonnymq", "worker", spec, "--dsn", self.dsn, "--schema", self.schema,
-             "--poll-interval", "1", *args],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "lonnymq",
+                "worker",
+                spec,
+                "--dsn",
+                self.dsn,
+                "--schema",
+                self.schema,
+                "--poll-interval",
+                "1",
+                *args,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         self.procs.append(proc)
@@ -79,10 +93,12 @@ def workers(dsn: str, schema: str, tmp_path: Path) -> Iterator[Workers]:
 @pytest.fixture
 def db(dsn: str, schema: str) -> Iterator[Callable[..., list[Any]]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL(
-            "CREATE TABLE {}.results (n int NOT NULL, msg_id bigint NOT NULL, pid int NOT NULL,"
-            " phase text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        ).format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.results (n int NOT NULL, msg_id bigint NOT NULL, pid int NOT NULL,"
+                " phase text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            ).format(sql.Identifier(schema))
+        )
 
         def query(text: str, *params: Any) -> list[Any]:
             return conn.execute(sql.SQL(text).format(s=sql.Identifier(schema)), params).fetchall()  # type: ignore[arg-type]
@@ -90,7 +106,9 @@ def db(dsn: str, schema: str) -> Iterator[Callable[..., list[Any]]]:
         yield query
 
 
-def wait_for(cond: Callable[[], bool], timeout: float, what: str, procs: list[subprocess.Popen[bytes]]) -> None:
+def wait_for(
+    cond: Callable[[], bool], timeout: float, what: str, procs: list[subprocess.Popen[bytes]]
+) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         for p in procs:
@@ -143,9 +161,13 @@ def test_kill_9_mid_load_processes_everything_at_least_once(
     a.kill()
     a.wait()
     # What was in flight at the kill: leased now (A's leases live on until they expire).
-    in_flight = {json.loads(bytes(r[0])) for r in db(
-        "SELECT m.payload FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id"
-        " WHERE q.name = 'work' AND m.leased")}
+    in_flight = {
+        json.loads(bytes(r[0]))
+        for r in db(
+            "SELECT m.payload FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id"
+            " WHERE q.name = 'work' AND m.leased"
+        )
+    }
     by_a = {r[0] for r in db("SELECT n FROM {s}.results WHERE pid = %s AND phase = 'start'", a.pid)}
     assert done_count(db) < N, "the load was over before the kill: nothing was tested"
     wait_for(lambda: done_count(db) == N, 180, "B to process everything", [b])
@@ -160,9 +182,17 @@ def test_kill_9_mid_load_processes_everything_at_least_once(
     # A's orphaned messages came back only after their lease (attempt 2 for those A had).
     orphans = in_flight & by_a
     assert orphans, "A held no message when it was killed: nothing was tested"
-    again = {r[0] for r in db("SELECT DISTINCT r.n FROM {s}.results r WHERE r.phase = 'start' AND r.pid = %s"
-                               " AND r.n = ANY(%s)", b.pid, sorted(orphans))}
-    history = db("SELECT n, pid, phase, at FROM {s}.results WHERE n = ANY(%s) ORDER BY n, at", sorted(orphans - again))
+    again = {
+        r[0]
+        for r in db(
+            "SELECT DISTINCT r.n FROM {s}.results r WHERE r.phase = 'start' AND r.pid = %s AND r.n = ANY(%s)",
+            b.pid,
+            sorted(orphans),
+        )
+    }
+    history = db(
+        "SELECT n, pid, phase, at FROM {s}.results WHERE n = ANY(%s) ORDER BY n, at", sorted(orphans - again)
+    )
     assert again == orphans, (a.pid, b.pid, history)
 
 
@@ -178,7 +208,8 @@ def test_cron_fires_once_per_tick_with_three_workers(
             "  SELECT a.headers FROM {s}.archive a JOIN {s}.queue q ON q.id = a.queue_id WHERE q.name = 'ticks'"
             "  UNION ALL"
             "  SELECT m.headers FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id WHERE q.name = 'ticks'"
-            ") x GROUP BY 1 ORDER BY 1")
+            ") x GROUP BY 1 ORDER BY 1"
+        )
 
     wait_for(lambda: len(ticks()) >= 6, 60, "six ticks", procs)
     for p in procs:

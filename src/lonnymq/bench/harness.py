@@ -43,8 +43,17 @@ PAYLOAD_BYTES = len(json.dumps(payload(0), separators=(",", ":")))
 
 #: Server settings recorded with every run: they decide what one-per-transaction paths measure.
 SETTINGS = (
-    "server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes",
-    "shared_buffers", "max_wal_size", "autovacuum", "autovacuum_naptime", "jit", "commit_delay",
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "wal_sync_method",
+    "full_page_writes",
+    "shared_buffers",
+    "max_wal_size",
+    "autovacuum",
+    "autovacuum_naptime",
+    "jit",
+    "commit_delay",
 )
 
 
@@ -81,8 +90,10 @@ def drop_database(base: str, name: str) -> None:
 
 def server_settings(dsn: str) -> dict[str, str]:
     with psycopg.connect(dsn, autocommit=True) as c:
-        out = {s: str(c.execute(sql.SQL("SHOW {}").format(sql.Identifier(s))).fetchone()[0])  # type: ignore[index]
-               for s in SETTINGS}
+        out = {
+            s: str(c.execute(sql.SQL("SHOW {}").format(sql.Identifier(s))).fetchone()[0])  # type: ignore[index]
+            for s in SETTINGS
+        }
     out["cpus"] = str(os.cpu_count())
     out["python"] = platform.python_version()
     out["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -205,7 +216,7 @@ def run_procs(
         during(t0)
     out: list[Any] = [None] * procs
     end = 0.0
-    limit = (timeout or (seconds * 3 + 120))
+    limit = timeout or (seconds * 3 + 120)
     for _ in ps:
         try:
             idx, status, value = results.get(timeout=limit)

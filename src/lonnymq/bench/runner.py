@@ -46,34 +46,76 @@ def _prefix(text: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dsn", help="PostgreSQL server to run on (a role that may CREATE DATABASE); "
-                                 "default: a throwaway embedded PostgreSQL")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes and one repetition: checks the suite works, numbers mean little")
-    p.add_argument("--workloads", type=_csv(WORKLOADS), default=list(WORKLOADS),
-                   help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)")
-    p.add_argument("--systems", type=_csv(list(REGISTRY)), default=list(REGISTRY),
-                   help=f"comma-separated subset of {','.join(REGISTRY)} (default: all)")
-    p.add_argument("--out", type=Path, help="directory for results.json and chart.png "
-                                            "(default: bench-results/<timestamp>)")
+    p.add_argument(
+        "--dsn",
+        help="PostgreSQL server to run on (a role that may CREATE DATABASE); "
+        "default: a throwaway embedded PostgreSQL",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes and one repetition: checks the suite works, numbers mean little",
+    )
+    p.add_argument(
+        "--workloads",
+        type=_csv(WORKLOADS),
+        default=list(WORKLOADS),
+        help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)",
+    )
+    p.add_argument(
+        "--systems",
+        type=_csv(list(REGISTRY)),
+        default=list(REGISTRY),
+        help=f"comma-separated subset of {','.join(REGISTRY)} (default: all)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="directory for results.json and chart.png (default: bench-results/<timestamp>)",
+    )
     p.add_argument("--reps", type=int, help="repetitions of the throughput workloads (default 3)")
     p.add_argument("--procs", type=_ints, help="worker processes for the drains (default 2,4)")
-    p.add_argument("--backlog", type=int, help="backlog of the batched drains (default 100000; "
-                                               "one-at-a-time drains use a quarter)")
-    p.add_argument("--phase-seconds", type=float,
-                   help="time box of each send/drain phase (default 5 s for sends, 10 s for drains)")
-    p.add_argument("--latency-rate", type=float, help="send rate of the pickup-latency workload (default 50/s)")
-    p.add_argument("--flat-rows", type=int,
-                   help="future-dated rows, and as many leased rows, for the flat dequeue workload (default 1000000)")
-    p.add_argument("--churn-minutes", type=float, help="duration of the churn workload per system (default 10)")
-    p.add_argument("--churn-systems", type=_csv(list(REGISTRY)),
-                   help="systems to run the churn workload for (default: all selected that support it)")
-    p.add_argument("--db-prefix", default="bench", type=_prefix,
-                   help="scratch databases are named <prefix>_<system> (default: bench)")
+    p.add_argument(
+        "--backlog",
+        type=int,
+        help="backlog of the batched drains (default 100000; one-at-a-time drains use a quarter)",
+    )
+    p.add_argument(
+        "--phase-seconds",
+        type=float,
+        help="time box of each send/drain phase (default 5 s for sends, 10 s for drains)",
+    )
+    p.add_argument(
+        "--latency-rate", type=float, help="send rate of the pickup-latency workload (default 50/s)"
+    )
+    p.add_argument(
+        "--flat-rows",
+        type=int,
+        help="future-dated rows, and as many leased rows, for the flat dequeue workload (default 1000000)",
+    )
+    p.add_argument(
+        "--churn-minutes", type=float, help="duration of the churn workload per system (default 10)"
+    )
+    p.add_argument(
+        "--churn-systems",
+        type=_csv(list(REGISTRY)),
+        help="systems to run the churn workload for (default: all selected that support it)",
+    )
+    p.add_argument(
+        "--db-prefix",
+        default="bench",
+        type=_prefix,
+        help="scratch databases are named <prefix>_<system> (default: bench)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the scratch databases")
-    p.add_argument("--from-json", type=Path, nargs="+", metavar="RESULTS",
-                   help="measure nothing: merge these results.json files (e.g. of separate runs) "
-                        "and write the table, results.json and chart.png again")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS",
+        help="measure nothing: merge these results.json files (e.g. of separate runs) "
+        "and write the table, results.json and chart.png again",
+    )
 
 
 def config_from(args: argparse.Namespace) -> Config:
@@ -119,8 +161,10 @@ def rerender(paths: Sequence[Path], out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report.write_json(out / "results.json", meta, b, rows, tgts)
     first = docs[0]["meta"]
-    title = (f"LonnyMQ bench, PostgreSQL {first['server']['server_version']}, {first['server']['cpus']} CPUs, "
-             f"synchronous_commit={first['server']['synchronous_commit']}, {first['started']}")
+    title = (
+        f"LonnyMQ bench, PostgreSQL {first['server']['server_version']}, {first['server']['cpus']} CPUs, "
+        f"synchronous_commit={first['server']['synchronous_commit']}, {first['started']}"
+    )
     report.write_chart(out / "chart.png", b, rows, title)
     print(f"wrote {out / 'results.json'} and {out / 'chart.png'}")
     return 0
@@ -146,15 +190,20 @@ def run(args: argparse.Namespace) -> int:
     meta: dict[str, Any] = {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "workloads": args.workloads, "systems": args.systems, "config": config.as_dict(),
-        "payload_bytes": harness.PAYLOAD_BYTES, "versions": {},
+        "workloads": args.workloads,
+        "systems": args.systems,
+        "config": config.as_dict(),
+        "payload_bytes": harness.PAYLOAD_BYTES,
+        "versions": {},
     }
     with dsn_or_temporary(args.dsn) as base:
         meta["server"] = harness.server_settings(base)
-        log(f"lonnymq bench on PostgreSQL {meta['server']['server_version']} "
+        log(
+            f"lonnymq bench on PostgreSQL {meta['server']['server_version']} "
             f"(synchronous_commit={meta['server']['synchronous_commit']}, fsync={meta['server']['fsync']}), "
             f"{meta['server']['cpus']} CPUs, load {meta['server']['loadavg_at_start']}; "
-            f"payload {harness.PAYLOAD_BYTES} B of JSON")
+            f"payload {harness.PAYLOAD_BYTES} B of JSON"
+        )
         installed: list[tuple[Any, str]] = []
         try:
             for s in systems:
@@ -183,11 +232,15 @@ def run(args: argparse.Namespace) -> int:
     tgts = report.targets(b)
     report.print_report(b, rows, tgts)
     report.write_json(out / "results.json", meta, b, rows, tgts)
-    title = (f"LonnyMQ bench, PostgreSQL {meta['server']['server_version']}, {meta['server']['cpus']} CPUs, "
-             f"synchronous_commit={meta['server']['synchronous_commit']}, {meta['started']}")
+    title = (
+        f"LonnyMQ bench, PostgreSQL {meta['server']['server_version']}, {meta['server']['cpus']} CPUs, "
+        f"synchronous_commit={meta['server']['synchronous_commit']}, {meta['started']}"
+    )
     charted = report.write_chart(out / "chart.png", b, rows, title)
-    log(f"wrote {out / 'results.json'}" + (f" and {out / 'chart.png'}" if charted else
-                                            " (no chart: matplotlib is not installed)"))
+    log(
+        f"wrote {out / 'results.json'}"
+        + (f" and {out / 'chart.png'}" if charted else " (no chart: matplotlib is not installed)")
+    )
     return 0
 
 
@@ -195,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m lonnymq.bench",
         description="Benchmark LonnyMQ against pgmq, PgQueuer, a bare SKIP LOCKED queue and the "
-                    "PostgreSQL floor on one server.",
+        "PostgreSQL floor on one server.",
     )
     add_arguments(p)
     return run(p.parse_args(argv))

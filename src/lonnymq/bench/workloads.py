@@ -45,9 +45,19 @@ class Config:
     def quick(cls) -> Config:
         """Tiny sizes: proves the suite end to end in about a minute; the numbers mean little."""
         return cls(
-            reps=1, send_seconds=0.5, backlog_one=200, backlog_batch=1000, drain_seconds=2.0,
-            latency_rate=20.0, latency_seconds=1.5, flat_future=1000, flat_leased=1000,
-            flat_probe=30, churn_minutes=0.1, churn_rate=200.0, churn_interval=1.0,
+            reps=1,
+            send_seconds=0.5,
+            backlog_one=200,
+            backlog_batch=1000,
+            drain_seconds=2.0,
+            latency_rate=20.0,
+            latency_seconds=1.5,
+            flat_future=1000,
+            flat_leased=1000,
+            flat_probe=30,
+            churn_minutes=0.1,
+            churn_rate=200.0,
+            churn_interval=1.0,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -78,14 +88,28 @@ def _rotate(items: list[Any], k: int) -> list[Any]:
     return items[k:] + items[:k]
 
 
-def _record(b: Bench, workload: str, v: Variant, procs: int, rep: int, n: int, seconds: float,
-            **extra: Any) -> None:
-    rec = {"workload": workload, "kind": v.kind, "system": v.system, "variant": v.name,
-           "headline": v.headline, "note": v.note, "procs": procs, "rep": rep, "n": n,
-           "seconds": round(seconds, 4), "rate": round(n / seconds, 1), **extra}
+def _record(
+    b: Bench, workload: str, v: Variant, procs: int, rep: int, n: int, seconds: float, **extra: Any
+) -> None:
+    rec = {
+        "workload": workload,
+        "kind": v.kind,
+        "system": v.system,
+        "variant": v.name,
+        "headline": v.headline,
+        "note": v.note,
+        "procs": procs,
+        "rep": rep,
+        "n": n,
+        "seconds": round(seconds, 4),
+        "rate": round(n / seconds, 1),
+        **extra,
+    }
     b.throughput.append(rec)
-    b.log(f"  {workload:<6} {v.kind:<5} P={procs} {v.system:<9} {v.name:<32} {rec['rate']:>10,.0f} msg/s"
-          f"  ({n} in {seconds:.2f}s){'' if extra.get('complete', True) else '  (time-boxed)'}")
+    b.log(
+        f"  {workload:<6} {v.kind:<5} P={procs} {v.system:<9} {v.name:<32} {rec['rate']:>10,.0f} msg/s"
+        f"  ({n} in {seconds:.2f}s){'' if extra.get('complete', True) else '  (time-boxed)'}"
+    )
 
 
 # -- send ----------------------------------------------------------------------------------
@@ -125,15 +149,26 @@ def drain(b: Bench) -> None:
                     left = s.remaining(dsn)
                     if n + left != backlog:
                         b.log(f"  !! {v.system} {v.name}: counted {n}, {left} left of {backlog}")
-                    _record(b, "drain", v, procs, rep, n, run.seconds, backlog=backlog,
-                            complete=left == 0, accounted=n + left == backlog)
+                    _record(
+                        b,
+                        "drain",
+                        v,
+                        procs,
+                        rep,
+                        n,
+                        run.seconds,
+                        backlog=backlog,
+                        complete=left == 0,
+                        accounted=n + left == backlog,
+                    )
 
 
 # -- pickup latency ------------------------------------------------------------------------
 
 
-def _latency_worker(system: System, v: Variant, dsn: str, rate: float, count: int,
-                    ctx: Ctx) -> Callable[[], Any]:
+def _latency_worker(
+    system: System, v: Variant, dsn: str, rate: float, count: int, ctx: Ctx
+) -> Callable[[], Any]:
     if ctx.index > 0:
         return v.factory(dsn, ctx)
     send, close = system.producer(dsn)
@@ -170,14 +205,25 @@ def latency(b: Bench) -> None:
                 for mid, t in part:
                     got.setdefault(mid, t)
             ms = [(got[m] - t) * 1000 for m, t in sent.items() if m in got]
-            rec = {"system": v.system, "variant": v.name, "kind": v.kind, "headline": v.headline,
-                   "sent": len(sent), "received": len(ms), "rate": c.latency_rate,
-                   "consumers": c.latency_consumers,
-                   "p50_ms": round(percentile(ms, 50), 2), "p90_ms": round(percentile(ms, 90), 2),
-                   "p99_ms": round(percentile(ms, 99), 2), "max_ms": round(max(ms, default=math.nan), 2)}
+            rec = {
+                "system": v.system,
+                "variant": v.name,
+                "kind": v.kind,
+                "headline": v.headline,
+                "sent": len(sent),
+                "received": len(ms),
+                "rate": c.latency_rate,
+                "consumers": c.latency_consumers,
+                "p50_ms": round(percentile(ms, 50), 2),
+                "p90_ms": round(percentile(ms, 90), 2),
+                "p99_ms": round(percentile(ms, 99), 2),
+                "max_ms": round(max(ms, default=math.nan), 2),
+            }
             b.latency.append(rec)
-            b.log(f"  pickup {v.system:<9} {v.name:<32} p50 {rec['p50_ms']:>7.2f} ms  p99 {rec['p99_ms']:>7.2f} ms"
-                  f"  ({len(ms)}/{len(sent)} received)")
+            b.log(
+                f"  pickup {v.system:<9} {v.name:<32} p50 {rec['p50_ms']:>7.2f} ms  p99 {rec['p99_ms']:>7.2f} ms"
+                f"  ({len(ms)}/{len(sent)} received)"
+            )
 
 
 # -- dequeue latency with future-dated and leased rows -------------------------------------
@@ -193,8 +239,13 @@ def flat(b: Bench) -> None:
         f = s.flat()
         if f is None:
             continue
-        rec: dict[str, Any] = {"system": s.name, "probe": f.what, "n": c.flat_probe,
-                               "future": c.flat_future, "leased": c.flat_leased}
+        rec: dict[str, Any] = {
+            "system": s.name,
+            "probe": f.what,
+            "n": c.flat_probe,
+            "future": c.flat_future,
+            "leased": c.flat_leased,
+        }
         b.fresh(s, dsn)
         t = time.perf_counter()
         f.setup(dsn, c.flat_future, c.flat_leased)
@@ -202,8 +253,9 @@ def flat(b: Bench) -> None:
         harness.vacuum(dsn, s.tables)
         rec["loaded_rows"] = s.remaining(dsn)
         f.ready(dsn, c.flat_probe)
-        run = run_procs(functools.partial(f.probe, dsn), 1, seconds=3600,
-                        extra={"n": c.flat_probe, "chunk": 10})
+        run = run_procs(
+            functools.partial(f.probe, dsn), 1, seconds=3600, extra={"n": c.flat_probe, "chunk": 10}
+        )
         for phase in ("empty", "loaded"):
             ms = [x * 1000 for x in run.results[0][phase]]
             rec[f"{phase}_p50_ms"] = round(percentile(ms, 50), 3)
@@ -211,9 +263,11 @@ def flat(b: Bench) -> None:
         rec["empty_rows"] = 0
         rec["p50_ratio"] = round(rec["loaded_p50_ms"] / rec["empty_p50_ms"], 3)
         b.flat.append(rec)
-        b.log(f"  flat   {s.name:<9} empty queue p50 {rec['empty_p50_ms']:.3f} ms p99 {rec['empty_p99_ms']:.3f} ms"
-              f" | {rec['loaded_rows']:,} future+leased rows p50 {rec['loaded_p50_ms']:.3f} ms"
-              f" p99 {rec['loaded_p99_ms']:.3f} ms | ratio {rec['p50_ratio']:.2f}")
+        b.log(
+            f"  flat   {s.name:<9} empty queue p50 {rec['empty_p50_ms']:.3f} ms p99 {rec['empty_p99_ms']:.3f} ms"
+            f" | {rec['loaded_rows']:,} future+leased rows p50 {rec['loaded_p50_ms']:.3f} ms"
+            f" p99 {rec['loaded_p99_ms']:.3f} ms | ratio {rec['p50_ratio']:.2f}"
+        )
         b.fresh(s, dsn)
 
 
@@ -263,8 +317,13 @@ def churn(b: Bench) -> None:
         stop = mp.get_context("fork").Event()
         samples: list[dict[str, Any]] = []
 
-        def sample(t0: float, s: System = s, dsn: str = dsn, stop: Any = stop,
-                   samples: list[dict[str, Any]] = samples) -> None:
+        def sample(
+            t0: float,
+            s: System = s,
+            dsn: str = dsn,
+            stop: Any = stop,
+            samples: list[dict[str, Any]] = samples,
+        ) -> None:
             wall0 = time.time()
             next_at = time.monotonic() + c.churn_interval
             end = time.monotonic() + seconds
@@ -275,27 +334,44 @@ def churn(b: Bench) -> None:
                 time.sleep(max(0.0, min(next_at, end) - now))
                 live, dead = harness.dead_tuples(dsn, s.tables)
                 samples.append({"t": round(time.time() - wall0, 1), "live_tuples": live, "dead_tuples": dead})
-                b.log(f"  churn  {s.name:<9} t={samples[-1]['t']:>6.0f}s  dead tuples {dead:>10,}  live {live:>9,}")
+                b.log(
+                    f"  churn  {s.name:<9} t={samples[-1]['t']:>6.0f}s  dead tuples {dead:>10,}  live {live:>9,}"
+                )
                 next_at += c.churn_interval
             stop.set()
 
         wall_start = time.time()
         try:
             worker = functools.partial(_churn_worker, s, v, dsn, c.churn_rate)
-            run = run_procs(worker, 1 + c.churn_consumers, seconds=seconds + 3600, stop=stop,
-                            during=sample, timeout=seconds + 600)
+            run = run_procs(
+                worker,
+                1 + c.churn_consumers,
+                seconds=seconds + 3600,
+                stop=stop,
+                during=sample,
+                timeout=seconds + 600,
+            )
         finally:
             holder.rollback()
             holder.close()
         timeline = _bin_churn(run.results, wall_start, c.churn_interval, seconds, samples)
-        b.churn.append({"system": s.name, "variant": v.name, "rate": c.churn_rate,
-                        "consumers": c.churn_consumers, "minutes": c.churn_minutes,
-                        "interval": c.churn_interval, "timeline": timeline})
+        b.churn.append(
+            {
+                "system": s.name,
+                "variant": v.name,
+                "rate": c.churn_rate,
+                "consumers": c.churn_consumers,
+                "minutes": c.churn_minutes,
+                "interval": c.churn_interval,
+                "timeline": timeline,
+            }
+        )
         b.fresh(s, dsn)
 
 
-def _bin_churn(results: list[Any], wall0: float, interval: float, seconds: float,
-               samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _bin_churn(
+    results: list[Any], wall0: float, interval: float, seconds: float, samples: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     nbins = max(1, math.ceil(seconds / interval))
     sent = [0] * nbins
     got = [0] * nbins
@@ -315,9 +391,13 @@ def _bin_churn(results: list[Any], wall0: float, interval: float, seconds: float
     backlog = 0
     for i in range(nbins):
         backlog += sent[i] - got[i]
-        row: dict[str, Any] = {"t": round((i + 1) * interval, 1), "sent_per_s": round(sent[i] / interval, 1),
-                               "consumed_per_s": round(got[i] / interval, 1), "backlog": backlog,
-                               "take_p50_ms": round(percentile(calls[i], 50), 3) if calls[i] else None}
+        row: dict[str, Any] = {
+            "t": round((i + 1) * interval, 1),
+            "sent_per_s": round(sent[i] / interval, 1),
+            "consumed_per_s": round(got[i] / interval, 1),
+            "backlog": backlog,
+            "take_p50_ms": round(percentile(calls[i], 50), 3) if calls[i] else None,
+        }
         if i < len(samples):
             row["dead_tuples"] = samples[i]["dead_tuples"]
             row["live_tuples"] = samples[i]["live_tuples"]
@@ -326,5 +406,9 @@ def _bin_churn(results: list[Any], wall0: float, interval: float, seconds: float
 
 
 RUNNERS: dict[str, Callable[[Bench], None]] = {
-    "send": send, "drain": drain, "latency": latency, "flat": flat, "churn": churn,
+    "send": send,
+    "drain": drain,
+    "latency": latency,
+    "flat": flat,
+    "churn": churn,
 }

@@ -38,7 +38,9 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def emit(args: argparse.Namespace, rows: Sequence[Any], columns: Sequence[str], title: str | None = None) -> None:
+def emit(
+    args: argparse.Namespace, rows: Sequence[Any], columns: Sequence[str], title: str | None = None
+) -> None:
     """Print ``rows`` (dataclasses or dicts) as a rich table, or as JSON with ``--json``."""
     data = [jsonable(r) for r in rows]
     if getattr(args, "json", False):

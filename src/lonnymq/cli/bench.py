@@ -12,8 +12,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "bench",
         help="benchmark LonnyMQ against pgmq, PgQueuer, a bare SKIP LOCKED queue and the floor",
         description="Benchmark LonnyMQ against pgmq, PgQueuer, a bare SKIP LOCKED queue and the "
-                    "PostgreSQL floor on one server (embedded by default); prints a table and "
-                    "writes results.json and chart.png. See docs/benchmarks.md.",
+        "PostgreSQL floor on one server (embedded by default); prints a table and "
+        "writes results.json and chart.png. See docs/benchmarks.md.",
     )
     add_arguments(p)
     p.set_defaults(func=run)

@@ -24,7 +24,9 @@ console = Console()
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="a short end-to-end tour (FIFO, scheduling, priority, leases, retries, de-dup, DLQ)")
+    p = sub.add_parser(
+        "demo", help="a short end-to-end tour (FIFO, scheduling, priority, leases, retries, de-dup, DLQ)"
+    )
     common(p)
     p.set_defaults(func=run, schema="lonnymq_demo")
 
@@ -56,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
             m = c.metrics(q)
             table.add_row(m.queue, str(m.ready), str(m.scheduled), str(m.leased), str(m.dead))
         console.print(table)
-    console.print("[bold green]demo finished: every claim above was checked against the database[/bold green]")
+    console.print(
+        "[bold green]demo finished: every claim above was checked against the database[/bold green]"
+    )
     return 0
 
 
@@ -78,7 +82,7 @@ def tour(c: Client, dsn: str) -> None:
     _check(1.0 <= waited < 4 and m.payload == "later", "the scheduled message arrives when due")
     c.ack(m)
 
-    _step("3. Priority: dequeue_at moved into the past by priority × priority_step")
+    _step("3. Priority: dequeue_at moved into the past by priority x priority_step")
     c.send_batch("demo", ["normal-1", "normal-2", Envelope("urgent", priority=10), "normal-3"])
     order = [m.payload for m in c.take("demo", 4)]
     console.print(f"  taken in order {order}")
@@ -98,7 +102,10 @@ def tour(c: Client, dsn: str) -> None:
         c.ack(stale)
         _check(False, "a stale ack to be rejected")
     except errors.LeaseLost:
-        _check(True, f"the old holder's ack (token {stale.token}) is rejected: the message is now token {retaken.token}")
+        _check(
+            True,
+            f"the old holder's ack (token {stale.token}) is rejected: the message is now token {retaken.token}",
+        )
     c.ack(retaken)
 
     _step("5. Retry with backoff, then the dead-letter queue")
@@ -120,8 +127,10 @@ def tour(c: Client, dsn: str) -> None:
     b = c.send("demo", {"invoice": 42, "v": 2}, key="invoice-42")
     r = c.send("demo", {"invoice": 42, "v": 3}, key="invoice-42", on_conflict="replace")
     console.print(f"  outcomes: {a.outcome}, {b.outcome}, {r.outcome} (same id {a.id})")
-    _check((a.outcome, b.outcome, r.outcome) == ("created", "ignored", "updated") and a.id == b.id == r.id,
-           "one live message per key: second send ignored, third replaced it")
+    _check(
+        (a.outcome, b.outcome, r.outcome) == ("created", "ignored", "updated") and a.id == b.id == r.id,
+        "one live message per key: second send ignored, third replaced it",
+    )
     try:
         c.send("demo", {}, key="invoice-42", on_conflict="error")
         _check(False, "DuplicateKey")

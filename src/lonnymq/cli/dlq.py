@@ -30,7 +30,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def list_(args: argparse.Namespace) -> int:
     with _util.client(args) as c:
         dead = c.dead_letters(args.queue, args.n, after_id=args.after_id)
-    _util.emit(args, dead, ["id", "attempts", "kind", "key", "last_error", "payload"], title=f"{args.queue} (dead)")
+    _util.emit(
+        args, dead, ["id", "attempts", "kind", "key", "last_error", "payload"], title=f"{args.queue} (dead)"
+    )
     return 0
 
 

@@ -20,8 +20,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     common(s, json=True)
     s.add_argument("queue")
     s.add_argument("payloads", nargs="*", help="payloads (JSON if it parses, else text)")
-    s.add_argument("--file", help="JSON-lines file ('-' for stdin): one payload per line, or with "
-                   "--envelopes one object per line with payload/kind/headers/delay/at/priority/key/channel")
+    s.add_argument(
+        "--file",
+        help="JSON-lines file ('-' for stdin): one payload per line, or with "
+        "--envelopes one object per line with payload/kind/headers/delay/at/priority/key/channel",
+    )
     s.add_argument("--envelopes", action="store_true", help="lines are envelope objects")
     s.add_argument("--kind")
     s.add_argument("--key")
@@ -59,8 +62,13 @@ def _lines(path: str) -> Iterator[str]:
 
 
 def _envelopes(args: argparse.Namespace) -> Iterator[Envelope]:
-    defaults: dict[str, Any] = {"kind": args.kind, "key": args.key, "channel": args.channel,
-                                "delay": args.delay, "priority": args.priority}
+    defaults: dict[str, Any] = {
+        "kind": args.kind,
+        "key": args.key,
+        "channel": args.channel,
+        "delay": args.delay,
+        "priority": args.priority,
+    }
     for text in args.payloads:
         yield Envelope(_util.parse_payload(text), **defaults)
     if args.file:
@@ -71,7 +79,9 @@ def _envelopes(args: argparse.Namespace) -> Iterator[Envelope]:
                 raise InvalidArgument(f"line {n}: not JSON: {e}") from None
             if args.envelopes:
                 if not isinstance(value, dict) or "payload" not in value or set(value) - _ENVELOPE_FIELDS:
-                    raise InvalidArgument(f"line {n}: an envelope needs 'payload' and only {sorted(_ENVELOPE_FIELDS)}")
+                    raise InvalidArgument(
+                        f"line {n}: an envelope needs 'payload' and only {sorted(_ENVELOPE_FIELDS)}"
+                    )
                 yield Envelope(**{**defaults, **value})
             else:
                 yield Envelope(value, **defaults)
@@ -81,7 +91,10 @@ def send(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     results = []
-    with _util.client(args) as c, Progress(transient=True, disable=args.json or not sys.stderr.isatty()) as bar:
+    with (
+        _util.client(args) as c,
+        Progress(transient=True, disable=args.json or not sys.stderr.isatty()) as bar,
+    ):
         task = bar.add_task("sending", total=None)
         for batch in _util.chunks(_envelopes(args), args.batch_size):
             results.extend(c.send_batch(args.queue, batch, on_conflict=args.on_conflict))

@@ -17,10 +17,16 @@ from . import common
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("pipeline", help="the Spark reference pipeline: events -> queue -> workers -> report")
     common(p)
-    p.add_argument("--events", type=int, default=200_000,
-                   help="order events to generate (default 200000; the full run: 1000000)")
+    p.add_argument(
+        "--events",
+        type=int,
+        default=200_000,
+        help="order events to generate (default 200000; the full run: 1000000)",
+    )
     p.add_argument("--input", type=Path, help="read the events from this Parquet instead of generating them")
-    p.add_argument("--out", type=Path, default=Path("pipeline_out"), help="output directory (default ./pipeline_out)")
+    p.add_argument(
+        "--out", type=Path, default=Path("pipeline_out"), help="output directory (default ./pipeline_out)"
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--concurrency", type=int, default=200, help="handlers at once per worker (default 200)")
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
@@ -39,9 +45,17 @@ def run(args: argparse.Namespace) -> int:
     dsn = resolve_dsn(args.dsn)
     console.rule("[bold]LonnyMQ Spark reference pipeline")
     console.print(f"server {dsn.split('@')[-1]!r}, schema {args.schema!r}, output {str(args.out)!r}")
-    summary = run_pipeline(dsn, args.schema, args.out, events=args.events, input_path=args.input,
-                           workers=args.workers, concurrency=args.concurrency, master=args.master,
-                           say=console.print)
+    summary = run_pipeline(
+        dsn,
+        args.schema,
+        args.out,
+        events=args.events,
+        input_path=args.input,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        master=args.master,
+        say=console.print,
+    )
     console.print_json(json.dumps(summary, default=str))
     console.print(f"[bold green]report:[/bold green] {args.out / 'report' / 'index.html'}")
     return 0

@@ -49,10 +49,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def create(args: argparse.Namespace) -> int:
     with _util.client(args) as c:
         created = c.create_queue(
-            args.name, lease=args.lease, max_attempts=args.max_attempts,
-            dead_letter_queue=args.dead_letter_queue, archive=args.archive,
-            retention=args.retention, unlogged=args.unlogged,
-            max_payload_bytes=args.max_payload_bytes, priority_step=args.priority_step,
+            args.name,
+            lease=args.lease,
+            max_attempts=args.max_attempts,
+            dead_letter_queue=args.dead_letter_queue,
+            archive=args.archive,
+            retention=args.retention,
+            unlogged=args.unlogged,
+            max_payload_bytes=args.max_payload_bytes,
+            priority_step=args.priority_step,
             if_not_exists=args.if_not_exists,
         )
     print(f"created queue {args.name!r}" if created else f"queue {args.name!r} exists")
@@ -62,8 +67,21 @@ def create(args: argparse.Namespace) -> int:
 def list_(args: argparse.Namespace) -> int:
     with _util.client(args) as c:
         queues = c.list_queues()
-    _util.emit(args, queues, ["name", "lease_ms", "max_attempts", "dead_letter_queue", "archive",
-                              "retention_ms", "unlogged", "max_payload_bytes", "priority_step_ms"])
+    _util.emit(
+        args,
+        queues,
+        [
+            "name",
+            "lease_ms",
+            "max_attempts",
+            "dead_letter_queue",
+            "archive",
+            "retention_ms",
+            "unlogged",
+            "max_payload_bytes",
+            "priority_step_ms",
+        ],
+    )
     return 0
 
 
@@ -85,6 +103,9 @@ def stats(args: argparse.Namespace) -> int:
     with _util.client(args) as c:
         names = args.names or [q.name for q in c.list_queues()]
         rows = [c.metrics(n) for n in names]
-    _util.emit(args, rows, ["queue", "ready", "scheduled", "leased", "dead", "oldest_ready_age_ms",
-                            "next_scheduled_at"])
+    _util.emit(
+        args,
+        rows,
+        ["queue", "ready", "scheduled", "leased", "dead", "oldest_ready_age_ms", "next_scheduled_at"],
+    )
     return 0

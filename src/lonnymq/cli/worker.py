@@ -40,14 +40,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("-q", "--queues", nargs="+", metavar="QUEUE", help="serve only these queues")
     p.add_argument("--batch-size", type=int, help="most messages per fetch (default: concurrency)")
     p.add_argument("--lease", type=float, help="lease seconds (default: each queue's own)")
-    p.add_argument("--poll-interval", type=float, default=5.0, help="fetch at least this often without NOTIFY (s)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds running handlers get to finish on shutdown (default 30)")
+    p.add_argument(
+        "--poll-interval", type=float, default=5.0, help="fetch at least this often without NOTIFY (s)"
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds running handlers get to finish on shutdown (default 30)",
+    )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
     p.add_argument("--no-cron", action="store_true", help="do not send periodic messages from this worker")
-    p.add_argument("--log-level", default=os.environ.get("LONNYMQ_LOG_LEVEL", "INFO"),
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("LONNYMQ_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
     p.set_defaults(func=run)
 
     c = sub.add_parser("cron", help="list and manage periodic messages")
@@ -63,11 +72,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add.add_argument("--payload", default="null", help="JSON payload (plain text if not JSON)")
     add.add_argument("--kind")
     add.add_argument("--priority", type=int, default=0)
-    add.add_argument("--misfire-grace", type=float, default=60.0,
-                     help="seconds a late tick is still sent (default 60)")
+    add.add_argument(
+        "--misfire-grace", type=float, default=60.0, help="seconds a late tick is still sent (default 60)"
+    )
     add.set_defaults(func=cron_add)
-    for name, fn, what in (("remove", cron_remove, "delete"), ("pause", cron_pause, "stop sending"),
-                           ("resume", cron_resume, "resume sending")):
+    for name, fn, what in (
+        ("remove", cron_remove, "delete"),
+        ("pause", cron_pause, "stop sending"),
+        ("resume", cron_resume, "resume sending"),
+    ):
         sp = cs.add_parser(name, help=f"{what} a periodic message")
         common(sp)
         sp.add_argument("name")
@@ -105,10 +118,18 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     worker = Worker(
-        load_app(args.app), args.dsn, schema=args.schema, queues=args.queues,
-        concurrency=args.concurrency, batch_size=args.batch_size, lease=args.lease,
-        poll_interval=args.poll_interval, shutdown_timeout=args.shutdown_timeout,
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host, cron=not args.no_cron,
+        load_app(args.app),
+        args.dsn,
+        schema=args.schema,
+        queues=args.queues,
+        concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        lease=args.lease,
+        poll_interval=args.poll_interval,
+        shutdown_timeout=args.shutdown_timeout,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        cron=not args.no_cron,
     )
     return asyncio.run(_serve(worker))
 
@@ -163,13 +184,35 @@ def cron_list(args: argparse.Namespace) -> int:
             nxt = parse_schedule(r.schedule).next_after(max(r.last_tick_ms, r.db_now_ms))
         except errors.InvalidArgument:
             nxt = None
-        out.append({
-            "name": r.name, "schedule": r.schedule, "queue": r.queue, "kind": r.kind,
-            "enabled": r.enabled, "source": r.source, "last_tick": _iso(r.last_tick_ms),
-            "next_tick": _iso(nxt) if r.enabled else None, "last_message_id": r.last_message_id,
-        })
-    _util.emit(args, out, ["name", "schedule", "queue", "kind", "enabled", "source", "last_tick",
-                           "next_tick", "last_message_id"], title="periodic messages")
+        out.append(
+            {
+                "name": r.name,
+                "schedule": r.schedule,
+                "queue": r.queue,
+                "kind": r.kind,
+                "enabled": r.enabled,
+                "source": r.source,
+                "last_tick": _iso(r.last_tick_ms),
+                "next_tick": _iso(nxt) if r.enabled else None,
+                "last_message_id": r.last_message_id,
+            }
+        )
+    _util.emit(
+        args,
+        out,
+        [
+            "name",
+            "schedule",
+            "queue",
+            "kind",
+            "enabled",
+            "source",
+            "last_tick",
+            "next_tick",
+            "last_message_id",
+        ],
+        title="periodic messages",
+    )
     return 0
 
 
@@ -180,8 +223,14 @@ def cron_add(args: argparse.Namespace) -> int:
     sched = parse_schedule(args.schedule)
     with _util.client(args) as c:
         op = worker_ops(c.schema).cron_upsert(
-            args.name, sched.text, args.queue, _util.parse_payload(args.payload), kind=args.kind,
-            priority=args.priority, misfire_grace=args.misfire_grace, source="cli",
+            args.name,
+            sched.text,
+            args.queue,
+            _util.parse_payload(args.payload),
+            kind=args.kind,
+            priority=args.priority,
+            misfire_grace=args.misfire_grace,
+            source="cli",
         )
         outcome = c.run(op)
     print(f"periodic message {args.name!r} {outcome}: {sched.text} -> {args.queue}")

@@ -19,7 +19,6 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from .. import errors
-from .ops import Op, Ops, map_error, settled, to_ms
 from ..migrations import (
     DEFAULT_SCHEMA,
     applied_query,
@@ -40,6 +39,7 @@ from ..models import (
     QueueMetrics,
     SendResult,
 )
+from .ops import Op, Ops, map_error, settled, to_ms
 
 T = TypeVar("T")
 
@@ -78,7 +78,7 @@ class AsyncClient:
             self.conninfo = conninfo.conninfo
         else:
             if conninfo is None:
-                from .embedded import resolve_dsn
+                from ..embedded import resolve_dsn
 
                 conninfo = resolve_dsn()
             self.conninfo = conninfo
@@ -140,19 +140,20 @@ class AsyncClient:
 
     # -- schema ----------------------------------------------------------------------------
 
-    async def migrate(self, *, target: int | None = None, conn: AsyncConnection[Any] | None = None) -> list[int]:
+    async def migrate(
+        self, *, target: int | None = None, conn: AsyncConnection[Any] | None = None
+    ) -> list[int]:
         """Apply the migrations this package ships that the schema lacks (to ``target``).
         Safe to run concurrently and repeatedly; returns the versions applied by this call."""
         s = self.schema
-        async with self.connection(conn) as c:
-            async with c.transaction():
-                await c.execute(lock_query(s))
-                await c.execute(bootstrap_query(s))
-                cur = await c.execute(applied_query(s))
-                todo = pending({r[0] for r in await cur.fetchall()}, target)
-                for m in todo:
-                    await c.execute(m.render(s))
-                    await c.execute(record_query(s), (m.version, m.name))
+        async with self.connection(conn) as c, c.transaction():
+            await c.execute(lock_query(s))
+            await c.execute(bootstrap_query(s))
+            cur = await c.execute(applied_query(s))
+            todo = pending({r[0] for r in await cur.fetchall()}, target)
+            for m in todo:
+                await c.execute(m.render(s))
+                await c.execute(record_query(s), (m.version, m.name))
         return [m.version for m in todo]
 
     install = migrate
@@ -186,16 +187,26 @@ class AsyncClient:
         ``channel_*``: the policy of each channel a message creates (see :meth:`set_channel`).
         Returns False if it existed and ``if_not_exists``; raises QueueExists otherwise."""
         op = self.ops.queue_create(
-            name, lease=lease, max_attempts=max_attempts, dead_letter_queue=dead_letter_queue,
-            archive=archive, retention=retention, unlogged=unlogged,
-            max_payload_bytes=max_payload_bytes, priority_step=priority_step,
-            if_not_exists=if_not_exists, channel_max_concurrency=channel_max_concurrency,
-            channel_release_interval=channel_release_interval, channel_max_size=channel_max_size,
+            name,
+            lease=lease,
+            max_attempts=max_attempts,
+            dead_letter_queue=dead_letter_queue,
+            archive=archive,
+            retention=retention,
+            unlogged=unlogged,
+            max_payload_bytes=max_payload_bytes,
+            priority_step=priority_step,
+            if_not_exists=if_not_exists,
+            channel_max_concurrency=channel_max_concurrency,
+            channel_release_interval=channel_release_interval,
+            channel_max_size=channel_max_size,
             channel_on_full=channel_on_full,
         )
         return await self.run(op, conn)
 
-    async def drop_queue(self, name: str, *, if_exists: bool = False, conn: AsyncConnection[Any] | None = None) -> bool:
+    async def drop_queue(
+        self, name: str, *, if_exists: bool = False, conn: AsyncConnection[Any] | None = None
+    ) -> bool:
         """Drop a queue with its messages and archive."""
         return await self.run(self.ops.queue_drop(name, if_exists=if_exists), conn)
 
@@ -206,7 +217,9 @@ class AsyncClient:
     async def list_queues(self, *, conn: AsyncConnection[Any] | None = None) -> list[QueueInfo]:
         return await self.run(self.ops.queue_list(), conn)
 
-    async def metrics(self, queue: str, *, cap: int = 100_000, conn: AsyncConnection[Any] | None = None) -> QueueMetrics:
+    async def metrics(
+        self, queue: str, *, cap: int = 100_000, conn: AsyncConnection[Any] | None = None
+    ) -> QueueMetrics:
         """Counts of ready, scheduled, leased and dead messages, exact up to ``cap`` each."""
         return await self.run(self.ops.queue_metrics(queue, cap=cap), conn)
 
@@ -232,18 +245,29 @@ class AsyncClient:
         ``dropped`` (``on_full="drop"``). None is unlimited. Applies from the next delivery or
         send; messages already leased or queued stay. Returns the channel."""
         op = self.ops.channel_set(
-            queue, channel, max_concurrency=max_concurrency, release_interval=release_interval,
-            max_size=max_size, on_full=on_full,
+            queue,
+            channel,
+            max_concurrency=max_concurrency,
+            release_interval=release_interval,
+            max_size=max_size,
+            on_full=on_full,
         )
         return await self.run(op, conn)
 
-    async def reset_channel(self, queue: str, channel: str, *, conn: AsyncConnection[Any] | None = None) -> bool:
+    async def reset_channel(
+        self, queue: str, channel: str, *, conn: AsyncConnection[Any] | None = None
+    ) -> bool:
         """Give a configured channel back the queue's defaults (it goes once empty). Returns
         False if it was not configured."""
         return await self.run(self.ops.channel_reset(queue, channel), conn)
 
     async def channels(
-        self, queue: str, *, limit: int = 1000, after: str | None = None, conn: AsyncConnection[Any] | None = None
+        self,
+        queue: str,
+        *,
+        limit: int = 1000,
+        after: str | None = None,
+        conn: AsyncConnection[Any] | None = None,
     ) -> list[ChannelInfo]:
         """The channels of ``queue`` by name (``limit`` of them after ``after``): each
         configured one and each holding messages, with its policy, size and leases."""
@@ -363,7 +387,9 @@ class AsyncClient:
         await conn.execute(self.ops.st.listen)
         return conn
 
-    async def peek(self, queue: str, n: int = 10, *, conn: AsyncConnection[Any] | None = None) -> list[Message]:
+    async def peek(
+        self, queue: str, n: int = 10, *, conn: AsyncConnection[Any] | None = None
+    ) -> list[Message]:
         """The next ``n`` messages in delivery order (ready or not), without leasing them."""
         return await self.run(self.ops.peek(queue, n), conn)
 
@@ -412,7 +438,9 @@ class AsyncClient:
         op = self.ops.nack(batch, delay=delay, state=state, count_attempt=False)
         return settled(messages, await self.run(op, conn))
 
-    async def release(self, messages: Message | Sequence[Message], *, conn: AsyncConnection[Any] | None = None) -> dict[int, str]:
+    async def release(
+        self, messages: Message | Sequence[Message], *, conn: AsyncConnection[Any] | None = None
+    ) -> dict[int, str]:
         """Give deliveries back for immediate redelivery (e.g. on shutdown), uncounted."""
         return await self.defer(messages, conn=conn)
 

@@ -263,9 +263,7 @@ class Statements:
             " %b::text[], %b::jsonb[], %b::bigint[], %b::bigint[], %b::int2[], %b::text[],"
             " %b::text[], %s::text)"
         )
-        self.take = q(
-            "SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])"
-        )
+        self.take = q("SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])")
         self.take_tx = q("SELECT * FROM {s}.take_tx(%s::text, %s::int, %s::bool)")
         self.peek = q("SELECT * FROM {s}.peek(%s::text, %s::int)")
         self.ack = q("SELECT * FROM {s}.ack(%s::text, %b::bigint[], %b::int[], %s::bool)")
@@ -280,8 +278,7 @@ class Statements:
         self.dead_purge = q("SELECT {s}.dead_purge(%s::text)")
         self.maintain = q("SELECT {s}.maintain(%s::int)")
         self.channel_set = q(
-            "SELECT * FROM {s}.channel_set(%s::text, %s::text, %s::int, %s::bigint, %s::bigint,"
-            " %s::text)"
+            "SELECT * FROM {s}.channel_set(%s::text, %s::text, %s::int, %s::bigint, %s::bigint, %s::text)"
         )
         self.channel_reset = q("SELECT {s}.channel_reset(%s::text, %s::text)")
         self.channel_list = q("SELECT * FROM {s}.channel_list(%s::text, %s::int, %s::text)")
@@ -307,8 +304,24 @@ def _nothing(rows: list[Any]) -> None:
 def _messages(queue: str) -> Callable[[list[Any]], list[Message]]:
     def decode(rows: list[Any]) -> list[Message]:
         return [
-            Message(queue, r[0], r[2], r[1], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
-                    r[11], r[12], r[13], bytes(r[14]))
+            Message(
+                queue,
+                r[0],
+                r[2],
+                r[1],
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                r[8],
+                r[9],
+                r[10],
+                r[11],
+                r[12],
+                r[13],
+                bytes(r[14]),
+            )
             for r in rows
         ]
 
@@ -344,7 +357,10 @@ class Ops:
     ) -> Op[bool]:
         check_queue(name)
         policy = _channel_policy(
-            channel_max_concurrency, channel_release_interval, channel_max_size, channel_on_full,
+            channel_max_concurrency,
+            channel_release_interval,
+            channel_max_size,
+            channel_on_full,
             "channel_",
         )
         if dead_letter_queue is not None:
@@ -355,9 +371,17 @@ class Ops:
         if max_payload_bytes > MAX_PAYLOAD_BYTES:
             raise errors.InvalidArgument(f"max_payload_bytes must be at most {MAX_PAYLOAD_BYTES}")
         params = (
-            name, to_ms(lease, "lease", positive=True), max_attempts, dead_letter_queue,
-            bool(archive), to_ms(retention, "retention"), bool(unlogged), max_payload_bytes,
-            to_ms(priority_step, "priority_step"), bool(if_not_exists), *policy,
+            name,
+            to_ms(lease, "lease", positive=True),
+            max_attempts,
+            dead_letter_queue,
+            bool(archive),
+            to_ms(retention, "retention"),
+            bool(unlogged),
+            max_payload_bytes,
+            to_ms(priority_step, "priority_step"),
+            bool(if_not_exists),
+            *policy,
         )
         return Op(self.st.queue_create, params, _scalar)
 
@@ -424,8 +448,17 @@ class Ops:
             return values if any(v is not None for v in values) else None
 
         params = (
-            queue, bodies, opt(kinds), opt(ctypes), opt(headers), opt(ats), opt(delays),
-            prios if any(prios) else None, opt(keys), opt(channels), on_conflict,
+            queue,
+            bodies,
+            opt(kinds),
+            opt(ctypes),
+            opt(headers),
+            opt(ats),
+            opt(delays),
+            prios if any(prios) else None,
+            opt(keys),
+            opt(channels),
+            on_conflict,
         )
 
         def decode(rows: list[Any]) -> list[SendResult]:
@@ -480,7 +513,9 @@ class Ops:
         params = (queue, ids, tokens, delays, errs, states, count_attempt)
         return Op(self.st.nack, params, lambda rows: {r[0]: r[1] for r in rows})
 
-    def extend(self, messages: Sequence[Message], *, lease: float | timedelta | None = None) -> Op[dict[int, int]]:
+    def extend(
+        self, messages: Sequence[Message], *, lease: float | timedelta | None = None
+    ) -> Op[dict[int, int]]:
         queue = _one_queue(messages)
         ids, tokens = _pairs(queue, messages)
         params = (queue, ids, tokens, to_ms(lease, "lease", positive=True))
@@ -494,8 +529,11 @@ class Ops:
         check_limit(n)
         if not isinstance(after_id, int) or isinstance(after_id, bool) or not -(2**63) <= after_id < 2**63:
             raise errors.InvalidArgument(f"after_id must be a message id, got {after_id!r}")
-        return Op(self.st.dead_list, (queue, n, after_id),
-                  lambda rows: [DeadMessage(*r[:8], bytes(r[8])) for r in rows])
+        return Op(
+            self.st.dead_list,
+            (queue, n, after_id),
+            lambda rows: [DeadMessage(*r[:8], bytes(r[8])) for r in rows],
+        )
 
     def dead_requeue(self, queue: str, ids: Sequence[int] | None = None) -> Op[int]:
         check_queue(queue)
@@ -521,19 +559,21 @@ class Ops:
         check_queue(queue)
         check_channel(channel)
         policy = _channel_policy(max_concurrency, release_interval, max_size, on_full, "")
-        return Op(self.st.channel_set, (queue, channel, *policy),
-                  lambda rows: ChannelInfo(queue, *rows[0]))
+        return Op(self.st.channel_set, (queue, channel, *policy), lambda rows: ChannelInfo(queue, *rows[0]))
 
     def channel_reset(self, queue: str, channel: str) -> Op[bool]:
         return Op(self.st.channel_reset, (check_queue(queue), check_channel(channel)), _scalar)
 
-    def channel_list(self, queue: str, *, limit: int = 1000, after: str | None = None) -> Op[list[ChannelInfo]]:
+    def channel_list(
+        self, queue: str, *, limit: int = 1000, after: str | None = None
+    ) -> Op[list[ChannelInfo]]:
         check_queue(queue)
         check_limit(limit)
         if after is not None:
             check_channel(after)
-        return Op(self.st.channel_list, (queue, limit, after),
-                  lambda rows: [ChannelInfo(queue, *r) for r in rows])
+        return Op(
+            self.st.channel_list, (queue, limit, after), lambda rows: [ChannelInfo(queue, *r) for r in rows]
+        )
 
     def maintain(self, limit: int = 10_000) -> Op[int]:
         return Op(self.st.maintain, (check_limit(limit),), _scalar)
@@ -580,7 +620,9 @@ def _pairs(queue: str, messages: Sequence[Message]) -> tuple[list[int], list[int
     return ids, tokens
 
 
-def _per_message(value: Any, n: int, what: str, scalar: type | tuple[type, ...] = (int, float, timedelta)) -> list[Any]:
+def _per_message(
+    value: Any, n: int, what: str, scalar: type | tuple[type, ...] = (int, float, timedelta)
+) -> list[Any]:
     if value is None or isinstance(value, scalar):
         return [value] * n
     try:

@@ -21,7 +21,6 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from .. import errors
-from .ops import Op, Ops, map_error, settled, to_ms
 from ..migrations import (
     DEFAULT_SCHEMA,
     applied_query,
@@ -42,6 +41,7 @@ from ..models import (
     QueueMetrics,
     SendResult,
 )
+from .ops import Op, Ops, map_error, settled, to_ms
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ class Client:
             self.conninfo = conninfo.conninfo
         else:
             if conninfo is None:
-                from .embedded import resolve_dsn
+                from ..embedded import resolve_dsn
 
                 conninfo = resolve_dsn()
             self.conninfo = conninfo
@@ -142,19 +142,20 @@ class Client:
 
     # -- schema ----------------------------------------------------------------------------
 
-    def migrate(self, *, target: int | None = None, conn: Connection[Any] | None = None) -> list[int]:
+    def migrate(
+        self, *, target: int | None = None, conn: Connection[Any] | None = None
+    ) -> list[int]:
         """Apply the migrations this package ships that the schema lacks (to ``target``).
         Safe to run concurrently and repeatedly; returns the versions applied by this call."""
         s = self.schema
-        with self.connection(conn) as c:
-            with c.transaction():
-                c.execute(lock_query(s))
-                c.execute(bootstrap_query(s))
-                cur = c.execute(applied_query(s))
-                todo = pending({r[0] for r in cur.fetchall()}, target)
-                for m in todo:
-                    c.execute(m.render(s))
-                    c.execute(record_query(s), (m.version, m.name))
+        with self.connection(conn) as c, c.transaction():
+            c.execute(lock_query(s))
+            c.execute(bootstrap_query(s))
+            cur = c.execute(applied_query(s))
+            todo = pending({r[0] for r in cur.fetchall()}, target)
+            for m in todo:
+                c.execute(m.render(s))
+                c.execute(record_query(s), (m.version, m.name))
         return [m.version for m in todo]
 
     install = migrate
@@ -188,16 +189,26 @@ class Client:
         ``channel_*``: the policy of each channel a message creates (see :meth:`set_channel`).
         Returns False if it existed and ``if_not_exists``; raises QueueExists otherwise."""
         op = self.ops.queue_create(
-            name, lease=lease, max_attempts=max_attempts, dead_letter_queue=dead_letter_queue,
-            archive=archive, retention=retention, unlogged=unlogged,
-            max_payload_bytes=max_payload_bytes, priority_step=priority_step,
-            if_not_exists=if_not_exists, channel_max_concurrency=channel_max_concurrency,
-            channel_release_interval=channel_release_interval, channel_max_size=channel_max_size,
+            name,
+            lease=lease,
+            max_attempts=max_attempts,
+            dead_letter_queue=dead_letter_queue,
+            archive=archive,
+            retention=retention,
+            unlogged=unlogged,
+            max_payload_bytes=max_payload_bytes,
+            priority_step=priority_step,
+            if_not_exists=if_not_exists,
+            channel_max_concurrency=channel_max_concurrency,
+            channel_release_interval=channel_release_interval,
+            channel_max_size=channel_max_size,
             channel_on_full=channel_on_full,
         )
         return self.run(op, conn)
 
-    def drop_queue(self, name: str, *, if_exists: bool = False, conn: Connection[Any] | None = None) -> bool:
+    def drop_queue(
+        self, name: str, *, if_exists: bool = False, conn: Connection[Any] | None = None
+    ) -> bool:
         """Drop a queue with its messages and archive."""
         return self.run(self.ops.queue_drop(name, if_exists=if_exists), conn)
 
@@ -208,7 +219,9 @@ class Client:
     def list_queues(self, *, conn: Connection[Any] | None = None) -> list[QueueInfo]:
         return self.run(self.ops.queue_list(), conn)
 
-    def metrics(self, queue: str, *, cap: int = 100_000, conn: Connection[Any] | None = None) -> QueueMetrics:
+    def metrics(
+        self, queue: str, *, cap: int = 100_000, conn: Connection[Any] | None = None
+    ) -> QueueMetrics:
         """Counts of ready, scheduled, leased and dead messages, exact up to ``cap`` each."""
         return self.run(self.ops.queue_metrics(queue, cap=cap), conn)
 
@@ -234,18 +247,29 @@ class Client:
         ``dropped`` (``on_full="drop"``). None is unlimited. Applies from the next delivery or
         send; messages already leased or queued stay. Returns the channel."""
         op = self.ops.channel_set(
-            queue, channel, max_concurrency=max_concurrency, release_interval=release_interval,
-            max_size=max_size, on_full=on_full,
+            queue,
+            channel,
+            max_concurrency=max_concurrency,
+            release_interval=release_interval,
+            max_size=max_size,
+            on_full=on_full,
         )
         return self.run(op, conn)
 
-    def reset_channel(self, queue: str, channel: str, *, conn: Connection[Any] | None = None) -> bool:
+    def reset_channel(
+        self, queue: str, channel: str, *, conn: Connection[Any] | None = None
+    ) -> bool:
         """Give a configured channel back the queue's defaults (it goes once empty). Returns
         False if it was not configured."""
         return self.run(self.ops.channel_reset(queue, channel), conn)
 
     def channels(
-        self, queue: str, *, limit: int = 1000, after: str | None = None, conn: Connection[Any] | None = None
+        self,
+        queue: str,
+        *,
+        limit: int = 1000,
+        after: str | None = None,
+        conn: Connection[Any] | None = None,
     ) -> list[ChannelInfo]:
         """The channels of ``queue`` by name (``limit`` of them after ``after``): each
         configured one and each holding messages, with its policy, size and leases."""
@@ -365,7 +389,9 @@ class Client:
         conn.execute(self.ops.st.listen)
         return conn
 
-    def peek(self, queue: str, n: int = 10, *, conn: Connection[Any] | None = None) -> list[Message]:
+    def peek(
+        self, queue: str, n: int = 10, *, conn: Connection[Any] | None = None
+    ) -> list[Message]:
         """The next ``n`` messages in delivery order (ready or not), without leasing them."""
         return self.run(self.ops.peek(queue, n), conn)
 
@@ -414,7 +440,9 @@ class Client:
         op = self.ops.nack(batch, delay=delay, state=state, count_attempt=False)
         return settled(messages, self.run(op, conn))
 
-    def release(self, messages: Message | Sequence[Message], *, conn: Connection[Any] | None = None) -> dict[int, str]:
+    def release(
+        self, messages: Message | Sequence[Message], *, conn: Connection[Any] | None = None
+    ) -> dict[int, str]:
         """Give deliveries back for immediate redelivery (e.g. on shutdown), uncounted."""
         return self.defer(messages, conn=conn)
 

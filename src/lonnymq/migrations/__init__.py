@@ -66,9 +66,9 @@ def latest_version() -> int:
 
 def lock_query(schema: str) -> sql.Composed:
     """Serialises migrators of one schema until their transaction ends."""
-    return sql.SQL(
-        "SELECT pg_advisory_xact_lock(hashtext('lonnymq.migrate'), hashtext({}));"
-    ).format(sql.Literal(schema))
+    return sql.SQL("SELECT pg_advisory_xact_lock(hashtext('lonnymq.migrate'), hashtext({}));").format(
+        sql.Literal(schema)
+    )
 
 
 def bootstrap_query(schema: str) -> sql.Composed:
@@ -83,15 +83,11 @@ def bootstrap_query(schema: str) -> sql.Composed:
 
 
 def applied_query(schema: str) -> sql.Composed:
-    return sql.SQL("SELECT version FROM {}.migration ORDER BY version").format(
-        sql.Identifier(schema)
-    )
+    return sql.SQL("SELECT version FROM {}.migration ORDER BY version").format(sql.Identifier(schema))
 
 
 def record_query(schema: str) -> sql.Composed:
-    return sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(
-        sql.Identifier(schema)
-    )
+    return sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(sql.Identifier(schema))
 
 
 def pending(applied: set[int], target: int | None = None) -> list[Migration]:

@@ -29,8 +29,9 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(LonnyMQDataSource)
 
 
-def sweep(dsn: str, *, schema: str = DEFAULT_SCHEMA, stage_ttl: float = 86400,
-          stream_ttl: float = 7 * 86400) -> tuple[int, int]:
+def sweep(
+    dsn: str, *, schema: str = DEFAULT_SCHEMA, stage_ttl: float = 86400, stream_ttl: float = 7 * 86400
+) -> tuple[int, int]:
     """Delete staging rows older than ``stage_ttl`` seconds that no commit or abort removed (a
     driver that died mid-write) and streaming-read state of queries not seen for
     ``stream_ttl`` seconds. Returns (staged rows, streams) deleted. Safe to run any time, as

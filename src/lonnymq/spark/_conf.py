@@ -33,8 +33,9 @@ def option(options: Mapping[str, str], name: str, default: str | None = None) ->
     return default
 
 
-def int_option(options: Mapping[str, str], name: str, default: int | None, *, low: int = 1,
-               high: int = 2**31 - 1) -> int | None:
+def int_option(
+    options: Mapping[str, str], name: str, default: int | None, *, low: int = 1, high: int = 2**31 - 1
+) -> int | None:
     raw = option(options, name)
     if raw is None:
         return default
@@ -103,8 +104,9 @@ class Target:
             sql.Identifier(self.schema), sql.Identifier(function)
         )
 
-    def call(self, conn: psycopg.Connection[Any], function: str, args: LiteralString,
-             params: tuple[Any, ...]) -> list[Any]:
+    def call(
+        self, conn: psycopg.Connection[Any], function: str, args: LiteralString, params: tuple[Any, ...]
+    ) -> list[Any]:
         """Run :meth:`query` with lonnymq's typed errors."""
         query = self.query(function, args)
         try:

@@ -59,10 +59,12 @@ _FETCH = 10_000
 def read_schema(options: Mapping[str, str]) -> StructType:
     """The default schema; ``payloadType=binary`` keeps payloads as raw bytes."""
     binary = choice_option(options, "payloadType", ("string", "binary"), "string") == "binary"
-    return StructType([
-        StructField(name, BinaryType() if name == "payload" and binary else dtype, True)
-        for name, dtype in COLUMNS
-    ])
+    return StructType(
+        [
+            StructField(name, BinaryType() if name == "payload" and binary else dtype, True)
+            for name, dtype in COLUMNS
+        ]
+    )
 
 
 def _decode(body: bytes | None) -> str | None:
@@ -112,8 +114,9 @@ class _Arrow:
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 
-def _fetch(target: Target, function: str, args: LiteralString, params: tuple[Any, ...], arrow: _Arrow
-           ) -> Iterator[pa.RecordBatch]:
+def _fetch(
+    target: Target, function: str, args: LiteralString, params: tuple[Any, ...], arrow: _Arrow
+) -> Iterator[pa.RecordBatch]:
     """Stream a read function's rows through a server-side cursor, as Arrow batches."""
     query = target.query(function, args)
     with target.connect() as conn, conn.cursor(name="lonnymq_spark_read", binary=True) as cur:
@@ -148,8 +151,9 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> list[IdRange]:
         with self.target.connect(autocommit=True) as conn:
-            [(lo, hi)] = self.target.call(conn, "spark_id_range", "%s::text, %s::text",
-                                          (self.target.queue, self.table))
+            [(lo, hi)] = self.target.call(
+                conn, "spark_id_range", "%s::text, %s::text", (self.target.queue, self.table)
+            )
         if lo is None:
             return [IdRange(0, 0)]
         hi += 1
@@ -164,12 +168,22 @@ class BatchReader(DataSourceReader):
         arrow = _Arrow(self.schema)
         t = self.target
         if self.table == "messages":
-            yield from _fetch(t, "spark_read_messages", "%s::text, %s::bigint, %s::bigint",
-                              (t.queue, partition.lo, partition.hi), arrow)
+            yield from _fetch(
+                t,
+                "spark_read_messages",
+                "%s::text, %s::bigint, %s::bigint",
+                (t.queue, partition.lo, partition.hi),
+                arrow,
+            )
         else:
             status = "dead" if self.table == "dead" else None
-            yield from _fetch(t, "spark_read_archive", "%s::text, %s::bigint, %s::bigint, %s::text",
-                              (t.queue, partition.lo, partition.hi, status), arrow)
+            yield from _fetch(
+                t,
+                "spark_read_archive",
+                "%s::text, %s::bigint, %s::bigint, %s::text",
+                (t.queue, partition.lo, partition.hi, status),
+                arrow,
+            )
 
 
 # -- streaming read ---------------------------------------------------------------------------
@@ -219,8 +233,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _call(self, function: str, args: LiteralString, params: tuple[Any, ...]) -> list[Any]:
         for attempt in (1, 2):
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self.target.dsn, autocommit=True,
-                                             application_name="lonnymq-spark")
+                self._conn = psycopg.connect(
+                    self.target.dsn, autocommit=True, application_name="lonnymq-spark"
+                )
             try:
                 return self.target.call(self._conn, function, args, params)
             except psycopg.OperationalError:
@@ -263,8 +278,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamChunks]:
         stream = end["stream"]
-        rows = self._call("spark_stream_chunks", "%s::uuid, %s::bigint, %s::bigint",
-                          (stream, int(start["batch"]), int(end["batch"])))
+        rows = self._call(
+            "spark_stream_chunks",
+            "%s::uuid, %s::bigint, %s::bigint",
+            (stream, int(start["batch"]), int(end["batch"])),
+        )
         if not rows:
             return [StreamChunks(stream, [])]
         groups: list[list[tuple[int, int]]] = [[] for _ in range(min(self.num_partitions, len(rows)))]
@@ -279,12 +297,20 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, StreamChunks)
         arrow = _Arrow(self.schema)
         for batch, chunk in partition.chunks:
-            yield from _fetch(self.target, "spark_stream_read", "%s::uuid, %s::bigint, %s::int",
-                              (partition.stream, batch, chunk), arrow)
+            yield from _fetch(
+                self.target,
+                "spark_stream_read",
+                "%s::uuid, %s::bigint, %s::int",
+                (partition.stream, batch, chunk),
+                arrow,
+            )
 
     def commit(self, end: dict[str, Any]) -> None:
-        self._call("spark_stream_commit", "%s::uuid, %s::bigint, %s::bool",
-                   (end["stream"], int(end["batch"]), self.archive))
+        self._call(
+            "spark_stream_commit",
+            "%s::uuid, %s::bigint, %s::bool",
+            (end["stream"], int(end["batch"]), self.archive),
+        )
 
     def stop(self) -> None:
         if self._conn is not None:

@@ -126,9 +126,15 @@ class Plan:
     def copy_columns(self) -> list[tuple[str, str]]:
         """(staging column, type) written for this plan, after part and seq."""
         cols = [("payload", "bytea"), ("content_type", "text")]
-        for name, typ in (("kind", "text"), ("key", "text"), ("channel", "text"),
-                          ("headers", "jsonb"), ("at", "int8"), ("delay", "int8"),
-                          ("priority", "int2")):
+        for name, typ in (
+            ("kind", "text"),
+            ("key", "text"),
+            ("channel", "text"),
+            ("headers", "jsonb"),
+            ("at", "int8"),
+            ("delay", "int8"),
+            ("priority", "int2"),
+        ):
             if name in self.columns:
                 cols.append(({"at": "at_ms", "delay": "delay_ms"}.get(name, name), typ))
         return cols
@@ -162,7 +168,9 @@ class Encoder:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.ctype = {"text": TEXT, "json_text": JSON, "binary": None, "json": JSON, "row_json": JSON}[plan.mode]
+        self.ctype = {"text": TEXT, "json_text": JSON, "binary": None, "json": JSON, "row_json": JSON}[
+            plan.mode
+        ]
 
     def payloads(self, batch: pa.RecordBatch) -> list[bytes]:
         plan = self.plan
@@ -183,7 +191,9 @@ class Encoder:
             try:
                 json.loads(v)
             except ValueError as e:
-                raise errors.InvalidArgument(f"column {plan.payload!r} is not JSON: {e}: {v[:80]!r}") from None
+                raise errors.InvalidArgument(
+                    f"column {plan.payload!r} is not JSON: {e}: {v[:80]!r}"
+                ) from None
             out.append(v.encode())
         return out
 
@@ -257,8 +267,9 @@ class Staged(WriterCommitMessage):
     sink: str | None = None
 
 
-def stage(target: Target, plan: Plan, run: str, batches: Iterator[pa.RecordBatch], sink: str | None = None
-          ) -> Staged:
+def stage(
+    target: Target, plan: Plan, run: str, batches: Iterator[pa.RecordBatch], sink: str | None = None
+) -> Staged:
     """COPY a task's rows into staging in one transaction; nothing is visible to the commit
     unless the whole task's rows are."""
     encoder = Encoder(plan)
@@ -290,16 +301,30 @@ def stage(target: Target, plan: Plan, run: str, batches: Iterator[pa.RecordBatch
     return Staged(run, part, n, sink)
 
 
-def commit(target: Target, run: str, messages: list[Any], on_conflict: str,
-           sink: str | None = None, batch_id: int | None = None) -> tuple[int, int, int, bool]:
+def commit(
+    target: Target,
+    run: str,
+    messages: list[Any],
+    on_conflict: str,
+    sink: str | None = None,
+    batch_id: int | None = None,
+) -> tuple[int, int, int, bool]:
     """Move the reported parts into the queue in one transaction (see ``spark_write_commit``)."""
     staged = [m for m in messages if isinstance(m, Staged) and m.rows > 0]
     with target.connect() as conn:
         [row] = target.call(
-            conn, "spark_write_commit",
+            conn,
+            "spark_write_commit",
             "%s::text, %s::uuid, %s::bigint[], %s::bigint[], %s::text, %s::text, %s::bigint",
-            (target.queue, run, [m.part for m in staged], [m.rows for m in staged], on_conflict,
-             sink, batch_id),
+            (
+                target.queue,
+                run,
+                [m.part for m in staged],
+                [m.rows for m in staged],
+                on_conflict,
+                sink,
+                batch_id,
+            ),
         )
         conn.commit()
     created, updated, ignored, duplicate = row
@@ -339,8 +364,14 @@ class BatchWriter(DataSourceArrowWriter):
         return stage(self.target, self.plan, self.run, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit(self.target, self.run, list(messages), self.plan.on_conflict, self.sink,
-               None if self.sink is None else 0)
+        commit(
+            self.target,
+            self.run,
+            list(messages),
+            self.plan.on_conflict,
+            self.sink,
+            None if self.sink is None else 0,
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort(self.target, self.run, list(messages))
@@ -382,4 +413,3 @@ class StreamWriter(DataSourceStreamArrowWriter):
         staged = [m for m in messages if isinstance(m, Staged)]
         if staged:
             abort(self.target, staged[0].run, list(staged))
-

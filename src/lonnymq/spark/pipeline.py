@@ -96,7 +96,7 @@ def generate_events(spark: Any, n: int, path: Path, *, seed: int = 7) -> Any:
         x, expr, acc = u(salt), None, 0.0
         for value, weight in weighted[:-1]:
             acc += weight
-            expr = (F.when(x < acc, value) if expr is None else expr.when(x < acc, value))
+            expr = F.when(x < acc, value) if expr is None else expr.when(x < acc, value)
         assert expr is not None
         return expr.otherwise(weighted[-1][0])
 
@@ -107,10 +107,15 @@ def generate_events(spark: Any, n: int, path: Path, *, seed: int = 7) -> Any:
     events = spark.range(n, numPartitions=max(2, spark.sparkContext.defaultParallelism)).select(
         F.format_string("evt-%010d", F.col("id")).alias("event_id"),
         (F.col("id") / 3).cast("long").alias("order_id"),
-        F.format_string("cust-%06d", F.pmod(F.xxhash64(F.col("id") / 3, F.lit(seed)), F.lit(60_000))).alias("customer_id"),
+        F.format_string("cust-%06d", F.pmod(F.xxhash64(F.col("id") / 3, F.lit(seed)), F.lit(60_000))).alias(
+            "customer_id"
+        ),
         F.format_string("m-%02d", merchant).alias("merchant"),
         F.element_at(regions, F.pmod(merchant, F.lit(4)) + 1).alias("region"),
-        pick(1, [("created", 0.34), ("paid", 0.30), ("shipped", 0.20), ("delivered", 0.13), ("cancelled", 0.03)]).alias("event_type"),
+        pick(
+            1,
+            [("created", 0.34), ("paid", 0.30), ("shipped", 0.20), ("delivered", 0.13), ("cancelled", 0.03)],
+        ).alias("event_type"),
         pick(3, [("express", 0.05), ("standard", 0.80), ("bulk", 0.15)]).alias("tier"),
         F.round(F.lit(4.99) + u(4) * 495, 2).alias("amount"),
         F.lit("EUR").alias("currency"),
@@ -131,16 +136,36 @@ def enqueue(events: Any, dsn: str, schema: str, write_id: str) -> None:
 
     priority = F.coalesce(*(F.when(F.col("tier") == t, F.lit(p)) for t, p in TIERS.items()), F.lit(0))
     messages = events.select(
-        F.to_json(F.struct("event_id", "order_id", "customer_id", "merchant", "region", "event_type",
-                           "amount", "currency", "items", "event_time")).alias("payload"),
+        F.to_json(
+            F.struct(
+                "event_id",
+                "order_id",
+                "customer_id",
+                "merchant",
+                "region",
+                "event_type",
+                "amount",
+                "currency",
+                "items",
+                "event_time",
+            )
+        ).alias("payload"),
         F.col("event_type").alias("kind"),
         F.col("merchant").alias("channel"),
         priority.cast("int").alias("priority"),
         F.col("follow_up_s").cast("double").alias("delay"),
         F.create_map(F.lit("tier"), F.col("tier")).alias("headers"),
     )
-    (messages.write.format("lonnymq").option("dsn", dsn).option("schema", schema).option("queue", QUEUE)
-        .option("payloadFormat", "json").option("writeId", write_id).mode("append").save())
+    (
+        messages.write.format("lonnymq")
+        .option("dsn", dsn)
+        .option("schema", schema)
+        .option("queue", QUEUE)
+        .option("payloadFormat", "json")
+        .option("writeId", write_id)
+        .mode("append")
+        .save()
+    )
 
 
 # -- 3. workers -------------------------------------------------------------------------------
@@ -200,10 +225,15 @@ def _worker_process(dsn: str, schema: str, log_path: str, stop: Any, ready: Any,
         await worker.stop()
 
     asyncio.run(main())
-    table = pa.table({"id": pa.array(log["id"], pa.int64()), "attempt": pa.array(log["attempt"], pa.int32()),
-                      "started_at_ms": pa.array(log["started_at_ms"], pa.int64()),
-                      "outcome": pa.array(log["outcome"], pa.string()),
-                      "worker": pa.array(log["worker"], pa.int64())})
+    table = pa.table(
+        {
+            "id": pa.array(log["id"], pa.int64()),
+            "attempt": pa.array(log["attempt"], pa.int32()),
+            "started_at_ms": pa.array(log["started_at_ms"], pa.int64()),
+            "outcome": pa.array(log["outcome"], pa.string()),
+            "worker": pa.array(log["worker"], pa.int64()),
+        }
+    )
     pq.write_table(table, log_path)
 
 
@@ -216,9 +246,18 @@ class Workers:
         self.ready = [ctx.Event() for _ in range(n)]
         log_dir.mkdir(parents=True, exist_ok=True)
         self.procs = [
-            ctx.Process(target=_worker_process, name=f"lonnymq-pipeline-worker-{i}",
-                        args=(dsn, schema, str(log_dir / f"worker-{i}.parquet"), self.stop, self.ready[i],
-                              concurrency))
+            ctx.Process(
+                target=_worker_process,
+                name=f"lonnymq-pipeline-worker-{i}",
+                args=(
+                    dsn,
+                    schema,
+                    str(log_dir / f"worker-{i}.parquet"),
+                    self.stop,
+                    self.ready[i],
+                    concurrency,
+                ),
+            )
             for i in range(n)
         ]
 
@@ -247,8 +286,14 @@ class Workers:
                     p.join()
 
 
-def wait_drained(client: Client, workers: Workers, n: int, archive_count: Callable[[], int],
-                 timeout: float, progress: Callable[[int], None]) -> None:
+def wait_drained(
+    client: Client,
+    workers: Workers,
+    n: int,
+    archive_count: Callable[[], int],
+    timeout: float,
+    progress: Callable[[int], None],
+) -> None:
     """Until every message is settled: acked or dead, i.e. all n are in the archive."""
     deadline = time.monotonic() + timeout
     while True:
@@ -267,9 +312,19 @@ def wait_drained(client: Client, workers: Workers, n: int, archive_count: Callab
 # -- the whole run ----------------------------------------------------------------------------
 
 
-def run(dsn: str, schema: str, out: Path, *, events: int = 200_000, input_path: Path | None = None,
-        workers: int = 2, concurrency: int = 200, master: str = "local[*]",
-        say: Callable[[str], None] = print, spark: Any = None) -> dict[str, Any]:
+def run(
+    dsn: str,
+    schema: str,
+    out: Path,
+    *,
+    events: int = 200_000,
+    input_path: Path | None = None,
+    workers: int = 2,
+    concurrency: int = 200,
+    master: str = "local[*]",
+    say: Callable[[str], None] = print,
+    spark: Any = None,
+) -> dict[str, Any]:
     """Run the pipeline in ``schema`` (dropped and recreated) and write the report to
     ``out``. Returns the report's summary (also in ``out/report/summary.json``). Uses (and
     leaves running) ``spark`` if given, else starts and stops a local session."""
@@ -282,8 +337,7 @@ def run(dsn: str, schema: str, out: Path, *, events: int = 200_000, input_path: 
     t0 = time.perf_counter()
     with Client(dsn, schema=schema) as client:
         client.migrate()
-        client.create_queue(QUEUE, archive=True, max_attempts=MAX_ATTEMPTS, lease=30,
-                            retention=30 * 86400)
+        client.create_queue(QUEUE, archive=True, max_attempts=MAX_ATTEMPTS, lease=30, retention=30 * 86400)
 
         t = time.perf_counter()
         own_session = spark is None
@@ -317,12 +371,15 @@ def run(dsn: str, schema: str, out: Path, *, events: int = 200_000, input_path: 
                 t = time.perf_counter()
                 enqueue(df, dsn, schema, write_id=f"pipeline-{n}")
                 timings.stage("spark bulk enqueue", time.perf_counter() - t)
-                say(f"enqueued {n:,} messages with Spark in {timings.stages['spark bulk enqueue']:.1f} s "
-                    f"({n / timings.stages['spark bulk enqueue']:,.0f} msg/s)")
+                say(
+                    f"enqueued {n:,} messages with Spark in {timings.stages['spark bulk enqueue']:.1f} s "
+                    f"({n / timings.stages['spark bulk enqueue']:,.0f} msg/s)"
+                )
 
                 t = time.perf_counter()
                 count = sql.SQL("SELECT count(*) FROM {}.archive").format(sql.Identifier(schema))
                 with psycopg.connect(dsn, autocommit=True) as conn:
+
                     def archived() -> int:
                         row = conn.execute(count).fetchone()
                         return int(row[0]) if row else 0
@@ -336,7 +393,9 @@ def run(dsn: str, schema: str, out: Path, *, events: int = 200_000, input_path: 
 
                     wait_drained(client, pool, n, archived, timeout=max(600.0, n / 500), progress=progress)
                 timings.stage("workers drain", time.perf_counter() - t)
-                say(f"{workers} worker processes settled {n:,} messages in {timings.stages['workers drain']:.1f} s")
+                say(
+                    f"{workers} worker processes settled {n:,} messages in {timings.stages['workers drain']:.1f} s"
+                )
             finally:
                 pool.close()
 

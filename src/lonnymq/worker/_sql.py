@@ -83,8 +83,15 @@ class WorkerOps:
         """nack/defer of many deliveries, each with its own delay, error and saved state."""
         ids, tokens = _pairs(queue, messages)
         jstates = None if states is None or all(s is None for s in states) else [_state(s) for s in states]
-        params = (queue, ids, tokens, list(delays_ms), None if errors is None else _texts(errors),
-                  jstates, count_attempt)
+        params = (
+            queue,
+            ids,
+            tokens,
+            list(delays_ms),
+            None if errors is None else _texts(errors),
+            jstates,
+            count_attempt,
+        )
         return Op(self._nack, params, lambda rows: {r[0]: r[1] for r in rows})
 
     def give_up(self, queue: str, messages: Sequence[Message], errors: Sequence[str | None]) -> Op[set[int]]:
@@ -118,8 +125,7 @@ class WorkerOps:
         _check_text(kind, "kind", 255)
         body, ctype = encode_payload(payload)
         grace = to_ms(misfire_grace, "misfire_grace")
-        params = (name, schedule, queue, body, kind, ctype, _headers(headers),
-                  priority, grace, source)
+        params = (name, schedule, queue, body, kind, ctype, _headers(headers), priority, grace, source)
         return Op(self._cron_upsert, params, lambda rows: rows[0][0])
 
     def cron_delete(self, name: str) -> Op[bool]:

@@ -27,7 +27,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # -- outcomes a handler can ask for -----------------------------------------------------------
 
 
-class Defer(Exception):  # noqa: N818 - a request, not an error
+class Defer(Exception):
     """Raise (or return) from a handler to run the message again after ``delay`` seconds with
     ``state`` saved as its checkpoint (``job.state`` on the next delivery). Does not count as a
     failed attempt."""
@@ -38,7 +38,7 @@ class Defer(Exception):  # noqa: N818 - a request, not an error
         self.state = state
 
 
-class Retry(Exception):  # noqa: N818
+class Retry(Exception):
     """Raise from a handler to fail this attempt and retry after ``delay`` seconds (default: the
     handler's backoff). Counts as a failed attempt; the last attempt dead-letters."""
 
@@ -47,7 +47,7 @@ class Retry(Exception):  # noqa: N818
         self.delay = delay
 
 
-class GiveUp(Exception):  # noqa: N818
+class GiveUp(Exception):
     """Raise from a handler to dead-letter the message now, whatever attempts it has left (for
     errors that retrying cannot fix). The exception text becomes the message's error."""
 
@@ -171,7 +171,7 @@ class Periodic:
 def _is_async(fn: Callable[..., Any]) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 @dataclass
@@ -240,8 +240,9 @@ class App:
         timeout_ms = to_ms(timeout, "timeout", positive=True)
         if timeout_ms is not None and not is_async:
             raise InvalidArgument("timeout needs an async handler: a thread cannot be interrupted")
-        h = Handler(fn, queue, kind, is_async, retry, max_attempts,
-                    None if timeout_ms is None else timeout_ms / 1000)
+        h = Handler(
+            fn, queue, kind, is_async, retry, max_attempts, None if timeout_ms is None else timeout_ms / 1000
+        )
         self.handlers[(queue, kind)] = h
         return h
 
@@ -269,8 +270,9 @@ class App:
         grace = to_ms(misfire_grace, "misfire_grace")
         if name in self.schedules:
             raise InvalidArgument(f"a periodic message named {name!r} is already declared")
-        p = Periodic(name, parse_schedule(schedule), queue, payload, kind, headers, priority,
-                     (grace or 0) / 1000)
+        p = Periodic(
+            name, parse_schedule(schedule), queue, payload, kind, headers, priority, (grace or 0) / 1000
+        )
         p.encoded()  # fail now, not in the worker, if the payload cannot be encoded
         self.schedules[name] = p
         return p

@@ -20,7 +20,22 @@ _log = logging.getLogger("lonnymq.worker")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Seconds; spans sub-millisecond handlers to multi-minute ones.
 DEFAULT_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
 )
 
 Labels = tuple[str, ...]
@@ -182,11 +197,16 @@ class Registry:
     def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
         return self.register(Counter(name, help, labelnames))  # type: ignore[return-value]
 
-    def histogram(self, name: str, help: str, labelnames: Sequence[str] = (), **kw: Sequence[float]) -> Histogram:
+    def histogram(
+        self, name: str, help: str, labelnames: Sequence[str] = (), **kw: Sequence[float]
+    ) -> Histogram:
         return self.register(Histogram(name, help, labelnames, **kw))  # type: ignore[return-value]
 
     def gauge(
-        self, name: str, help: str, labelnames: Sequence[str] = (),
+        self,
+        name: str,
+        help: str,
+        labelnames: Sequence[str] = (),
         collect: Callable[[], Iterable[tuple[Labels, float]]] | None = None,
     ) -> Gauge:
         return self.register(Gauge(name, help, labelnames, collect))  # type: ignore[return-value]
@@ -230,7 +250,9 @@ class MetricsServer:
 
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="lonnymq-metrics", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="lonnymq-metrics", daemon=True
+        )
 
     @property
     def address(self) -> tuple[str, int]:

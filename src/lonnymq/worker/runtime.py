@@ -40,8 +40,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import errors
-from ..client.ops import _state, to_ms
 from ..client.aio import AsyncClient
+from ..client.ops import _state, to_ms
 from ..migrations import DEFAULT_SCHEMA
 from ..models import Message, QueueMetrics
 from ._sql import WORKER_MIGRATION, worker_ops
@@ -291,19 +291,36 @@ class Worker:
         self.m_cron_errors = r.counter(
             "lonnymq_cron_errors_total", "Periodic messages that could not be sent.", ["schedule"]
         )
-        r.gauge("lonnymq_worker_in_flight", "Handlers running now.",
-                collect=lambda: [((), float(self._running))])
-        r.gauge("lonnymq_worker_concurrency", "Handlers this worker runs at most at once.",
-                collect=lambda: [((), float(self.concurrency))])
-        r.gauge("lonnymq_queue_depth", "Messages in the queue: ready + scheduled + leased.", ["queue"],
-                collect=lambda: [((q.queue,), float(q.ready + q.scheduled + q.leased))
-                                 for q in self._queue_metrics.values()])
-        r.gauge("lonnymq_queue_messages",
-                "Messages in the queue by state (exact up to 100000, then 100000).",
-                ["queue", "state"], collect=self._queue_samples)
-        r.gauge("lonnymq_queue_oldest_ready_age_seconds", "How long the oldest ready message has waited.",
-                ["queue"], collect=lambda: [((q.queue,), (q.oldest_ready_age_ms or 0) / 1000)
-                                            for q in self._queue_metrics.values()])
+        r.gauge(
+            "lonnymq_worker_in_flight", "Handlers running now.", collect=lambda: [((), float(self._running))]
+        )
+        r.gauge(
+            "lonnymq_worker_concurrency",
+            "Handlers this worker runs at most at once.",
+            collect=lambda: [((), float(self.concurrency))],
+        )
+        r.gauge(
+            "lonnymq_queue_depth",
+            "Messages in the queue: ready + scheduled + leased.",
+            ["queue"],
+            collect=lambda: [
+                ((q.queue,), float(q.ready + q.scheduled + q.leased)) for q in self._queue_metrics.values()
+            ],
+        )
+        r.gauge(
+            "lonnymq_queue_messages",
+            "Messages in the queue by state (exact up to 100000, then 100000).",
+            ["queue", "state"],
+            collect=self._queue_samples,
+        )
+        r.gauge(
+            "lonnymq_queue_oldest_ready_age_seconds",
+            "How long the oldest ready message has waited.",
+            ["queue"],
+            collect=lambda: [
+                ((q.queue,), (q.oldest_ready_age_ms or 0) / 1000) for q in self._queue_metrics.values()
+            ],
+        )
         r.before_render = self._refresh_from_thread
 
     def _queue_samples(self) -> Iterable[tuple[tuple[str, ...], float]]:
@@ -364,9 +381,18 @@ class Worker:
                 self._queues[name] = _Queue(name, self.lease_ms or lease_ms, max_attempts)
             for p in self.app.schedules.values():
                 body = p.payload
-                outcome = await self.client.run(self.ops.cron_upsert(
-                    p.name, p.schedule.text, p.queue, body, kind=p.kind, headers=p.headers,
-                    priority=p.priority, misfire_grace=p.misfire_grace))
+                outcome = await self.client.run(
+                    self.ops.cron_upsert(
+                        p.name,
+                        p.schedule.text,
+                        p.queue,
+                        body,
+                        kind=p.kind,
+                        headers=p.headers,
+                        priority=p.priority,
+                        misfire_grace=p.misfire_grace,
+                    )
+                )
                 _log.debug("periodic message %s: %s", p.name, outcome)
         except BaseException:
             if self._owns_client:
@@ -387,8 +413,9 @@ class Worker:
                 self._spawn_side("listener", self._listener())
         if self.cron_enabled:
             self._spawn_side("scheduler", self._scheduler())
-        _log.info("worker %s started: queues %s, concurrency %d", self.name, self.queue_names,
-                  self.concurrency)
+        _log.info(
+            "worker %s started: queues %s, concurrency %d", self.name, self.queue_names, self.concurrency
+        )
 
     async def wait(self) -> None:
         """Wait until the worker has stopped; raises WorkerError if it stopped because one of its
@@ -426,7 +453,9 @@ class Worker:
         if hard:
             self._hard.set()
         if self._shutdown_task is None:
-            self._shutdown_task = asyncio.get_running_loop().create_task(self._shutdown(), name="lonnymq-shutdown")
+            self._shutdown_task = asyncio.get_running_loop().create_task(
+                self._shutdown(), name="lonnymq-shutdown"
+            )
 
     def stop_threadsafe(self, *, hard: bool = False) -> None:
         """:meth:`request_stop` from any thread."""
@@ -456,8 +485,9 @@ class Worker:
             # Phase 2: cancel what still runs; its lease is released (see _execute).
             pending = [t for t in self._jobs if not t.done()]
             if pending:
-                _log.warning("cancelling %d handler(s) still running after %.1fs", len(pending),
-                             self.shutdown_timeout)
+                _log.warning(
+                    "cancelling %d handler(s) still running after %.1fs", len(pending), self.shutdown_timeout
+                )
                 self._cancelling = True
                 for t in pending:
                     t.cancel()
@@ -493,8 +523,9 @@ class Worker:
     async def _wait_jobs(self, jobs: set[asyncio.Task[None]], hard: asyncio.Future[Any]) -> None:
         everything = asyncio.ensure_future(asyncio.wait(jobs))
         try:
-            await asyncio.wait([everything, hard], timeout=self.shutdown_timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [everything, hard], timeout=self.shutdown_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             everything.cancel()
 
@@ -562,7 +593,7 @@ class Worker:
                 # Few slots free and more about to be: wait a moment to fetch them in one trip.
                 await self._sleep(self.fetch_cooldown, self._stop_fetch)
             turn = (turn + 1) % len(queues)
-            due = due[turn % len(due):] + due[: turn % len(due)]  # take turns between queues
+            due = due[turn % len(due) :] + due[: turn % len(due)]  # take turns between queues
             for q in due:
                 free = self.concurrency - self._running
                 if free <= 0 or self._stop_fetch.is_set():
@@ -580,7 +611,9 @@ class Worker:
         acks = self._begin_settle(q.acks)
         q.acks.clear()
         try:
-            messages = await self.client.take(q.name, n, lease=q.lease_ms / 1000, ack=[h.message for h in acks])
+            messages = await self.client.take(
+                q.name, n, lease=q.lease_ms / 1000, ack=[h.message for h in acks]
+            )
         except BaseException:
             for h in acks:
                 h.state = "done"
@@ -702,7 +735,9 @@ class Worker:
         for h in items:
             if h.message.id not in done:
                 self.m_lost.inc(queue=q.name)
-                _log.warning("%s#%d: lease lost before it was settled (it may run again)", q.name, h.message.id)
+                _log.warning(
+                    "%s#%d: lease lost before it was settled (it may run again)", q.name, h.message.id
+                )
 
     async def _settler(self) -> None:
         delay = 0.1
@@ -730,15 +765,27 @@ class Worker:
             retries = list(q.retries)
             q.retries.clear()
             batch = self._begin_settle([h for h, _, _ in retries])
-            op = ops.nack(q.name, [h.message for h in batch], [d for _, d, _ in retries],
-                          [e for _, _, e in retries], None, count_attempt=True)
+            op = ops.nack(
+                q.name,
+                [h.message for h in batch],
+                [d for _, d, _ in retries],
+                [e for _, _, e in retries],
+                None,
+                count_attempt=True,
+            )
             await self._settle(q, batch, c.run(op), q.retries, retries)
         if q.defers:
             defers = list(q.defers)
             q.defers.clear()
             batch = self._begin_settle([h for h, _, _ in defers])
-            op = ops.nack(q.name, [h.message for h in batch], [d for _, d, _ in defers], None,
-                          [st for _, _, st in defers], count_attempt=False)
+            op = ops.nack(
+                q.name,
+                [h.message for h in batch],
+                [d for _, d, _ in defers],
+                None,
+                [st for _, _, st in defers],
+                count_attempt=False,
+            )
             await self._settle(q, batch, c.run(op), q.defers, defers)
         if q.dead:
             dead = list(q.dead)
@@ -784,8 +831,10 @@ class Worker:
                     continue
                 msgs = [h.message for h in live]
                 extended, delay = await self._retrying(
-                    f"heartbeat {q.name}", lambda q=q, msgs=msgs: self.client.extend(msgs, lease=q.lease_ms / 1000),
-                    delay, self._stop_side,
+                    f"heartbeat {q.name}",
+                    lambda q=q, msgs=msgs: self.client.extend(msgs, lease=q.lease_ms / 1000),
+                    delay,
+                    self._stop_side,
                 )
                 if extended is None:
                     continue
@@ -795,8 +844,11 @@ class Worker:
                     if h.message.id not in extended and h.state != "settling" and _key(h.message) in q.held:
                         h.lost = True
                         self.m_lost.inc(queue=q.name)
-                        _log.warning("%s#%d: lease lost while its handler runs (it may run twice)",
-                                     q.name, h.message.id)
+                        _log.warning(
+                            "%s#%d: lease lost while its handler runs (it may run twice)",
+                            q.name,
+                            h.message.id,
+                        )
 
     # -- NOTIFY ----------------------------------------------------------------------------
 

@@ -158,7 +158,7 @@ def parse_schedule(text: str) -> Schedule:
         raise InvalidArgument(f"a schedule must be a string, got {text!r}")
     spec = " ".join(text.split())
     if spec.lower().startswith("@every"):
-        period = _duration_ms(spec[len("@every"):])
+        period = _duration_ms(spec[len("@every") :])
         if period < 1000:
             raise InvalidArgument(f"{text!r}: the period must be at least 1 second")
         return EverySchedule(spec, period)
@@ -178,8 +178,14 @@ def parse_schedule(text: str) -> Schedule:
     except InvalidArgument as e:
         raise InvalidArgument(f"bad schedule {text!r}: {e}") from None
     sched = CronSchedule(
-        spec, minutes, hours, days, months, weekdays,
-        days_any=fields[2].startswith("*"), weekdays_any=fields[4].startswith("*"),
+        spec,
+        minutes,
+        hours,
+        days,
+        months,
+        weekdays,
+        days_any=fields[2].startswith("*"),
+        weekdays_any=fields[4].startswith("*"),
     )
     if sched.next_after(0) is None:
         raise InvalidArgument(f"schedule {text!r} never fires")

@@ -7,8 +7,10 @@ from __future__ import annotations
 from .base import Variant
 from .seed import Seed, churn_statement, drain_statement
 
-FLOOR = ("DELETE FROM q WHERE id IN (SELECT id FROM q ORDER BY id LIMIT {n}"
-         " FOR UPDATE SKIP LOCKED) RETURNING id, payload")
+FLOOR = (
+    "DELETE FROM q WHERE id IN (SELECT id FROM q ORDER BY id LIMIT {n}"
+    " FOR UPDATE SKIP LOCKED) RETURNING id, payload"
+)
 
 
 class Floor(Seed):
@@ -22,10 +24,21 @@ class Floor(Seed):
 
     def drains(self) -> list[Variant]:
         return [
-            Variant(self.name, "DELETE ... LIMIT 1", "one", drain_statement(FLOOR.format(n=1)),
-                    headline=False, note="one statement, one row"),
-            Variant(self.name, "DELETE ... LIMIT 100", "batch", drain_statement(FLOOR.format(n=100)),
-                    note="one statement, 100 rows"),
+            Variant(
+                self.name,
+                "DELETE ... LIMIT 1",
+                "one",
+                drain_statement(FLOOR.format(n=1)),
+                headline=False,
+                note="one statement, one row",
+            ),
+            Variant(
+                self.name,
+                "DELETE ... LIMIT 100",
+                "batch",
+                drain_statement(FLOOR.format(n=100)),
+                note="one statement, 100 rows",
+            ),
         ]
 
     def pickups(self) -> list[Variant]:

@@ -64,8 +64,18 @@ class LeaseFloor(BareTable):
 
     def drains(self) -> list[Variant]:
         return [
-            Variant(self.name, "ack+lease 1, one statement", "one", _lease_ack(1),
-                    note="DELETE previous + UPDATE vt of the next, one row"),
-            Variant(self.name, "ack+lease 100, one statement", "batch", _lease_ack(100),
-                    note="DELETE previous + UPDATE vt of the next, 100 rows"),
+            Variant(
+                self.name,
+                "ack+lease 1, one statement",
+                "one",
+                _lease_ack(1),
+                note="DELETE previous + UPDATE vt of the next, one row",
+            ),
+            Variant(
+                self.name,
+                "ack+lease 100, one statement",
+                "batch",
+                _lease_ack(100),
+                note="DELETE previous + UPDATE vt of the next, 100 rows",
+            ),
         ]

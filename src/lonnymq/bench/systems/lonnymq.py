@@ -209,8 +209,9 @@ def _flat_setup(dsn: str, future: int, leased: int) -> None:
             left -= len(got)
         # Future-dated: due in a day.
         for start in range(0, future, 1000):
-            c.send_batch(QUEUE, [Envelope(payload(i), delay=86400)
-                                 for i in range(start, min(future, start + 1000))])
+            c.send_batch(
+                QUEUE, [Envelope(payload(i), delay=86400) for i in range(start, min(future, start + 1000))]
+            )
     finally:
         conn.close()
 
@@ -293,14 +294,36 @@ class LonnyMQ(System):
 
     def drains(self) -> list[Variant]:
         return [
-            Variant(self.name, "take(1, ack=prev)", "one", _take_ack(1),
-                    note="lease + ack, one round trip per message"),
-            Variant(self.name, "take(1) + ack()", "one", _take_then_ack(1), headline=False,
-                    note="lease + ack, two round trips per message"),
-            Variant(self.name, "take(100, ack=prev)", "batch", _take_ack(100),
-                    note="lease + ack, one round trip per 100"),
-            Variant(self.name, "take_tx(100)", "batch", _take_tx(100), headline=False,
-                    note="take-and-delete, at-most-once"),
+            Variant(
+                self.name,
+                "take(1, ack=prev)",
+                "one",
+                _take_ack(1),
+                note="lease + ack, one round trip per message",
+            ),
+            Variant(
+                self.name,
+                "take(1) + ack()",
+                "one",
+                _take_then_ack(1),
+                headline=False,
+                note="lease + ack, two round trips per message",
+            ),
+            Variant(
+                self.name,
+                "take(100, ack=prev)",
+                "batch",
+                _take_ack(100),
+                note="lease + ack, one round trip per 100",
+            ),
+            Variant(
+                self.name,
+                "take_tx(100)",
+                "batch",
+                _take_tx(100),
+                headline=False,
+                note="take-and-delete, at-most-once",
+            ),
         ]
 
     def pickups(self) -> list[Variant]:

@@ -24,8 +24,10 @@ SEND = "SELECT * FROM pgmq.send(queue_name=>%s::text, msg=>%s::jsonb)"
 SEND_BATCH = "SELECT * FROM pgmq.send_batch(queue_name=>%s::text, msgs=>%s::jsonb[])"
 SEND_BATCH_BIN = "SELECT * FROM pgmq.send_batch(queue_name=>%s::text, msgs=>%b::jsonb[])"
 READ = "SELECT msg_id, message FROM pgmq.read(queue_name=>%s::text, vt=>%s, qty=>%s)"
-READ_POLL = ("SELECT msg_id, message FROM pgmq.read_with_poll(queue_name=>%s::text, vt=>%s,"
-             " qty=>%s, max_poll_seconds=>%s, poll_interval_ms=>%s)")
+READ_POLL = (
+    "SELECT msg_id, message FROM pgmq.read_with_poll(queue_name=>%s::text, vt=>%s,"
+    " qty=>%s, max_poll_seconds=>%s, poll_interval_ms=>%s)"
+)
 DELETE_ONE = "SELECT pgmq.delete(queue_name=>%s::text, msg_id=>%s::bigint)"
 DELETE_MANY = "SELECT * FROM pgmq.delete(queue_name=>%s::text, msg_ids=>%s::bigint[])"
 POP = "SELECT msg_id, message FROM pgmq.pop(queue_name=>%s::text, qty=>%s)"
@@ -162,8 +164,10 @@ def _flat_setup(dsn: str, future: int, leased: int) -> None:
             left -= got
         for start in range(0, future, 1000):
             msgs = [Jsonb(payload(i)) for i in range(start, min(future, start + 1000))]
-            c.execute("SELECT * FROM pgmq.send_batch(queue_name=>%s::text, msgs=>%b::jsonb[],"
-                      " delay=>%s::integer)", [QUEUE, msgs, 86400]).fetchall()
+            c.execute(
+                "SELECT * FROM pgmq.send_batch(queue_name=>%s::text, msgs=>%b::jsonb[], delay=>%s::integer)",
+                [QUEUE, msgs, 86400],
+            ).fetchall()
 
 
 def _flat_ready(dsn: str, n: int) -> None:
@@ -228,16 +232,31 @@ class Pgmq(System):
     def sends(self) -> list[Variant]:
         return [
             Variant(self.name, "send()", "one", _send_one),
-            Variant(self.name, "send_batch(1000)", "batch", _send_batch(SEND_BATCH),
-                    note="its client's statement: %s::jsonb[] (text)"),
-            Variant(self.name, "send_batch(1000) binary", "batch", _send_batch(SEND_BATCH_BIN),
-                    note="%b::jsonb[] (binary parameters)"),
+            Variant(
+                self.name,
+                "send_batch(1000)",
+                "batch",
+                _send_batch(SEND_BATCH),
+                note="its client's statement: %s::jsonb[] (text)",
+            ),
+            Variant(
+                self.name,
+                "send_batch(1000) binary",
+                "batch",
+                _send_batch(SEND_BATCH_BIN),
+                note="%b::jsonb[] (binary parameters)",
+            ),
         ]
 
     def drains(self) -> list[Variant]:
         return [
-            Variant(self.name, "read(1) + delete(id)", "one", _read_delete(1),
-                    note="visibility timeout + delete, two round trips"),
+            Variant(
+                self.name,
+                "read(1) + delete(id)",
+                "one",
+                _read_delete(1),
+                note="visibility timeout + delete, two round trips",
+            ),
             Variant(self.name, "pop(1)", "one", _pop(1), headline=False, note="take-and-delete"),
             Variant(self.name, "read(100) + delete(ids)", "batch", _read_delete(100)),
             Variant(self.name, "pop(100)", "batch", _pop(100), headline=False, note="take-and-delete"),

@@ -67,9 +67,13 @@ def _send(size: int) -> Callable[[str, Ctx], Callable[[], int]]:
             n = 0
             while not ctx.expired():
                 if size == 1:
-                    await s.queries.enqueue(ENTRYPOINT, json.dumps(msgs[n % 1000], separators=(",", ":")).encode())
+                    await s.queries.enqueue(
+                        ENTRYPOINT, json.dumps(msgs[n % 1000], separators=(",", ":")).encode()
+                    )
                 else:
-                    bodies: list[bytes | None] = [json.dumps(m, separators=(",", ":")).encode() for m in msgs[:size]]
+                    bodies: list[bytes | None] = [
+                        json.dumps(m, separators=(",", ":")).encode() for m in msgs[:size]
+                    ]
                     await s.queries.enqueue([ENTRYPOINT] * size, bodies, [0] * size)
                 n += size
             return n
@@ -86,7 +90,11 @@ def _send(size: int) -> Callable[[str, Ctx], Callable[[], int]]:
 
 
 def _consume(
-    dsn: str, ctx: Ctx, batch_size: int, drain: bool, on_job: Callable[[Any], None],
+    dsn: str,
+    ctx: Ctx,
+    batch_size: int,
+    drain: bool,
+    on_job: Callable[[Any], None],
     until: Callable[[], bool],
 ) -> Callable[[], None]:
     """Prepare a QueueManager on its own connection; the returned callable runs its loop until
@@ -197,7 +205,9 @@ class PgQueuer(System):
         try:
             for start in range(0, n, 1000):
                 k = min(1000, n - start)
-                s.run(s.queries.enqueue([ENTRYPOINT] * k, [_body(i) for i in range(start, start + k)], [0] * k))
+                s.run(
+                    s.queries.enqueue([ENTRYPOINT] * k, [_body(i) for i in range(start, start + k)], [0] * k)
+                )
         finally:
             s.close()
 
@@ -214,12 +224,23 @@ class PgQueuer(System):
 
     def drains(self) -> list[Variant]:
         return [
-            Variant(self.name, "QueueManager batch_size=1", "one", _drain(1),
-                    note="its own consumer loop, asyncpg"),
-            Variant(self.name, "QueueManager batch_size=10", "batch", _drain(10),
-                    note="its default batch size"),
-            Variant(self.name, "QueueManager batch_size=100", "batch", _drain(100),
-                    note="same batch size as the others"),
+            Variant(
+                self.name,
+                "QueueManager batch_size=1",
+                "one",
+                _drain(1),
+                note="its own consumer loop, asyncpg",
+            ),
+            Variant(
+                self.name, "QueueManager batch_size=10", "batch", _drain(10), note="its default batch size"
+            ),
+            Variant(
+                self.name,
+                "QueueManager batch_size=100",
+                "batch",
+                _drain(100),
+                note="same batch size as the others",
+            ),
         ]
 
     def pickups(self) -> list[Variant]:

@@ -144,7 +144,9 @@ class BareTable(System):
             c.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(self.table)))
 
     def preload(self, dsn: str, n: int) -> None:
-        insert = sql.SQL("INSERT INTO {} (payload) SELECT unnest(%b::jsonb[])").format(sql.Identifier(self.table))
+        insert = sql.SQL("INSERT INTO {} (payload) SELECT unnest(%b::jsonb[])").format(
+            sql.Identifier(self.table)
+        )
         with _connect(dsn) as c:
             for start in range(0, n, 1000):
                 c.execute(insert, [[Jsonb(payload(i)) for i in range(start, min(n, start + 1000))]])
@@ -168,8 +170,15 @@ class Seed(BareTable):
         ]
 
     def drains(self) -> list[Variant]:
-        return [Variant(self.name, "message_dequeue()", "one", drain_statement(DEQUEUE),
-                        note="take-and-delete one, no lease")]
+        return [
+            Variant(
+                self.name,
+                "message_dequeue()",
+                "one",
+                drain_statement(DEQUEUE),
+                note="take-and-delete one, no lease",
+            )
+        ]
 
     def pickups(self) -> list[Variant]:
         return [Variant(self.name, "message_dequeue() polling 100 ms", "poll", _pickup_poll(0.1))]
