@@ -104,7 +104,7 @@ def check_limit(n: object) -> int:
     return n
 
 
-def _check_text(value: object, what: str, max_len: int) -> str | None:
+def check_text(value: object, what: str, max_len: int) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > max_len or not _storable(value):
@@ -115,7 +115,7 @@ def _check_text(value: object, what: str, max_len: int) -> str | None:
 
 
 def check_channel(channel: object) -> str:
-    if _check_text(channel, "channel", _KEY_MAX) is None:
+    if check_text(channel, "channel", _KEY_MAX) is None:
         raise errors.InvalidArgument("channel must be a non-empty string")
     return channel  # type: ignore[return-value]
 
@@ -172,12 +172,12 @@ def _check_json(value: object, what: str) -> None:
             stack.extend(v)
 
 
-def _error_text(text: str) -> str:
+def encode_error(text: str) -> str:
     """Error texts are diagnostics: keep them storable rather than refuse the nack."""
     return _UNSTORABLE.sub("\ufffd", text)
 
 
-def _headers(headers: object) -> Jsonb | None:
+def encode_headers(headers: object) -> Jsonb | None:
     if headers is None:
         return None
     if not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers):
@@ -186,7 +186,7 @@ def _headers(headers: object) -> Jsonb | None:
     return Jsonb(headers)
 
 
-def _state(state: object) -> Jsonb | None:
+def encode_state(state: object) -> Jsonb | None:
     if state is None:
         return None
     _check_json(state, "state")
@@ -433,15 +433,15 @@ class Ops:
             body, ctype = encode_payload(m.payload)
             bodies.append(body)
             ctypes.append(ctype)
-            kinds.append(_check_text(m.kind, "kind", _KIND_MAX))
-            headers.append(_headers(m.headers))
+            kinds.append(check_text(m.kind, "kind", _KIND_MAX))
+            headers.append(encode_headers(m.headers))
             if m.at is not None and m.delay is not None:
                 raise errors.InvalidArgument("give delay or at, not both")
             ats.append(at_ms(m.at))
             delays.append(to_ms(m.delay, "delay"))
             prios.append(_check_priority(m.priority))
-            keys.append(_check_text(m.key, "key", _KEY_MAX))
-            channels.append(_check_text(m.channel, "channel", _KEY_MAX))
+            keys.append(check_text(m.key, "key", _KEY_MAX))
+            channels.append(check_text(m.channel, "channel", _KEY_MAX))
 
         def opt(values: list[Any]) -> list[Any] | None:
             # Whole-NULL arrays keep the wire small and let SQL take its fast path.
@@ -476,7 +476,7 @@ class Ops:
     ) -> Op[list[Message]]:
         check_queue(queue)
         check_limit(n)
-        ids, tokens = _pairs(queue, ack)
+        ids, tokens = message_pairs(queue, ack)
         params = (queue, n, to_ms(lease, "lease", positive=True), ids or None, tokens or None)
         return Op(self.st.take, params, _messages(queue))
 
@@ -492,7 +492,7 @@ class Ops:
 
     def ack(self, messages: Sequence[Message], *, archive: bool | None = None) -> Op[set[int]]:
         queue = _one_queue(messages)
-        ids, tokens = _pairs(queue, messages)
+        ids, tokens = message_pairs(queue, messages)
         return Op(self.st.ack, (queue, ids, tokens, archive), lambda rows: {r[0] for r in rows})
 
     def nack(
@@ -505,11 +505,11 @@ class Ops:
         count_attempt: bool = True,
     ) -> Op[dict[int, str]]:
         queue = _one_queue(messages)
-        ids, tokens = _pairs(queue, messages)
+        ids, tokens = message_pairs(queue, messages)
         n = len(ids)
         delays = [to_ms(d, "delay") for d in _per_message(delay, n, "delay")]
-        errs = [None if e is None else _error_text(str(e)) for e in _per_message(error, n, "error", str)]
-        states = [_state(state)] * n if state is not None else None
+        errs = [None if e is None else encode_error(str(e)) for e in _per_message(error, n, "error", str)]
+        states = [encode_state(state)] * n if state is not None else None
         params = (queue, ids, tokens, delays, errs, states, count_attempt)
         return Op(self.st.nack, params, lambda rows: {r[0]: r[1] for r in rows})
 
@@ -517,7 +517,7 @@ class Ops:
         self, messages: Sequence[Message], *, lease: float | timedelta | None = None
     ) -> Op[dict[int, int]]:
         queue = _one_queue(messages)
-        ids, tokens = _pairs(queue, messages)
+        ids, tokens = message_pairs(queue, messages)
         params = (queue, ids, tokens, to_ms(lease, "lease", positive=True))
         return Op(self.st.extend, params, lambda rows: {r[0]: r[1] for r in rows})
 
@@ -606,7 +606,7 @@ def _one_queue(messages: Sequence[Message]) -> str:
     return queues.pop()
 
 
-def _pairs(queue: str, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+def message_pairs(queue: str, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
     if isinstance(messages, Message):
         messages = [messages]
     ids, tokens = [], []

@@ -51,7 +51,7 @@ from pyspark.sql.types import (
 )
 
 from .. import errors
-from ..client.ops import _check_text
+from ..client.ops import check_text
 from ..models import JSON, TEXT
 from ._conf import Target, choice_option, option
 
@@ -208,7 +208,7 @@ class Encoder:
         if name in ("kind", "key", "channel"):
             limit = _KIND_MAX if name == "kind" else _KEY_MAX
             for v in values:
-                _check_text(v, f"column {col!r} ({name})", limit)
+                check_text(v, f"column {col!r} ({name})", limit)
             return values
         if name == "headers":
             headers: list[dict[str, Any] | None] = []

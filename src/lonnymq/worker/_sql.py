@@ -12,13 +12,13 @@ from psycopg import sql
 
 from ..client.ops import (
     Op,
-    _check_text,
-    _error_text,
-    _headers,
-    _pairs,
-    _state,
     check_queue,
+    check_text,
+    encode_error,
+    encode_headers,
     encode_payload,
+    encode_state,
+    message_pairs,
     statements,
     to_ms,
 )
@@ -81,8 +81,10 @@ class WorkerOps:
         count_attempt: bool,
     ) -> Op[dict[int, str]]:
         """nack/defer of many deliveries, each with its own delay, error and saved state."""
-        ids, tokens = _pairs(queue, messages)
-        jstates = None if states is None or all(s is None for s in states) else [_state(s) for s in states]
+        ids, tokens = message_pairs(queue, messages)
+        jstates = (
+            None if states is None or all(s is None for s in states) else [encode_state(s) for s in states]
+        )
         params = (
             queue,
             ids,
@@ -95,7 +97,7 @@ class WorkerOps:
         return Op(self._nack, params, lambda rows: {r[0]: r[1] for r in rows})
 
     def give_up(self, queue: str, messages: Sequence[Message], errors: Sequence[str | None]) -> Op[set[int]]:
-        ids, tokens = _pairs(queue, messages)
+        ids, tokens = message_pairs(queue, messages)
         return Op(self._give_up, (queue, ids, tokens, _texts(errors)), lambda rows: {r[0] for r in rows})
 
     def worker_queues(self, names: Sequence[str]) -> Op[dict[str, tuple[int, int]]]:
@@ -122,10 +124,10 @@ class WorkerOps:
         source: str = "code",
     ) -> Op[str]:
         check_queue(queue)
-        _check_text(kind, "kind", 255)
+        check_text(kind, "kind", 255)
         body, ctype = encode_payload(payload)
         grace = to_ms(misfire_grace, "misfire_grace")
-        params = (name, schedule, queue, body, kind, ctype, _headers(headers), priority, grace, source)
+        params = (name, schedule, queue, body, kind, ctype, encode_headers(headers), priority, grace, source)
         return Op(self._cron_upsert, params, lambda rows: rows[0][0])
 
     def cron_delete(self, name: str) -> Op[bool]:
@@ -142,4 +144,4 @@ def worker_ops(schema: str) -> WorkerOps:
 
 def _texts(errors: Sequence[str | None]) -> list[str | None]:
     """Error texts (tracebacks may hold NULs or lone surrogates) made storable, as the core does."""
-    return [None if e is None else _error_text(e) for e in errors]
+    return [None if e is None else encode_error(e) for e in errors]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from ..client.ops import _check_text, check_queue, encode_payload, to_ms
+from ..client.ops import check_queue, check_text, encode_payload, to_ms
 from ..errors import InvalidArgument
 from ..models import Message
 from .schedule import Schedule, parse_schedule
@@ -229,7 +229,7 @@ class App:
     ) -> Handler:
         """Register ``fn`` without the decorator; see :meth:`handler`."""
         check_queue(queue)
-        _check_text(kind, "kind", 255)
+        check_text(kind, "kind", 255)
         if not callable(fn):
             raise InvalidArgument(f"handler must be callable, got {fn!r}")
         if (queue, kind) in self.handlers:
@@ -266,7 +266,7 @@ class App:
         ``@hourly``, or ``@every 30s``; UTC) one message is sent to ``queue`` -- exactly one
         across all workers. Workers store the declaration in the database when they start."""
         check_queue(queue)
-        _check_text(kind, "kind", 255)
+        check_text(kind, "kind", 255)
         grace = to_ms(misfire_grace, "misfire_grace")
         if name in self.schedules:
             raise InvalidArgument(f"a periodic message named {name!r} is already declared")

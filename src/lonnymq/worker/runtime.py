@@ -41,7 +41,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import errors
 from ..client.aio import AsyncClient
-from ..client.ops import _state, to_ms
+from ..client.ops import encode_state, to_ms
 from ..migrations import DEFAULT_SCHEMA
 from ..models import Message, QueueMetrics
 from ._sql import WORKER_MIGRATION, worker_ops
@@ -663,7 +663,7 @@ class Worker:
                     raise result
             except Defer as d:
                 delay_ms = to_ms(d.delay, "Defer.delay") or 0
-                _state(d.state)  # a state that cannot be saved fails the attempt here
+                encode_state(d.state)  # a state that cannot be saved fails the attempt here
                 q.defers.append((held, delay_ms, d.state))
                 outcome = "deferred"
             except GiveUp as e:
