@@ -1,4 +1,4 @@
-"""The asyncio client. ``client.py`` is generated from this file by ``tools/async_to_sync.py``.
+"""The asyncio client; ``sync.py`` is generated from it by ``tools/async_to_sync.py``.
 
 Every method is one SQL function call, i.e. one atomic queue action. Pass ``conn=`` (a
 connection in a transaction of yours) to make the action part of your transaction: it then
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncConnection
@@ -39,7 +39,7 @@ from ..models import (
     QueueMetrics,
     SendResult,
 )
-from .ops import Op, Ops, map_error, settled, to_ms
+from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
 
 T = TypeVar("T")
 
@@ -75,7 +75,8 @@ class AsyncClient:
             self._conn = conninfo
         elif isinstance(conninfo, AsyncConnectionPool):
             self._pool = conninfo
-            self.conninfo = conninfo.conninfo
+            # receive() connects with it; a pool's conninfo may also be a callable (psycopg_pool 3.3).
+            self.conninfo = conninfo.conninfo if isinstance(conninfo.conninfo, str) else None
         else:
             if conninfo is None:
                 from ..embedded import resolve_dsn
@@ -128,6 +129,8 @@ class AsyncClient:
         async with self.connection(conn) as c:
             try:
                 cur = await c.execute(op.query, op.params, binary=True)
+                # Rows made by our row factory, whatever the connection's (dict_row, class_row...).
+                cur.row_factory = ROW_FACTORY
                 # rownumber, not description: description builds a Column object per column
                 # on every call (~50 us for a 15-column take).
                 rows = await cur.fetchall() if cur.rownumber is not None else []
@@ -299,7 +302,8 @@ class AsyncClient:
         each within its limits (see :meth:`set_channel`); a full channel raises ChannelFull or
         drops the message (outcome ``dropped``). Commits with ``conn``'s transaction when
         ``conn`` is given."""
-        env = Envelope(payload, kind, headers, delay, at, priority, key, channel)
+        # Envelope.delay is typed float | None, but takes a timedelta too (ops.to_ms reads it).
+        env = Envelope(payload, kind, headers, cast(Any, delay), at, priority, key, channel)
         results = await self.run(self.ops.send_batch(queue, [env], on_conflict=on_conflict), conn)
         return results[0]
 

@@ -10,13 +10,14 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from functools import lru_cache
-from typing import Any, Generic, TypeVar
+from functools import cache, lru_cache
+from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 
 from .. import errors
@@ -47,9 +48,17 @@ _KEY_MAX = 512
 _KIND_MAX = 255
 
 
+#: The row factory every op is executed with, whatever the row factory of the connection it runs
+#: on (a caller's connection or pool may use ``dict_row``, ``class_row``...): rows are named
+#: tuples, which decoders read by column name (``r.id``; ``r[0]`` only for one-column results).
+ROW_FACTORY = namedtuple_row
+
+
 @dataclass(frozen=True, slots=True)
 class Op(Generic[T]):
-    query: sql.Composable
+    """One SQL statement and the decoder of its rows, made by :data:`ROW_FACTORY`."""
+
+    query: sql.Composed
     params: Sequence[Any]
     decode: Callable[[list[Any]], T]
 
@@ -246,8 +255,8 @@ class Statements:
         s = sql.Identifier(schema)
         self.schema = schema
 
-        def q(text: str) -> sql.Composed:
-            return sql.SQL(text).format(s=s)  # type: ignore[arg-type]
+        def q(text: LiteralString) -> sql.Composed:
+            return sql.SQL(text).format(s=s)
 
         self.queue_create = q(
             "SELECT {s}.queue_create(%s::text, %s::bigint, %s::int, %s::text, %s::bool,"
@@ -293,6 +302,10 @@ def statements(schema: str) -> Statements:
 # -- decoders --------------------------------------------------------------------------------
 
 
+# Rows come from ROW_FACTORY (named tuples) whatever the connection's row factory: columns are
+# read by name, except the single column of a scalar function or of a SETOF of scalars.
+
+
 def _scalar(rows: list[Any]) -> Any:
     return rows[0][0] if rows else None
 
@@ -305,27 +318,54 @@ def _messages(queue: str) -> Callable[[list[Any]], list[Message]]:
     def decode(rows: list[Any]) -> list[Message]:
         return [
             Message(
-                queue,
-                r[0],
-                r[2],
-                r[1],
-                r[3],
-                r[4],
-                r[5],
-                r[6],
-                r[7],
-                r[8],
-                r[9],
-                r[10],
-                r[11],
-                r[12],
-                r[13],
-                bytes(r[14]),
+                queue=queue,
+                id=r.id,
+                token=r.token,
+                attempt=r.attempt,
+                lease_until=r.lease_until,
+                scheduled_at=r.scheduled_at,
+                enqueued_at=r.enqueued_at,
+                priority=r.priority,
+                key=r.key,
+                channel=r.channel,
+                kind=r.kind,
+                content_type=r.content_type,
+                headers=r.headers,
+                state=r.state,
+                last_error=r.last_error,
+                body=bytes(r.payload),
             )
             for r in rows
         ]
 
     return decode
+
+
+def _dead_messages(rows: list[Any]) -> list[DeadMessage]:
+    return [
+        DeadMessage(
+            id=r.id,
+            archived_at=r.archived_at,
+            attempts=r.attempts,
+            kind=r.kind,
+            key=r.key,
+            last_error=r.last_error,
+            headers=r.headers,
+            content_type=r.content_type,
+            body=bytes(r.payload),
+        )
+        for r in rows
+    ]
+
+
+def _record(cls: Callable[..., T], row: Any, **given: Any) -> T:
+    """The dataclass ``cls`` from ``given`` and the columns of ``row`` named like its fields."""
+    return cls(**given, **{f: getattr(row, f) for f in _field_names(cls) if f not in given})
+
+
+@cache
+def _field_names(dataclass_type: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(dataclass_type))
 
 
 # -- ops -------------------------------------------------------------------------------------
@@ -392,11 +432,13 @@ class Ops:
         return Op(self.st.queue_purge, (check_queue(name),), _nothing)
 
     def queue_list(self) -> Op[list[QueueInfo]]:
-        return Op(self.st.queue_list, (), lambda rows: [QueueInfo(*r) for r in rows])
+        return Op(self.st.queue_list, (), lambda rows: [_record(QueueInfo, r) for r in rows])
 
     def queue_metrics(self, name: str, *, cap: int = 100_000) -> Op[QueueMetrics]:
         check_limit(cap)
-        return Op(self.st.queue_metrics, (check_queue(name), cap), lambda rows: QueueMetrics(*rows[0]))
+        return Op(
+            self.st.queue_metrics, (check_queue(name), cap), lambda rows: _record(QueueMetrics, rows[0])
+        )
 
     def send_batch(
         self, queue: str, messages: Iterable[Envelope | Any], *, on_conflict: OnConflict = "ignore"
@@ -462,7 +504,7 @@ class Ops:
         )
 
         def decode(rows: list[Any]) -> list[SendResult]:
-            return [SendResult(r[1], r[2]) for r in rows]
+            return [SendResult(r.id, r.outcome) for r in rows]
 
         return Op(self.st.send_batch, params, decode)
 
@@ -511,7 +553,7 @@ class Ops:
         errs = [None if e is None else encode_error(str(e)) for e in _per_message(error, n, "error", str)]
         states = [encode_state(state)] * n if state is not None else None
         params = (queue, ids, tokens, delays, errs, states, count_attempt)
-        return Op(self.st.nack, params, lambda rows: {r[0]: r[1] for r in rows})
+        return Op(self.st.nack, params, lambda rows: {r.id: r.outcome for r in rows})
 
     def extend(
         self, messages: Sequence[Message], *, lease: float | timedelta | None = None
@@ -519,7 +561,7 @@ class Ops:
         queue = _one_queue(messages)
         ids, tokens = message_pairs(queue, messages)
         params = (queue, ids, tokens, to_ms(lease, "lease", positive=True))
-        return Op(self.st.extend, params, lambda rows: {r[0]: r[1] for r in rows})
+        return Op(self.st.extend, params, lambda rows: {r.id: r.lease_until for r in rows})
 
     def next_ready_in(self, queue: str) -> Op[int | None]:
         return Op(self.st.next_ready_in, (check_queue(queue),), _scalar)
@@ -529,11 +571,7 @@ class Ops:
         check_limit(n)
         if not isinstance(after_id, int) or isinstance(after_id, bool) or not -(2**63) <= after_id < 2**63:
             raise errors.InvalidArgument(f"after_id must be a message id, got {after_id!r}")
-        return Op(
-            self.st.dead_list,
-            (queue, n, after_id),
-            lambda rows: [DeadMessage(*r[:8], bytes(r[8])) for r in rows],
-        )
+        return Op(self.st.dead_list, (queue, n, after_id), _dead_messages)
 
     def dead_requeue(self, queue: str, ids: Sequence[int] | None = None) -> Op[int]:
         check_queue(queue)
@@ -559,7 +597,11 @@ class Ops:
         check_queue(queue)
         check_channel(channel)
         policy = _channel_policy(max_concurrency, release_interval, max_size, on_full, "")
-        return Op(self.st.channel_set, (queue, channel, *policy), lambda rows: ChannelInfo(queue, *rows[0]))
+        return Op(
+            self.st.channel_set,
+            (queue, channel, *policy),
+            lambda rows: _record(ChannelInfo, rows[0], queue=queue),
+        )
 
     def channel_reset(self, queue: str, channel: str) -> Op[bool]:
         return Op(self.st.channel_reset, (check_queue(queue), check_channel(channel)), _scalar)
@@ -572,7 +614,9 @@ class Ops:
         if after is not None:
             check_channel(after)
         return Op(
-            self.st.channel_list, (queue, limit, after), lambda rows: [ChannelInfo(queue, *r) for r in rows]
+            self.st.channel_list,
+            (queue, limit, after),
+            lambda rows: [_record(ChannelInfo, r, queue=queue) for r in rows],
         )
 
     def maintain(self, limit: int = 10_000) -> Op[int]:
