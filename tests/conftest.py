@@ -56,6 +56,10 @@ def schema(dsn: str) -> Iterator[str]:
     with Client(dsn, schema=name, pool_size=1) as c:
         c.migrate()
     yield name
+    if os.environ.get("LONNYMQ_SQL_COVERAGE"):  # tools/sqlcheck.py coverage: read profiles before DROP
+        from sql_coverage import record_schema
+
+        record_schema(dsn, name, os.environ["LONNYMQ_SQL_COVERAGE"])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '10s'")
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
