@@ -212,7 +212,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     rc = report(data, args)
     if tests_rc != 0:
         print(f"sqlcheck: the test suite failed (exit {tests_rc})", file=sys.stderr)
-        return tests_rc if args.fail_on_tests else rc
+        return rc if args.ignore_test_failures else tests_rc
     return rc
 
 
@@ -292,7 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dsn", help="use this server (profiler on, plpgsql_check preloaded) instead")
     p.add_argument("--data", help="JSONL file for the raw coverage records (default: a temp file)")
     p.add_argument(
-        "--fail-on-tests", action="store_true", help="exit with pytest's status when the test suite fails"
+        "--ignore-test-failures",
+        action="store_true",
+        help="exit with the coverage verdict even when the test suite fails (default: pytest's status)",
     )
     bars(p)
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then arguments for pytest")
