@@ -229,6 +229,7 @@ _CATALOG_QUERIES = {
         SELECT coalesce(n.nspacl::text, '') AS acl, coalesce(obj_description(n.oid), '') AS comment
           FROM pg_namespace n WHERE n.oid = %(ns)s""",
     "migrations": "SELECT version, name FROM {s}.migration ORDER BY version",
+    "function_files": "SELECT name FROM {s}.migration_repeatable ORDER BY name",
 }
 
 
@@ -302,16 +303,3 @@ def tx_consumer(dsn: str, schema: str, queue: str, batch: int, barrier: Any, out
                 break
             delivered += [(m.id, m.token, m.attempt) for m in messages]
     out.put((delivered, [m[0] for m in delivered]))
-
-
-def function_source(name: str) -> str:
-    """The body of plpgsql function ``name`` (template text, ``{schema}`` unexpanded) as the
-    latest migration that creates or replaces it defines it."""
-    from lonnymq.migrations import all_migrations
-
-    for m in reversed(all_migrations()):
-        for create in ("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION"):
-            start = m.template.find(f"{create} {{schema}}.{name}(")
-            if start >= 0:
-                return m.template[start : m.template.index("END $$;", start)]
-    raise LookupError(f"no migration defines {name}()")

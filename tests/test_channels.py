@@ -18,8 +18,9 @@ import pytest
 from psycopg import sql
 
 from channel_helpers import Db, consumer
-from core_helpers import drop_schema, fresh_schema_name, function_source
+from core_helpers import drop_schema, fresh_schema_name
 from lonnymq import Client, Envelope, errors
+from lonnymq.sql import function_text
 
 
 @pytest.fixture
@@ -598,13 +599,13 @@ _PARAMS = "(int, bigint, text[], text, bigint, bigint, text[], bigint[], bigint[
 
 def hot_queries() -> dict[str, str]:
     """The statements of the channel path of take that read the channel and message tables,
-    verbatim from the migrations, with plpgsql variables as the parameters of _PARAMS:
+    verbatim from their sql/ files, with plpgsql variables as the parameters of _PARAMS:
     $1 queue id, $2 now, $3 channels passed by, $4 a channel name, $5 $6 the pick's cursor,
     $7 .. $10 the picked channels (names, ready_at, turn, at their concurrency limit)."""
     found = {}
     for fn in ("_lock_ready", "_take_channels", "_channel_ready_at"):  # _lock_ready: plain candidates
         for text in re.findall(
-            r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", function_source(fn)
+            r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", function_text(fn)
         ):
             # Of "SELECT array_agg(...) FROM (SELECT ... FOR UPDATE SKIP LOCKED) c", the inner
             # statement is the lookup; the outer one only orders the rows it locked.
@@ -680,7 +681,7 @@ def crowded(dsn: str) -> Iterator[tuple[str, int, int]]:
 def test_hot_queries_are_found() -> None:
     # plain candidates (shared with take()); the pick, the heads; the two head lookups of ready_at
     assert Counter(hot_queries().values()) == {"_lock_ready": 1, "_take_channels": 2, "_channel_ready_at": 2}
-    assert "{schema}._lock_ready(q, p_limit, p_now)" in function_source("_take_channels")
+    assert "{schema}._lock_ready(q, p_limit, p_now)" in function_text("_take_channels")
 
 
 @pytest.mark.slow
@@ -788,8 +789,8 @@ def test_a_queue_without_channels_keeps_the_set_based_path(dsn: str, client: Cli
         conn.rollback()
     # The plain candidate query of take() (in _lock_ready) uses the plain dequeue index (see
     # test_plans.py).
-    assert "{schema}._lock_ready(q, v_want, v_now)" in function_source("take")
-    assert "m.channel IS NULL AND m.dequeue_at <= p_now" in function_source("_lock_ready")
+    assert "{schema}._lock_ready(q, v_want, v_now)" in function_text("take")
+    assert "m.channel IS NULL AND m.dequeue_at <= p_now" in function_text("_lock_ready")
 
 
 def test_metrics_peek_and_next_ready_in_see_channel_messages(client: Client, db: Db) -> None:

@@ -1,5 +1,6 @@
-"""Install and upgrade: versioned migrations, the advisory lock, concurrency, idempotency, the
-printed SQL script and "fresh install equals replay"."""
+"""Install and upgrade: versioned migrations, the repeatable function files (lonnymq/sql/), the
+advisory lock, concurrency, idempotency, the printed SQL script and "fresh install equals
+upgrade"."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from core_helpers import catalog, drop_schema, fresh_schema_name, pg_program
-from lonnymq import Client, errors
-from lonnymq.migrations import all_migrations, latest_version, lock_query, script
+from lonnymq import Client, errors, migrations
+from lonnymq.migrations import all_migrations, bootstrap_query, latest_version, lock_query, script
+from lonnymq.sql import FILES, FunctionFile, defined_functions, function_files
 
 ALL = [m.version for m in all_migrations()]
+SQL_DIR = Path(migrations.__file__).parent.parent / "sql"
+MIGRATIONS_DIR = Path(migrations.__file__).parent
 
 
 @pytest.fixture
@@ -29,12 +34,53 @@ def new_schema(dsn: str) -> Iterator[str]:
     drop_schema(dsn, name)
 
 
-def test_every_migration_is_recorded_in_the_version_table(conn: psycopg.Connection, schema: str) -> None:
+def _files_recorded(conn: psycopg.Connection, schema: str) -> list[tuple[str, str, object]]:
+    return conn.execute(
+        sql.SQL("SELECT name, checksum, applied_at FROM {}.migration_repeatable ORDER BY name").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
+
+
+def _expected_files(schema: str) -> list[tuple[str, str]]:
+    return sorted((f.name, f.checksum(schema)) for f in function_files())
+
+
+def _install_baseline_only(conn: psycopg.Connection, schema: str) -> None:
+    """What a database holds after the versioned migrations alone: the tables, no functions."""
+    with conn.transaction():
+        conn.execute(bootstrap_query(schema))
+        for m in all_migrations():
+            conn.execute(m.render(schema))
+            conn.execute(
+                sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(
+                    sql.Identifier(schema)
+                ),
+                (m.version, m.name),
+            )
+
+
+def _functions(conn: psycopg.Connection, schema: str) -> list[tuple[str, bool, str, str]]:
+    """Signature (schema name removed), SECURITY DEFINER, settings and grants of each function."""
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text, p.prosecdef, coalesce(p.proconfig::text, ''),"
+        "       coalesce(p.proacl::text, '')"
+        "  FROM pg_proc p WHERE p.pronamespace = %s::regnamespace ORDER BY 1",
+        (schema,),
+    ).fetchall()
+    return sorted(
+        (sig.replace(schema, "<schema>"), definer, config, acl) for sig, definer, config, acl in rows
+    )
+
+
+def test_every_migration_and_function_file_is_recorded(conn: psycopg.Connection, schema: str) -> None:
     rows = conn.execute(
         sql.SQL("SELECT version, name FROM {}.migration ORDER BY version").format(sql.Identifier(schema))
     ).fetchall()
     assert rows == [(m.version, m.name) for m in all_migrations()]
     assert ALL[0] == 1 and rows[-1][0] == latest_version()
+    assert [r[:2] for r in _files_recorded(conn, schema)] == _expected_files(schema)
+    assert [f.name for f in function_files()] == [f"{n}.sql" for n in FILES]
 
 
 def test_migrate_waits_for_the_advisory_lock(dsn: str, new_schema: str) -> None:
@@ -96,8 +142,10 @@ def test_second_migrate_returns_nothing_and_changes_nothing(
     applied_before = conn.execute(
         sql.SQL("SELECT version, applied_at FROM {}.migration ORDER BY 1").format(sql.Identifier(schema))
     ).fetchall()
+    files_before = _files_recorded(conn, schema)
     assert client.migrate() == []
     assert client.migrate(target=1) == []
+    assert client.migrate(target=0) == []
     assert catalog(conn, schema) == before
     assert (
         conn.execute(
@@ -105,20 +153,97 @@ def test_second_migrate_returns_nothing_and_changes_nothing(
         ).fetchall()
         == applied_before
     )
+    assert _files_recorded(conn, schema) == files_before
 
 
-@pytest.mark.parametrize("first", ALL[:-1] or ALL)
-def test_replaying_migrations_equals_a_fresh_install(
+@pytest.mark.parametrize("first", [0, *ALL[:-1]])
+def test_migrating_step_by_step_equals_a_fresh_install(
     dsn: str, new_schema: str, schema: str, conn: psycopg.Connection, first: int
 ) -> None:
+    """Up to ``first`` (the function files wait for the latest version), then the rest."""
     with Client(dsn, schema=new_schema, pool_size=1) as c:
         assert c.migrate(target=first) == [v for v in ALL if v <= first]
         partial = conn.execute(
-            sql.SQL("SELECT max(version) FROM {}.migration").format(sql.Identifier(new_schema))
+            sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migration").format(sql.Identifier(new_schema))
         ).fetchone()[0]
         assert partial == first
+        assert _files_recorded(conn, new_schema) == []
         assert c.migrate() == [v for v in ALL if v > first]
     assert catalog(conn, new_schema) == catalog(conn, schema)
+
+
+def test_versioned_migrations_then_function_files_equal_a_fresh_install(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """A database that has every versioned migration but none of the function files (as after
+    an upgrade whose migrations ran by another tool) gets all of them from migrate()."""
+    _install_baseline_only(conn, new_schema)
+    assert _functions(conn, new_schema) == []
+    assert catalog(conn, new_schema) != catalog(conn, schema)
+    with Client(dsn, schema=new_schema, pool_size=1) as c:
+        assert c.migrate() == []
+    assert catalog(conn, new_schema) == catalog(conn, schema)
+    assert [r[:2] for r in _files_recorded(conn, new_schema)] == _expected_files(new_schema)
+
+
+def test_a_function_file_with_an_old_checksum_is_applied_again(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """An upgrade from a release whose take.sql differed: the database holds the old take()
+    and the old checksum. migrate() re-applies that file alone, and the privileges with it
+    (CREATE OR REPLACE drops SECURITY DEFINER); the result equals a fresh install."""
+    s = sql.Identifier(new_schema)
+    with Client(dsn, schema=new_schema, pool_size=1) as c:
+        c.migrate()
+        fresh = catalog(conn, schema)
+        take = next(f for f in function_files() if f.name == "take.sql")
+        old = FunctionFile(take.name, take.template.replace("-- The general path:", "-- Old general path:"))
+        with conn.transaction():
+            conn.execute(old.render(new_schema))  # resets SECURITY DEFINER of take, take_tx, ...
+            conn.execute(
+                sql.SQL("UPDATE {}.migration_repeatable SET checksum = %s WHERE name = 'take.sql'").format(s),
+                (old.checksum(new_schema),),
+            )
+        assert catalog(conn, new_schema) != fresh
+        before = {r[0]: r for r in _files_recorded(conn, new_schema)}
+        assert c.migrate() == []
+    assert catalog(conn, new_schema) == fresh
+    after = {r[0]: r for r in _files_recorded(conn, new_schema)}
+    changed = sorted(name for name in after if after[name] != before[name])
+    assert changed == ["take.sql"]
+    assert [r[:2] for r in after.values()] == _expected_files(new_schema)
+
+
+def test_an_edited_function_file_is_applied_by_the_next_migrate(
+    dsn: str, new_schema: str, schema: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new release whose settle.sql changed: migrate() applies it (and the privileges) once;
+    the release after that (here: the current files again) is applied the same way."""
+    fresh = catalog(conn, schema)
+    files = function_files()
+    edited = tuple(
+        FunctionFile(f.name, f.template.replace("END $$;", "    -- edited\nEND $$;", 1))
+        if f.name == "settle.sql"
+        else f
+        for f in files
+    )
+    with Client(dsn, schema=new_schema, pool_size=1) as c:
+        c.migrate()
+        monkeypatch.setattr(migrations, "function_files", lambda: edited)
+        assert c.migrate() == []
+        now = catalog(conn, new_schema)
+        assert {k for k in now if now[k] != fresh[k]} == {"functions"}
+        differ = [a for a, b in zip(now["functions"], fresh["functions"], strict=True) if a != b]
+        assert [f[0] for f in differ] == ["_ack"]  # the first function of settle.sql, its body only
+        assert _functions(conn, new_schema) == _functions(conn, schema)  # definer, grants kept
+        assert ("settle.sql", edited[FILES.index("settle")].checksum(new_schema)) in [
+            r[:2] for r in _files_recorded(conn, new_schema)
+        ]
+        recorded = _files_recorded(conn, new_schema)
+        assert c.migrate() == [] and _files_recorded(conn, new_schema) == recorded
+        monkeypatch.setattr(migrations, "function_files", lambda: files)
+        assert c.migrate() == []
+    assert catalog(conn, new_schema) == fresh
 
 
 def test_printed_sql_applied_with_psql_equals_migrate(
@@ -158,10 +283,19 @@ def test_script_applied_with_psycopg_equals_migrate(
 def test_script_up_to_a_target_then_migrate(
     dsn: str, new_schema: str, schema: str, conn: psycopg.Connection
 ) -> None:
-    conn.execute(script(new_schema, target=1))
+    conn.execute(script(new_schema, target=0))  # the version tables only
     with Client(dsn, schema=new_schema, pool_size=1) as c:
-        assert c.migrate() == ALL[1:]
+        assert c.migrate() == ALL
     assert catalog(conn, new_schema) == catalog(conn, schema)
+
+
+def test_script_records_what_migrate_would_apply(dsn: str, new_schema: str, conn: psycopg.Connection) -> None:
+    conn.execute(script(new_schema))
+    recorded = _files_recorded(conn, new_schema)
+    assert [r[:2] for r in recorded] == _expected_files(new_schema)
+    with Client(dsn, schema=new_schema, pool_size=1) as c:
+        assert c.migrate() == []
+    assert _files_recorded(conn, new_schema) == recorded
 
 
 def _pg_dump(dsn: str, schema: str) -> str:
@@ -194,8 +328,8 @@ def test_pg_dump_of_fresh_install_equals_replay(
     client_major = int(re.search(r"(\d+)\.", version)[1])  # type: ignore[index]
     if client_major < conn.info.server_version // 10000:
         pytest.skip(f"pg_dump {client_major} is older than the server")
+    _install_baseline_only(conn, new_schema)
     with Client(dsn, schema=new_schema, pool_size=1) as c:
-        c.migrate(target=1)
         c.migrate()
     replayed, fresh = _pg_dump(dsn, new_schema), _pg_dump(dsn, schema)
     assert "CREATE FUNCTION <schema>.take(" in fresh
@@ -253,3 +387,42 @@ def test_catalog_comparison_sees_small_differences(
         with conn.transaction(force_rollback=True):
             conn.execute(change)
             assert catalog(conn, new_schema) != base, change.as_string(conn)
+
+
+# -- one definition per function -----------------------------------------------------------------
+
+
+def test_every_function_is_defined_exactly_once() -> None:
+    """Across sql/ and migrations/, each function is created by one statement: the one that runs
+    today. Function files hold functions only, each CREATE OR REPLACE (they are re-applied)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(SQL_DIR.glob("*.sql")) + sorted(MIGRATIONS_DIR.glob("*.sql")):
+        for name in defined_functions(path.read_text(encoding="utf-8")):
+            seen.setdefault(name, []).append(f"{path.parent.name}/{path.name}")
+    twice = {name: where for name, where in seen.items() if len(where) > 1}
+    assert twice == {}
+    assert len(seen) >= 50
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        assert defined_functions(path.read_text(encoding="utf-8")) == [], f"{path.name} defines functions"
+    for path in sorted(SQL_DIR.glob("*.sql")):
+        text = path.read_text(encoding="utf-8")
+        creates = re.findall(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(\w+)", text, re.M | re.I)
+        assert creates and set(creates) == {"FUNCTION"}, f"{path.name} creates {set(creates)}"
+        assert len(re.findall(r"^CREATE OR REPLACE FUNCTION ", text, re.M)) == len(creates), path.name
+
+
+def test_the_catalog_holds_exactly_the_functions_of_sql(conn: psycopg.Connection, schema: str) -> None:
+    """No overload left over from an older signature, no function the files do not define."""
+    names = [
+        r[0]
+        for r in conn.execute(
+            "SELECT proname FROM pg_proc WHERE pronamespace = %s::regnamespace ORDER BY 1", (schema,)
+        ).fetchall()
+    ]
+    defined = sorted(n for f in function_files() for n in defined_functions(f.template))
+    assert names == defined
+
+
+def test_the_duplicate_check_sees_a_second_definition() -> None:
+    text = "CREATE FUNCTION {schema}.a(x int)\n;\n  create or replace function {schema}.b (\n"
+    assert defined_functions(text) == ["a", "b"]

@@ -1,5 +1,5 @@
 """Plan tests for the hot query: the candidate SELECTs of take() (and take_tx()), taken verbatim
-from the migration that defines them last, on a realistic queue of 600k messages must walk the dequeue index from
+from sql/take.sql, on a realistic queue of 600k messages must walk the dequeue index from
 its head: an index scan, no sequential scan, no sort, a handful of buffers."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from core_helpers import drop_schema, fresh_schema_name, function_source
+from core_helpers import drop_schema, fresh_schema_name
 from lonnymq import Client
+from lonnymq.sql import function_text
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def candidate_queries(function: str) -> list[str]:
     """The row-locking candidate SELECTs of ``function`` (its current definition), with the
     queue id, the time and the limit as $1, $2 and $3: subqueries in parentheses, and whole
     statements (SELECT ... INTO ... FOR UPDATE SKIP LOCKED;) without the INTO."""
-    body = function_source(function)
+    body = function_text(function)
     found = re.findall(r"\(\s*(SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\s*\)", body)
     found += re.findall(r"(SELECT\s[^;()]*?FOR UPDATE SKIP LOCKED);", body)
     assert found, f"no candidate SELECT ... FOR UPDATE SKIP LOCKED found in {function}()"
@@ -193,7 +194,7 @@ def test_the_extracted_query_is_the_one_take_runs(
 def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> None:
     """The plan tests above cover take() and take_tx() only while each row-locking SELECT on
     their plain path is either _lock_ready()'s or one candidate_queries() extracts."""
-    body = function_source(function)
+    body = function_text(function)
     assert "{schema}._lock_ready(q, v_want, v_now)" in body
     plain = body.split("IF q.uses_channels")[-1].split("END IF;", 1)[1]
     locks = plain.count("FOR UPDATE SKIP LOCKED")

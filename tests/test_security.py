@@ -1,4 +1,4 @@
-"""Roles and privileges (migration 0002), tested with real LOGIN roles.
+"""Roles and privileges (baseline migration, sql/security.sql), tested with real LOGIN roles.
 
 lonnymq_producer may only send, lonnymq_consumer only take and settle, lonnymq_admin manages
 queues; none of them may touch a table directly. API functions are SECURITY DEFINER with a
@@ -25,7 +25,7 @@ from psycopg.conninfo import make_conninfo
 
 from core_helpers import drop_schema, fresh_schema_name
 from lonnymq import Client, Envelope, errors
-from lonnymq.migrations import all_migrations
+from lonnymq.sql import FILES
 
 PRIVILEGE = psycopg.errors.InsufficientPrivilege
 MakeLogin = Callable[..., str]
@@ -241,16 +241,26 @@ def test_a_login_without_a_lonnymq_role_can_do_nothing(setup: Client, schema: st
 
 
 @pytest.mark.parametrize(
-    "version", [m.version for m in all_migrations() if m.version >= 2], ids=lambda v: f"upto{v:04d}"
+    "reapplied", [(), ("take.sql",), ("security.sql",), tuple(f"{f}.sql" for f in FILES)]
 )
-def test_every_function_is_private_or_a_pinned_definer(dsn: str, version: int) -> None:
-    """After migrating a fresh schema up to each version: no function is executable by PUBLIC;
-    every API function (no leading '_') is SECURITY DEFINER with search_path = pg_catalog,
-    pg_temp; every SECURITY DEFINER function pins search_path."""
+def test_every_function_is_private_or_a_pinned_definer(dsn: str, reapplied: tuple[str, ...]) -> None:
+    """After a fresh install, and after migrate re-applied function files whose recorded
+    checksum is stale (an upgrade; CREATE OR REPLACE resets SECURITY DEFINER and search_path):
+    no function is executable by PUBLIC; every API function (no leading '_') is SECURITY DEFINER
+    with search_path = pg_catalog, pg_temp; every SECURITY DEFINER function pins search_path."""
     name = fresh_schema_name()
     try:
         with Client(dsn, schema=name, pool_size=1) as c:
-            c.migrate(target=version)
+            c.migrate()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                stale = conn.execute(
+                    sql.SQL(
+                        "UPDATE {}.migration_repeatable SET checksum = 'stale' WHERE name = ANY (%s)"
+                    ).format(sql.Identifier(name)),
+                    (list(reapplied),),
+                ).rowcount
+            assert stale == len(reapplied)
+            c.migrate()
         with psycopg.connect(dsn) as conn:
             rows = conn.execute(
                 "SELECT p.oid::regprocedure::text, p.proname, p.prosecdef, p.proconfig,"

@@ -1,4 +1,5 @@
-"""``lonnymq migrate``: install or upgrade the schema, or print its SQL."""
+"""``lonnymq migrate``: install or upgrade the schema (versioned migrations, then the function
+files that changed), or print the SQL of a fresh install for another migration tool."""
 
 from __future__ import annotations
 
@@ -11,8 +12,16 @@ from . import _util, common
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("migrate", help="install/upgrade the lonnymq schema")
     common(p)
-    p.add_argument("--print-sql", action="store_true", help="print the SQL instead of running it")
-    p.add_argument("--target", type=int, help="migrate up to this version (default: latest)")
+    p.add_argument(
+        "--print-sql",
+        action="store_true",
+        help="print the SQL of a fresh install (migrations, functions, the rows recording them) instead",
+    )
+    p.add_argument(
+        "--target",
+        type=int,
+        help="migrate up to this version (default: latest; functions are applied at the latest only)",
+    )
     p.set_defaults(func=run)
 
 
@@ -25,5 +34,5 @@ def run(args: argparse.Namespace) -> int:
     if applied:
         print(f"applied migrations {applied} to schema {args.schema!r}")
     else:
-        print(f"schema {args.schema!r} is up to date")
+        print(f"schema {args.schema!r} is up to date (functions refreshed if they changed)")
     return 0

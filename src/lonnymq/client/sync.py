@@ -28,8 +28,8 @@ from ..migrations import (
     bootstrap_query,
     check_schema,
     lock_query,
-    pending,
-    record_query,
+    recorded_query,
+    upgrade,
 )
 from ..models import (
     ChannelInfo,
@@ -137,18 +137,21 @@ class Client:
         return op.decode(rows)
 
     def migrate(self, *, target: int | None = None, conn: Connection[Any] | None = None) -> list[int]:
-        """Apply the migrations this package ships that the schema lacks (to ``target``).
-        Safe to run concurrently and repeatedly; returns the versions applied by this call."""
+        """Apply the versioned migrations this package ships that the schema lacks (to
+        ``target``), then, at the latest version, every function file (``lonnymq/sql/``) whose
+        text changed, all in one transaction. Safe to run concurrently and repeatedly; returns
+        the versions applied by this call."""
         s = self.schema
         with self.connection(conn) as c, c.transaction():
             c.execute(lock_query(s))
             c.execute(bootstrap_query(s))
             cur = c.execute(applied_query(s))
-            todo = pending({r[0] for r in cur.fetchall()}, target)
-            for m in todo:
-                c.execute(m.render(s))
-                c.execute(record_query(s), (m.version, m.name))
-        return [m.version for m in todo]
+            applied = {r[0] for r in cur.fetchall()}
+            cur = c.execute(recorded_query(s))
+            versions, steps = upgrade(s, applied, {r[0]: r[1] for r in cur.fetchall()}, target)
+            for step in steps:
+                c.execute(step.query)
+        return versions
 
     install = migrate
 

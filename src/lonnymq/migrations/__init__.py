@@ -1,9 +1,15 @@
-"""Versioned schema migrations shipped with the package.
+"""Installing and upgrading a schema: versioned migrations, then the repeatable function files.
 
-Each ``NNNN_name.sql`` file is a template whose ``{schema}`` placeholder becomes the quoted schema
-identifier and ``{schema_name}`` its string literal. Migrations are applied in order, each
-recorded in ``<schema>.migration``, all under one transaction-scoped advisory lock, so running
-them concurrently or twice is safe.
+Each ``NNNN_name.sql`` file here is a template whose ``{schema}`` placeholder becomes the quoted
+schema identifier and ``{schema_name}`` its string literal. It holds stored data only (tables,
+indexes, types, rows), is applied once, in order, and recorded in ``<schema>.migration``.
+
+The functions live in :mod:`lonnymq.sql`, one file per concept. After the versioned migrations,
+every function file whose rendered text's sha256 differs from the one recorded in
+``<schema>.migration_repeatable`` is applied again (``CREATE OR REPLACE``), in
+:data:`lonnymq.sql.FILES` order, and if anything changed ``_apply_privileges()`` re-applies the
+security policy (replacing a function resets ``SECURITY DEFINER``). All of it runs in one
+transaction under a transaction-scoped advisory lock, so running it concurrently or twice is safe.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from importlib import resources
 from psycopg import sql
 
 from ..errors import InvalidArgument
+from ..sql import FunctionFile, function_files
 
 DEFAULT_SCHEMA = "lonnymq"
 
@@ -31,9 +38,7 @@ class Migration:
 
     def render(self, schema: str) -> sql.Composed:
         """The migration's SQL for ``schema``, identifiers quoted by psycopg."""
-        return sql.SQL(self.template).format(  # type: ignore[arg-type]
-            schema=sql.Identifier(schema), schema_name=sql.Literal(schema)
-        )
+        return sql.SQL(self.template).format(schema=sql.Identifier(schema), schema_name=sql.Literal(schema))
 
 
 def check_schema(schema: str) -> str:
@@ -79,6 +84,11 @@ def bootstrap_query(schema: str) -> sql.Composed:
         "    name text NOT NULL,\n"
         "    applied_at timestamptz NOT NULL DEFAULT now()\n"
         ");\n"
+        "CREATE TABLE IF NOT EXISTS {schema}.migration_repeatable (\n"
+        "    name text PRIMARY KEY,\n"
+        "    checksum text NOT NULL,\n"
+        "    applied_at timestamptz NOT NULL DEFAULT now()\n"
+        ");\n"
     ).format(schema=sql.Identifier(schema))
 
 
@@ -86,8 +96,24 @@ def applied_query(schema: str) -> sql.Composed:
     return sql.SQL("SELECT version FROM {}.migration ORDER BY version").format(sql.Identifier(schema))
 
 
-def record_query(schema: str) -> sql.Composed:
-    return sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(sql.Identifier(schema))
+def recorded_query(schema: str) -> sql.Composed:
+    """(name, checksum) of every function file applied to ``schema``."""
+    return sql.SQL("SELECT name, checksum FROM {}.migration_repeatable ORDER BY name").format(
+        sql.Identifier(schema)
+    )
+
+
+def _record_version(schema: str, m: Migration) -> sql.Composed:
+    return sql.SQL("INSERT INTO {}.migration (version, name) VALUES ({}, {}) ON CONFLICT DO NOTHING;").format(
+        sql.Identifier(schema), sql.Literal(m.version), sql.Literal(m.name)
+    )
+
+
+def _record_file(schema: str, f: FunctionFile) -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO {}.migration_repeatable (name, checksum) VALUES ({}, {})\n"
+        "    ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, applied_at = now();"
+    ).format(sql.Identifier(schema), sql.Literal(f.name), sql.Literal(f.checksum(schema)))
 
 
 def pending(applied: set[int], target: int | None = None) -> list[Migration]:
@@ -106,18 +132,54 @@ def pending(applied: set[int], target: int | None = None) -> list[Migration]:
     return [m for m in all_migrations() if m.version not in applied and m.version <= top]
 
 
+def stale_files(schema: str, recorded: dict[str, str]) -> list[FunctionFile]:
+    """The function files whose rendered text is not the one ``recorded`` (name -> checksum)."""
+    return [f for f in function_files() if recorded.get(f.name) != f.checksum(schema)]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement of an upgrade; ``label`` becomes a comment in :func:`script`."""
+
+    label: str
+    query: sql.Composed
+
+
+def upgrade(
+    schema: str, applied: set[int], recorded: dict[str, str], target: int | None = None
+) -> tuple[list[int], list[Step]]:
+    """What takes ``schema`` (with versions ``applied`` and function files ``recorded``, name ->
+    checksum) to ``target``: the versions to apply and the steps to run, in order, after the lock
+    and the bootstrap. The function files are applied only when the versions reach the latest
+    (they are written against the latest tables). Nothing to do gives ([], [])."""
+    todo = pending(applied, target)
+    steps: list[Step] = []
+    for m in todo:
+        steps.append(Step(f"migration {m.version:04d}_{m.name}", m.render(schema)))
+        steps.append(Step("", _record_version(schema, m)))
+    if target is None or target >= latest_version():
+        for f in stale_files(schema, recorded):
+            steps.append(Step(f"functions {f.name}", f.render(schema)))
+            steps.append(Step("", _record_file(schema, f)))
+    if steps:
+        steps.append(Step("privileges", privileges_query(schema)))
+    return [m.version for m in todo], steps
+
+
+def privileges_query(schema: str) -> sql.Composed:
+    """(Re)applies the security policy to every function and table (sql/security.sql)."""
+    return sql.SQL("SELECT {}._apply_privileges();").format(sql.Identifier(schema))
+
+
 def script(schema: str = DEFAULT_SCHEMA, target: int | None = None) -> str:
-    """The whole install as one SQL script, for users who run migrations with their own tool."""
+    """The whole install as one SQL script (versioned migrations, function files, the rows that
+    record them), for users who run migrations with their own tool."""
     check_schema(schema)
     parts = ["BEGIN;", lock_query(schema).as_string()]
     parts.append(bootstrap_query(schema).as_string())
-    for m in pending(set(), target):
-        parts.append(f"-- migration {m.version:04d}_{m.name}")
-        parts.append(m.render(schema).as_string())
-        parts.append(
-            sql.SQL("INSERT INTO {}.migration (version, name) VALUES ({}, {}) ON CONFLICT DO NOTHING;")
-            .format(sql.Identifier(schema), sql.Literal(m.version), sql.Literal(m.name))
-            .as_string()
-        )
+    for step in upgrade(schema, set(), {}, target)[1]:
+        if step.label:
+            parts.append(f"-- {step.label}")
+        parts.append(step.query.as_string())
     parts.append("COMMIT;")
     return "\n".join(parts) + "\n"

@@ -24,8 +24,9 @@ from ..client.ops import (
 )
 from ..models import Message
 
-#: The migration that created the tables and functions below.
-WORKER_MIGRATION = 4
+#: The migration that created the tables below (0001_baseline; the functions are in sql/cron.sql
+#: and sql/settle.sql, applied by the same migrate).
+WORKER_MIGRATION = 1
 
 
 @dataclass(frozen=True, slots=True)

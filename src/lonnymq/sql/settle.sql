@@ -1,46 +1,20 @@
--- LonnyMQ: the calls a consumer makes once per message or batch, made lean and kept on the
--- primary key.
+-- LonnyMQ settling: what a consumer does with a delivery: ack, nack (retry, defer, release),
+-- extend its lease, or give up on it (dead-letter now).
 --
--- Template: {schema} is the quoted schema identifier, {schema_name} its string literal;
--- literal braces are doubled.
+-- Settling finds its rows by primary key: the statements say "m.leased IS TRUE", not
+-- "m.leased" (the same rows: leased is NOT NULL), so the planner cannot use the partial index
+-- of leased rows, which stale statistics right after a burst of takes made it hash-join
+-- against (46 ms instead of 0.25 ms for an ack of 100 with 150k leased; test_plans.py).
 --
--- 1. Settling by (id, token) looks rows up by primary key whatever the statistics say.
---    _ack, nack, extend (0001) and give_up (0004) said "m.deliveries = t.token AND m.leased".
---    The partial index of leased rows (message_leased_idx, WHERE leased) answers "leased rows
---    of this queue" too, and right after a burst of takes the statistics still say there are
---    none: the planner then hash-joined the ids against every leased row of the queue. With
---    150k leased, an ack of 100 took 46 ms instead of 0.25 ms (take(100, ack=) 1.7 s per call).
---    They now say "m.leased IS TRUE": the same rows (leased is NOT NULL), but the planner
---    cannot prove the index predicate from it, so the primary key is the only index left.
---    (test_plans.py: settling reads only its rows, stale statistics.) The functions below are
---    those of 0001/0004 with only that change.
---
--- 2. take(queue, 1, ack => previous) is what a one-at-a-time consumer runs for every message.
---    In 0001 it went through seven nested plpgsql calls (_queue, _now, _check_limit,
---    _check_positive, _ack, _lock_ready, _deliver), each its own statement with a result set
---    passed up. Measured on PostgreSQL 15, one connection: 830-890 us per call, against
---    300-320 us for the bare DELETE ... SKIP LOCKED of a queue without leases. The lean path
---    below runs the checks inline, calls _ack() only when there is something to acknowledge,
---    and locks and leases one message with two statements of its own: 410-455 us. (Inlining
---    _ack()'s DELETE here, or in ack(), measured no difference, so acks stay in _ack().)
---    Batches, channel queues, archiving queues, explicit clocks and messages at their last
---    attempt still take the general path, so the semantics are those of 0001 (the whole test
---    suite runs against this version).
---
--- 3. now_ms() is a public function, so 0002 made it SECURITY DEFINER with a pinned
---    search_path: every call from inside another function paid for switching search_path
---    and could not be inlined. _now() and the lean path read the clock directly instead (the
---    same expression).
---
--- 4. queue_drop() serialises with queue_create() and with other drops of the same name (0001
---    took no lock: a second concurrent drop failed with a raw "table does not exist"), and a
---    queue that became a dead-letter queue while it was being dropped is refused as in use.
---
--- Replacing a function resets SECURITY DEFINER and its pinned search_path: the last statement
--- re-applies them (0002_roles.sql).
+-- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
+-- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
+-- identifier, {schema_name} its string literal; literal braces are doubled. Time is epoch
+-- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
 
--- 1. Settling by primary key ------------------------------------------------------------------
-
+-- Acknowledge the deliveries (p_ids[i], p_tokens[i]) of queue q whose token still matches a
+-- leased message: delete them, or move them to the archive as 'acked' when p_archive. Returns
+-- the ids acknowledged. Raises LQ002 if the arrays differ in length. Writes message, archive,
+-- channel. Locks: the message rows (in id order on a channel queue), then their channels.
 CREATE OR REPLACE FUNCTION {schema}._ack(q {schema}.queue, p_ids bigint[], p_tokens integer[],
                               p_archive boolean, p_now bigint)
 RETURNS SETOF bigint
@@ -114,6 +88,29 @@ BEGIN
     END IF;
 END $$;
 
+-- Acknowledge deliveries: each (id, token) pair whose token still matches is deleted (or
+-- archived). Returns the ids acknowledged; a stale token changes nothing and is not returned.
+CREATE OR REPLACE FUNCTION {schema}.ack(
+    p_queue   text,
+    p_ids     bigint[],
+    p_tokens  integer[],
+    p_archive boolean DEFAULT NULL,
+    p_now     bigint  DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    q {schema}.queue := {schema}._queue(p_queue);
+BEGIN
+    RETURN QUERY SELECT * FROM {schema}._ack(q, p_ids, p_tokens, coalesce(p_archive, q.archive),
+                                             {schema}._now(p_now));
+END $$;
+
+-- Give deliveries back: each matching (id, token) becomes ready again after its delay (priority
+-- kept), with its error and saved state. p_count_attempt = false (defer/release) does not
+-- count toward max_attempts; otherwise a message on its last attempt is dead-lettered.
+-- Returns (id, outcome) with outcome 'retry' or 'dead'; stale tokens are not returned.
+-- Writes message, channel (and the dead-letter queue's, archive). Locks: the message rows in
+-- id order, then their channels. Notifies channel {schema_name} with the queue name.
 CREATE OR REPLACE FUNCTION {schema}.nack(
     p_queue         text,
     p_ids           bigint[],
@@ -191,6 +188,9 @@ BEGIN
     PERFORM pg_notify({schema_name}, q.name);
 END $$;
 
+-- Heartbeat: push the lease of each matching (id, token) to now + p_lease_ms.
+-- Returns (id, lease_until) for the leases extended; stale tokens are not returned.
+-- Writes message (the matching rows).
 CREATE OR REPLACE FUNCTION {schema}.extend(
     p_queue    text,
     p_ids      bigint[],
@@ -215,6 +215,11 @@ BEGIN
     RETURNING m.id, m.dequeue_at;
 END $$;
 
+-- Dead-letter deliveries now, whatever attempts they have left (a handler's own lower attempt
+-- limit, or an error that retrying cannot fix). Each (id, token) pair whose token still matches
+-- a leased message goes to the dead-letter queue or the archive with its error, exactly like a
+-- message that used up max_attempts. Returns the ids dead-lettered; stale tokens are skipped.
+-- Locks the message rows in id order, like nack; then as _dead_letter.
 CREATE OR REPLACE FUNCTION {schema}.give_up(
     p_queue  text,
     p_ids    bigint[],
@@ -247,143 +252,3 @@ BEGIN
     PERFORM {schema}._dead_letter(q, v_ids, v_errs, v_now);
     RETURN QUERY SELECT unnest(v_ids);
 END $$;
-
--- 2, 3. The lean path -----------------------------------------------------------------------------
-
-CREATE OR REPLACE FUNCTION {schema}._now(p_now bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    v_clock bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
-BEGIN
-    IF p_now IS NULL THEN
-        RETURN v_clock;
-    ELSIF p_now <= v_clock + 1000 OR pg_catalog.pg_has_role(session_user,
-            (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = {schema_name}), 'MEMBER') THEN
-        RETURN p_now;
-    END IF;
-    RAISE EXCEPTION 'p_now may not be in the future except for the schema owner (it exists for tests)'
-        USING ERRCODE = 'LQ002';
-END $$;
-
-CREATE OR REPLACE FUNCTION {schema}.take(
-    p_queue      text,
-    p_limit      integer DEFAULT 1,
-    p_lease_ms   bigint  DEFAULT NULL,
-    p_ack_ids    bigint[] DEFAULT NULL,
-    p_ack_tokens integer[] DEFAULT NULL,
-    p_now        bigint  DEFAULT NULL
-) RETURNS SETOF {schema}.delivery
-LANGUAGE plpgsql AS $$
-DECLARE
-    q       {schema}.queue;
-    v_now   bigint;
-    v_lease bigint;
-    v_want  integer := p_limit;
-    v_round integer := 0;
-    v_id    bigint;
-    v_tries integer;
-    v_ids   bigint[];
-    v_dead  bigint[];
-BEGIN
-    -- The checks of 0001, called only when they are going to fail (each call is a statement).
-    SELECT * INTO q FROM {schema}.queue WHERE name = p_queue;
-    IF NOT FOUND THEN
-        q := {schema}._queue(p_queue);
-    END IF;
-    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
-        PERFORM {schema}._check_limit(p_limit);
-    END IF;
-    IF p_lease_ms <= 0 THEN
-        PERFORM {schema}._check_positive(p_lease_ms, 'lease_ms');
-    END IF;
-    IF p_now IS NULL THEN
-        v_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
-    ELSE
-        v_now := {schema}._now(p_now);
-    END IF;
-    v_lease := coalesce(p_lease_ms, q.lease_ms);
-
-    IF p_ack_ids IS NOT NULL THEN
-        PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
-    END IF;
-
-    IF q.uses_channels THEN
-        RETURN QUERY SELECT * FROM {schema}._take_channels(q, p_limit, v_lease, v_now, 'lease');
-        RETURN;
-    END IF;
-
-    -- One message: _lock_ready's candidate query for one row, and _deliver's lease of it.
-    IF p_limit = 1 THEN
-        SELECT m.id, m.attempts INTO v_id, v_tries
-          FROM {schema}.message m
-         WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
-         ORDER BY m.dequeue_at, m.id
-         LIMIT 1
-           FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            RETURN;
-        END IF;
-        IF v_tries < q.max_attempts THEN
-            RETURN QUERY
-            UPDATE {schema}.message m
-               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
-                   deliveries = m.deliveries + 1, leased = true
-             WHERE m.queue_id = q.id AND m.id = v_id
-            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
-                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
-                      m.last_error, m.payload;
-            RETURN;
-        END IF;
-        -- Its lease expired on the last attempt: the general path below (which sees the row we
-        -- hold) dead-letters it and looks further.
-    END IF;
-
-    -- The general path of 0001: messages found dead do not count against p_limit.
-    LOOP
-        SELECT r.ids, r.dead INTO v_ids, v_dead FROM {schema}._lock_ready(q, v_want, v_now) r;
-        IF v_ids IS NOT NULL THEN
-            -- Leased rows move past v_now, so a further round cannot select them again.
-            RETURN QUERY SELECT * FROM {schema}._deliver(q, v_ids, 'lease', v_lease, v_now);
-        END IF;
-        v_want := v_want - coalesce(cardinality(v_ids), 0);
-        v_round := v_round + 1;
-        EXIT WHEN v_dead IS NULL OR v_want <= 0 OR v_round >= 10;
-    END LOOP;
-END $$;
-
--- 4. Dropping a queue --------------------------------------------------------------------------
-
-CREATE OR REPLACE FUNCTION {schema}.queue_drop(p_name text, p_if_exists boolean DEFAULT false)
-RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE
-    q {schema}.queue;
-BEGIN
-    -- queue_create's lock, then the row: a concurrent drop waits here and then finds nothing.
-    PERFORM pg_advisory_xact_lock(hashtext({schema_name}), hashtext(p_name));
-    SELECT * INTO q FROM {schema}.queue WHERE name = p_name FOR UPDATE;
-    IF NOT FOUND THEN
-        IF p_if_exists THEN
-            RETURN false;
-        END IF;
-        PERFORM {schema}._queue(p_name);
-    END IF;
-    IF EXISTS (SELECT FROM {schema}.queue WHERE dead_letter_queue_id = q.id) THEN
-        RAISE EXCEPTION 'queue % is the dead-letter queue of %', quote_literal(p_name),
-            (SELECT string_agg(quote_literal(name), ', ') FROM {schema}.queue
-              WHERE dead_letter_queue_id = q.id)
-            USING ERRCODE = 'LQ006';
-    END IF;
-    EXECUTE format('DROP TABLE %I.%I', {schema_name}, 'message_' || q.id);
-    DELETE FROM {schema}.archive WHERE queue_id = q.id;
-    BEGIN
-        DELETE FROM {schema}.queue WHERE id = q.id;
-    EXCEPTION WHEN foreign_key_violation THEN
-        -- A queue naming this one as its dead-letter queue committed since the check above.
-        RAISE EXCEPTION 'queue % became the dead-letter queue of another queue', quote_literal(p_name)
-            USING ERRCODE = 'LQ006';
-    END;
-    RETURN true;
-END $$;
-
-SELECT {schema}._apply_privileges();

@@ -12,47 +12,11 @@
 --
 -- Nothing here changes the core tables or the send/take path. Times are epoch ms (bigint);
 -- p_now goes through the core's _now(), so only the schema owner may move the clock ahead.
-
--- Staging -------------------------------------------------------------------------------------
-
--- One row per task attempt that staged rows. run_id names the write job (batch write) or the
--- micro-batch (streaming write); commit and abort clean up by run, the sweeper by age.
-CREATE TABLE {schema}.spark_stage_part (
-    part      bigint PRIMARY KEY,
-    run_id    uuid NOT NULL,
-    queue     text NOT NULL,
-    -- Inline rather than now_ms(): tasks insert here as producers, who may not call now_ms().
-    staged_at bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-);
-CREATE INDEX spark_stage_part_run_idx ON {schema}.spark_stage_part (run_id);
-CREATE INDEX spark_stage_part_age_idx ON {schema}.spark_stage_part (staged_at);
-
--- UNLOGGED: staging is scratch space (written once, read once). A server crash empties it; the
--- commit then finds fewer rows than the tasks reported and fails instead of enqueuing a part.
-CREATE UNLOGGED TABLE {schema}.spark_stage (
-    part         bigint NOT NULL,
-    seq          integer NOT NULL,
-    payload      bytea NOT NULL,
-    content_type text,
-    kind         text,
-    key          text,
-    channel      text,
-    headers      jsonb,
-    at_ms        bigint,
-    delay_ms     bigint,
-    priority     smallint
-);
-CREATE INDEX spark_stage_part_seq_idx ON {schema}.spark_stage (part, seq);
-
--- Committed streaming-sink batches (and batch writes given a writeId, as batch 0).
-CREATE TABLE {schema}.spark_sink_commit (
-    sink_id      text NOT NULL,
-    batch_id     bigint NOT NULL,
-    queue        text NOT NULL,
-    messages     bigint NOT NULL,
-    committed_at bigint NOT NULL,
-    PRIMARY KEY (sink_id, batch_id)
-);
+--
+-- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
+-- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
+-- identifier, {schema_name} its string literal; literal braces are doubled. Time is epoch
+-- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
 
 -- Move the staged parts of a write into p_queue, in one transaction: parts in the given order,
 -- rows of a part in staging order, so ids follow the DataFrame's partition order. All staged
@@ -60,7 +24,7 @@ CREATE TABLE {schema}.spark_sink_commit (
 -- deleted. With p_sink, the commit happens at most once per (p_sink, p_batch): a batch at or
 -- below one already committed for the sink is a replay and enqueues nothing (duplicate = true).
 -- Raises LQ101 if a part lost rows (server crash emptied staging, or the sweeper ran).
-CREATE FUNCTION {schema}.spark_write_commit(
+CREATE OR REPLACE FUNCTION {schema}.spark_write_commit(
     p_queue       text,
     p_run         uuid,
     p_parts       bigint[],
@@ -158,7 +122,7 @@ END $$;
 
 -- Drop what a failed write staged: every part of p_run, plus p_parts. Returns rows deleted.
 -- Best effort by nature (a straggling task may stage after it); the sweeper catches the rest.
-CREATE FUNCTION {schema}.spark_write_abort(p_run uuid, p_parts bigint[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {schema}.spark_write_abort(p_run uuid, p_parts bigint[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -173,36 +137,11 @@ BEGIN
 END $$;
 
 -- Raises QueueNotFound (LQ001) unless p_queue exists: lets writers and readers fail at planning.
-CREATE FUNCTION {schema}.spark_queue_check(p_queue text) RETURNS void
+CREATE OR REPLACE FUNCTION {schema}.spark_queue_check(p_queue text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM {schema}._queue(p_queue);
 END $$;
-
--- Streaming reads ----------------------------------------------------------------------------
-
--- A streaming query reading a queue. stream_id is created by the query's initial offset and
--- lives in its checkpoint, so a restarted query finds its log again.
-CREATE TABLE {schema}.spark_stream (
-    stream_id       uuid PRIMARY KEY,
-    queue           text NOT NULL,
-    committed_batch bigint NOT NULL DEFAULT 0,
-    created_at      bigint NOT NULL,
-    seen_at         bigint NOT NULL
-);
-CREATE INDEX spark_stream_seen_idx ON {schema}.spark_stream (seen_at);
-
--- The deliveries of each planned, not yet committed micro-batch, in chunks (one chunk is one
--- take() call and the unit of read parallelism).
-CREATE TABLE {schema}.spark_stream_batch (
-    stream_id   uuid NOT NULL REFERENCES {schema}.spark_stream (stream_id) ON DELETE CASCADE,
-    batch_id    bigint NOT NULL,
-    chunk       integer NOT NULL,
-    ids         bigint[] NOT NULL,
-    tokens      integer[] NOT NULL,
-    lease_until bigint NOT NULL,
-    PRIMARY KEY (stream_id, batch_id, chunk)
-);
 
 -- Plan micro-batch p_after + 1 of a stream: lease up to p_limit ready messages (NULL: all, at
 -- most 1,000,000) with the core take(), p_chunk per call, for p_lease_ms, and log them.
@@ -211,7 +150,7 @@ CREATE TABLE {schema}.spark_stream_batch (
 -- offset), that batch is returned again. Also renews the leases of the stream's uncommitted
 -- batches that are past half their lease. Returns the batch id (p_after when nothing is ready)
 -- and its number of messages.
-CREATE FUNCTION {schema}.spark_stream_next(
+CREATE OR REPLACE FUNCTION {schema}.spark_stream_next(
     p_stream   uuid,
     p_queue    text,
     p_after    bigint,
@@ -289,7 +228,7 @@ BEGIN
 END $$;
 
 -- The chunks of batches (p_after, p_upto] of a stream, for splitting a micro-batch into tasks.
-CREATE FUNCTION {schema}.spark_stream_chunks(p_stream uuid, p_after bigint, p_upto bigint)
+CREATE OR REPLACE FUNCTION {schema}.spark_stream_chunks(p_stream uuid, p_after bigint, p_upto bigint)
 RETURNS TABLE (batch_id bigint, chunk integer, messages integer)
 LANGUAGE sql STABLE AS $$
     SELECT b.batch_id, b.chunk, cardinality(b.ids) FROM {schema}.spark_stream_batch b
@@ -300,7 +239,7 @@ $$;
 -- Spark is done with batches <= p_batch: ack their deliveries (delete, or archive per
 -- p_archive / the queue's setting) and forget them. Deliveries whose token went stale (their
 -- lease expired and someone else took them) are not touched. Idempotent. Returns the acks.
-CREATE FUNCTION {schema}.spark_stream_commit(
+CREATE OR REPLACE FUNCTION {schema}.spark_stream_commit(
     p_stream  uuid,
     p_batch   bigint,
     p_archive boolean DEFAULT NULL,
@@ -332,11 +271,8 @@ BEGIN
     RETURN v_n;
 END $$;
 
--- Reads ---------------------------------------------------------------------------------------
--- All reads return the same columns; times are epoch ms, JSON as text.
-
 -- The deliveries of one chunk of a stream batch that are still this stream's (token matches).
-CREATE FUNCTION {schema}.spark_stream_read(p_stream uuid, p_batch bigint, p_chunk integer)
+CREATE OR REPLACE FUNCTION {schema}.spark_stream_read(p_stream uuid, p_batch bigint, p_chunk integer)
 RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type text, kind text,
                key text, channel text, headers text, priority smallint, attempts integer,
                deliveries integer, enqueued_at bigint, scheduled_at bigint, dequeue_at bigint,
@@ -355,7 +291,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The id range [lo, hi] of a queue's live messages ('messages') or archive ('archive', 'dead').
-CREATE FUNCTION {schema}.spark_id_range(p_queue text, p_table text)
+CREATE OR REPLACE FUNCTION {schema}.spark_id_range(p_queue text, p_table text)
 RETURNS TABLE (lo bigint, hi bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -371,7 +307,7 @@ BEGIN
 END $$;
 
 -- Live messages of a queue with p_lo <= id < p_hi, without leasing them.
-CREATE FUNCTION {schema}.spark_read_messages(p_queue text, p_lo bigint, p_hi bigint, p_now bigint DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {schema}.spark_read_messages(p_queue text, p_lo bigint, p_hi bigint, p_now bigint DEFAULT NULL)
 RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type text, kind text,
                key text, channel text, headers text, priority smallint, attempts integer,
                deliveries integer, enqueued_at bigint, scheduled_at bigint, dequeue_at bigint,
@@ -389,7 +325,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Archived messages of a queue with p_lo <= id < p_hi: all, or one status ('acked', 'dead').
-CREATE FUNCTION {schema}.spark_read_archive(p_queue text, p_lo bigint, p_hi bigint, p_status text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {schema}.spark_read_archive(p_queue text, p_lo bigint, p_hi bigint, p_status text DEFAULT NULL)
 RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type text, kind text,
                key text, channel text, headers text, priority smallint, attempts integer,
                deliveries integer, enqueued_at bigint, scheduled_at bigint, dequeue_at bigint,
@@ -404,12 +340,10 @@ LANGUAGE sql STABLE AS $$
        AND (p_status IS NULL OR a.status = p_status)
 $$;
 
--- Housekeeping ------------------------------------------------------------------------------
-
 -- Delete staging left by writes that never committed or aborted (driver crash, straggling
 -- tasks) once older than p_stage_ttl_ms, and streams not seen for p_stream_ttl_ms with their
 -- logs (the leases of their deliveries expire on their own). Returns what was deleted.
-CREATE FUNCTION {schema}.spark_sweep(
+CREATE OR REPLACE FUNCTION {schema}.spark_sweep(
     p_stage_ttl_ms  bigint DEFAULT 86400000,
     p_stream_ttl_ms bigint DEFAULT 604800000,
     p_now           bigint DEFAULT NULL
@@ -432,24 +366,3 @@ BEGIN
     GET DIAGNOSTICS streams = ROW_COUNT;
     RETURN NEXT;
 END $$;
-
--- Privileges (migration 0002's model) -------------------------------------------------------
---
--- Writing is producing: tasks COPY into staging as the producer role (INSERT only: they can
--- neither see nor change what others staged), and the driver commits or aborts. Streaming reads
--- are consuming. Batch reads (they show every message and the archive) and the sweeper stay
--- with admin, which gets every API function anyway.
-INSERT INTO {schema}.security_grant (object, kind, privileges) VALUES
-    ('spark_stage',         'producer', ARRAY['INSERT']),
-    ('spark_stage_part',    'producer', ARRAY['INSERT']),
-    ('spark_write_commit',  'producer', ARRAY['EXECUTE']),
-    ('spark_write_abort',   'producer', ARRAY['EXECUTE']),
-    ('spark_queue_check',   'producer', ARRAY['EXECUTE']),
-    ('spark_queue_check',   'consumer', ARRAY['EXECUTE']),
-    ('spark_stream_next',   'consumer', ARRAY['EXECUTE']),
-    ('spark_stream_chunks', 'consumer', ARRAY['EXECUTE']),
-    ('spark_stream_read',   'consumer', ARRAY['EXECUTE']),
-    ('spark_stream_commit', 'consumer', ARRAY['EXECUTE'])
-ON CONFLICT (object, kind) DO NOTHING;
-
-SELECT {schema}._apply_privileges();

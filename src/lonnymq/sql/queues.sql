@@ -1,0 +1,258 @@
+-- LonnyMQ queues: create, drop, purge, list, metrics, and the lookup every call starts with.
+--
+-- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
+-- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
+-- identifier, {schema_name} its string literal; literal braces are doubled. Time is epoch
+-- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
+
+-- The queue row named p_name; raises LQ001 (queue not found) if there is none. Reads queue.
+CREATE OR REPLACE FUNCTION {schema}._queue(p_name text) RETURNS {schema}.queue
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q {schema}.queue;
+BEGIN
+    SELECT * INTO q FROM {schema}.queue WHERE name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_literal(p_name) USING ERRCODE = 'LQ001';
+    END IF;
+    RETURN q;
+END $$;
+
+-- Create queue p_name with its settings and its own partition of message (UNLOGGED if
+-- p_unlogged). Returns true, or false when it exists and p_if_not_exists (else LQ005).
+-- Raises LQ002 for invalid settings, LQ001 for an unknown dead-letter queue. Writes queue;
+-- creates message_<id>. Locks: advisory lock on the name (serialises creators and drops).
+CREATE OR REPLACE FUNCTION {schema}.queue_create(
+    p_name              text,
+    p_lease_ms          bigint  DEFAULT 30000,
+    p_max_attempts      integer DEFAULT 5,
+    p_dead_letter_queue text    DEFAULT NULL,
+    p_archive           boolean DEFAULT false,
+    p_retention_ms      bigint  DEFAULT 604800000,
+    p_unlogged          boolean DEFAULT false,
+    p_max_payload_bytes integer DEFAULT 1048576,
+    p_priority_step_ms  bigint  DEFAULT 1000,
+    p_if_not_exists     boolean DEFAULT false,
+    -- The policy of channels created by messages (channel_set overrides it per channel).
+    p_channel_max_concurrency     integer DEFAULT NULL,
+    p_channel_release_interval_ms bigint  DEFAULT NULL,
+    p_channel_max_size            bigint  DEFAULT NULL,
+    p_channel_on_full             text    DEFAULT 'reject'
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_dlq integer;
+    v_id  integer;
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[a-z][a-z0-9_.:-]{{0,62}}$' THEN
+        RAISE EXCEPTION 'invalid queue name %: use 1-63 of a-z 0-9 _ . : - starting with a letter',
+            quote_nullable(p_name) USING ERRCODE = 'LQ002';
+    END IF;
+    IF p_lease_ms IS NULL OR p_max_attempts IS NULL OR p_archive IS NULL
+       OR p_max_payload_bytes IS NULL THEN
+        PERFORM {schema}._invalid('queue settings must not be NULL');
+    END IF;
+    PERFORM {schema}._check_positive(p_lease_ms, 'lease_ms');
+    PERFORM {schema}._check_positive(p_max_attempts, 'max_attempts');
+    PERFORM {schema}._check_positive(p_max_payload_bytes, 'max_payload_bytes');
+    IF p_retention_ms IS NULL OR p_retention_ms < 0 THEN
+        PERFORM {schema}._invalid('retention_ms must be >= 0');
+    END IF;
+    IF p_priority_step_ms IS NULL OR p_priority_step_ms < 0 THEN
+        PERFORM {schema}._invalid('priority_step_ms must be >= 0');
+    END IF;
+    IF p_max_payload_bytes > 104857600 THEN
+        PERFORM {schema}._invalid('max_payload_bytes must be at most 100 MiB');
+    END IF;
+    PERFORM {schema}._check_channel_policy(p_channel_max_concurrency, p_channel_release_interval_ms,
+                                           p_channel_max_size, p_channel_on_full);
+    -- Serialise creators of the same name so if_not_exists never races into a unique error.
+    PERFORM pg_advisory_xact_lock(hashtext({schema_name}), hashtext(p_name));
+    IF EXISTS (SELECT FROM {schema}.queue WHERE name = p_name) THEN
+        IF p_if_not_exists THEN
+            RETURN false;
+        END IF;
+        RAISE EXCEPTION 'queue % already exists', quote_literal(p_name) USING ERRCODE = 'LQ005';
+    END IF;
+    IF p_dead_letter_queue IS NOT NULL THEN
+        v_dlq := ({schema}._queue(p_dead_letter_queue)).id;
+    END IF;
+    INSERT INTO {schema}.queue (name, lease_ms, max_attempts, dead_letter_queue_id, archive,
+                                retention_ms, unlogged, max_payload_bytes, priority_step_ms,
+                                channel_max_concurrency, channel_release_interval_ms,
+                                channel_max_size, channel_on_full)
+    VALUES (p_name, p_lease_ms, p_max_attempts, v_dlq, p_archive, p_retention_ms,
+            coalesce(p_unlogged, false), p_max_payload_bytes, p_priority_step_ms,
+            p_channel_max_concurrency, p_channel_release_interval_ms, p_channel_max_size,
+            p_channel_on_full)
+    RETURNING id INTO v_id;
+    -- The partition name is derived from the numeric id, never from the user's queue name.
+    EXECUTE format('CREATE %s TABLE %I.%I PARTITION OF %I.message FOR VALUES IN (%s)',
+                   CASE WHEN p_unlogged THEN 'UNLOGGED' ELSE '' END,
+                   {schema_name}, 'message_' || v_id, {schema_name}, v_id);
+    RETURN true;
+END $$;
+
+-- Drop queue p_name: its partition, its archive rows, its channels. Returns true, or false
+-- when it does not exist and p_if_exists (else LQ001). Raises LQ006 while it is the dead-letter
+-- queue of another queue. Locks: queue_create's advisory lock on the name, then the queue row,
+-- so concurrent drops serialise (the second finds nothing) and a queue that became a dead-letter
+-- queue meanwhile is refused as in use.
+CREATE OR REPLACE FUNCTION {schema}.queue_drop(p_name text, p_if_exists boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    q {schema}.queue;
+BEGIN
+    -- queue_create's lock, then the row: a concurrent drop waits here and then finds nothing.
+    PERFORM pg_advisory_xact_lock(hashtext({schema_name}), hashtext(p_name));
+    SELECT * INTO q FROM {schema}.queue WHERE name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        IF p_if_exists THEN
+            RETURN false;
+        END IF;
+        PERFORM {schema}._queue(p_name);
+    END IF;
+    IF EXISTS (SELECT FROM {schema}.queue WHERE dead_letter_queue_id = q.id) THEN
+        RAISE EXCEPTION 'queue % is the dead-letter queue of %', quote_literal(p_name),
+            (SELECT string_agg(quote_literal(name), ', ') FROM {schema}.queue
+              WHERE dead_letter_queue_id = q.id)
+            USING ERRCODE = 'LQ006';
+    END IF;
+    EXECUTE format('DROP TABLE %I.%I', {schema_name}, 'message_' || q.id);
+    DELETE FROM {schema}.archive WHERE queue_id = q.id;
+    BEGIN
+        DELETE FROM {schema}.queue WHERE id = q.id;
+    EXCEPTION WHEN foreign_key_violation THEN
+        -- A queue naming this one as its dead-letter queue committed since the check above.
+        RAISE EXCEPTION 'queue % became the dead-letter queue of another queue', quote_literal(p_name)
+            USING ERRCODE = 'LQ006';
+    END;
+    RETURN true;
+END $$;
+
+-- Delete every message of queue p_name (TRUNCATE of its partition: ACCESS EXCLUSIVE on it) and
+-- empty its channels; configured channels stay. Archive and dead letters are kept.
+CREATE OR REPLACE FUNCTION {schema}.queue_purge(p_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    q {schema}.queue := {schema}._queue(p_name);
+BEGIN
+    EXECUTE format('TRUNCATE %I.%I', {schema_name}, 'message_' || q.id);
+    -- Its channels are empty now (after the TRUNCATE, in lock order). Configured channels stay,
+    -- with their rate limit state.
+    DELETE FROM {schema}.channel c WHERE c.queue_id = q.id AND NOT c.explicit;
+    UPDATE {schema}.channel c
+       SET current_size = 0, current_concurrency = 0, blocked_until = NULL, ready_at = NULL
+     WHERE c.queue_id = q.id;
+END $$;
+
+-- Every queue with its settings, by name. Reads queue.
+CREATE OR REPLACE FUNCTION {schema}.queue_list()
+RETURNS TABLE (
+    name text, lease_ms bigint, max_attempts integer, dead_letter_queue text, archive boolean,
+    retention_ms bigint, unlogged boolean, max_payload_bytes integer, priority_step_ms bigint,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE AS $$
+    SELECT q.name, q.lease_ms, q.max_attempts, d.name, q.archive, q.retention_ms, q.unlogged,
+           q.max_payload_bytes, q.priority_step_ms, q.created_at
+      FROM {schema}.queue q
+      LEFT JOIN {schema}.queue d ON d.id = q.dead_letter_queue_id
+     ORDER BY q.name
+$$;
+
+-- Up to p_limit messages of a queue with p_after < dequeue_at <= p_until (optionally unleased
+-- ones only), counted through the dequeue indexes: plain messages from theirs, channel messages
+-- channel by channel from theirs, so the cost is O(channels + p_limit) however many there are.
+CREATE OR REPLACE FUNCTION {schema}._count_messages(
+    p_queue_id integer, p_after bigint, p_until bigint, p_unleased boolean, p_limit bigint
+) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM (
+        (SELECT 1 FROM {schema}.message m
+          WHERE m.queue_id = p_queue_id AND m.channel IS NULL
+            AND m.dequeue_at > p_after AND m.dequeue_at <= p_until
+            AND NOT (p_unleased AND m.leased)
+          LIMIT p_limit)
+        UNION ALL
+        (SELECT 1 FROM {schema}.channel c
+           CROSS JOIN LATERAL (SELECT 1 FROM {schema}.message m
+                                WHERE m.queue_id = p_queue_id AND m.channel = c.name
+                                  AND m.dequeue_at > p_after AND m.dequeue_at <= p_until
+                                  AND NOT (p_unleased AND m.leased)
+                                LIMIT p_limit) x
+          WHERE c.queue_id = p_queue_id)
+        LIMIT p_limit) s);
+END $$;
+
+-- Counts are exact up to p_cap rows per state and index-only scans, so the call stays cheap on
+-- a queue of millions; a count equal to p_cap means "at least".
+CREATE OR REPLACE FUNCTION {schema}.queue_metrics(p_name text, p_cap integer DEFAULT 100000, p_now bigint DEFAULT NULL)
+RETURNS TABLE (
+    queue text, ready bigint, scheduled bigint, leased bigint, dead bigint,
+    oldest_ready_age_ms bigint, next_scheduled_at bigint
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q     {schema}.queue := {schema}._queue(p_name);
+    v_now bigint := {schema}._now(p_now);
+    v_future bigint;
+    v_leased bigint;
+BEGIN
+    PERFORM {schema}._check_limit(p_cap);
+    queue := q.name;
+    ready := {schema}._count_messages(q.id, -9223372036854775807, v_now, false, p_cap);
+    SELECT count(*) INTO leased FROM (
+        SELECT 1 FROM {schema}.message m
+         WHERE m.queue_id = q.id AND m.leased AND m.dequeue_at > v_now LIMIT p_cap) s;
+    -- Future rows are the leased ones plus the scheduled ones. While leased is exact, count
+    -- that many rows further so scheduled is exact up to p_cap as well; once leased is capped
+    -- the unleased future rows must be told apart row by row.
+    v_leased := leased;
+    IF v_leased < p_cap THEN
+        v_future := {schema}._count_messages(q.id, v_now, 9223372036854775807, false, p_cap + v_leased);
+        scheduled := least(v_future - v_leased, p_cap);
+    ELSE
+        scheduled := {schema}._count_messages(q.id, v_now, 9223372036854775807, true, p_cap);
+    END IF;
+    SELECT count(*) INTO dead FROM (
+        SELECT 1 FROM {schema}.archive a
+         WHERE a.queue_id = q.id AND a.status = 'dead' LIMIT p_cap) s;
+    -- The head of the index is what is delivered next; look a bounded way into it (and at the
+    -- head of each channel).
+    SELECT max(v_now - h.scheduled_at) INTO oldest_ready_age_ms FROM (
+        (SELECT m.scheduled_at FROM {schema}.message m
+          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
+          ORDER BY m.dequeue_at, m.id LIMIT 1000)
+        UNION ALL
+        (SELECT x.scheduled_at FROM {schema}.channel c
+           CROSS JOIN LATERAL (SELECT m.scheduled_at FROM {schema}.message m
+                                WHERE m.queue_id = q.id AND m.channel = c.name
+                                  AND m.dequeue_at <= v_now
+                                ORDER BY m.dequeue_at, m.id LIMIT 1) x
+          WHERE c.queue_id = q.id)) h;
+    SELECT min(h.dequeue_at) INTO next_scheduled_at FROM (
+        (SELECT m.dequeue_at FROM {schema}.message m
+          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at > v_now AND NOT m.leased
+          ORDER BY m.dequeue_at LIMIT 1)
+        UNION ALL
+        (SELECT x.dequeue_at FROM {schema}.channel c
+           CROSS JOIN LATERAL (SELECT m.dequeue_at FROM {schema}.message m
+                                WHERE m.queue_id = q.id AND m.channel = c.name
+                                  AND m.dequeue_at > v_now AND NOT m.leased
+                                ORDER BY m.dequeue_at LIMIT 1) x
+          WHERE c.queue_id = q.id)) h;
+    RETURN NEXT;
+END $$;
+
+-- What a consumer needs to know of the queues it serves: the lease (to pace heartbeats) and
+-- the attempt limit. Queues that do not exist are left out. Narrower than queue_list, which
+-- stays with admin.
+CREATE OR REPLACE FUNCTION {schema}.worker_queues(p_names text[])
+RETURNS TABLE (name text, lease_ms bigint, max_attempts integer)
+LANGUAGE sql STABLE AS $$
+    SELECT q.name, q.lease_ms, q.max_attempts FROM {schema}.queue q
+     WHERE q.name = ANY (p_names) ORDER BY q.name
+$$;

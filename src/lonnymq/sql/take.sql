@@ -1,0 +1,471 @@
+-- LonnyMQ take: leasing ready messages (take, take_tx), looking without leasing (peek) and
+-- the wait until the next one is ready (next_ready_in), with the candidate queries they share
+-- (_lock_ready, _deliver) and the round-robin path of channel queues (_take_channels).
+--
+-- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
+-- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
+-- identifier, {schema_name} its string literal; literal braces are doubled. Time is epoch
+-- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
+
+-- The hot query of take() and take_tx() on a plain queue: lock up to p_limit ready messages in
+-- (dequeue_at, id) order, skipping rows others hold. Messages whose lease expired on their last
+-- allowed attempt are dead-lettered here (dead); the rest are returned in order (ids, with
+-- their dequeue_at in ats for the channel path's merge).
+CREATE OR REPLACE FUNCTION {schema}._lock_ready(q {schema}.queue, p_limit integer, p_now bigint,
+                                     OUT ids bigint[], OUT ats bigint[], OUT dead bigint[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
+           array_agg(c.dequeue_at ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
+           array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
+      INTO ids, ats, dead
+      FROM (SELECT m.id, m.dequeue_at, m.attempts
+              FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= p_now
+             ORDER BY m.dequeue_at, m.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED) c;
+    IF dead IS NOT NULL THEN
+        PERFORM {schema}._dead_letter(q, dead,
+            array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(dead)]), p_now);
+    END IF;
+END $$;
+
+-- Hand out locked messages p_ids, in that order: 'lease' them for p_lease_ms, or 'delete' /
+-- 'archive' them (take_tx). Returns the deliveries in the order of p_ids.
+CREATE OR REPLACE FUNCTION {schema}._deliver(q {schema}.queue, p_ids bigint[], p_mode text, p_lease_ms bigint,
+                                  p_now bigint)
+RETURNS SETOF {schema}.delivery
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_mode = 'lease' THEN
+        RETURN QUERY
+        WITH u AS (
+            UPDATE {schema}.message m
+               SET dequeue_at = p_now + p_lease_ms, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+              FROM unnest(p_ids) WITH ORDINALITY AS t(id, ord)
+             WHERE m.queue_id = q.id AND m.id = t.id
+            RETURNING t.ord, m.*
+        )
+        SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
+               u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
+               u.last_error, u.payload
+          FROM u ORDER BY u.ord;
+    ELSE
+        RETURN QUERY
+        WITH d AS (
+            DELETE FROM {schema}.message m
+             USING unnest(p_ids) WITH ORDINALITY AS t(id, ord)
+             WHERE m.queue_id = q.id AND m.id = t.id
+            RETURNING t.ord, m.*
+        ), a AS (
+            INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
+                                          enqueued_at, attempts, deliveries, priority, key,
+                                          channel, kind, content_type, headers, state,
+                                          last_error, payload)
+            SELECT d.queue_id, d.id, 'acked', p_now, d.scheduled_at, d.enqueued_at,
+                   d.attempts + 1, d.deliveries + 1, d.priority, d.key, d.channel, d.kind,
+                   d.content_type, d.headers, d.state, d.last_error, d.payload
+              FROM d WHERE p_mode = 'archive'
+        )
+        SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at,
+               d.enqueued_at, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
+               d.state, d.last_error, d.payload
+          FROM d ORDER BY d.ord;
+    END IF;
+END $$;
+
+-- take and take_tx of a queue that uses channels. A call serves the ready channels round robin
+-- by (ready_at, turn), interleaved by time with plain messages, in passes: each pass picks up to
+-- the number still wanted of the next ready channels (after a cursor), locks their heads, merges
+-- them with the plain candidates by time, and delivers the earliest, with one statement per
+-- step. A served channel's new key (ready_at >= now, a new turn) sorts after every channel still
+-- waiting, so the next pass goes round again. Every step is an index lookup per row, whatever
+-- the number of channels or messages; rows others hold are skipped, never waited for. A head
+-- whose lease expired on its last attempt is dead-lettered (at most p_limit per call, besides
+-- the p_limit deliveries). p_mode: 'lease' (take), 'delete' or 'archive' (take_tx).
+CREATE OR REPLACE FUNCTION {schema}._take_channels(
+    q          {schema}.queue,
+    p_limit    integer,
+    p_lease_ms bigint,
+    p_now      bigint,
+    p_mode     text
+) RETURNS SETOF {schema}.delivery
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_plain    bigint[];
+    v_plain_at bigint[];
+    v_dead     bigint[];
+    v_next     integer := 1;  -- the first plain candidate not delivered yet
+    v_got      integer := 0;
+    v_dead_n   integer := 0;
+    v_want     integer;
+    v_bound    bigint;
+    -- The pick's keyset cursor over (ready_at, turn): the last channel served. It also keeps
+    -- the pick from rereading the index entries this call's own updates left behind.
+    v_at       bigint := -9223372036854775807;
+    v_turn     bigint := 0;
+    v_skip     text[] := ARRAY[]::text[];  -- channels with nothing deliverable now
+    v_open     text[] := ARRAY[]::text[];  -- take_tx: channels of messages taken, in flight
+    v_names    text[];
+    v_keys     bigint[];
+    v_turns    bigint[];
+    v_limited  boolean[];
+    v_h_names  text[];
+    v_h_ids    bigint[];
+    v_h_keys   bigint[];
+    v_h_turns  bigint[];
+    v_h_leased boolean[];
+    v_h_dead   boolean[];
+    v_ids      bigint[];
+    v_from     text[];
+    v_leased   boolean[];
+    v_nohead   text[];
+    v_n_plain  integer;
+    v_served   integer;
+    v_last_at  bigint;
+    v_last_tn  bigint;
+BEGIN
+    -- The plain candidates, locked (and the dead among them dead-lettered) as in take().
+    SELECT r.ids, r.ats, r.dead INTO v_plain, v_plain_at, v_dead
+      FROM {schema}._lock_ready(q, p_limit, p_now) r;
+    IF v_dead IS NOT NULL THEN
+        v_dead_n := cardinality(v_dead);
+    END IF;
+    v_plain := coalesce(v_plain, ARRAY[]::bigint[]);
+    v_plain_at := coalesce(v_plain_at, ARRAY[]::bigint[]);
+
+    LOOP
+        v_want := p_limit - v_got;
+        EXIT WHEN v_want <= 0;
+        v_h_ids := NULL;
+        v_nohead := ARRAY[]::text[];
+        v_dead := ARRAY[]::bigint[];
+        -- A channel after the v_want-th plain candidate cannot win a place in this pass.
+        v_bound := least(p_now, v_plain_at[v_next + v_want - 1]);
+
+        -- 1. The next ready channels.
+        SELECT array_agg(c.name ORDER BY c.ready_at, c.turn),
+               array_agg(c.ready_at ORDER BY c.ready_at, c.turn),
+               array_agg(c.turn ORDER BY c.ready_at, c.turn),
+               array_agg(coalesce(c.current_concurrency
+                                  + cardinality(array_positions(v_open, c.name))
+                                  >= c.max_concurrency, false)
+                         ORDER BY c.ready_at, c.turn)
+          INTO v_names, v_keys, v_turns, v_limited
+          FROM (SELECT c.name, c.ready_at, c.turn, c.current_concurrency, c.max_concurrency
+                  FROM {schema}.channel c
+                 WHERE c.queue_id = q.id AND c.ready_at <= v_bound
+                   AND (c.ready_at, c.turn) > (v_at, v_turn) AND c.name <> ALL (v_skip)
+                 ORDER BY c.ready_at, c.turn
+                 LIMIT v_want
+                   FOR UPDATE SKIP LOCKED) c;
+        EXIT WHEN v_names IS NULL AND v_next > cardinality(v_plain);
+
+        -- 2. Their heads: at the concurrency limit only an expired lease may be delivered again.
+        IF v_names IS NOT NULL THEN
+            SELECT array_agg(h.name ORDER BY h.ord), array_agg(h.id ORDER BY h.ord),
+                   array_agg(h.key ORDER BY h.ord), array_agg(h.turn ORDER BY h.ord),
+                   array_agg(h.leased ORDER BY h.ord),
+                   array_agg(h.attempts >= q.max_attempts ORDER BY h.ord)
+              INTO v_h_names, v_h_ids, v_h_keys, v_h_turns, v_h_leased, v_h_dead
+              FROM (SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts
+                      FROM unnest(v_names, v_keys, v_turns, v_limited)
+                           WITH ORDINALITY AS c(name, key, turn, limited, ord)
+                     CROSS JOIN LATERAL (
+                           SELECT m.id, m.leased, m.attempts
+                             FROM {schema}.message m
+                            WHERE NOT c.limited AND m.queue_id = q.id AND m.channel = c.name
+                              AND m.dequeue_at <= p_now
+                            ORDER BY m.dequeue_at, m.id
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) x
+                    UNION ALL
+                    SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts
+                      FROM unnest(v_names, v_keys, v_turns, v_limited)
+                           WITH ORDINALITY AS c(name, key, turn, limited, ord)
+                     CROSS JOIN LATERAL (
+                           SELECT m.id, m.leased, m.attempts
+                             FROM {schema}.message m
+                            WHERE c.limited AND m.queue_id = q.id AND m.channel = c.name
+                              AND m.leased AND m.dequeue_at <= p_now
+                            ORDER BY m.dequeue_at
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) x) h;
+            -- Nothing deliverable (another transaction holds the head, or ready_at was early
+            -- since a lease was extended): refresh ready_at, pass the channel by in this call.
+            v_nohead := ARRAY(SELECT n FROM unnest(v_names) n
+                               WHERE n <> ALL (coalesce(v_h_names, ARRAY[]::text[])));
+            IF cardinality(v_nohead) > 0 THEN
+                UPDATE {schema}.channel c
+                   SET ready_at = {schema}._channel_ready_at(
+                           c.queue_id, c.name, c.current_size, c.current_concurrency,
+                           c.max_concurrency, c.last_served_at, c.release_interval_ms,
+                           c.blocked_until)
+                 WHERE c.queue_id = q.id AND c.name = ANY (v_nohead);
+                v_skip := v_skip || v_nohead;
+            END IF;
+            -- Heads whose lease expired on the last attempt go to the dead letters; their
+            -- channels are served again in the next pass (or call).
+            IF true = ANY (v_h_dead) AND v_dead_n < p_limit THEN
+                v_dead := ARRAY(SELECT h.id FROM unnest(v_h_ids, v_h_dead) AS h(id, dead)
+                                 WHERE h.dead LIMIT p_limit - v_dead_n);
+                PERFORM {schema}._dead_letter(q, v_dead,
+                    array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]),
+                    p_now);
+                v_dead_n := v_dead_n + cardinality(v_dead);
+            END IF;
+        END IF;
+
+        -- 3. Merge by time with the plain candidates (a plain message first on a tie) and
+        -- deliver the earliest v_want.
+        SELECT array_agg(x.id ORDER BY x.key, x.turn), array_agg(x.name ORDER BY x.key, x.turn),
+               array_agg(x.leased ORDER BY x.key, x.turn),
+               count(*) FILTER (WHERE x.name IS NULL), count(*) FILTER (WHERE x.name IS NOT NULL),
+               (array_agg(x.key ORDER BY x.key DESC, x.turn DESC) FILTER (WHERE x.name IS NOT NULL))[1],
+               (array_agg(x.turn ORDER BY x.key DESC, x.turn DESC) FILTER (WHERE x.name IS NOT NULL))[1]
+          INTO v_ids, v_from, v_leased, v_n_plain, v_served, v_last_at, v_last_tn
+          FROM (SELECT y.* FROM (
+                    SELECT p.id, p.key, -1::bigint AS turn, NULL::text AS name, false AS leased
+                      FROM unnest(v_plain[v_next:], v_plain_at[v_next:]) AS p(id, key)
+                    UNION ALL
+                    SELECT h.id, h.key, h.turn, h.name, h.leased
+                      FROM unnest(v_h_ids, v_h_keys, v_h_turns, v_h_names, v_h_leased, v_h_dead)
+                           AS h(id, key, turn, name, leased, dead)
+                     WHERE NOT h.dead) y
+                 ORDER BY y.key, y.turn
+                 LIMIT v_want) x;
+        IF v_ids IS NULL THEN
+            -- No delivery: go on only if this pass changed something (a channel passed by or
+            -- a dead letter) and there is something left to look at.
+            EXIT WHEN cardinality(v_nohead) = 0 AND cardinality(v_dead) = 0;
+            CONTINUE;
+        END IF;
+
+        RETURN QUERY SELECT * FROM {schema}._deliver(q, v_ids, p_mode, p_lease_ms, p_now);
+        v_got := v_got + cardinality(v_ids);
+        v_next := v_next + v_n_plain;
+
+        -- 4. The served channels: a lease more (none for an expired one retaken) or a message
+        -- less (take_tx), last served now, a new turn in serving order, a fresh ready_at.
+        IF v_served > 0 THEN
+            v_turns := ARRAY(SELECT nextval('{schema}.channel_turn_seq') FROM generate_series(1, v_served));
+            WITH s AS (
+                SELECT f.name, f.leased, row_number() OVER (ORDER BY f.ord) AS rn
+                  FROM unnest(v_from, v_leased) WITH ORDINALITY AS f(name, leased, ord)
+                 WHERE f.name IS NOT NULL
+            ), d AS (
+                SELECT s.name, v_turns[s.rn] AS turn,
+                       CASE WHEN p_mode = 'lease' THEN 0 ELSE -1 END AS size,
+                       CASE WHEN p_mode = 'lease' THEN (NOT s.leased)::integer
+                            ELSE -s.leased::integer END AS leases
+                  FROM s
+            )
+            UPDATE {schema}.channel c
+               SET current_size = c.current_size + d.size,
+                   current_concurrency = c.current_concurrency + d.leases,
+                   last_served_at = p_now,
+                   turn = d.turn,
+                   ready_at = {schema}._channel_ready_at(
+                       c.queue_id, c.name, c.current_size + d.size,
+                       c.current_concurrency + d.leases, c.max_concurrency, p_now,
+                       c.release_interval_ms, c.blocked_until)
+              FROM d
+             WHERE c.queue_id = q.id AND c.name = d.name;
+            IF p_mode <> 'lease' THEN
+                v_open := v_open || ARRAY(SELECT n FROM unnest(v_from) n WHERE n IS NOT NULL);
+            END IF;
+            -- The cursor moves to the last channel served (the served ones are a prefix, by
+            -- key, of the deliverable ones).
+            v_at := v_last_at;
+            v_turn := v_last_tn;
+        END IF;
+    END LOOP;
+END $$;
+
+-- Lease up to p_limit ready messages (dequeue_at <= now, including expired leases) for
+-- p_lease_ms, in (dequeue_at, id) order, skipping rows other transactions hold. Each delivery
+-- carries attempt (failures so far + 1) and token (the fencing token for ack/nack/extend).
+-- A message whose lease expired on its last allowed attempt is dead-lettered, not delivered.
+-- p_ack_ids/p_ack_tokens: acknowledge earlier deliveries in the same transaction first.
+-- Raises LQ001 (unknown queue), LQ002 (bad limit or lease). Writes message (and channel,
+-- archive through _ack/_dead_letter). Locks: the rows it leases, FOR UPDATE SKIP LOCKED.
+-- take(queue, 1, ack => previous) is what a one-at-a-time consumer runs for every message, so
+-- it has a lean path: the checks run inline and call the raising helper only when they fail,
+-- _ack() is called only when there is something to acknowledge, and one message is locked and
+-- leased by two statements of its own (830-890 us per call through seven nested plpgsql calls,
+-- 410-455 us this way, PostgreSQL 15). Batches, channel queues, explicit clocks and messages at
+-- their last attempt take the general path (_lock_ready, _deliver), with the same semantics.
+CREATE OR REPLACE FUNCTION {schema}.take(
+    p_queue      text,
+    p_limit      integer DEFAULT 1,
+    p_lease_ms   bigint  DEFAULT NULL,
+    p_ack_ids    bigint[] DEFAULT NULL,
+    p_ack_tokens integer[] DEFAULT NULL,
+    p_now        bigint  DEFAULT NULL
+) RETURNS SETOF {schema}.delivery
+LANGUAGE plpgsql AS $$
+DECLARE
+    q       {schema}.queue;
+    v_now   bigint;
+    v_lease bigint;
+    v_want  integer := p_limit;
+    v_round integer := 0;
+    v_id    bigint;
+    v_tries integer;
+    v_ids   bigint[];
+    v_dead  bigint[];
+BEGIN
+    -- The checks of _queue, _check_limit, _check_positive and _now, called only when they are
+    -- going to fail (each call is a statement).
+    SELECT * INTO q FROM {schema}.queue WHERE name = p_queue;
+    IF NOT FOUND THEN
+        q := {schema}._queue(p_queue);
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
+        PERFORM {schema}._check_limit(p_limit);
+    END IF;
+    IF p_lease_ms <= 0 THEN
+        PERFORM {schema}._check_positive(p_lease_ms, 'lease_ms');
+    END IF;
+    IF p_now IS NULL THEN
+        v_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
+    ELSE
+        v_now := {schema}._now(p_now);
+    END IF;
+    v_lease := coalesce(p_lease_ms, q.lease_ms);
+
+    IF p_ack_ids IS NOT NULL THEN
+        PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
+    END IF;
+
+    IF q.uses_channels THEN
+        RETURN QUERY SELECT * FROM {schema}._take_channels(q, p_limit, v_lease, v_now, 'lease');
+        RETURN;
+    END IF;
+
+    -- One message: _lock_ready's candidate query for one row, and _deliver's lease of it.
+    IF p_limit = 1 THEN
+        SELECT m.id, m.attempts INTO v_id, v_tries
+          FROM {schema}.message m
+         WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
+         ORDER BY m.dequeue_at, m.id
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        IF v_tries < q.max_attempts THEN
+            RETURN QUERY
+            UPDATE {schema}.message m
+               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+             WHERE m.queue_id = q.id AND m.id = v_id
+            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
+            RETURN;
+        END IF;
+        -- Its lease expired on the last attempt: the general path below (which sees the row we
+        -- hold) dead-letters it and looks further.
+    END IF;
+
+    -- The general path: messages found dead do not count against p_limit.
+    LOOP
+        SELECT r.ids, r.dead INTO v_ids, v_dead FROM {schema}._lock_ready(q, v_want, v_now) r;
+        IF v_ids IS NOT NULL THEN
+            -- Leased rows move past v_now, so a further round cannot select them again.
+            RETURN QUERY SELECT * FROM {schema}._deliver(q, v_ids, 'lease', v_lease, v_now);
+        END IF;
+        v_want := v_want - coalesce(cardinality(v_ids), 0);
+        v_round := v_round + 1;
+        EXIT WHEN v_dead IS NULL OR v_want <= 0 OR v_round >= 10;
+    END LOOP;
+END $$;
+
+-- Exactly-once with the caller's work: deletes (or archives) up to p_limit ready messages inside
+-- the caller's transaction. Commit consumes them; rollback puts them back untouched.
+CREATE OR REPLACE FUNCTION {schema}.take_tx(
+    p_queue   text,
+    p_limit   integer DEFAULT 1,
+    p_archive boolean DEFAULT NULL,
+    p_now     bigint  DEFAULT NULL
+) RETURNS SETOF {schema}.delivery
+LANGUAGE plpgsql AS $$
+DECLARE
+    q         {schema}.queue := {schema}._queue(p_queue);
+    v_now     bigint := {schema}._now(p_now);
+    v_archive boolean := coalesce(p_archive, q.archive);
+    v_want    integer := p_limit;
+    v_round   integer := 0;
+    v_ids     bigint[];
+    v_dead    bigint[];
+BEGIN
+    PERFORM {schema}._check_limit(p_limit);
+    IF q.uses_channels THEN
+        -- The channel row stays locked until the caller's transaction ends: the channel's
+        -- messages taken here count against its max_concurrency while in flight.
+        RETURN QUERY SELECT * FROM {schema}._take_channels(q, p_limit, NULL, v_now,
+            CASE WHEN coalesce(p_archive, q.archive) THEN 'archive' ELSE 'delete' END);
+        RETURN;
+    END IF;
+    -- As in take(): a message whose lease expired on its last attempt is dead-lettered, not
+    -- delivered, and does not count against p_limit. Deleted rows cannot be selected again.
+    LOOP
+        SELECT r.ids, r.dead INTO v_ids, v_dead FROM {schema}._lock_ready(q, v_want, v_now) r;
+        IF v_ids IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM {schema}._deliver(q, v_ids,
+                CASE WHEN v_archive THEN 'archive' ELSE 'delete' END, NULL, v_now);
+        END IF;
+        v_want := v_want - coalesce(cardinality(v_ids), 0);
+        v_round := v_round + 1;
+        EXIT WHEN v_dead IS NULL OR v_want <= 0 OR v_round >= 10;
+    END LOOP;
+END $$;
+
+-- Look at the next messages in delivery order without leasing them.
+CREATE OR REPLACE FUNCTION {schema}.peek(p_queue text, p_limit integer DEFAULT 10, p_now bigint DEFAULT NULL)
+RETURNS SETOF {schema}.delivery
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q {schema}.queue := {schema}._queue(p_queue);
+BEGIN
+    PERFORM {schema}._check_limit(p_limit);
+    -- Plain messages from their index, channel messages from the head of each channel.
+    RETURN QUERY
+    SELECT m.id, m.attempts, m.deliveries,
+           CASE WHEN m.leased THEN m.dequeue_at END, m.scheduled_at, m.enqueued_at, m.priority,
+           m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload
+      FROM ((SELECT p.* FROM {schema}.message p
+              WHERE p.queue_id = q.id AND p.channel IS NULL
+              ORDER BY p.dequeue_at, p.id LIMIT p_limit)
+            UNION ALL
+            (SELECT h.* FROM {schema}.channel c
+               CROSS JOIN LATERAL (SELECT x.* FROM {schema}.message x
+                                    WHERE x.queue_id = q.id AND x.channel = c.name
+                                    ORDER BY x.dequeue_at, x.id LIMIT p_limit) h
+              WHERE c.queue_id = q.id AND q.uses_channels)) m
+     ORDER BY m.dequeue_at, m.id
+     LIMIT p_limit;
+END $$;
+
+-- Milliseconds until the next message becomes ready (0 if one is ready now, NULL if the queue
+-- is empty), measured on the database clock, for pollers.
+CREATE OR REPLACE FUNCTION {schema}.next_ready_in(p_queue text, p_now bigint DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q     {schema}.queue := {schema}._queue(p_queue);
+    v_now bigint := {schema}._now(p_now);
+BEGIN
+    -- A channel is ready at its ready_at (its head, rate limit and concurrency limit permitting).
+    -- (greatest() ignores NULLs: an empty queue must stay NULL, not 'ready now'.)
+    RETURN (SELECT CASE WHEN min(x.at) IS NOT NULL THEN greatest(min(x.at) - v_now, 0) END
+              FROM ((SELECT m.dequeue_at FROM {schema}.message m
+                      WHERE m.queue_id = q.id AND m.channel IS NULL
+                      ORDER BY m.dequeue_at, m.id LIMIT 1)
+                    UNION ALL
+                    (SELECT c.ready_at FROM {schema}.channel c
+                      WHERE c.queue_id = q.id AND c.ready_at IS NOT NULL
+                      ORDER BY c.ready_at LIMIT 1)) x(at));
+END $$;
