@@ -19,10 +19,10 @@ import time
 import uuid
 
 import psycopg
+from lonnymq_bench.server import dsn_or_temporary as server
 from psycopg import sql
 
 from lonnymq import Client, Envelope, Message
-from lonnymq.embedded import dsn_or_temporary as server
 
 
 def fill(c: Client, queue: str, messages: int, channels: int) -> None:

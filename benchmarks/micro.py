@@ -14,10 +14,10 @@ import time
 import uuid
 
 import psycopg
+from lonnymq_bench.server import dsn_or_temporary as server
 from psycopg import sql
 
 from lonnymq import Client, Message
-from lonnymq.embedded import dsn_or_temporary as server
 
 PAYLOAD = {"order_id": 123456, "customer": "c-000042", "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 120}
 

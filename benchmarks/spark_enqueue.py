@@ -17,10 +17,10 @@ import time
 import uuid
 
 import psycopg
+from lonnymq_bench.server import dsn_or_temporary as server
 from psycopg import sql
 
 from lonnymq import Client, Envelope
-from lonnymq.embedded import dsn_or_temporary as server
 
 
 def event(i: int) -> dict[str, object]:
@@ -61,7 +61,7 @@ def main() -> None:
                         " ON q.id = m.queue_id GROUP BY 1"
                     ).format(s=sql.Identifier(schema))
                 )
-                got = dict(counts.fetchall())
+                got: dict[str, int] = dict(counts.fetchall())
                 got.pop("warmup")
                 assert got == dict.fromkeys(("client", "spark_json", "spark_rows"), args.n), got
         finally:

@@ -17,10 +17,10 @@ import time
 import uuid
 
 import psycopg
+from lonnymq_bench.server import dsn_or_temporary as server
 from psycopg import sql
 
 from lonnymq import Client
-from lonnymq.embedded import dsn_or_temporary as server
 from lonnymq.worker import App, Worker
 
 

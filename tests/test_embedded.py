@@ -167,12 +167,10 @@ def test_default_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_concurrent_resolve_dsn_starts_one_server(workdir: Path) -> None:
-    import lonnymq.embedded
-
     env = dict(os.environ)
     env.pop("LONNYMQ_DSN", None)
     env["LONNYMQ_DATA_DIR"] = str(workdir / "shared" / "pgdata")
-    src = str(Path(lonnymq.embedded.__file__).resolve().parents[1])
+    src = _src_dir()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     code = "from lonnymq.embedded import resolve_dsn; print(resolve_dsn())"
     procs = [
@@ -224,9 +222,7 @@ def test_missing_binaries_say_pip_install(workdir: Path) -> None:
     fake = workdir / "fake" / "pgserver"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
-    import lonnymq.embedded
-
-    src = str(Path(lonnymq.embedded.__file__).resolve().parents[1])
+    src = _src_dir()
     code = (
         "from lonnymq.embedded import EmbeddedServer, EmbeddedServerError\n"
         f"try: EmbeddedServer({str(workdir / 'pgdata')!r}).start()\n"
@@ -234,4 +230,52 @@ def test_missing_binaries_say_pip_install(workdir: Path) -> None:
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake.parent), src]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert "pip install pgserver" in out.stdout
+    assert "pip install 'lonnymq[embedded]'" in out.stdout
+
+
+def test_no_dsn_and_no_pgserver_is_a_clear_error(workdir: Path) -> None:
+    # The embedded server is an extra, never a silent fallback: without pgserver and without a
+    # DSN, resolve_dsn raises a typed error saying what to do, and creates no data directory.
+    env = {k: v for k, v in os.environ.items() if k != "LONNYMQ_DSN"}
+    env["LONNYMQ_DATA_DIR"] = str(workdir / "never" / "pgdata")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_src_dir(), env.get("PYTHONPATH")]))
+    code = (
+        "import sys\n"
+        "sys.modules['pgserver'] = None  # as if not installed\n"
+        "from lonnymq.embedded import resolve_dsn\n"
+        "from lonnymq.errors import EmbeddedServerError\n"
+        "try: resolve_dsn()\n"
+        "except EmbeddedServerError as e: print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    message = out.stdout
+    assert "set LONNYMQ_DSN or pass --dsn" in message and "pip install 'lonnymq[embedded]'" in message
+    assert not (workdir / "never").exists()
+
+
+def test_cli_without_dsn_and_binaries_says_what_to_do(workdir: Path) -> None:
+    # A pgserver without its binaries on the path stands in for a missing one in the CLI process.
+    fake = workdir / "fake" / "pgserver"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "LONNYMQ_DSN"}
+    env["LONNYMQ_DATA_DIR"] = str(workdir / "never" / "pgdata")
+    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), _src_dir()])
+    proc = subprocess.run(
+        [sys.executable, "-m", "lonnymq", "queue", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "EmbeddedServerError" in proc.stderr
+    assert "set LONNYMQ_DSN or pass --dsn" in proc.stderr
+    assert not (workdir / "never").exists()
+
+
+def _src_dir() -> str:
+    """The directory holding the lonnymq package, for subprocesses' PYTHONPATH."""
+    import lonnymq
+
+    return str(Path(lonnymq.__file__).resolve().parents[1])

@@ -1,9 +1,12 @@
-"""The reference pipeline end to end on a small dataset: events -> Spark bulk enqueue ->
-worker processes with injected failures -> Spark report from the archive."""
+"""The reference pipeline (examples/spark_pipeline/, not part of the package) end to end on a
+small dataset: events -> Spark bulk enqueue -> worker processes with injected failures -> Spark
+report from the archive."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_pipeline"
+# run.py runs with its own directory first on sys.path; the test imports the modules the same way.
+sys.path.insert(0, str(EXAMPLE))
 
 pytestmark = [
     pytest.mark.spark,
@@ -20,7 +27,7 @@ pytestmark = [
 
 
 def test_pipeline_report_matches_what_happened(spark: Any, dsn: str, tmp_path: Path) -> None:
-    from lonnymq.spark.pipeline import fate, run
+    from pipeline import fate, run
 
     n = 3000
     schema = "t_pipeline_test"
@@ -56,3 +63,15 @@ def test_pipeline_report_matches_what_happened(spark: Any, dsn: str, tmp_path: P
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def test_run_script_checks_its_options() -> None:
+    # The script ./run demo calls: its imports resolve and its options parse, without Spark.
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE / "run.py"), "--events", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "--events, --workers and --concurrency must be positive" in proc.stderr

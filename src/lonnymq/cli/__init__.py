@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 from .. import errors
 
-# Modules providing subcommands; optional ones are skipped if their extra is missing.
-_COMMANDS = ["migrate", "queue", "messages", "dlq", "demo", "worker", "bench", "pipeline"]
+# Modules providing subcommands. The benchmarks (benchmarks/) and the Spark reference pipeline
+# (examples/spark_pipeline/) are not part of the package: they are run from a checkout.
+_COMMANDS = ["migrate", "queue", "messages", "dlq", "demo", "worker"]
 
 
 def common(parser: argparse.ArgumentParser, *, json: bool = False) -> None:
@@ -32,13 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMANDS:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith(f"{__name__}."):
-                continue  # that command is not part of this build
-            raise
-        module.add_parser(sub)
+        importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
 
 

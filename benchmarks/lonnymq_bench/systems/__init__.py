@@ -1,5 +1,5 @@
 """The benchmarked systems, one adapter module each, imported only when selected (the peers'
-packages are optional: ``pip install 'lonnymq[bench]'``)."""
+packages are optional: ``pip install -r benchmarks/requirements.txt``)."""
 
 from __future__ import annotations
 

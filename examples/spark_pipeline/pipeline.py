@@ -1,4 +1,5 @@
-"""The reference pipeline: Spark -> LonnyMQ -> workers -> Spark.
+"""The reference pipeline: Spark -> LonnyMQ -> workers -> Spark (an example, not part of the package;
+run it with ``python examples/spark_pipeline/run.py``).
 
 1. **Events**: a realistic order-event dataset of a marketplace (order lifecycle events over
    one simulated day, 48 merchants of skewed size in four regions, service tiers, some
@@ -33,7 +34,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..client import Client
+from lonnymq import Client
 
 QUEUE = "orders"
 #: Share of events that fail their first attempt (then succeed) and that always fail.
@@ -64,7 +65,7 @@ def spark_session(master: str = "local[*]") -> Any:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
 
-    from . import register
+    from lonnymq.spark import register
 
     spark = (
         SparkSession.builder.master(master)
@@ -190,7 +191,7 @@ def _worker_process(dsn: str, schema: str, log_path: str, stop: Any, ready: Any,
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    from ..worker import App, Backoff, Worker
+    from lonnymq.worker import App, Backoff, Worker
 
     # The injected failures are expected: keep the worker's per-failure warnings quiet.
     logging.getLogger("lonnymq.worker").setLevel(logging.ERROR)
@@ -328,7 +329,7 @@ def run(
     """Run the pipeline in ``schema`` (dropped and recreated) and write the report to
     ``out``. Returns the report's summary (also in ``out/report/summary.json``). Uses (and
     leaves running) ``spark`` if given, else starts and stops a local session."""
-    from .report import write_report
+    from report import write_report
 
     timings = Timings()
     out.mkdir(parents=True, exist_ok=True)
@@ -344,7 +345,7 @@ def run(
         if own_session:
             spark = spark_session(master)
         else:
-            from . import register
+            from lonnymq.spark import register
 
             register(spark)
         timings.stage("spark session", time.perf_counter() - t)
@@ -407,7 +408,7 @@ def run(
                 spark.stop()
     summary["stages_s"] = {k: round(v, 2) for k, v in timings.stages.items()}
     summary["total_s"] = round(time.perf_counter() - t0, 1)
-    from .report import write_summary
+    from report import write_summary
 
     write_summary(out, summary)
     return summary

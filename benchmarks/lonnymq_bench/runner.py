@@ -1,4 +1,5 @@
-"""Command line of the suite: ``lonnymq bench`` and ``python -m lonnymq.bench`` (same options)."""
+"""Command line of the suite: ``python benchmarks/bench.py`` (or ``python -m lonnymq_bench`` from
+``benchmarks/``; same options)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..embedded import dsn_or_temporary
 from . import harness
+from .server import dsn_or_temporary
 from .systems import REGISTRY, load
 from .workloads import RUNNERS, WORKLOADS, Bench, Config
 
@@ -178,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     missing = [m for m in (s.missing() for s in systems) if m]
     if missing:
         for m in missing:
-            print(f"lonnymq bench: {m}", file=sys.stderr)
+            print(f"bench: {m}", file=sys.stderr)
         return 2
     out = args.out or Path("bench-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -246,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m lonnymq.bench",
+        prog="python benchmarks/bench.py",
         description="Benchmark LonnyMQ against pgmq, PgQueuer, a bare SKIP LOCKED queue and the "
         "PostgreSQL floor on one server.",
     )

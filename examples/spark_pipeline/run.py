@@ -1,22 +1,36 @@
-"""``lonnymq pipeline``: the Spark reference pipeline (needs ``lonnymq[spark]`` and Java).
+"""The Spark reference pipeline: events -> queue -> workers -> report (``./run demo`` runs it).
+
+    pip install -e '.[spark,embedded]'          # PySpark, pyarrow, matplotlib; Java 17 for Spark
+    python examples/spark_pipeline/run.py [--events N] [--out DIR] [--dsn URI]
 
 Generates order events with Spark, bulk-enqueues them with ``format("lonnymq")``, drains the
 queue with worker processes (with injected failures, retries and dead letters) and writes a
-report from the queue's archive: Parquet tables, PNG charts and ``index.html``.
+report from the queue's archive: Parquet tables, PNG charts and ``index.html``. Without
+``--dsn``/``$LONNYMQ_DSN`` it runs on the persistent embedded PostgreSQL of the ``lonnymq`` CLI.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from . import common
+from lonnymq.errors import LonnyMQError
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("pipeline", help="the Spark reference pipeline: events -> queue -> workers -> report")
-    common(p)
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python examples/spark_pipeline/run.py",
+        description="The Spark reference pipeline: events -> queue -> workers -> report.",
+    )
+    p.add_argument("--dsn", help="PostgreSQL URI/conninfo (default: $LONNYMQ_DSN, else embedded)")
+    p.add_argument(
+        "--schema",
+        default="lonnymq_pipeline",
+        help="schema to run in, dropped first (default lonnymq_pipeline)",
+    )
     p.add_argument(
         "--events",
         type=int,
@@ -30,19 +44,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--concurrency", type=int, default=200, help="handlers at once per worker (default 200)")
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    p.set_defaults(func=run, schema="lonnymq_pipeline")
+    return p
 
 
-def run(args: argparse.Namespace) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline import run as run_pipeline
     from rich.console import Console
 
-    from ..embedded import resolve_dsn
-    from ..spark.pipeline import run as run_pipeline
+    from lonnymq.embedded import resolve_dsn
 
+    args = parser().parse_args(argv)
     console = Console()
     if args.events < 1 or args.workers < 1 or args.concurrency < 1:
         raise SystemExit("pipeline: --events, --workers and --concurrency must be positive")
-    dsn = resolve_dsn(args.dsn)
+    try:
+        dsn = resolve_dsn(args.dsn)
+    except LonnyMQError as e:
+        print(f"pipeline: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     console.rule("[bold]LonnyMQ Spark reference pipeline")
     console.print(f"server {dsn.split('@')[-1]!r}, schema {args.schema!r}, output {str(args.out)!r}")
     summary = run_pipeline(
@@ -59,3 +78,7 @@ def run(args: argparse.Namespace) -> int:
     console.print_json(json.dumps(summary, default=str))
     console.print(f"[bold green]report:[/bold green] {args.out / 'report' / 'index.html'}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

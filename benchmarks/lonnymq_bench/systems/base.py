@@ -58,7 +58,7 @@ class System:
     def missing(self) -> str | None:
         for mod in self.requires:
             if importlib.util.find_spec(mod) is None:
-                return f"{self.label} needs the Python package {mod!r} (pip install 'lonnymq[bench]')"
+                return f"{self.label} needs the Python package {mod!r} (pip install -r benchmarks/requirements.txt)"
         return None
 
     def install(self, dsn: str) -> dict[str, Any]:
