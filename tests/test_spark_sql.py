@@ -1,4 +1,4 @@
-"""The SQL side of the Spark connector (migration 0003), called directly: no Spark needed.
+"""The SQL side of the Spark connector (src/lonnymq/sql/spark.sql), called directly: no Spark needed.
 
 Staging commit/abort/sweep for exactly-once writes, the sink commit log, and the per-stream
 delivery log behind the streaming source. Time is passed as p_now, never slept."""

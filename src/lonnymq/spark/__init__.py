@@ -5,7 +5,7 @@
     df.write.format("lonnymq").option("dsn", dsn).option("queue", "orders").mode("append").save()
 
 PySpark is imported only when the data source is used, so ``import lonnymq`` stays light.
-Needs the ``0003_spark`` migration (``Client.migrate()`` applies it).
+Needs the Spark tables and functions (``sql/spark.sql``), which ``Client.migrate()`` installs.
 """
 
 from __future__ import annotations
