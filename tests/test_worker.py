@@ -13,6 +13,7 @@ from psycopg import sql
 
 from lonnymq import Client, Envelope
 from lonnymq.worker import App, Backoff, Defer, GiveUp, Retry, Worker, WorkerError
+from lonnymq.worker._sql import WORKER_MIGRATION
 from worker_helpers import eventually, until, with_worker
 
 
@@ -535,7 +536,10 @@ def test_start_refuses_missing_queue_and_old_schema(
         asyncio.run(Worker(app, dsn, schema=schema).run())
     with pytest.raises(errors.InvalidArgument, match="no handler"):
         Worker(app, dsn, schema=schema, queues=["other"])
-    conn.execute(sql.SQL("DELETE FROM {}.migration WHERE version >= 4").format(sql.Identifier(schema)))
+    conn.execute(
+        sql.SQL("DELETE FROM {}.migration WHERE version >= %s").format(sql.Identifier(schema)),
+        (WORKER_MIGRATION,),
+    )
     with pytest.raises(errors.NotInstalled, match="lonnymq migrate"):
         asyncio.run(Worker(app, dsn, schema=schema).run())
 

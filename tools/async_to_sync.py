@@ -30,6 +30,7 @@ CLIENT = ROOT / "src" / "lonnymq" / "client"
 #: (async source, generated sync target) pairs.
 PAIRS: list[tuple[Path, Path]] = [
     (CLIENT / "aio.py", CLIENT / "sync.py"),
+    (CLIENT / "wait.py", CLIENT / "wait_sync.py"),
 ]
 
 #: Names (identifiers, attributes, imported names, methods) mapped from async to sync.

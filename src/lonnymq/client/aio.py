@@ -7,7 +7,6 @@ commits or rolls back with your own writes.
 
 from __future__ import annotations
 
-import random
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
@@ -40,11 +39,9 @@ from ..models import (
     SendResult,
 )
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
+from .wait import AsyncListener, next_wait
 
 T = TypeVar("T")
-
-#: Shortest sleep of receive() when messages are ready but all held by other consumers.
-_MIN_WAIT = 0.05
 
 
 class AsyncClient:
@@ -367,32 +364,24 @@ class AsyncClient:
                 messages = await self.run(op)
                 if messages:
                     return messages
-                wait = poll * (0.9 + random.random() * 0.2)
-                if deadline is not None:
-                    wait = min(wait, deadline - monotonic())
-                    if wait <= 0:
-                        return []
+                if deadline is not None and deadline <= monotonic():
+                    return []
                 due_ms = await self.run(self.ops.next_ready_in(queue))
-                if due_ms is not None:
-                    wait = min(wait, max(due_ms / 1000, _MIN_WAIT))
-                async for _ in listener.notifies(timeout=wait, stop_after=1):
-                    pass
+                await listener.wait(next_wait(poll, due_ms, deadline))
         except BaseException:
             # The listener may be broken or mid-wait (cancelled): never hand it out again.
             await listener.close()
             raise
         finally:
             if not listener.closed:
-                self._listeners.append(listener)
+                self._listeners.append(listener.conn)
 
-    async def _listener(self) -> AsyncConnection[Any]:
+    async def _listener(self) -> AsyncListener:
         if self._listeners:
-            return self._listeners.pop()
+            return AsyncListener(self._listeners.pop())
         if self.conninfo is None:
             raise errors.InvalidArgument("receive() needs a client made from a conninfo or a pool")
-        conn = await AsyncConnection.connect(self.conninfo, autocommit=True)
-        await conn.execute(self.ops.st.listen)
-        return conn
+        return await AsyncListener.connect(self.conninfo, self.ops.st.listen)
 
     async def peek(
         self, queue: str, n: int = 10, *, conn: AsyncConnection[Any] | None = None

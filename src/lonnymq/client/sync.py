@@ -10,7 +10,6 @@ commits or rolls back with your own writes.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -43,9 +42,9 @@ from ..models import (
     SendResult,
 )
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
+from .wait_sync import Listener, next_wait
 
 T = TypeVar("T")
-_MIN_WAIT = 0.05
 
 
 class Client:
@@ -338,31 +337,23 @@ class Client:
                 messages = self.run(op)
                 if messages:
                     return messages
-                wait = poll * (0.9 + random.random() * 0.2)
-                if deadline is not None:
-                    wait = min(wait, deadline - monotonic())
-                    if wait <= 0:
-                        return []
+                if deadline is not None and deadline <= monotonic():
+                    return []
                 due_ms = self.run(self.ops.next_ready_in(queue))
-                if due_ms is not None:
-                    wait = min(wait, max(due_ms / 1000, _MIN_WAIT))
-                for _ in listener.notifies(timeout=wait, stop_after=1):
-                    pass
+                listener.wait(next_wait(poll, due_ms, deadline))
         except BaseException:
             listener.close()
             raise
         finally:
             if not listener.closed:
-                self._listeners.append(listener)
+                self._listeners.append(listener.conn)
 
-    def _listener(self) -> Connection[Any]:
+    def _listener(self) -> Listener:
         if self._listeners:
-            return self._listeners.pop()
+            return Listener(self._listeners.pop())
         if self.conninfo is None:
             raise errors.InvalidArgument("receive() needs a client made from a conninfo or a pool")
-        conn = Connection.connect(self.conninfo, autocommit=True)
-        conn.execute(self.ops.st.listen)
-        return conn
+        return Listener.connect(self.conninfo, self.ops.st.listen)
 
     def peek(self, queue: str, n: int = 10, *, conn: Connection[Any] | None = None) -> list[Message]:
         """The next ``n`` messages in delivery order (ready or not), without leasing them."""

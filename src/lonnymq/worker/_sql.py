@@ -49,7 +49,7 @@ class WorkerOps:
         s = sql.Identifier(schema)
 
         def q(text: str) -> sql.Composed:
-            return sql.SQL(text).format(s=s)  # type: ignore[arg-type]
+            return sql.SQL(text).format(s=s)
 
         self._version = q("SELECT coalesce(max(version), 0) FROM {s}.migration")
         self._now = q("SELECT {s}.now_ms()")

@@ -64,7 +64,7 @@ class EverySchedule(Schedule):
     text: str
     period_ms: int
 
-    def next_after(self, t_ms: int) -> int | None:
+    def next_after(self, t_ms: int) -> int:
         return (t_ms // self.period_ms + 1) * self.period_ms
 
     def ticks(self, after_ms: int, until_ms: int, limit: int = 1000) -> list[int]:

@@ -1,0 +1,139 @@
+"""The fetch loop: lease only as many messages as there are free handler slots, and let the
+acknowledgements waiting to be settled ride on the next fetch.
+
+It sleeps until a slot frees up, a NOTIFY says a queue has messages (the listener task), or a
+queue's wake time comes: :func:`lonnymq.client.wait.next_wait`, the poll jittered ±10% and
+bounded by the next scheduled message's due time, the wait ``Client.receive()`` uses too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from functools import partial
+from time import monotonic
+
+from .. import errors
+from ..client.wait import AsyncListener, next_wait
+from ._sql import WORKER_MIGRATION
+from .execute import Runner
+from .settle import Settler
+from .state import TRANSIENT, Context, QueueState, log, retrying, sleep
+
+
+class Fetcher:
+    """The producer task: takes messages for free slots and hands them to the runner."""
+
+    def __init__(self, ctx: Context, runner: Runner, settler: Settler) -> None:
+        self.ctx = ctx
+        self.runner = runner
+        self.settler = settler
+
+    async def prepare(self, names: Sequence[str], lease_ms: int | None) -> None:
+        """Check that the schema has the worker's tables and that the queues exist; read each
+        queue's lease (unless ``lease_ms`` overrides it) and attempt limit."""
+        ctx = self.ctx
+        version = await ctx.client.run(ctx.ops.installed_version())
+        if version < WORKER_MIGRATION:
+            raise errors.NotInstalled(
+                f"schema {ctx.client.schema!r} lacks migration {WORKER_MIGRATION:04d} (worker):"
+                " run lonnymq migrate"
+            )
+        infos = await ctx.client.run(ctx.ops.worker_queues(names))
+        for name in names:
+            if name not in infos:
+                raise errors.QueueNotFound(f"queue {name!r} does not exist (create it first)")
+            queue_lease_ms, max_attempts = infos[name]
+            ctx.queues[name] = QueueState(name, lease_ms or queue_lease_ms, max_attempts)
+
+    async def run(self) -> None:
+        ctx = self.ctx
+        queues = list(ctx.queues.values())
+        turn = 0
+        delay = 0.1
+        while not ctx.stop_fetch.is_set():
+            ctx.wake.clear()
+            free = ctx.concurrency - ctx.running
+            now = monotonic()
+            due = [q for q in queues if q.hint or q.wake_at <= now]
+            if free <= 0 or not due:
+                timeout = None if free <= 0 else max(min(q.wake_at for q in queues) - now, 0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ctx.wake.wait(), timeout)
+                continue
+            if ctx.fetch_cooldown and ctx.running and free * 2 < min(ctx.batch_size, ctx.concurrency):
+                # Few slots free and more about to be: wait a moment to fetch them in one trip.
+                await sleep(ctx.fetch_cooldown, ctx.stop_fetch)
+            turn = (turn + 1) % len(queues)
+            due = due[turn % len(due) :] + due[: turn % len(due)]  # take turns between queues
+            for q in due:
+                free = ctx.concurrency - ctx.running
+                if free <= 0 or ctx.stop_fetch.is_set():
+                    break
+                ok, delay = await retrying(
+                    f"fetch {q.name}", partial(self.fetch, q, free), delay, ctx.stop_fetch
+                )
+                if ok is None:
+                    q.hint = True
+                    break
+
+    async def fetch(self, q: QueueState, free: int) -> bool:
+        """One take of up to ``free`` messages of ``q``, acknowledging what waits to be acked."""
+        ctx, settler = self.ctx, self.settler
+        n = min(free, ctx.batch_size)
+        q.hint = False  # a NOTIFY arriving during the take sets it again
+        acks = settler.begin(q.acks)
+        q.acks.clear()
+        try:
+            messages = await ctx.client.take(
+                q.name, n, lease=q.lease_ms / 1000, ack=[h.message for h in acks]
+            )
+        except BaseException:
+            for h in acks:
+                h.state = "done"
+            q.acks[:0] = acks
+            raise
+        settler.end(q, acks)
+        ctx.meters.fetches.inc(queue=q.name)
+        if acks:
+            settler.count(q, acks, "acked")
+        if messages:
+            ctx.meters.fetched.inc(len(messages), queue=q.name)
+        for m in messages:
+            self.runner.start(q, m)
+        if len(messages) == n:
+            q.hint = True
+        else:
+            due_ms = await ctx.client.run(ctx.client.ops.next_ready_in(q.name))
+            q.wake_at = monotonic() + next_wait(ctx.poll_interval, due_ms)
+        return True
+
+
+async def listen(ctx: Context) -> None:
+    """The listener task: a NOTIFY for a served queue wakes the fetch loop for it. A lost
+    connection is re-opened with backoff (the poll covers the gap); on every (re)connect all
+    queues are fetched, since notifications may have been missed."""
+    conninfo = ctx.client.conninfo
+    assert conninfo is not None
+    delay = 0.1
+    while True:
+        try:
+            listener = await AsyncListener.connect(conninfo, ctx.client.ops.st.listen)
+            try:
+                delay = 0.1
+                for q in ctx.queues.values():
+                    q.hint = True
+                ctx.wake.set()
+                while True:
+                    for name in await listener.wait(None):
+                        notified = ctx.queues.get(name)
+                        if notified is not None:
+                            notified.hint = True
+                            ctx.wake.set()
+            finally:
+                await listener.close()
+        except TRANSIENT as e:
+            log.warning("listener: connection lost (%s); polling until it is back", e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
