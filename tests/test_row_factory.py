@@ -197,23 +197,12 @@ def test_take_tx_in_a_callers_transaction(dsn: str, schema: str, row_factory: An
         assert [p.id for p in client.peek("tx")] == [r.id]
 
 
-#: migrate() still reads its own queries by position (``r[0]`` in client/aio.py ``migrate``): it
-#: fails on a dict_row connection. Strict: once fixed, this marker must go.
-MIGRATE_DICT_ROW = pytest.mark.xfail(strict=True, raises=KeyError, reason="migrate() decodes by position")
-
-
-def test_migrate_with_conn(dsn: str, schema: str, row_factory: Any, request: pytest.FixtureRequest) -> None:
-    if row_factory is dict_row:
-        request.applymarker(MIGRATE_DICT_ROW)
+def test_migrate_with_conn(dsn: str, schema: str, row_factory: Any) -> None:
     with psycopg.connect(dsn, autocommit=True, row_factory=row_factory) as c:
         assert Client(c, schema=schema).migrate(conn=c) == []
 
 
-def test_migrate_on_a_callers_pool(
-    schema: str, pool: ConnectionPool[Any], row_factory: Any, request: pytest.FixtureRequest
-) -> None:
-    if row_factory is dict_row:
-        request.applymarker(MIGRATE_DICT_ROW)
+def test_migrate_on_a_callers_pool(schema: str, pool: ConnectionPool[Any], row_factory: Any) -> None:
     with Client(pool, schema=schema) as client:
         assert client.migrate() == []
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from .. import errors
@@ -151,10 +152,12 @@ class AsyncClient:
         async with self.connection(conn) as c, c.transaction():
             await c.execute(lock_query(s))
             await c.execute(bootstrap_query(s))
-            cur = await c.execute(applied_query(s))
-            applied = {r[0] for r in await cur.fetchall()}
-            cur = await c.execute(recorded_query(s))
-            versions, steps = upgrade(s, applied, {r[0]: r[1] for r in await cur.fetchall()}, target)
+            cur = c.cursor(row_factory=dict_row)
+            await cur.execute(applied_query(s))
+            applied = {r["version"] for r in await cur.fetchall()}
+            await cur.execute(recorded_query(s))
+            recorded = {r["name"]: r["checksum"] for r in await cur.fetchall()}
+            versions, steps = upgrade(s, applied, recorded, target)
             for step in steps:
                 await c.execute(step.query)
         return versions

@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import Connection
+from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from .. import errors
@@ -144,10 +145,12 @@ class Client:
         with self.connection(conn) as c, c.transaction():
             c.execute(lock_query(s))
             c.execute(bootstrap_query(s))
-            cur = c.execute(applied_query(s))
-            applied = {r[0] for r in cur.fetchall()}
-            cur = c.execute(recorded_query(s))
-            versions, steps = upgrade(s, applied, {r[0]: r[1] for r in cur.fetchall()}, target)
+            cur = c.cursor(row_factory=dict_row)
+            cur.execute(applied_query(s))
+            applied = {r["version"] for r in cur.fetchall()}
+            cur.execute(recorded_query(s))
+            recorded = {r["name"]: r["checksum"] for r in cur.fetchall()}
+            versions, steps = upgrade(s, applied, recorded, target)
             for step in steps:
                 c.execute(step.query)
         return versions
