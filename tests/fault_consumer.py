@@ -1,4 +1,4 @@
-"""A consumer process for the fault tests (tests/test_fault_*.py), run as a subprocess.
+"""A consumer process for the fault tests (tests/faults/test_fault_*.py), run as a subprocess.
 
 It writes down what it did in tables of the schema under test (tests/fault_helpers.py makes
 them) so the test can check the queue's guarantees afterwards from the database alone:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # The scripts run with benchmarks/ as their first sys.path entry; the test imports the same way.
 sys.path.insert(0, str(BENCHMARKS))
 

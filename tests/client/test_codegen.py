@@ -17,7 +17,7 @@ import psycopg
 
 from lonnymq import AsyncClient, Client, Envelope, errors
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "async_to_sync.py"
 
 

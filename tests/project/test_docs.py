@@ -13,8 +13,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-ROOT = Path(__file__).resolve().parent.parent
-# Pages whose every ```python block runs as written (Spark's page needs a JVM: tests/test_spark*).
+ROOT = Path(__file__).resolve().parents[2]
+# Pages whose every ```python block runs as written (Spark's page needs a JVM: tests/spark/).
 PAGES = ["README.md", "docs/worker.md", "docs/channels.md"]
 
 

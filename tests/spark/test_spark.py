@@ -430,7 +430,7 @@ def test_docs_spark_examples_run(
 
     from psycopg.conninfo import make_conninfo
 
-    page = Path(__file__).resolve().parent.parent / "docs" / "spark.md"
+    page = Path(__file__).resolve().parents[2] / "docs" / "spark.md"
     blocks = re.findall(r"^```python\n(.*?)^```$", page.read_text(), flags=re.S | re.M)
     assert len(blocks) >= 5
     name = f"docs_{uuid.uuid4().hex[:10]}"

@@ -15,7 +15,7 @@ import pytest
 
 from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_pipeline"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "spark_pipeline"
 # run.py runs with its own directory first on sys.path; the test imports the modules the same way.
 sys.path.insert(0, str(EXAMPLE))
 
