@@ -8,6 +8,7 @@ migration creates in a schema, for "fresh install equals replay" comparisons.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -154,6 +155,13 @@ def fresh_schema_name() -> str:
 
 
 def drop_schema(dsn: str, schema: str) -> None:
+    if os.environ.get("LONNYMQ_SQL_COVERAGE"):  # tools/sqlcheck.py coverage: read profiles before DROP
+        from sql_coverage import record_schema
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            exists = conn.execute("SELECT FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+        if exists is not None:
+            record_schema(dsn, schema, os.environ["LONNYMQ_SQL_COVERAGE"])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '10s'")
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
