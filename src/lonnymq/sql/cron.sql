@@ -27,7 +27,7 @@ CREATE OR REPLACE FUNCTION {schema}.cron_upsert(
     p_source           text    DEFAULT 'code',
     p_now              bigint  DEFAULT NULL
 ) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_now bigint := {schema}._now(p_now);
 BEGIN
@@ -71,7 +71,7 @@ END $$;
 
 -- Delete schedule p_name. Returns whether it existed. Writes cron.
 CREATE OR REPLACE FUNCTION {schema}.cron_delete(p_name text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     DELETE FROM {schema}.cron WHERE name = p_name;
     RETURN FOUND;
@@ -79,7 +79,7 @@ END $$;
 
 -- Pause (false) or resume (true) schedule p_name. Returns whether it exists. Writes cron.
 CREATE OR REPLACE FUNCTION {schema}.cron_set_enabled(p_name text, p_enabled boolean) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     UPDATE {schema}.cron SET enabled = p_enabled, updated_at = now() WHERE name = p_name;
     RETURN FOUND;
@@ -106,7 +106,7 @@ $$;
 -- {{"lonnymq_cron": {{"name": ..., "tick": <epoch ms>}}}}.
 CREATE OR REPLACE FUNCTION {schema}.cron_fire(p_name text, p_tick_ms bigint, p_now bigint DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_now bigint := {schema}._now(p_now);
     c     {schema}.cron;

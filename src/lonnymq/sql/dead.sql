@@ -10,7 +10,7 @@
 -- queue has one, else to the archive with status 'dead'.
 CREATE OR REPLACE FUNCTION {schema}._dead_letter(q {schema}.queue, p_ids bigint[], p_errors text[], p_now bigint)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_channels text[];
     v_leases   integer[];
@@ -90,7 +90,7 @@ END $$;
 -- a fresh attempt budget. Returns how many were requeued.
 CREATE OR REPLACE FUNCTION {schema}.dead_requeue(p_queue text, p_ids bigint[] DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q     {schema}.queue := {schema}._queue(p_queue);
     v_now bigint := {schema}._now(p_now);
@@ -125,7 +125,7 @@ END $$;
 
 -- Delete every dead message of queue p_queue. Returns how many. Writes archive.
 CREATE OR REPLACE FUNCTION {schema}.dead_purge(p_queue text) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q   {schema}.queue := {schema}._queue(p_queue);
     v_n bigint;

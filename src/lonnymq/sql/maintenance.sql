@@ -10,7 +10,7 @@
 -- deleted. Writes archive, channel (SKIP LOCKED: never waits for a channel in use).
 CREATE OR REPLACE FUNCTION {schema}.maintain(p_limit integer DEFAULT 10000, p_now bigint DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_now bigint := {schema}._now(p_now);
     v_n   bigint;

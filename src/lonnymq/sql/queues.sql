@@ -39,7 +39,7 @@ CREATE OR REPLACE FUNCTION {schema}.queue_create(
     p_channel_max_size            bigint  DEFAULT NULL,
     p_channel_on_full             text    DEFAULT 'reject'
 ) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_dlq integer;
     v_id  integer;
@@ -100,7 +100,7 @@ END $$;
 -- queue meanwhile is refused as in use.
 CREATE OR REPLACE FUNCTION {schema}.queue_drop(p_name text, p_if_exists boolean DEFAULT false)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q {schema}.queue;
 BEGIN
@@ -134,7 +134,7 @@ END $$;
 -- Delete every message of queue p_name (TRUNCATE of its partition: ACCESS EXCLUSIVE on it) and
 -- empty its channels; configured channels stay. Archive and dead letters are kept.
 CREATE OR REPLACE FUNCTION {schema}.queue_purge(p_name text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q {schema}.queue := {schema}._queue(p_name);
 BEGIN
@@ -197,7 +197,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q     {schema}.queue := {schema}._queue(p_name);
-    v_now bigint := {schema}._now(p_now);
+    v_now bigint := {schema}._read_now(p_now);  -- STABLE: all counts on one snapshot and clock
     v_future bigint;
     v_leased bigint;
 BEGIN

@@ -20,9 +20,9 @@
 -- so running it again (migrate does after every change) converges to the same privileges.
 -- Owner only. Raises LQ002 if security_grant names an object that does not exist.
 CREATE OR REPLACE FUNCTION {schema}._apply_privileges() RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_ns    oid := {schema_name}::regnamespace;
+    v_ns    oid := {schema_name}::regnamespace::oid;
     v_roles text[];
     v_admin text;
     r       record;
@@ -51,9 +51,10 @@ BEGIN
         EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', {schema_name}, v_role);
     END LOOP;
 
-    -- Functions. regprocedure prints the schema-qualified, quoted signature (the schema is not
-    -- on this function's search_path).
-    FOR r IN SELECT p.oid::regprocedure::text AS sig, p.proname, p.prokind,
+    -- Functions. sig is a regprocedure, not text: its output is the schema-qualified signature
+    -- with every name quoted as needed (the schema is not on this function's search_path), so
+    -- format('%s') puts a safe identifier in the statement.
+    FOR r IN SELECT p.oid::regprocedure AS sig, p.proname, p.prokind,
                     p.prorettype IN ('trigger'::regtype, 'event_trigger'::regtype) AS is_trigger
                FROM pg_proc p WHERE p.pronamespace = v_ns ORDER BY p.oid LOOP
         EXECUTE format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', r.sig);

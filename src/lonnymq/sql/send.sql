@@ -26,7 +26,7 @@ CREATE OR REPLACE FUNCTION {schema}.send_batch(
     p_on_conflict   text       DEFAULT 'ignore',
     p_now           bigint     DEFAULT NULL
 ) RETURNS TABLE (ord bigint, id bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q         {schema}.queue := {schema}._queue(p_queue);
     v_now     bigint := {schema}._now(p_now);

@@ -18,7 +18,7 @@
 CREATE OR REPLACE FUNCTION {schema}._ack(q {schema}.queue, p_ids bigint[], p_tokens integer[],
                               p_archive boolean, p_now bigint)
 RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_channels text[];
     v_ids      bigint[];
@@ -97,7 +97,7 @@ CREATE OR REPLACE FUNCTION {schema}.ack(
     p_archive boolean DEFAULT NULL,
     p_now     bigint  DEFAULT NULL
 ) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q {schema}.queue := {schema}._queue(p_queue);
 BEGIN
@@ -121,7 +121,7 @@ CREATE OR REPLACE FUNCTION {schema}.nack(
     p_count_attempt boolean   DEFAULT true,
     p_now           bigint    DEFAULT NULL
 ) RETURNS TABLE (id bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
     v_now  bigint := {schema}._now(p_now);
@@ -198,7 +198,7 @@ CREATE OR REPLACE FUNCTION {schema}.extend(
     p_lease_ms bigint DEFAULT NULL,
     p_now      bigint DEFAULT NULL
 ) RETURNS TABLE (id bigint, lease_until bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q       {schema}.queue := {schema}._queue(p_queue);
     v_lease bigint := coalesce(p_lease_ms, q.lease_ms);
@@ -227,7 +227,7 @@ CREATE OR REPLACE FUNCTION {schema}.give_up(
     p_errors text[]  DEFAULT NULL,
     p_now    bigint  DEFAULT NULL
 ) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
     v_now  bigint := {schema}._now(p_now);

@@ -34,7 +34,7 @@ CREATE OR REPLACE FUNCTION {schema}.spark_write_commit(
     p_batch       bigint DEFAULT NULL,
     p_now         bigint DEFAULT NULL
 ) RETURNS TABLE (created bigint, updated bigint, ignored bigint, duplicate boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q          {schema}.queue := {schema}._queue(p_queue);
     v_now      bigint := {schema}._now(p_now);
@@ -86,7 +86,7 @@ BEGIN
                        array_agg(s.kind ORDER BY s.seq), array_agg(s.key ORDER BY s.seq),
                        array_agg(s.channel ORDER BY s.seq), array_agg(s.headers ORDER BY s.seq),
                        array_agg(s.at_ms ORDER BY s.seq), array_agg(s.delay_ms ORDER BY s.seq),
-                       array_agg(coalesce(s.priority, 0) ORDER BY s.seq)
+                       array_agg(coalesce(s.priority, 0::smallint) ORDER BY s.seq)
                   INTO v_payloads, v_ctypes, v_kinds, v_keys, v_channels, v_headers, v_ats,
                        v_delays, v_prios
                   FROM {schema}.spark_stage s
@@ -124,7 +124,7 @@ END $$;
 -- Best effort by nature (a straggling task may stage after it); the sweeper catches the rest.
 CREATE OR REPLACE FUNCTION {schema}.spark_write_abort(p_run uuid, p_parts bigint[] DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_n bigint;
 BEGIN
@@ -160,11 +160,11 @@ CREATE OR REPLACE FUNCTION {schema}.spark_stream_next(
     p_ready_at bigint  DEFAULT NULL,
     p_now      bigint  DEFAULT NULL
 ) RETURNS TABLE (batch_id bigint, messages bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_now    bigint := {schema}._now(p_now);
     v_ready  bigint := least(coalesce(p_ready_at, v_now), v_now);
-    v_left   bigint := least(coalesce(p_limit, 1000000), 1000000);
+    v_left   integer := least(coalesce(p_limit, 1000000), 1000000);  -- p_limit's type
     v_s      {schema}.spark_stream;
     v_r      record;
     v_ids    bigint[];
@@ -245,17 +245,17 @@ CREATE OR REPLACE FUNCTION {schema}.spark_stream_commit(
     p_archive boolean DEFAULT NULL,
     p_now     bigint  DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_now bigint := {schema}._now(p_now);
     v_s   {schema}.spark_stream;
     v_r   record;
-    v_n   bigint := 0;
+    v_n   bigint := 0::bigint;
     v_k   bigint;
 BEGIN
     SELECT * INTO v_s FROM {schema}.spark_stream s WHERE s.stream_id = p_stream FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN 0;
+        RETURN 0::bigint;
     END IF;
     FOR v_r IN DELETE FROM {schema}.spark_stream_batch b
                 WHERE b.stream_id = p_stream AND b.batch_id <= p_batch
@@ -306,7 +306,9 @@ BEGIN
     END IF;
 END $$;
 
--- Live messages of a queue with p_lo <= id < p_hi, without leasing them.
+-- Live messages of a queue with p_lo <= id < p_hi, without leasing them. status is judged at
+-- p_now, else when the statement started (one instant for every row, and STABLE: now_ms() is
+-- VOLATILE and would move while a cursor streams the rows).
 CREATE OR REPLACE FUNCTION {schema}.spark_read_messages(p_queue text, p_lo bigint, p_hi bigint, p_now bigint DEFAULT NULL)
 RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type text, kind text,
                key text, channel text, headers text, priority smallint, attempts integer,
@@ -314,7 +316,8 @@ RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type t
                archived_at bigint, last_error text, state text)
 LANGUAGE sql STABLE AS $$
     SELECT q.name, m.id,
-           CASE WHEN m.dequeue_at <= coalesce(p_now, {schema}.now_ms()) THEN 'ready'
+           CASE WHEN m.dequeue_at <= coalesce(p_now, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+                THEN 'ready'
                 WHEN m.leased THEN 'leased' ELSE 'scheduled' END,
            m.payload, m.content_type, m.kind, m.key, m.channel, m.headers::text, m.priority,
            m.attempts, m.deliveries, m.enqueued_at, m.scheduled_at, m.dequeue_at, NULL::bigint,
@@ -348,7 +351,7 @@ CREATE OR REPLACE FUNCTION {schema}.spark_sweep(
     p_stream_ttl_ms bigint DEFAULT 604800000,
     p_now           bigint DEFAULT NULL
 ) RETURNS TABLE (staged_rows bigint, streams bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_now bigint := {schema}._now(p_now);
 BEGIN

@@ -32,12 +32,38 @@ BEGIN
         USING ERRCODE = 'LQ002';
 END $$;
 
+-- The clock of a call that only reads (queue_metrics, next_ready_in): p_now checked as _now
+-- does, else the time the current statement started (statement_timestamp) rather than the
+-- moving clock_timestamp. One value per statement keeps these functions STABLE, so all their
+-- queries run on the calling statement's snapshot and agree with each other (a VOLATILE
+-- function takes a fresh snapshot per query). Raises LQ002 as _now does. Touches no table.
+CREATE OR REPLACE FUNCTION {schema}._read_now(p_now bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_clock bigint := (extract(epoch FROM statement_timestamp()) * 1000)::bigint;
+BEGIN
+    IF p_now IS NULL THEN
+        RETURN v_clock;
+    ELSIF p_now <= v_clock + 1000 OR pg_catalog.pg_has_role(session_user,
+            (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = {schema_name}), 'MEMBER') THEN
+        RETURN p_now;
+    END IF;
+    RAISE EXCEPTION 'p_now may not be in the future except for the schema owner (it exists for tests)'
+        USING ERRCODE = 'LQ002';
+END $$;
+
 -- Errors use SQLSTATE class LQ so every binding can map them to typed exceptions:
 -- LQ001 queue not found, LQ002 invalid argument, LQ003 payload too large,
 -- LQ004 duplicate key, LQ005 queue exists, LQ006 queue in use, LQ007 channel full.
--- _invalid raises LQ002 (invalid argument) with p_message.
+-- _invalid raises LQ002 (invalid argument) with p_message. STABLE, not IMMUTABLE although it
+-- depends on its argument only: the planner evaluates an IMMUTABLE call with constant arguments
+-- while planning, so `PERFORM _invalid('...')` would raise when its statement is prepared (as
+-- plpgsql_check does for every statement), and in a CASE branch that never runs.
 CREATE OR REPLACE FUNCTION {schema}._invalid(p_message text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql STABLE AS $$
+-- plpgsql_check suggests IMMUTABLE; STABLE is intended, see above. Volatility is a finding
+-- about the whole function, which only the in-comment option reaches.
+-- @plpgsql_check_options: performance_warnings = false
 BEGIN
     RAISE EXCEPTION '%', p_message USING ERRCODE = 'LQ002';
 END $$;
