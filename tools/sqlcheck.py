@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -108,7 +109,7 @@ FROM plpgsql_check_function_tb(
 """
 
 
-def check_functions(conn: psycopg.Connection[tuple[object, ...]], schemas: Sequence[str]) -> list[Finding]:
+def check_functions(conn: psycopg.Connection[tuple[Any, ...]], schemas: Sequence[str]) -> list[Finding]:
     """Every plpgsql function of ``schemas`` through plpgsql_check; in-comment options and pragmas in
     a function's source are honoured by plpgsql_check itself (use_incomment_options defaults to on)."""
     findings: list[Finding] = []
@@ -127,7 +128,7 @@ def check_functions(conn: psycopg.Connection[tuple[object, ...]], schemas: Seque
             CHECK_QUERY, {"oid": oid, "relation": relation}
         ):
             findings.append(
-                Finding(name, str(signature), lineno, str(level), str(message), detail, hint, statement)  # type: ignore[arg-type]
+                Finding(name, str(signature), lineno, str(level), str(message), detail, hint, statement)
             )
     return findings
 

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from lonnymq import Client, Envelope
 from lonnymq.worker import App, Backoff, Defer, GiveUp, Retry, Worker, WorkerError
-from lonnymq.worker._sql import WORKER_MIGRATION
+from lonnymq.worker.ops import WORKER_MIGRATION
 from worker_helpers import eventually, until, with_worker
 
 

@@ -15,7 +15,7 @@ from psycopg import sql
 from lonnymq import Client, errors
 from lonnymq.cli import main
 from lonnymq.worker import App, Worker
-from lonnymq.worker._sql import worker_ops
+from lonnymq.worker.ops import worker_ops
 from worker_helpers import eventually
 
 T0 = 1_700_000_000_000  # a fixed "now" for the SQL tests (epoch ms, a whole minute)

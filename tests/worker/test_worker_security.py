@@ -14,7 +14,7 @@ from psycopg.conninfo import make_conninfo
 
 from lonnymq import Client, errors
 from lonnymq.worker import App, Backoff, Worker
-from lonnymq.worker._sql import worker_ops
+from lonnymq.worker.ops import worker_ops
 from worker_helpers import eventually
 
 

@@ -22,7 +22,7 @@ def jsonable(value: Any) -> Any:
         out = {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if "body" in out:  # show the decoded payload, not raw bytes
             del out["body"]
-            out["payload"] = jsonable(value.payload)  # type: ignore[attr-defined]
+            out["payload"] = jsonable(getattr(value, "payload"))  # noqa: B009 - only Message has it
         return out
     if isinstance(value, bytes):
         try:

@@ -174,7 +174,7 @@ def _iso(ms: int | None) -> str | None:
 
 def cron_list(args: argparse.Namespace) -> int:
     from ..worker import parse_schedule
-    from ..worker._sql import worker_ops
+    from ..worker.ops import worker_ops
 
     with _util.client(args) as c:
         rows = c.run(worker_ops(c.schema).cron_list())
@@ -218,7 +218,7 @@ def cron_list(args: argparse.Namespace) -> int:
 
 def cron_add(args: argparse.Namespace) -> int:
     from ..worker import parse_schedule
-    from ..worker._sql import worker_ops
+    from ..worker.ops import worker_ops
 
     sched = parse_schedule(args.schedule)
     with _util.client(args) as c:
@@ -248,18 +248,18 @@ def _cron_change(args: argparse.Namespace, what: str, op: Any) -> int:
 
 
 def cron_remove(args: argparse.Namespace) -> int:
-    from ..worker._sql import worker_ops
+    from ..worker.ops import worker_ops
 
     return _cron_change(args, "removed", lambda s: worker_ops(s).cron_delete(args.name))
 
 
 def cron_pause(args: argparse.Namespace) -> int:
-    from ..worker._sql import worker_ops
+    from ..worker.ops import worker_ops
 
     return _cron_change(args, "paused", lambda s: worker_ops(s).cron_set_enabled(args.name, False))
 
 
 def cron_resume(args: argparse.Namespace) -> int:
-    from ..worker._sql import worker_ops
+    from ..worker.ops import worker_ops
 
     return _cron_change(args, "resumed", lambda s: worker_ops(s).cron_set_enabled(args.name, True))

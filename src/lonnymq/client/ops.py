@@ -124,9 +124,10 @@ def check_text(value: object, what: str, max_len: int) -> str | None:
 
 
 def check_channel(channel: object) -> str:
-    if check_text(channel, "channel", _KEY_MAX) is None:
+    checked = check_text(channel, "channel", _KEY_MAX)
+    if checked is None:
         raise errors.InvalidArgument("channel must be a non-empty string")
-    return channel  # type: ignore[return-value]
+    return checked
 
 
 def _channel_policy(
@@ -134,17 +135,22 @@ def _channel_policy(
 ) -> tuple[int | None, int | None, int | None, str]:
     """A channel policy as the SQL functions take it: (max_concurrency, release_interval_ms,
     max_size, on_full); None limits are unlimited."""
-    for what, value in (("max_concurrency", max_concurrency), ("max_size", max_size)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-            raise errors.InvalidArgument(f"{prefix}{what} must be a positive integer or None, got {value!r}")
-    if max_concurrency is not None and max_concurrency > 2**31 - 1:  # type: ignore[operator]
-        raise errors.InvalidArgument(f"{prefix}max_concurrency is too large, got {max_concurrency!r}")
-    if max_size is not None and max_size > 2**63 - 1:  # type: ignore[operator]
-        raise errors.InvalidArgument(f"{prefix}max_size is too large, got {max_size!r}")
-    if on_full not in ("reject", "drop"):
+    concurrency = _optional_positive(max_concurrency, f"{prefix}max_concurrency", 2**31 - 1)
+    size = _optional_positive(max_size, f"{prefix}max_size", 2**63 - 1)
+    if on_full != "reject" and on_full != "drop":
         raise errors.InvalidArgument(f"{prefix}on_full must be reject or drop, got {on_full!r}")
     interval = to_ms(release_interval, f"{prefix}release_interval")
-    return max_concurrency, interval, max_size, on_full  # type: ignore[return-value]
+    return concurrency, interval, size, on_full
+
+
+def _optional_positive(value: object, what: str, top: int) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise errors.InvalidArgument(f"{what} must be a positive integer or None, got {value!r}")
+    if value > top:
+        raise errors.InvalidArgument(f"{what} is too large, got {value!r}")
+    return value
 
 
 def _check_priority(priority: object) -> int:

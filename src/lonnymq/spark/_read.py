@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, LiteralString
 
 import psycopg
-import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,

@@ -16,8 +16,8 @@ from time import monotonic
 
 from .. import errors
 from ..client.wait import AsyncListener, next_wait
-from ._sql import WORKER_MIGRATION
 from .execute import Runner
+from .ops import WORKER_MIGRATION
 from .settle import Settler
 from .state import TRANSIENT, Context, QueueState, log, retrying, sleep
 

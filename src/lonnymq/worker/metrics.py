@@ -12,6 +12,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
 
 __all__ = ["Counter", "Gauge", "Histogram", "MetricsServer", "Registry"]
 
@@ -81,6 +82,9 @@ class _Metric:
 
     def render(self) -> list[str]:
         raise NotImplementedError
+
+
+_M = TypeVar("_M", bound=_Metric)
 
 
 class Counter(_Metric):
@@ -188,19 +192,19 @@ class Registry:
         #: Called before rendering (e.g. to refresh gauges); may raise to fail the scrape.
         self.before_render: Callable[[], None] | None = None
 
-    def register(self, metric: _Metric) -> _Metric:
+    def register(self, metric: _M) -> _M:
         if metric.name in self._metrics:
             raise ValueError(f"metric {metric.name} is already registered")
         self._metrics[metric.name] = metric
         return metric
 
     def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
-        return self.register(Counter(name, help, labelnames))  # type: ignore[return-value]
+        return self.register(Counter(name, help, labelnames))
 
     def histogram(
         self, name: str, help: str, labelnames: Sequence[str] = (), **kw: Sequence[float]
     ) -> Histogram:
-        return self.register(Histogram(name, help, labelnames, **kw))  # type: ignore[return-value]
+        return self.register(Histogram(name, help, labelnames, **kw))
 
     def gauge(
         self,
@@ -209,7 +213,7 @@ class Registry:
         labelnames: Sequence[str] = (),
         collect: Callable[[], Iterable[tuple[Labels, float]]] | None = None,
     ) -> Gauge:
-        return self.register(Gauge(name, help, labelnames, collect))  # type: ignore[return-value]
+        return self.register(Gauge(name, help, labelnames, collect))
 
     def render(self) -> str:
         if self.before_render is not None:

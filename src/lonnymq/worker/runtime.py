@@ -31,7 +31,6 @@ from .. import errors
 from ..client.aio import AsyncClient
 from ..client.ops import to_ms
 from ..migrations import DEFAULT_SCHEMA
-from ._sql import worker_ops
 from .app import App
 from .cron import Scheduler
 from .execute import Runner
@@ -39,6 +38,7 @@ from .heartbeat import heartbeat
 from .loop import Fetcher, listen
 from .meters import WorkerMeters
 from .metrics import Registry
+from .ops import worker_ops
 from .settle import Settler
 from .state import APPLICATION_NAME, Context, log, own_client
 

@@ -17,9 +17,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..client.aio import AsyncClient
 from ..models import Message
-from ._sql import WorkerOps
 from .app import App
 from .meters import WorkerMeters
+from .ops import WorkerOps
 
 log = logging.getLogger("lonnymq.worker")
 
