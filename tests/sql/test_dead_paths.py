@@ -239,3 +239,73 @@ def test_drop_refuses_a_queue_that_became_a_dead_letter_queue_meanwhile(
     # Once committed, the reference is seen up front.
     with pytest.raises(errors.QueueInUse, match="queue 'd' is the dead-letter queue of 'x'"):
         client.drop_queue("d")
+
+
+# -- dead letters found by take, requeue of nothing, counters that outlived their messages ----
+
+
+def test_take_on_a_channel_queue_dead_letters_plain_messages_whose_last_lease_expired(db: Sql) -> None:
+    """On a queue served channel by channel, plain messages are still candidates; one whose
+    lease expired on its last attempt goes to the archive as dead instead of being delivered
+    again, and does not take a place of the call's limit."""
+    db.call("queue_create", p_name="q", p_max_attempts=1)
+    now = db.now() - 60_000
+    db.send("q", [b"p1", b"p2"], now)
+    first = db.take("q", 2, now, p_lease_ms=LEASE)
+    assert [bytes(d["payload"]) for d in first] == [b"p1", b"p2"]
+    db.send("q", [b"c1", b"p3"], now + 1, p_channels=["c", None])  # the queue now uses channels
+
+    # Candidates in time order: p3, then p1 and p2 (expired): p1 is dead-lettered, and the two
+    # places of the call go to p3 and the channel's c1.
+    later = db.take("q", 2, now + 2 * LEASE)
+    assert sorted(bytes(d["payload"]) for d in later) == [b"c1", b"p3"]
+
+    def dead() -> list[tuple[int, str, str]]:
+        return [(a["id"], a["status"], a["last_error"]) for a in db.archive("q")]
+
+    expired = [(d["id"], "dead", "lease expired on the last attempt") for d in first]
+    assert dead() == expired[:1]
+    assert db.take("q", 5, now + 3 * LEASE) == []  # p2 now, and the rest are leased
+    assert dead() == expired
+
+
+def test_requeue_of_nothing_returns_zero_and_wakes_no_one(
+    db: Sql, client: Client, dsn: str, schema: str
+) -> None:
+    db.call("queue_create", p_name="q")
+    now = db.now() - 60_000
+    db.send("q", [b"a"], now)
+    [d] = db.take("q", 1, now)
+    db.call("give_up", p_queue="q", p_ids=[d["id"]], p_tokens=[d["token"]], p_now=now + 1)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(schema)))
+        assert client.requeue_dead("q", [d["id"] + 1]) == 0  # not a dead message of q
+        assert list(listener.notifies(timeout=0.3)) == []
+        assert [a["status"] for a in db.archive("q")] == ["dead"]
+        assert client.requeue_dead("q", [d["id"]]) == 1
+        assert [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["q"]
+    assert db.archive("q") == [] and db.count("q") == 1
+
+
+def ready_in(db: Sql, queue: str) -> int | None:
+    [row] = db.call("next_ready_in", p_queue=queue)
+    return row["next_ready_in"]  # type: ignore[no-any-return]
+
+
+def test_a_channel_whose_messages_vanished_is_never_ready(db: Sql, client: Client) -> None:
+    """A crash empties an UNLOGGED queue's messages but not its (logged) channel counters. A
+    channel counted as holding messages it no longer has is not reported ready (no consumer
+    polls for it) until channel_recount corrects the counters."""
+    db.call("queue_create", p_name="q", p_unlogged=True)
+    now = db.now() - 60_000
+    db.send("q", [b"a", b"b"], now, p_channels=["c", "c"])
+    assert ready_in(db, "q") == 0
+    # What crash recovery does to an UNLOGGED table: it comes back empty.
+    partition = sql.Identifier(db.schema, f"message_{db.queue_id('q')}")
+    db.conn.execute(sql.SQL("TRUNCATE {}").format(partition))
+    c = client.set_channel("q", "c", max_concurrency=2)  # recomputes its ready_at
+    assert (c.size, c.ready_at) == (2, None)
+    assert ready_in(db, "q") is None
+    assert db.take("q", 5, now + 1) == []
+    assert db.call("channel_recount", p_queue="q") == [{"channel_recount": 1}]
+    assert channels(db, "q") == {"c": (0, 0)}  # configured: kept while empty

@@ -10,6 +10,7 @@ client maps the error to its typed exception.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -220,3 +221,49 @@ def test_client_raises_the_typed_exception_of_sql_errors(dsn: str, shared: str) 
             c.send_batch("q", [b"ok", b"x" * 101])
         assert [m.payload for m in c.peek("q", 10)] == [b"live"]
         assert [q.name for q in c.list_queues()] == ["q"]
+
+
+def test_only_the_owner_may_read_at_a_future_clock(
+    dsn: str, schema: str, client: Client, conn: psycopg.Connection[Any]
+) -> None:
+    """queue_metrics and next_ready_in take p_now (for tests) like take does, with the same
+    rule: nobody but the schema owner may pass a clock ahead of the server's. Anyone may pass
+    one in the past."""
+    role = f"lq_reader_{uuid.uuid4().hex[:8]}"
+    s = sql.Identifier(schema)
+    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    try:
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, sql.Identifier(role)))
+        conn.execute(
+            sql.SQL(
+                "GRANT EXECUTE ON FUNCTION {s}.queue_metrics(text, integer, bigint),"
+                " {s}.next_ready_in(text, bigint) TO {r}"
+            ).format(s=s, r=sql.Identifier(role))
+        )
+        client.create_queue("q")
+        client.send("q", b"later", delay=3600)
+        now = Sql(conn, schema).now()
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(sql.SQL("SET SESSION AUTHORIZATION {}").format(sql.Identifier(role)))
+            for func in ("queue_metrics", "next_ready_in"):
+                with pytest.raises(psycopg.Error) as e:
+                    call(
+                        c,
+                        schema,
+                        func,
+                        **{"p_name" if func == "queue_metrics" else "p_queue": "q"},
+                        p_now=now + 3_600_001,
+                    )
+                assert e.value.sqlstate == "LQ002", func
+                assert (e.value.diag.message_primary or "").startswith("p_now may not be in the future")
+            # Within the second of slack, or in the past: answered at that clock.
+            [r] = call(c, schema, "next_ready_in", p_queue="q", p_now=now - 1000)
+            assert 3_540_000 < r["next_ready_in"] <= 3_601_000
+            [m] = call(c, schema, "queue_metrics", p_name="q", p_now=now)
+            assert (m["ready"], m["scheduled"]) == (0, 1)
+        # The owner may look ahead: the message is ready an hour from now.
+        [m] = call(conn, schema, "queue_metrics", p_name="q", p_now=now + 3_600_001 + 60_000)
+        assert (m["ready"], m["scheduled"]) == (1, 0)
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
