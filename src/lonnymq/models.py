@@ -7,16 +7,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from .serializer import JSON as JSON
+from .serializer import Serializer
+
 Outcome = Literal["created", "updated", "ignored", "dropped"]
 OnConflict = Literal["ignore", "replace", "error"]
 OnFull = Literal["reject", "drop"]
 
-JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 
 
-def decode_payload(body: bytes, content_type: str | None) -> Any:
-    """Bytes sent as bytes come back as bytes; JSON and text come back decoded."""
+def decode_payload(body: bytes, content_type: str | None, serializer: Serializer | None = None) -> Any:
+    """Bytes sent as bytes come back as bytes, text as str; a body of the serializer's content
+    type is decoded by it, other JSON as plain JSON (see :mod:`lonnymq.serializer` for what
+    round-trips). Other content types come back as bytes."""
+    if serializer is not None and content_type == serializer.content_type:
+        return serializer.loads(body)
     if content_type == JSON:
         return json.loads(body)
     if content_type == TEXT:
@@ -50,11 +56,14 @@ class Message:
     state: Any
     last_error: str | None
     body: bytes = field(repr=False)
+    #: The serializer of the client that received it (decodes ``payload``).
+    serializer: Serializer | None = field(default=None, repr=False, compare=False)
 
     @property
     def payload(self) -> Any:
-        """The payload as sent: bytes, str, or the JSON value."""
-        return decode_payload(self.body, self.content_type)
+        """The payload decoded: bytes, str, or the serializer's value (see
+        :mod:`lonnymq.serializer`)."""
+        return decode_payload(self.body, self.content_type, self.serializer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +129,11 @@ class DeadMessage:
     headers: dict[str, Any] | None
     content_type: str | None
     body: bytes = field(repr=False)
+    serializer: Serializer | None = field(default=None, repr=False, compare=False)
 
     @property
     def payload(self) -> Any:
-        return decode_payload(self.body, self.content_type)
+        return decode_payload(self.body, self.content_type, self.serializer)
 
 
 @dataclass(frozen=True, slots=True)

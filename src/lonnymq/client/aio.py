@@ -39,6 +39,7 @@ from ..models import (
     QueueMetrics,
     SendResult,
 )
+from ..serializer import Serializer
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
 from .wait import AsyncListener, next_wait
 
@@ -52,6 +53,10 @@ class AsyncClient:
     autocommit mode each call is its own transaction, otherwise calls join the connection's
     transaction and you commit), or a connection pool. With nothing given, ``$LONNYMQ_DSN`` is
     used, else a private embedded PostgreSQL is started.
+
+    ``serializer`` encodes payloads other than bytes and str, and decodes the messages of its
+    content type on receipt (default: JSON that also takes datetime, UUID and Decimal; see
+    :mod:`lonnymq.serializer`).
     """
 
     def __init__(
@@ -60,9 +65,10 @@ class AsyncClient:
         *,
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = 4,
+        serializer: Serializer | None = None,
     ) -> None:
         self.schema = check_schema(schema)
-        self.ops = Ops(schema)
+        self.ops = Ops(schema, serializer)
         self._conn: AsyncConnection[Any] | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
         self._owns_pool = False

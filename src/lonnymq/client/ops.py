@@ -22,7 +22,6 @@ from psycopg.types.json import Jsonb
 
 from .. import errors
 from ..models import (
-    JSON,
     TEXT,
     ChannelInfo,
     DeadMessage,
@@ -34,6 +33,7 @@ from ..models import (
     QueueMetrics,
     SendResult,
 )
+from ..serializer import Serializer, default_serializer
 
 T = TypeVar("T")
 
@@ -208,13 +208,9 @@ def encode_state(state: object) -> Jsonb | None:
     return Jsonb(state)
 
 
-#: json.dumps(separators=..., allow_nan=False) builds a new encoder on every call; one shared
-#: encoder gives the same bytes and saves that per message.
-_json_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-
-
-def encode_payload(payload: object) -> tuple[bytes, str | None]:
-    """bytes are stored as they are; str as UTF-8 text; anything else as JSON."""
+def encode_payload(payload: object, serializer: Serializer | None = None) -> tuple[bytes, str | None]:
+    """bytes are stored as they are; str as UTF-8 text; anything else by ``serializer`` (default:
+    JSON, see :mod:`lonnymq.serializer`)."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         body, ctype = bytes(payload), None
     elif isinstance(payload, str):
@@ -223,11 +219,14 @@ def encode_payload(payload: object) -> tuple[bytes, str | None]:
         except UnicodeEncodeError as e:
             raise errors.InvalidArgument(f"payload is not valid text: {e}") from None
     else:
+        ser = serializer or default_serializer()
         try:
-            body = _json_encode(payload).encode()
+            body = ser.dumps(payload)
         except (TypeError, ValueError, RecursionError) as e:
-            raise errors.InvalidArgument(f"payload is not bytes, str or JSON-serialisable: {e}") from None
-        ctype = JSON
+            raise errors.InvalidArgument(f"payload is not bytes, str or serialisable by {ser!r}: {e}") from None
+        if not isinstance(body, bytes):
+            raise errors.InvalidArgument(f"{ser!r}.dumps() returned {type(body).__name__}, not bytes")
+        ctype = ser.content_type
     if len(body) > MAX_PAYLOAD_BYTES:
         raise errors.PayloadTooLarge(
             f"payload is {len(body)} bytes; lonnymq allows at most {MAX_PAYLOAD_BYTES}"
@@ -320,7 +319,7 @@ def _nothing(rows: list[Any]) -> None:
     return None
 
 
-def _messages(queue: str) -> Callable[[list[Any]], list[Message]]:
+def _messages(queue: str, serializer: Serializer | None) -> Callable[[list[Any]], list[Message]]:
     def decode(rows: list[Any]) -> list[Message]:
         return [
             Message(
@@ -340,6 +339,7 @@ def _messages(queue: str) -> Callable[[list[Any]], list[Message]]:
                 state=r.state,
                 last_error=r.last_error,
                 body=bytes(r.payload),
+                serializer=serializer,
             )
             for r in rows
         ]
@@ -347,8 +347,8 @@ def _messages(queue: str) -> Callable[[list[Any]], list[Message]]:
     return decode
 
 
-def _dead_messages(rows: list[Any]) -> list[DeadMessage]:
-    return [
+def _dead_messages(serializer: Serializer | None) -> Callable[[list[Any]], list[DeadMessage]]:
+    return lambda rows: [
         DeadMessage(
             id=r.id,
             archived_at=r.archived_at,
@@ -359,6 +359,7 @@ def _dead_messages(rows: list[Any]) -> list[DeadMessage]:
             headers=r.headers,
             content_type=r.content_type,
             body=bytes(r.payload),
+            serializer=serializer,
         )
         for r in rows
     ]
@@ -380,8 +381,10 @@ def _field_names(dataclass_type: Any) -> tuple[str, ...]:
 class Ops:
     """Builds the op of every client call for one schema."""
 
-    def __init__(self, schema: str) -> None:
+    def __init__(self, schema: str, serializer: Serializer | None = None) -> None:
         self.st = statements(schema)
+        #: Encodes payloads other than bytes and str, and decodes the messages of its content type.
+        self.serializer = serializer
 
     def queue_create(
         self,
@@ -471,14 +474,14 @@ class Ops:
             # Bare payloads (the common bulk case): nothing but the payload can be invalid and
             # every other per-message array is NULL.
             for p in items:
-                body, ctype = encode_payload(p)
+                body, ctype = encode_payload(p, self.serializer)
                 bodies.append(body)
                 ctypes.append(ctype)
             items = []
         for m in items:
             if not isinstance(m, Envelope):
                 m = Envelope(m)
-            body, ctype = encode_payload(m.payload)
+            body, ctype = encode_payload(m.payload, self.serializer)
             bodies.append(body)
             ctypes.append(ctype)
             kinds.append(check_text(m.kind, "kind", _KIND_MAX))
@@ -526,17 +529,17 @@ class Ops:
         check_limit(n)
         ids, tokens = message_pairs(queue, ack)
         params = (queue, n, to_ms(lease, "lease", positive=True), ids or None, tokens or None)
-        return Op(self.st.take, params, _messages(queue))
+        return Op(self.st.take, params, _messages(queue, self.serializer))
 
     def take_tx(self, queue: str, n: int = 1, *, archive: bool | None = None) -> Op[list[Message]]:
         check_queue(queue)
         check_limit(n)
-        return Op(self.st.take_tx, (queue, n, archive), _messages(queue))
+        return Op(self.st.take_tx, (queue, n, archive), _messages(queue, self.serializer))
 
     def peek(self, queue: str, n: int = 10) -> Op[list[Message]]:
         check_queue(queue)
         check_limit(n)
-        return Op(self.st.peek, (queue, n), _messages(queue))
+        return Op(self.st.peek, (queue, n), _messages(queue, self.serializer))
 
     def ack(self, messages: Sequence[Message], *, archive: bool | None = None) -> Op[set[int]]:
         queue = _one_queue(messages)
@@ -577,7 +580,7 @@ class Ops:
         check_limit(n)
         if not isinstance(after_id, int) or isinstance(after_id, bool) or not -(2**63) <= after_id < 2**63:
             raise errors.InvalidArgument(f"after_id must be a message id, got {after_id!r}")
-        return Op(self.st.dead_list, (queue, n, after_id), _dead_messages)
+        return Op(self.st.dead_list, (queue, n, after_id), _dead_messages(self.serializer))
 
     def dead_requeue(self, queue: str, ids: Sequence[int] | None = None) -> Op[int]:
         check_queue(queue)
