@@ -49,6 +49,7 @@ NAMES: dict[str, str] = {
     "__aiter__": "__iter__",
     "__anext__": "__next__",
     "StopAsyncIteration": "StopIteration",
+    "asleep": "sleep",
 }
 
 #: Docstring phrases that say "asyncio", and what the sync twin says instead.

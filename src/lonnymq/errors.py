@@ -7,6 +7,8 @@ exception whether it was caught in Python or in the database.
 
 from __future__ import annotations
 
+import psycopg
+
 
 class LonnyMQError(Exception):
     """Base class of every lonnymq error."""
@@ -48,6 +50,25 @@ class ChannelFull(LonnyMQError):
 class LeaseLost(LonnyMQError):
     """The delivery's token is stale: its lease expired and the message was taken again, or it
     was already settled. Nothing was changed."""
+
+
+class ConnectionLost(LonnyMQError, psycopg.OperationalError):
+    """The connection to PostgreSQL was lost during a call, and the client did not repeat the
+    call: it may have run (``may_have_committed``: the statement had reached the server; for a
+    send, the message may exist, so check, or send with a ``key``, before sending it again), or the
+    retry deadline passed. A subclass of ``psycopg.OperationalError``, which code written against
+    plain psycopg already catches."""
+
+    def __init__(self, message: str, *, may_have_committed: bool) -> None:
+        super().__init__(message)
+        self.may_have_committed = may_have_committed
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_connection_lost, (str(self), self.may_have_committed))
+
+
+def _connection_lost(message: str, may_have_committed: bool) -> ConnectionLost:
+    return ConnectionLost(message, may_have_committed=may_have_committed)
 
 
 class PermissionDenied(LonnyMQError, PermissionError):

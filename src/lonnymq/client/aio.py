@@ -41,6 +41,7 @@ from ..models import (
 )
 from ..serializer import Serializer
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
+from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
 from .wait import AsyncListener, next_wait
 
 T = TypeVar("T")
@@ -57,6 +58,13 @@ class AsyncClient:
     ``serializer`` encodes payloads other than bytes and str, and decodes the messages of its
     content type on receipt (default: JSON that also takes datetime, UUID and Decimal; see
     :mod:`lonnymq.serializer`).
+
+    On the client's pool, ``check_connections`` checks each connection as it is handed out (an
+    empty query, ~one round trip) so one left dead by a PostgreSQL restart or failover is replaced,
+    not used; ``retry`` (a :class:`~lonnymq.client.retry.RetryPolicy`, None: never) says how
+    calls cut off by a lost connection are repeated: those that never reached the server, and
+    those safe to run twice (take, receive, peek, metrics, listings); any other call so cut off
+    raises :class:`~lonnymq.errors.ConnectionLost` (``may_have_committed``).
     """
 
     def __init__(
@@ -66,8 +74,13 @@ class AsyncClient:
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = 4,
         serializer: Serializer | None = None,
+        check_connections: bool = True,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
     ) -> None:
         self.schema = check_schema(schema)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise errors.InvalidArgument(f"retry must be a RetryPolicy or None, got {retry!r}")
+        self.retry = retry
         self.ops = Ops(schema, serializer)
         self._conn: AsyncConnection[Any] | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -88,7 +101,12 @@ class AsyncClient:
                 conninfo = resolve_dsn()
             self.conninfo = conninfo
             self._pool = AsyncConnectionPool(
-                conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False
+                conninfo,
+                min_size=1,
+                max_size=pool_size,
+                kwargs={"autocommit": True},
+                open=False,
+                check=AsyncConnectionPool.check_connection if check_connections else None,
             )
             self._owns_pool = True
 
@@ -128,22 +146,75 @@ class AsyncClient:
             async with self._pool.connection() as c:
                 yield c
 
-    async def run(self, op: Op[T], conn: AsyncConnection[Any] | None = None) -> T:
-        """Execute one op, mapping database errors to :mod:`lonnymq.errors`."""
-        async with self.connection(conn) as c:
+    async def run(self, op: Op[T], conn: AsyncConnection[Any] | None = None, *, retry: bool = True) -> T:
+        """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
+        pool a call cut off by a lost connection is repeated under the client's retry policy
+        when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
+        if conn is not None or self._pool is None:
+            async with self.connection(conn) as c:
+                return await self._execute(c, op)
+        pool = self._pool
+        backoff = self.retry.start() if retry and self.retry is not None else None
+        ran = False  # an attempt reached the server: it may have committed
+        while True:
+            sent = False
             try:
-                cur = await c.execute(op.query, op.params, binary=True)
-                # Rows made by our row factory, whatever the connection's (dict_row, class_row...).
-                cur.row_factory = ROW_FACTORY
-                # rownumber, not description: description builds a Column object per column
-                # on every call (~50 us for a 15-column take).
-                rows = await cur.fetchall() if cur.rownumber is not None else []
-            except psycopg.Error as e:
-                mapped = map_error(e)
-                if mapped is e:
-                    raise
-                raise mapped from e
+                if not self._opened and backoff is not None and self._owns_pool:
+                    # Not open(): its wait closes the pool for good if the server is down now;
+                    # getconn() waits for the first connection, within the deadline.
+                    await pool.open(wait=False)
+                    self._opened = True
+                elif not self._opened:
+                    await self.open()
+                c = await pool.getconn(None if backoff is None else backoff.remaining())
+            except psycopg.OperationalError as e:  # no connection (PoolTimeout): nothing was sent
+                lost = e
+            else:
+                try:
+                    sent = ran = True
+                    return await self._execute(c, op)
+                except psycopg.OperationalError as e:
+                    if not (c.broken or c.closed):
+                        raise
+                    lost = e
+                finally:
+                    await pool.putconn(c)
+            if backoff is None and not sent:
+                raise lost  # retries off, nothing sent: the pool's own error
+            unsafe = sent and not op.safe_to_retry
+            wait = None if backoff is None or unsafe else backoff.next_delay()
+            if wait is None:
+                raise self._lost(lost, ran, op.safe_to_retry, None if unsafe else backoff) from lost
+            await asleep(wait)
+
+    async def _execute(self, c: AsyncConnection[Any], op: Op[T]) -> T:
+        try:
+            cur = await c.execute(op.query, op.params, binary=True)
+            # Rows made by our row factory, whatever the connection's (dict_row, class_row...).
+            cur.row_factory = ROW_FACTORY
+            # rownumber, not description: description builds a Column object per column
+            # on every call (~50 us for a 15-column take).
+            rows = await cur.fetchall() if cur.rownumber is not None else []
+        except psycopg.Error as e:
+            mapped = map_error(e)
+            if mapped is e:
+                raise
+            raise mapped from e
         return op.decode(rows)
+
+    @staticmethod
+    def _lost(
+        e: psycopg.OperationalError, ran: bool, safe: bool, exhausted: Backoff | None
+    ) -> errors.ConnectionLost:
+        what = f"connection to PostgreSQL lost ({str(e).strip() or type(e).__name__})"
+        if exhausted is not None:
+            what += f"; gave up after {exhausted.attempts} attempt(s) in {exhausted.policy.deadline:g}s"
+        if ran and not safe:
+            what += "; the call may have committed: check before repeating it (a send: use a key)"
+        return errors.ConnectionLost(
+            what,
+            may_have_committed=ran,
+        )
 
     # -- schema ----------------------------------------------------------------------------
 
@@ -367,7 +438,7 @@ class AsyncClient:
         limit = to_ms(timeout, "timeout")
         to_ms(poll, "poll", positive=True)
         deadline = None if limit is None else monotonic() + limit / 1000
-        listener = await self._listener()
+        listener: AsyncListener | None = None
         try:
             while True:
                 messages = await self.run(op)
@@ -376,13 +447,28 @@ class AsyncClient:
                 if deadline is not None and deadline <= monotonic():
                     return []
                 due_ms = await self.run(self.ops.next_ready_in(queue))
-                await listener.wait(next_wait(poll, due_ms, deadline))
+                wait = next_wait(poll, due_ms, deadline)
+                try:
+                    if listener is None:
+                        listener = await self._listener()
+                    await listener.wait(wait)
+                except psycopg.OperationalError:
+                    if self.retry is None:
+                        raise
+                    # The LISTEN connection is gone (a restart, a failover): look again at once
+                    # (run() rides out the outage), and listen on a new connection next time.
+                    if listener is None:
+                        await asleep(max(wait, 0))
+                    else:
+                        await listener.close()
+                        listener = None
         except BaseException:
             # The listener may be broken or mid-wait (cancelled): never hand it out again.
-            await listener.close()
+            if listener is not None:
+                await listener.close()
             raise
         finally:
-            if not listener.closed:
+            if listener is not None and not listener.closed:
                 self._listeners.append(listener.conn)
 
     async def _listener(self) -> AsyncListener:

@@ -56,11 +56,14 @@ ROW_FACTORY = namedtuple_row
 
 @dataclass(frozen=True, slots=True)
 class Op(Generic[T]):
-    """One SQL statement and the decoder of its rows, made by :data:`ROW_FACTORY`."""
+    """One SQL statement and the decoder of its rows, made by :data:`ROW_FACTORY`.
+    ``safe_to_retry``: running it twice does no harm, so a call cut off by a lost connection is
+    repeated even if it may have run (see :mod:`lonnymq.client.retry`)."""
 
     query: sql.Composed
     params: Sequence[Any]
     decode: Callable[[list[Any]], T]
+    safe_to_retry: bool = False
 
 
 # -- argument checks -------------------------------------------------------------------------
@@ -223,7 +226,9 @@ def encode_payload(payload: object, serializer: Serializer | None = None) -> tup
         try:
             body = ser.dumps(payload)
         except (TypeError, ValueError, RecursionError) as e:
-            raise errors.InvalidArgument(f"payload is not bytes, str or serialisable by {ser!r}: {e}") from None
+            raise errors.InvalidArgument(
+                f"payload is not bytes, str or serialisable by {ser!r}: {e}"
+            ) from None
         if not isinstance(body, bytes):
             raise errors.InvalidArgument(f"{ser!r}.dumps() returned {type(body).__name__}, not bytes")
         ctype = ser.content_type
@@ -441,12 +446,17 @@ class Ops:
         return Op(self.st.queue_purge, (check_queue(name),), _nothing)
 
     def queue_list(self) -> Op[list[QueueInfo]]:
-        return Op(self.st.queue_list, (), lambda rows: [_record(QueueInfo, r) for r in rows])
+        return Op(
+            self.st.queue_list, (), lambda rows: [_record(QueueInfo, r) for r in rows], safe_to_retry=True
+        )
 
     def queue_metrics(self, name: str, *, cap: int = 100_000) -> Op[QueueMetrics]:
         check_limit(cap)
         return Op(
-            self.st.queue_metrics, (check_queue(name), cap), lambda rows: _record(QueueMetrics, rows[0])
+            self.st.queue_metrics,
+            (check_queue(name), cap),
+            lambda rows: _record(QueueMetrics, rows[0]),
+            safe_to_retry=True,
         )
 
     def send_batch(
@@ -529,7 +539,9 @@ class Ops:
         check_limit(n)
         ids, tokens = message_pairs(queue, ack)
         params = (queue, n, to_ms(lease, "lease", positive=True), ids or None, tokens or None)
-        return Op(self.st.take, params, _messages(queue, self.serializer))
+        # A take that ran but whose answer was lost leaves its messages leased until the lease
+        # ends, and the acks riding on it are fenced by token: repeating it is harmless.
+        return Op(self.st.take, params, _messages(queue, self.serializer), safe_to_retry=True)
 
     def take_tx(self, queue: str, n: int = 1, *, archive: bool | None = None) -> Op[list[Message]]:
         check_queue(queue)
@@ -539,7 +551,7 @@ class Ops:
     def peek(self, queue: str, n: int = 10) -> Op[list[Message]]:
         check_queue(queue)
         check_limit(n)
-        return Op(self.st.peek, (queue, n), _messages(queue, self.serializer))
+        return Op(self.st.peek, (queue, n), _messages(queue, self.serializer), safe_to_retry=True)
 
     def ack(self, messages: Sequence[Message], *, archive: bool | None = None) -> Op[set[int]]:
         queue = _one_queue(messages)
@@ -573,14 +585,16 @@ class Ops:
         return Op(self.st.extend, params, lambda rows: {r.id: r.lease_until for r in rows})
 
     def next_ready_in(self, queue: str) -> Op[int | None]:
-        return Op(self.st.next_ready_in, (check_queue(queue),), _scalar)
+        return Op(self.st.next_ready_in, (check_queue(queue),), _scalar, safe_to_retry=True)
 
     def dead_list(self, queue: str, n: int = 100, *, after_id: int = 0) -> Op[list[DeadMessage]]:
         check_queue(queue)
         check_limit(n)
         if not isinstance(after_id, int) or isinstance(after_id, bool) or not -(2**63) <= after_id < 2**63:
             raise errors.InvalidArgument(f"after_id must be a message id, got {after_id!r}")
-        return Op(self.st.dead_list, (queue, n, after_id), _dead_messages(self.serializer))
+        return Op(
+            self.st.dead_list, (queue, n, after_id), _dead_messages(self.serializer), safe_to_retry=True
+        )
 
     def dead_requeue(self, queue: str, ids: Sequence[int] | None = None) -> Op[int]:
         check_queue(queue)
@@ -626,6 +640,7 @@ class Ops:
             self.st.channel_list,
             (queue, limit, after),
             lambda rows: [_record(ChannelInfo, r, queue=queue) for r in rows],
+            safe_to_retry=True,
         )
 
     def maintain(self, limit: int = 10_000) -> Op[int]:

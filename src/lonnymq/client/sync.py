@@ -44,6 +44,7 @@ from ..models import (
 )
 from ..serializer import Serializer
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
+from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, sleep
 from .wait_sync import Listener, next_wait
 
 T = TypeVar("T")
@@ -60,6 +61,13 @@ class Client:
     ``serializer`` encodes payloads other than bytes and str, and decodes the messages of its
     content type on receipt (default: JSON that also takes datetime, UUID and Decimal; see
     :mod:`lonnymq.serializer`).
+
+    On the client's pool, ``check_connections`` checks each connection as it is handed out (an
+    empty query, ~one round trip) so one left dead by a PostgreSQL restart or failover is replaced,
+    not used; ``retry`` (a :class:`~lonnymq.client.retry.RetryPolicy`, None: never) says how
+    calls cut off by a lost connection are repeated: those that never reached the server, and
+    those safe to run twice (take, receive, peek, metrics, listings); any other call so cut off
+    raises :class:`~lonnymq.errors.ConnectionLost` (``may_have_committed``).
     """
 
     def __init__(
@@ -69,8 +77,13 @@ class Client:
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = 4,
         serializer: Serializer | None = None,
+        check_connections: bool = True,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
     ) -> None:
         self.schema = check_schema(schema)
+        if retry is not None and (not isinstance(retry, RetryPolicy)):
+            raise errors.InvalidArgument(f"retry must be a RetryPolicy or None, got {retry!r}")
+        self.retry = retry
         self.ops = Ops(schema, serializer)
         self._conn: Connection[Any] | None = None
         self._pool: ConnectionPool[Any] | None = None
@@ -90,7 +103,12 @@ class Client:
                 conninfo = resolve_dsn()
             self.conninfo = conninfo
             self._pool = ConnectionPool(
-                conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False
+                conninfo,
+                min_size=1,
+                max_size=pool_size,
+                kwargs={"autocommit": True},
+                open=False,
+                check=ConnectionPool.check_connection if check_connections else None,
             )
             self._owns_pool = True
 
@@ -128,19 +146,67 @@ class Client:
             with self._pool.connection() as c:
                 yield c
 
-    def run(self, op: Op[T], conn: Connection[Any] | None = None) -> T:
-        """Execute one op, mapping database errors to :mod:`lonnymq.errors`."""
-        with self.connection(conn) as c:
+    def run(self, op: Op[T], conn: Connection[Any] | None = None, *, retry: bool = True) -> T:
+        """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
+        pool a call cut off by a lost connection is repeated under the client's retry policy
+        when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
+        if conn is not None or self._pool is None:
+            with self.connection(conn) as c:
+                return self._execute(c, op)
+        pool = self._pool
+        backoff = self.retry.start() if retry and self.retry is not None else None
+        ran = False
+        while True:
+            sent = False
             try:
-                cur = c.execute(op.query, op.params, binary=True)
-                cur.row_factory = ROW_FACTORY
-                rows = cur.fetchall() if cur.rownumber is not None else []
-            except psycopg.Error as e:
-                mapped = map_error(e)
-                if mapped is e:
-                    raise
-                raise mapped from e
+                if not self._opened and backoff is not None and self._owns_pool:
+                    pool.open(wait=False)
+                    self._opened = True
+                elif not self._opened:
+                    self.open()
+                c = pool.getconn(None if backoff is None else backoff.remaining())
+            except psycopg.OperationalError as e:
+                lost = e
+            else:
+                try:
+                    sent = ran = True
+                    return self._execute(c, op)
+                except psycopg.OperationalError as e:
+                    if not (c.broken or c.closed):
+                        raise
+                    lost = e
+                finally:
+                    pool.putconn(c)
+            if backoff is None and (not sent):
+                raise lost
+            unsafe = sent and (not op.safe_to_retry)
+            wait = None if backoff is None or unsafe else backoff.next_delay()
+            if wait is None:
+                raise self._lost(lost, ran, op.safe_to_retry, None if unsafe else backoff) from lost
+            sleep(wait)
+
+    def _execute(self, c: Connection[Any], op: Op[T]) -> T:
+        try:
+            cur = c.execute(op.query, op.params, binary=True)
+            cur.row_factory = ROW_FACTORY
+            rows = cur.fetchall() if cur.rownumber is not None else []
+        except psycopg.Error as e:
+            mapped = map_error(e)
+            if mapped is e:
+                raise
+            raise mapped from e
         return op.decode(rows)
+
+    @staticmethod
+    def _lost(
+        e: psycopg.OperationalError, ran: bool, safe: bool, exhausted: Backoff | None
+    ) -> errors.ConnectionLost:
+        what = f"connection to PostgreSQL lost ({str(e).strip() or type(e).__name__})"
+        if exhausted is not None:
+            what += f"; gave up after {exhausted.attempts} attempt(s) in {exhausted.policy.deadline:g}s"
+        if ran and (not safe):
+            what += "; the call may have committed: check before repeating it (a send: use a key)"
+        return errors.ConnectionLost(what, may_have_committed=ran)
 
     def migrate(self, *, target: int | None = None, conn: Connection[Any] | None = None) -> list[int]:
         """Apply the versioned migrations this package ships that the schema lacks (to
@@ -340,7 +406,7 @@ class Client:
         limit = to_ms(timeout, "timeout")
         to_ms(poll, "poll", positive=True)
         deadline = None if limit is None else monotonic() + limit / 1000
-        listener = self._listener()
+        listener: Listener | None = None
         try:
             while True:
                 messages = self.run(op)
@@ -349,12 +415,25 @@ class Client:
                 if deadline is not None and deadline <= monotonic():
                     return []
                 due_ms = self.run(self.ops.next_ready_in(queue))
-                listener.wait(next_wait(poll, due_ms, deadline))
+                wait = next_wait(poll, due_ms, deadline)
+                try:
+                    if listener is None:
+                        listener = self._listener()
+                    listener.wait(wait)
+                except psycopg.OperationalError:
+                    if self.retry is None:
+                        raise
+                    if listener is None:
+                        sleep(max(wait, 0))
+                    else:
+                        listener.close()
+                        listener = None
         except BaseException:
-            listener.close()
+            if listener is not None:
+                listener.close()
             raise
         finally:
-            if not listener.closed:
+            if listener is not None and (not listener.closed):
                 self._listeners.append(listener.conn)
 
     def _listener(self) -> Listener:

@@ -1,0 +1,232 @@
+"""Lost connections: the pool's checkout check, the retry of what is safe to repeat, and
+ConnectionLost for what is not (lonnymq.client.retry).
+
+Connections are killed for real with pg_terminate_backend (what a PostgreSQL restart or a
+failover does to them); a call is caught "in flight" by holding a table lock it waits on."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from lonnymq import Client, errors
+from lonnymq.client.retry import RetryPolicy
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (free a moment ago)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def app_name() -> str:
+    return f"lq-retry-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_client(dsn: str, schema: str, app_name: str) -> Iterator[Callable[..., Client]]:
+    made: list[Client] = []
+
+    def make(**kw: Any) -> Client:
+        c = Client(make_conninfo(dsn, application_name=app_name), schema=schema, **kw)
+        made.append(c)
+        c.create_queue("q", if_not_exists=True)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def kill_backends(conn: psycopg.Connection[Any], app_name: str) -> int:
+    rows = conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app_name,)
+    ).fetchall()
+    return len(rows)
+
+
+def wait_blocked(conn: psycopg.Connection[Any], app_name: str, timeout: float = 10) -> None:
+    """Until a backend of ``app_name`` waits on a lock."""
+    deadline = time.monotonic() + timeout
+    while not conn.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+        (app_name,),
+    ).fetchone():
+        assert time.monotonic() < deadline, "the call never blocked on the lock"
+        time.sleep(0.02)
+
+
+def cut_off_in_flight(
+    dsn: str, schema: str, conn: psycopg.Connection[Any], app_name: str, call: Callable[[], Any]
+) -> Any:
+    """Run ``call`` while the message table is locked, kill its backend once it waits on the lock
+    (the statement has reached the server), then release the lock; its result or exception."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = call()
+        except BaseException as e:  # handed to the test thread
+            out["error"] = e
+
+    with psycopg.connect(dsn, autocommit=True) as locker:
+        with locker.transaction():
+            locker.execute(
+                sql.SQL("LOCK TABLE {}.message IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(schema))
+            )
+            t = threading.Thread(target=run)
+            t.start()
+            wait_blocked(conn, app_name)
+            assert kill_backends(conn, app_name) >= 1
+            time.sleep(0.2)  # let the client see the loss while the lock is still held
+        t.join(30)
+    assert not t.is_alive()
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def test_dead_pooled_connections_are_replaced_on_checkout(make_client: Any, conn: Any, app_name: str) -> None:
+    c = make_client()
+    c.send("q", 1)
+    assert kill_backends(conn, app_name) >= 1
+    # Every pooled connection is dead: the checkout check replaces it, the send never sees it.
+    assert c.send("q", 2).outcome == "created"
+    assert [m.payload for m in c.peek("q")] == [1, 2]
+
+
+def test_without_the_check_a_dead_connection_fails_the_send(make_client: Any, conn: Any, app_name: str) -> None:
+    c = make_client(check_connections=False)
+    c.send("q", 1)
+    assert kill_backends(conn, app_name) >= 1
+    with pytest.raises(errors.ConnectionLost, match="may have committed") as info:
+        c.send("q", 2)
+    assert info.value.may_have_committed
+    assert isinstance(info.value, psycopg.OperationalError)  # what plain psycopg code catches
+
+
+def test_without_the_check_a_safe_call_is_retried(make_client: Any, conn: Any, app_name: str) -> None:
+    c = make_client(check_connections=False)
+    c.send("q", 1)
+    assert kill_backends(conn, app_name) >= 1
+    assert [m.payload for m in c.take("q")] == [1]
+
+
+def test_send_cut_off_in_flight_raises_connection_lost(
+    make_client: Any, dsn: str, schema: str, conn: Any, app_name: str
+) -> None:
+    c = make_client()
+    with pytest.raises(errors.ConnectionLost) as info:
+        cut_off_in_flight(dsn, schema, conn, app_name, lambda: c.send("q", "x"))
+    assert info.value.may_have_committed
+    assert c.peek("q") == []  # here it had not (it waited on the lock), but the client cannot know
+
+
+def test_ack_cut_off_in_flight_raises_connection_lost(
+    make_client: Any, dsn: str, schema: str, conn: Any, app_name: str
+) -> None:
+    c = make_client()
+    c.send("q", "x")
+    [m] = c.take("q")
+    with pytest.raises(errors.ConnectionLost):
+        cut_off_in_flight(dsn, schema, conn, app_name, lambda: c.ack(m))
+    assert c.ack(m) == {m.id}  # it had not committed: the delivery is still ours
+
+
+def test_peek_cut_off_in_flight_is_retried(
+    make_client: Any, dsn: str, schema: str, conn: Any, app_name: str
+) -> None:
+    c = make_client()
+    c.send("q", "x")
+    peeked = cut_off_in_flight(dsn, schema, conn, app_name, lambda: c.peek("q"))
+    assert [m.payload for m in peeked] == ["x"]
+
+
+def test_take_cut_off_in_flight_is_retried(
+    make_client: Any, dsn: str, schema: str, conn: Any, app_name: str
+) -> None:
+    c = make_client()
+    c.send("q", "x")
+    taken = cut_off_in_flight(dsn, schema, conn, app_name, lambda: c.take("q"))
+    assert [m.payload for m in taken] == ["x"]
+
+
+def test_no_retry_policy_raises_for_safe_calls_too(
+    make_client: Any, dsn: str, schema: str, conn: Any, app_name: str
+) -> None:
+    c = make_client(retry=None)
+    with pytest.raises(errors.ConnectionLost) as info:
+        cut_off_in_flight(dsn, schema, conn, app_name, lambda: c.peek("q"))
+    assert info.value.may_have_committed  # it reached the server (harmless for a peek)
+
+
+def test_receive_survives_its_listen_connection_being_killed(
+    make_client: Any, conn: Any, app_name: str
+) -> None:
+    c = make_client()
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.extend(c.receive("q", timeout=20, poll=30)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not conn.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND query LIKE 'LISTEN%%'"
+        " AND state = 'idle'",
+        (app_name,),
+    ).fetchone():
+        assert time.monotonic() < deadline, "receive() never listened"
+        time.sleep(0.02)
+    assert kill_backends(conn, app_name) >= 1
+    time.sleep(0.3)
+    with Client(conn.info.dsn, schema=c.schema) as other:
+        other.send("q", "wake")
+    t.join(20)
+    # Woken within the poll of 30 s: it listened again on a new connection (or found it at once).
+    assert not t.is_alive() and [m.payload for m in got] == ["wake"]
+
+
+def test_unreachable_server_gives_up_at_the_deadline() -> None:
+    dsn = f"postgresql://nobody@127.0.0.1:{closed_port()}/x"
+    c = Client(dsn, retry=RetryPolicy(deadline=1.5))
+    try:
+        started = time.monotonic()
+        with pytest.raises(errors.ConnectionLost, match="gave up") as info:
+            c.peek("q")
+        assert not info.value.may_have_committed
+        assert time.monotonic() - started < 10
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"deadline": 0}, {"initial_delay": -1}, {"max_delay": float("inf")}, {"multiplier": 0.5}, {"jitter": 2}],
+)
+def test_bad_policy(kw: dict[str, float]) -> None:
+    with pytest.raises(errors.InvalidArgument):
+        RetryPolicy(**kw)
+
+
+def test_bad_retry_argument(dsn: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match="RetryPolicy"):
+        Client(dsn, retry=30)  # type: ignore[arg-type]  # the wrong type is the point
+
+
+def test_backoff_grows_with_jitter_and_stops_at_the_deadline() -> None:
+    b = RetryPolicy(deadline=0.5, initial_delay=0.1, max_delay=0.3, multiplier=2, jitter=0.5).start()
+    waits = [b.next_delay() or 0.0 for _ in range(4)]
+    assert 0.05 <= waits[0] <= 0.1 and 0.1 <= waits[1] <= 0.2
+    assert 0.15 <= waits[2] <= 0.3 and 0.15 <= waits[3] <= 0.3  # capped at max_delay
+    time.sleep(0.5)
+    assert b.next_delay() is None
