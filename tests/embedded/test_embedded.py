@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -19,9 +20,11 @@ pytest.importorskip("pgserver")
 import psycopg
 
 from lonnymq.embedded import (
+    NOTHING_CONFIGURED,
     EmbeddedServer,
     EmbeddedServerError,
     default_data_dir,
+    locate_server,
     resolve_dsn,
     temporary_server,
 )
@@ -149,13 +152,87 @@ def _connect_ok(dsn: str) -> bool:
         return conn.execute("SELECT 1").fetchone() == (1,)
 
 
-def test_resolve_dsn_explicit_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    explicit = "postgresql://someone:secret@db.example:6543/queue?sslmode=require"
+def _unconfigured(monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> None:
+    for name in ("LONNYMQ_DSN", "DATABASE_URL", "PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("PGSERVICE", raising=False)
+    monkeypatch.setenv("LONNYMQ_DATA_DIR", str(data_dir))
+
+
+def test_resolve_dsn_chain(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # --dsn, LONNYMQ_DSN, DATABASE_URL, libpq's defaults when a PG* variable is set, and nothing
+    # else: no server running in the data dir, so the chain ends in the one-line advice.
+    _unconfigured(monkeypatch, tmp_path / "pgdata")
+    with pytest.raises(EmbeddedServerError) as e:
+        resolve_dsn()
+    assert str(e.value) == NOTHING_CONFIGURED and "\n" not in NOTHING_CONFIGURED
+    assert "LONNYMQ_DSN" in NOTHING_CONFIGURED and "lonnymq server start" in NOTHING_CONFIGURED
+    assert not (tmp_path / "pgdata").exists()  # nothing was started
+    monkeypatch.setenv("PGDATABASE", "app")
+    assert locate_server() == ("", "$PGDATABASE")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://from-url/db")
+    assert locate_server() == ("postgresql://from-url/db", "$DATABASE_URL")
     monkeypatch.setenv("LONNYMQ_DSN", "postgresql://from-env/db")
-    assert resolve_dsn(explicit) == explicit
     assert resolve_dsn() == "postgresql://from-env/db"
-    monkeypatch.setenv("OTHER_DSN", "postgresql://other/db")
-    assert resolve_dsn(env="OTHER_DSN") == "postgresql://other/db"
+    explicit = "postgresql://someone:secret@db.example:6543/queue?sslmode=require"
+    assert resolve_dsn(explicit) == explicit
+
+
+def test_client_without_dsn_uses_libpq_defaults_never_a_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from lonnymq import Client
+
+    _unconfigured(monkeypatch, tmp_path / "pgdata")
+    assert Client().conninfo == ""  # libpq's defaults, like psql
+    monkeypatch.setenv("DATABASE_URL", "postgresql://from-url/db")
+    assert Client().conninfo == "postgresql://from-url/db"
+    monkeypatch.setenv("LONNYMQ_DSN", "postgresql://from-env/db")
+    assert Client().conninfo == "postgresql://from-env/db"
+    assert not (tmp_path / "pgdata").exists()
+
+
+def test_dev_server_commands_and_client_embedded(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # lonnymq server start|status|url|stop|remove, the CLI using the running server (and saying
+    # so), Client.embedded() on it, and the laptop tuning.
+    from lonnymq import Client
+
+    data_dir = workdir / "dev" / "pgdata"
+    env = {k: v for k, v in os.environ.items() if k not in ("LONNYMQ_DSN", "DATABASE_URL")}
+    env = {k: v for k, v in env.items() if not k.startswith("PG")}
+    env["LONNYMQ_DATA_DIR"] = str(data_dir)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "lonnymq", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    stopped = cli("server", "status")
+    assert stopped.returncode == 3 and "no data directory yet" in stopped.stdout
+    assert cli("server", "url").returncode == 1
+    started = cli("server", "start")
+    assert started.returncode == 0, started.stderr
+    dsn = cli("server", "url").stdout.strip()
+    assert dsn.startswith("postgresql://postgres@127.0.0.1:") and dsn in started.stdout
+    status = cli("server", "status", "--json")
+    facts = json.loads(status.stdout)
+    assert status.returncode == 0 and facts["running"] and facts["dsn"] == dsn and facts["disk_bytes"] > 0
+    migrated = cli("migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stderr.count("\n") == 1 and "using the development server" in migrated.stderr
+    with psycopg.connect(dsn) as conn:
+        settings = dict(conn.execute("SELECT name, setting FROM pg_settings WHERE name LIKE '%wal_%size'"))
+    assert settings["max_wal_size"] == "64" and settings["wal_keep_size"] == "0"  # MB
+    monkeypatch.setenv("LONNYMQ_DATA_DIR", str(data_dir))
+    with Client.embedded() as c:
+        assert c.conninfo == dsn
+        assert c.create_queue("jobs")
+    stop = cli("server", "stop")
+    assert stop.returncode == 0 and "server remove" in stop.stdout and data_dir.exists()
+    assert cli("server", "remove").returncode == 2  # no terminal to confirm on
+    assert data_dir.exists()
+    removed = cli("server", "remove", "--yes")
+    assert removed.returncode == 0 and not data_dir.exists()
 
 
 def test_default_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,13 +243,12 @@ def test_default_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     assert default_data_dir() == Path.home() / ".local/share/lonnymq/pgdata"
 
 
-def test_concurrent_resolve_dsn_starts_one_server(workdir: Path) -> None:
+def test_concurrent_server_start_starts_one_server(workdir: Path) -> None:
     env = dict(os.environ)
-    env.pop("LONNYMQ_DSN", None)
     env["LONNYMQ_DATA_DIR"] = str(workdir / "shared" / "pgdata")
     src = _src_dir()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-    code = "from lonnymq.embedded import resolve_dsn; print(resolve_dsn())"
+    code = "from lonnymq.embedded import dev_server; print(dev_server().start().dsn)"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -236,7 +312,8 @@ def test_missing_binaries_say_pip_install(workdir: Path) -> None:
 def test_no_dsn_and_no_pgserver_is_a_clear_error(workdir: Path) -> None:
     # The embedded server is an extra, never a silent fallback: without pgserver and without a
     # DSN, resolve_dsn raises a typed error saying what to do, and creates no data directory.
-    env = {k: v for k, v in os.environ.items() if k != "LONNYMQ_DSN"}
+    env = {k: v for k, v in os.environ.items() if k not in ("LONNYMQ_DSN", "DATABASE_URL")}
+    env = {k: v for k, v in env.items() if not k.startswith("PG")}
     env["LONNYMQ_DATA_DIR"] = str(workdir / "never" / "pgdata")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_src_dir(), env.get("PYTHONPATH")]))
     code = (
@@ -248,12 +325,11 @@ def test_no_dsn_and_no_pgserver_is_a_clear_error(workdir: Path) -> None:
         "except EmbeddedServerError as e: print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    message = out.stdout
-    assert "set LONNYMQ_DSN or pass --dsn" in message and "pip install 'lonnymq[embedded]'" in message
+    assert out.stdout.strip() == NOTHING_CONFIGURED
     assert not (workdir / "never").exists()
 
 
-def test_cli_without_dsn_and_binaries_says_what_to_do(workdir: Path) -> None:
+def test_server_start_without_binaries_says_pip_install(workdir: Path) -> None:
     # A pgserver without its binaries on the path stands in for a missing one in the CLI process.
     fake = workdir / "fake" / "pgserver"
     fake.mkdir(parents=True)
@@ -262,16 +338,16 @@ def test_cli_without_dsn_and_binaries_says_what_to_do(workdir: Path) -> None:
     env["LONNYMQ_DATA_DIR"] = str(workdir / "never" / "pgdata")
     env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), _src_dir()])
     proc = subprocess.run(
-        [sys.executable, "-m", "lonnymq", "queue", "list"],
+        [sys.executable, "-m", "lonnymq", "server", "start"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 2, proc.stderr
-    assert "EmbeddedServerError" in proc.stderr
-    assert "set LONNYMQ_DSN or pass --dsn" in proc.stderr
-    assert not (workdir / "never").exists()
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "pip install 'lonnymq[embedded]'" in proc.stderr
+    assert not (workdir / "never" / "pgdata").exists()
 
 
 def _src_dir() -> str:

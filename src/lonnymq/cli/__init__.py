@@ -1,48 +1,137 @@
 """The ``lonnymq`` command line.
 
-Every subcommand takes ``--dsn`` (default ``$LONNYMQ_DSN``, else a persistent embedded
-PostgreSQL) and ``--schema``; commands that print data take ``--json`` for scripts.
-Subcommands live in sibling modules, each with ``add_parser(subparsers)`` and ``run(args)``.
+The server comes from ``--dsn``, else ``$LONNYMQ_DSN``, else ``$DATABASE_URL``, else libpq's
+defaults when a ``PG*`` variable is set, else the development server if it is running
+(``lonnymq server start``; a one-line note on stderr says so). Nothing is ever started
+implicitly: with nothing configured a command fails at once, saying what to set.
+
+The global options (``--dsn``, ``--schema``, ``--json``, ``--utc``, ``--connect-timeout``,
+``--debug``) go before or after the subcommand. Failures print one line on stderr (a traceback
+only with ``--debug``) and exit 1; usage errors exit 2. Subcommands live in sibling modules,
+each with ``add_parser(subparsers)``; the function a command runs is ``args.func(args)``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
-from .. import errors
+import psycopg
+
+from .. import __version__, errors
 
 # Modules providing subcommands. The benchmarks (benchmarks/) and the Spark reference pipeline
 # (examples/spark_pipeline/) are not part of the package: they are run from a checkout.
-_COMMANDS = ["migrate", "queue", "messages", "dlq", "demo", "worker"]
+_COMMANDS = ["migrate", "queue", "messages", "dlq", "server", "demo", "worker", "completion"]
 
 
-def common(parser: argparse.ArgumentParser, *, json: bool = False) -> None:
-    """Add the options every subcommand shares."""
-    parser.add_argument("--dsn", help="PostgreSQL URI/conninfo (default: $LONNYMQ_DSN, else embedded)")
-    parser.add_argument("--schema", default="lonnymq", help="schema lonnymq lives in (default: lonnymq)")
-    if json:
-        parser.add_argument("--json", action="store_true", help="machine-readable JSON output")
+class UsageError(Exception):
+    """A command line that cannot work as given (exit status 2, like argparse's own errors)."""
+
+
+class CommandError(Exception):
+    """A failure already phrased for the user (exit status 1)."""
+
+
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # On the subcommands the defaults are SUPPRESSed: an option given before the subcommand is
+    # then not overwritten by the subcommand's default (argparse copies its namespace over).
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
+    g = parser.add_argument_group("global options (before or after the command)")
+    g.add_argument(
+        "--dsn",
+        default=default(None),
+        help="PostgreSQL URI or conninfo (default: $LONNYMQ_DSN, $DATABASE_URL, PG* variables,"
+        " else a running `lonnymq server`)",
+    )
+    g.add_argument("--schema", default=default(None), help="schema lonnymq lives in (default: lonnymq)")
+    g.add_argument("--json", action="store_true", default=default(False), help="machine-readable output")
+    g.add_argument("--utc", action="store_true", default=default(False), help="show times in UTC")
+    g.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=default(None),
+        metavar="SECONDS",
+        help="give up connecting after this long (default: $LONNYMQ_CONNECT_TIMEOUT, else 5)",
+    )
+    g.add_argument("--debug", action="store_true", default=default(False), help="show tracebacks of failures")
+
+
+def common(parser: argparse.ArgumentParser, *, json: bool = True) -> None:
+    """Accept the global options on a subcommand too (``json`` is kept for compatibility:
+    every command takes ``--json``)."""
+    _global_options(parser, top=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lonnymq", description="LonnyMQ: a message queue inside PostgreSQL."
+        prog="lonnymq",
+        description="LonnyMQ: a message queue inside PostgreSQL.",
+        epilog="Configuration and examples: docs/cli.md. Shell completion: lonnymq completion bash.",
     )
+    parser.add_argument("--version", action="version", version=f"lonnymq {__version__}")
+    _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
 
 
+def describe(e: BaseException, args: argparse.Namespace) -> str:
+    """One line telling the user what went wrong and, where there is one, what to do."""
+    schema = getattr(args, "schema", None) or "lonnymq"
+    if isinstance(e, psycopg.Error):
+        from ..client.ops import map_error
+
+        mapped = map_error(e)
+        if mapped is not e:
+            e = mapped
+    if isinstance(e, errors.NotInstalled):
+        flag = "" if schema == "lonnymq" else f" --schema {schema}"
+        return (
+            f"lonnymq is not installed in schema {schema!r} of this database (or is out of date):"
+            f" run `lonnymq migrate{flag}`"
+        )
+    if isinstance(e, errors.QueueNotFound):
+        return f"{_one_line(str(e))} (see `lonnymq queue list`)"
+    if isinstance(e, (errors.LonnyMQError, CommandError, UsageError)):
+        text = str(e)
+        first = _one_line(text.split("\n", 1)[0])
+        return first + (" (--debug for details)" if "\n" in text.strip() else "")
+    if isinstance(e, psycopg.Error):
+        return f"database error: {_one_line(str(e))}"
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror or e}"
+    return f"{type(e).__name__}: {_one_line(str(e))}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = bool(args.debug or os.environ.get("LONNYMQ_DEBUG"))
     try:
         return int(args.func(args) or 0)
-    except errors.LonnyMQError as e:
-        print(f"lonnymq: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `lonnymq peek q | head`
+        sys.stderr.close()
+        return 0
+    except UsageError as e:
+        print(f"lonnymq {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except (errors.LonnyMQError, CommandError, psycopg.Error, OSError) as e:
+        if debug:
+            traceback.print_exc()
+        print(f"lonnymq: {describe(e, args)}", file=sys.stderr)
+        return 1

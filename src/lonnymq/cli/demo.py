@@ -1,7 +1,9 @@
 """``lonnymq demo``: a short end-to-end tour of the queue's semantics on a real server.
 
-Runs in its own schema (``lonnymq_demo`` by default, recreated each run) and checks every
-claim it prints, so a broken guarantee fails the demo rather than printing a wrong story.
+Runs in its own schema (``lonnymq_demo`` by default, recreated each run and dropped at the end
+unless ``--keep``) and checks every claim it prints, so a broken guarantee fails the demo rather
+than printing a wrong story. It needs a server like every command: ``lonnymq server start``
+gives a local one.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from rich.table import Table
 
 from .. import errors
 from ..client import Client
-from ..embedded import resolve_dsn
 from ..models import Envelope
-from . import common
+from . import _util, common
 
 console = Console()
 
@@ -28,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "demo", help="a short end-to-end tour (FIFO, scheduling, priority, leases, retries, de-dup, DLQ)"
     )
     common(p)
-    p.set_defaults(func=run, schema="lonnymq_demo")
+    p.add_argument("--keep", action="store_true", help="keep the demo's schema (default: dropped at the end)")
+    p.set_defaults(func=run, default_schema="lonnymq_demo")
 
 
 def _check(ok: bool, claim: str) -> None:
@@ -42,24 +44,34 @@ def _step(title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    dsn = resolve_dsn(args.dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(args.schema)))
-    with Client(dsn, schema=args.schema) as c:
-        console.print(f"[bold]LonnyMQ demo[/bold] on {dsn!r}, schema {args.schema!r}")
-        console.print(f"  migrations applied: {c.migrate()}")
-        c.create_queue("demo.dead")
-        c.create_queue("demo", lease=1, max_attempts=3, dead_letter_queue="demo.dead", priority_step=1)
-        tour(c, dsn)
-        table = Table(title="queue metrics at the end")
-        for col in ("queue", "ready", "scheduled", "leased", "dead"):
-            table.add_column(col)
-        for q in ("demo", "demo.dead"):
-            m = c.metrics(q)
-            table.add_row(m.queue, str(m.ready), str(m.scheduled), str(m.leased), str(m.dead))
-        console.print(table)
+    dsn = _util.resolve(args)
+    schema = _util.schema(args)
+    drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+    with _util.connect_to(dsn, args) as conn:
+        conn.execute(drop)
+    try:
+        with Client(dsn, schema=schema) as c:
+            console.print(f"[bold]LonnyMQ demo[/bold] on {_util.where(dsn)}, schema {schema!r}")
+            console.print(f"  migrations applied: {c.migrate()}")
+            c.create_queue("demo.dead")
+            c.create_queue("demo", lease=1, max_attempts=3, dead_letter_queue="demo.dead", priority_step=1)
+            tour(c, dsn)
+            table = Table(title="queue metrics at the end")
+            for col in ("queue", "ready", "scheduled", "leased", "dead"):
+                table.add_column(col)
+            for q in ("demo", "demo.dead"):
+                m = c.metrics(q)
+                table.add_row(m.queue, str(m.ready), str(m.scheduled), str(m.leased), str(m.dead))
+            console.print(table)
+    finally:
+        if not args.keep:
+            with _util.connect_to(dsn, args) as conn:
+                conn.execute(drop)
     console.print(
         "[bold green]demo finished: every claim above was checked against the database[/bold green]"
+    )
+    console.print(
+        f"  schema {schema!r} " + ("kept (--keep)" if args.keep else "dropped: the demo left nothing behind")
     )
     return 0
 

@@ -27,12 +27,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     if args.print_sql:
-        print(migrations.script(args.schema, args.target), end="")
+        print(migrations.script(_util.schema(args), args.target), end="")
         return 0
     with _util.client(args) as c:
         applied = c.migrate(target=args.target)
+    name = _util.schema(args)
     if applied:
-        print(f"applied migrations {applied} to schema {args.schema!r}")
+        text = f"applied migrations {applied} to schema {name!r}"
     else:
-        print(f"schema {args.schema!r} is up to date (functions refreshed if they changed)")
+        text = f"schema {name!r} is up to date (functions refreshed if they changed)"
+    _util.done(args, text, schema=name, applied=applied)
     return 0

@@ -4,7 +4,8 @@ The worker command is the only place that installs signal handlers: the first SI
 starts a graceful shutdown (stop fetching, let running handlers finish within
 ``--shutdown-timeout``, then cancel them and release their leases), a second one skips the wait.
 The previous handlers are restored when the worker has stopped. Exit status: 0 after a clean
-shutdown, 1 if the worker stopped because one of its tasks failed, 2 on a usage or setup error.
+shutdown, 1 if the worker stopped because one of its tasks failed or the server is unreachable,
+2 on a usage error (e.g. MODULE:ATTR that is not an App).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import errors
-from . import _util, common
+from . import UsageError, _util, common
 
 _log = logging.getLogger("lonnymq.worker")
 
@@ -116,11 +117,17 @@ def load_app(spec: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ..worker import Worker
 
+    try:
+        app = load_app(args.app)
+    except errors.InvalidArgument as e:
+        raise UsageError(str(e)) from e
+    dsn = _util.resolve(args)
+    _util.connect_to(dsn, args).close()  # fail now, in one line, if the server is unreachable
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     worker = Worker(
-        load_app(args.app),
-        args.dsn,
-        schema=args.schema,
+        app,
+        dsn,
+        schema=_util.schema(args),
         queues=args.queues,
         concurrency=args.concurrency,
         batch_size=args.batch_size,
@@ -220,7 +227,10 @@ def cron_add(args: argparse.Namespace) -> int:
     from ..worker import parse_schedule
     from ..worker.ops import worker_ops
 
-    sched = parse_schedule(args.schedule)
+    try:
+        sched = parse_schedule(args.schedule)
+    except errors.InvalidArgument as e:
+        raise UsageError(str(e)) from e
     with _util.client(args) as c:
         op = worker_ops(c.schema).cron_upsert(
             args.name,
@@ -233,7 +243,12 @@ def cron_add(args: argparse.Namespace) -> int:
             source="cli",
         )
         outcome = c.run(op)
-    print(f"periodic message {args.name!r} {outcome}: {sched.text} -> {args.queue}")
+    _util.done(
+        args,
+        f"periodic message {args.name!r} {outcome}: {sched.text} -> {args.queue}",
+        name=args.name,
+        outcome=outcome,
+    )
     return 0
 
 
@@ -243,7 +258,7 @@ def _cron_change(args: argparse.Namespace, what: str, op: Any) -> int:
     if not found:
         print(f"lonnymq: no periodic message named {args.name!r}", file=sys.stderr)
         return 1
-    print(f"periodic message {args.name!r} {what}")
+    _util.done(args, f"periodic message {args.name!r} {what}", name=args.name, outcome=what)
     return 0
 
 

@@ -7,6 +7,7 @@ commits or rolls back with your own writes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
@@ -40,6 +41,7 @@ from ..models import (
     SendResult,
 )
 from ..serializer import Serializer
+from . import config
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
 from .wait import AsyncListener, next_wait
@@ -52,8 +54,11 @@ class AsyncClient:
 
     ``conninfo`` is a libpq connection string/URI, an open connection (used as it is: in
     autocommit mode each call is its own transaction, otherwise calls join the connection's
-    transaction and you commit), or a connection pool. With nothing given, ``$LONNYMQ_DSN`` is
-    used, else a private embedded PostgreSQL is started.
+    transaction and you commit), or a connection pool. With nothing given, the chain of every
+    PostgreSQL tool: ``$LONNYMQ_DSN``, else ``$DATABASE_URL``, else libpq's defaults (``PGHOST``,
+    ``PGDATABASE``, ``PGSERVICE``..., like ``psql``); no server is ever started implicitly (see
+    :meth:`embedded`). ``connect_timeout`` (seconds; default ``$LONNYMQ_CONNECT_TIMEOUT``, else
+    libpq's) bounds each connection attempt and the wait for the first connection on open.
 
     ``serializer`` encodes payloads other than bytes and str, and decodes the messages of its
     content type on receipt (default: JSON that also takes datetime, UUID and Decimal; see
@@ -74,6 +79,7 @@ class AsyncClient:
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = 4,
         serializer: Serializer | None = None,
+        connect_timeout: float | None = None,
         check_connections: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
     ) -> None:
@@ -81,6 +87,7 @@ class AsyncClient:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise errors.InvalidArgument(f"retry must be a RetryPolicy or None, got {retry!r}")
         self.retry = retry
+        self._open_timeout = 30.0
         self.ops = Ops(schema, serializer)
         self._conn: AsyncConnection[Any] | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -96,24 +103,43 @@ class AsyncClient:
             self.conninfo = conninfo.conninfo if isinstance(conninfo.conninfo, str) else None
         else:
             if conninfo is None:
-                from ..embedded import resolve_dsn
-
-                conninfo = resolve_dsn()
+                conninfo = config.resolve_conninfo()
             self.conninfo = conninfo
+            kwargs: dict[str, Any] = {"autocommit": True}
+            if connect_timeout is not None or os.environ.get("LONNYMQ_CONNECT_TIMEOUT"):
+                self._open_timeout = config.connect_timeout(connect_timeout)
+                kwargs["connect_timeout"] = config.libpq_timeout(self._open_timeout)
             self._pool = AsyncConnectionPool(
                 conninfo,
                 min_size=1,
                 max_size=pool_size,
-                kwargs={"autocommit": True},
+                kwargs=kwargs,
                 open=False,
                 check=AsyncConnectionPool.check_connection if check_connections else None,
             )
             self._owns_pool = True
 
+    @classmethod
+    def embedded(
+        cls,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        pool_size: int = 4,
+    ) -> AsyncClient:
+        """A client of the local development server (the one ``lonnymq server start`` runs, in
+        ``data_dir``, default ``$LONNYMQ_DATA_DIR`` or ``~/.local/share/lonnymq/pgdata``),
+        started if it is not running. The server keeps running after the client is closed
+        (``lonnymq server stop`` stops it). Blocks while the server starts (seconds, longer the
+        first time). Needs ``pip install 'lonnymq[embedded]'``; raises EmbeddedServerError."""
+        from ..embedded import dev_server
+
+        return cls(dev_server(data_dir).start().dsn, schema=schema, pool_size=pool_size)
+
     async def open(self) -> AsyncClient:
         """Open the client's own pool (done on first use if not called)."""
         if self._owns_pool and not self._opened and self._pool is not None:
-            await self._pool.open(wait=True)
+            await self._pool.open(wait=True, timeout=self._open_timeout)
         self._opened = True
         return self
 

@@ -1,6 +1,7 @@
 """A private PostgreSQL server run from the binaries of the ``pgserver`` wheel: the
-``lonnymq[embedded]`` extra. Used when no DSN is configured (the CLI's persistent development
-server, :func:`resolve_dsn`) and for throwaway test servers (:func:`temporary_server`).
+``lonnymq[embedded]`` extra: the persistent development server (``lonnymq server start``,
+``Client.embedded()``, :func:`dev_server`) and throwaway test servers (:func:`temporary_server`).
+Nothing starts a server implicitly: :func:`resolve_dsn` only uses one that is running.
 
 Only the PostgreSQL 16 binaries of ``pgserver`` are used (initdb, pg_ctl, postgres);
 its ``PostgresServer``/``get_server`` machinery is deliberately avoided because it
@@ -13,10 +14,12 @@ Guarantees of this package:
   interrupted initdb never leaves a half-made cluster behind.
 * All operations that change a server's state (initdb, start, stop) hold an exclusive
   ``fcntl.flock`` on ``<parent>/.<data_dir name>.lock``, so concurrent processes
-  (e.g. two CLIs calling :func:`resolve_dsn`) never both initdb or start the same
+  (e.g. two ``lonnymq server start``) never both initdb or start the same
   data directory; the loser finds the server running and reuses it.
 * The server is durable: ``fsync`` is on and ``synchronous_commit`` keeps its default
   (on), so a committed transaction survives ``stop("immediate")`` (a simulated crash).
+* It is tuned for a laptop: WAL is kept small (``max_wal_size`` 64MB, ``min_wal_size``
+  32MB, ``wal_keep_size`` 0), so a bulk load does not leave hundreds of MB behind.
 * Authentication is ``trust`` for the superuser ``postgres``; TCP listens on
   127.0.0.1 only.  This is a local development/test server, not a shared one.
 * When run as root (PostgreSQL refuses to), the server runs as the unprivileged system
@@ -35,16 +38,31 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..client.config import configured_dsn
 from ..errors import EmbeddedServerError
 from .server import EmbeddedServer
 
 __all__ = [
+    "NOTHING_CONFIGURED",
     "EmbeddedServer",
+    "DEV_SERVER",
     "EmbeddedServerError",
     "default_data_dir",
+    "dev_server",
+    "disk_usage",
+    "locate_server",
     "resolve_dsn",
+    "running_dev_server_dsn",
     "temporary_server",
 ]
+
+#: The source :func:`locate_server` reports for the development server.
+DEV_SERVER = "the development server"
+#: What a tool says when it has no server to connect to (one line).
+NOTHING_CONFIGURED = (
+    "no PostgreSQL configured: set LONNYMQ_DSN (or DATABASE_URL, or PGHOST/PGDATABASE...) or pass"
+    " --dsn; for a local development server run `lonnymq server start`"
+)
 
 
 def default_data_dir() -> Path:
@@ -85,20 +103,52 @@ def temporary_server(**kw: Any) -> Iterator[EmbeddedServer]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def resolve_dsn(dsn: str | None = None, *, env: str = "LONNYMQ_DSN") -> str:
-    """The DSN to connect to.
+def dev_server(data_dir: str | os.PathLike[str] | None = None) -> EmbeddedServer:
+    """The persistent development server (not started): `data_dir`, else :func:`default_data_dir`."""
+    return EmbeddedServer(default_data_dir() if data_dir is None else data_dir)
 
-    `dsn` if given (returned untouched); else the non-empty environment variable
-    `env`; else the persistent embedded server at :func:`default_data_dir` is started
-    (or reused if already running, by this or another process) and its DSN returned.
-    The server is left running for later calls.
 
-    :raises EmbeddedServerError: no DSN is configured and the embedded server is not
-        installed (``pip install 'lonnymq[embedded]'``), or it failed to start.
+def running_dev_server_dsn(data_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """The DSN of the development server if it is running, else None. Never starts it, and
+    answers None quickly when the embedded extra is not installed."""
+    server = dev_server(data_dir)
+    if not (server.data_dir / "postmaster.pid").exists():
+        return None
+    try:
+        return server.dsn
+    except EmbeddedServerError:  # stale pid file, or pgserver's binaries are gone
+        return None
+
+
+def disk_usage(path: str | os.PathLike[str]) -> int:
+    """Bytes used by the files under `path` (0 if it does not exist; unreadable files skipped)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def locate_server(dsn: str | None = None) -> tuple[str, str]:
+    """The server a command-line tool connects to, and where that choice came from.
+
+    `dsn` if given; else ``$LONNYMQ_DSN``; else ``$DATABASE_URL``; else libpq's defaults
+    (``""``) when a ``PG*`` variable is set; else the development server if it is running
+    (``lonnymq server start``). A server is never started here.
+
+    :raises EmbeddedServerError: nothing is configured and no development server is running
+        (the message, :data:`NOTHING_CONFIGURED`, says what to do).
     """
-    if dsn is not None:
-        return dsn
-    from_env = os.environ.get(env)
-    if from_env:
-        return from_env
-    return EmbeddedServer(default_data_dir()).start().dsn
+    found = configured_dsn(dsn)
+    if found is not None:
+        return found
+    running = running_dev_server_dsn()
+    if running is not None:
+        return running, DEV_SERVER
+    raise EmbeddedServerError(NOTHING_CONFIGURED)
+
+
+def resolve_dsn(dsn: str | None = None) -> str:
+    """The DSN of :func:`locate_server` (configured, else the running development server)."""
+    return locate_server(dsn)[0]

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import stat
 import time
 from collections.abc import Mapping
@@ -59,6 +60,12 @@ _DEFAULT_SETTINGS: dict[str, str] = {
     "fsync": "on",
     # Queue tables churn (insert/delete) constantly; vacuum them more often than 1/min.
     "autovacuum_naptime": "10s",
+    # A laptop's disk, not a server's: checkpoint early so WAL stays small (the defaults,
+    # 1GB/80MB, let one bulk load leave hundreds of MB of WAL behind), keep none for replicas.
+    "max_wal_size": "64MB",
+    "min_wal_size": "32MB",
+    "wal_keep_size": "0",
+    "checkpoint_timeout": "5min",
 }
 _GUC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 # pg_ctl pastes -D/-l paths into a /bin/sh command line inside double quotes.
@@ -85,7 +92,8 @@ class EmbeddedServer:
         otherwise only the unix socket is used.
     :param settings: extra server settings (``-c name=value``), applied after and
         overriding the built-in defaults (max_connections=200, shared_buffers=128MB,
-        fsync=on, autovacuum_naptime=10s).  ``port`` must be given as `port`.
+        fsync=on, autovacuum_naptime=10s, max_wal_size=64MB, min_wal_size=32MB,
+        wal_keep_size=0, checkpoint_timeout=5min).  ``port`` must be given as `port`.
     """
 
     data_dir: Path
@@ -333,6 +341,18 @@ class EmbeddedServer:
             return
         with file_lock(self._lock_path, _STOP_TIMEOUT + INITDB_TIMEOUT):
             self._stop_locked(mode)
+
+    def remove(self) -> None:
+        """Stop the server (fast) and delete its data directory, with everything in it."""
+        with file_lock(self._lock_path, _STOP_TIMEOUT + INITDB_TIMEOUT):
+            if (self.data_dir / "postmaster.pid").exists():
+                self._stop_locked("fast")
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            shutil.rmtree(self.data_dir.parent / f".{self.data_dir.name}.initdb", ignore_errors=True)
+            if self.data_dir.exists():
+                raise EmbeddedServerError(f"could not delete {self.data_dir}")
+        self._lock_path.unlink(missing_ok=True)
+        self._port = None
 
     def restart(self) -> None:
         """Stop (fast) and start again, with the timeout of the last :meth:`start`."""

@@ -1,0 +1,74 @@
+"""Where a client connects when no conninfo is passed: the same chain as other PostgreSQL tools.
+
+1. the conninfo given explicitly (``Client(dsn)``, ``--dsn``);
+2. ``$LONNYMQ_DSN``;
+3. ``$DATABASE_URL`` (the convention of Heroku, Render, Django and most PaaS);
+4. libpq's own defaults: the empty conninfo ``""``, which libpq completes from ``PGHOST``,
+   ``PGPORT``, ``PGDATABASE``, ``PGUSER``, ``PGSERVICE``, ``PGPASSFILE``... and finally the
+   local unix socket, exactly as ``psql`` does.
+
+The library never starts a server on its own: the embedded development server is used only
+when asked for (``Client.embedded()``, ``lonnymq server start``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+from .. import errors
+
+#: Environment variables holding a DSN, in the order they are read.
+DSN_VARIABLES = ("LONNYMQ_DSN", "DATABASE_URL")
+#: libpq environment variables that say "connect with libpq's defaults" (see ``psql``).
+LIBPQ_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
+#: Seconds to wait for a connection unless ``$LONNYMQ_CONNECT_TIMEOUT`` says otherwise.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+def configured_dsn(
+    dsn: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
+    """``(dsn, where it came from)`` from `dsn` or the first non-empty DSN variable; ``("",
+    "PG* variables")`` when only libpq variables are set; None when nothing is configured."""
+    env = os.environ if environ is None else environ
+    if dsn is not None:
+        return dsn, "--dsn"
+    for name in DSN_VARIABLES:
+        value = env.get(name)
+        if value:
+            return value, f"${name}"
+    set_vars = [name for name in LIBPQ_VARIABLES if env.get(name)]
+    if set_vars:
+        return "", "$" + ", $".join(set_vars)
+    return None
+
+
+def resolve_conninfo(dsn: str | None = None) -> str:
+    """The conninfo a client uses: `dsn`, else ``$LONNYMQ_DSN``, else ``$DATABASE_URL``, else
+    ``""`` (libpq's defaults and ``PG*`` variables, like ``psql``)."""
+    found = configured_dsn(dsn)
+    return "" if found is None else found[0]
+
+
+def connect_timeout(value: float | None = None) -> float:
+    """Seconds a connection attempt may take: `value`, else ``$LONNYMQ_CONNECT_TIMEOUT``, else 5.
+
+    :raises InvalidArgument: not a positive number.
+    """
+    raw = str(value) if value is not None else os.environ.get("LONNYMQ_CONNECT_TIMEOUT", "")
+    if not raw:
+        return DEFAULT_CONNECT_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise errors.InvalidArgument(f"connect timeout must be a number of seconds, got {raw!r}") from None
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise errors.InvalidArgument(f"connect timeout must be positive, got {raw!r}")
+    return seconds
+
+
+def libpq_timeout(seconds: float) -> int:
+    """libpq's ``connect_timeout`` is whole seconds, at least 2 (libpq raises 1 to 2)."""
+    return max(2, math.ceil(seconds))
