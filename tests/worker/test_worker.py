@@ -13,6 +13,7 @@ from psycopg import sql
 
 from lonnymq import Client, Envelope
 from lonnymq.worker import App, Backoff, Defer, GiveUp, Retry, Worker, WorkerError
+from lonnymq.worker.meters import total
 from lonnymq.worker.ops import WORKER_MIGRATION
 from worker_helpers import eventually, until, with_worker
 
@@ -40,8 +41,8 @@ def test_sync_and_async_handlers_by_kind(dsn: str, schema: str, client: Client) 
     assert threads and all(t.startswith("lonnymq-handler") for t in threads)
     m = client.metrics("jobs")
     assert (m.ready, m.leased, m.scheduled) == (0, 0, 0)
-    assert w.m_messages.total(outcome="acked") == 100
-    assert w.m_fetched.total() == 100
+    assert total(w.m_messages, outcome="acked") == 100
+    assert total(w.m_fetched) == 100
 
 
 def test_fetches_only_as_many_as_free_slots(dsn: str, schema: str, client: Client) -> None:
@@ -68,14 +69,14 @@ def test_fetches_only_as_many_as_free_slots(dsn: str, schema: str, client: Clien
     async def scenario(w: Worker) -> None:
         await eventually(lambda: w.in_flight == 3, what="3 handlers running")
         await asyncio.sleep(0.5)  # room for a wrong producer to over-fetch
-        assert w.m_fetched.total() == 3
+        assert total(w.m_fetched) == 3
         assert (await asyncio.to_thread(client.metrics, "jobs")).leased == 3
         gate.set()
         await eventually(lambda: len(done) == 20)
 
     w = with_worker(app, dsn, schema, scenario, concurrency=3, batch_size=10)
     assert peak == 3
-    assert w.m_fetched.total() == 20
+    assert total(w.m_fetched) == 20
 
 
 def test_never_acks_a_message_whose_handler_runs(dsn: str, schema: str, client: Client) -> None:
@@ -106,8 +107,8 @@ def test_never_acks_a_message_whose_handler_runs(dsn: str, schema: str, client: 
         await eventually(lambda: asyncio.to_thread(lambda: client.peek("jobs") == []))
 
     w = with_worker(app, dsn, schema, scenario, concurrency=2, ack_interval=0.01)
-    assert w.m_lost.total() == 0
-    assert w.m_messages.total(outcome="acked") == 31
+    assert total(w.m_lost) == 0
+    assert total(w.m_messages, outcome="acked") == 31
 
 
 def test_heartbeats_keep_a_long_handler_exclusive(dsn: str, schema: str, client: Client) -> None:
@@ -140,8 +141,8 @@ def test_heartbeats_keep_a_long_handler_exclusive(dsn: str, schema: str, client:
 
     a, b = asyncio.run(main())
     assert runs == [1]
-    assert a.m_lost.total() + b.m_lost.total() == 0
-    assert a.m_messages.total(outcome="acked") + b.m_messages.total(outcome="acked") == 1
+    assert total(a.m_lost) + total(b.m_lost) == 0
+    assert total(a.m_messages, outcome="acked") + total(b.m_messages, outcome="acked") == 1
 
 
 def test_lost_lease_is_detected_and_its_late_ack_changes_nothing(
@@ -171,7 +172,7 @@ def test_lost_lease_is_detected_and_its_late_ack_changes_nothing(
         await eventually(started.is_set)
         await asyncio.to_thread(steal)
         assert len(stolen) == 1 and stolen[0].token == 2
-        await eventually(lambda: w.m_lost.total() == 1, what="the heartbeat noticing the lost lease")
+        await eventually(lambda: total(w.m_lost) == 1, what="the heartbeat noticing the lost lease")
         gate.set()
 
     with_worker(app, dsn, schema, scenario, concurrency=1)
@@ -201,8 +202,8 @@ def test_retries_with_exponential_backoff_then_succeeds(dsn: str, schema: str, c
     assert seen[0][2] is None
     assert "RuntimeError: fail 1" in (seen[1][2] or "")
     assert "Traceback" in (seen[2][2] or "")
-    assert w.m_messages.total(outcome="retried") == 2
-    assert w.m_messages.total(outcome="acked") == 1
+    assert total(w.m_messages, outcome="retried") == 2
+    assert total(w.m_messages, outcome="acked") == 1
     assert client.peek("jobs") == []
 
 
@@ -264,7 +265,7 @@ def test_dead_letter_after_max_attempts_with_traceback(dsn: str, schema: str, cl
     assert dead[0].attempts == 2 and dead[0].payload == {"n": 1}
     assert "Traceback (most recent call last)" in (dead[0].last_error or "")
     assert "ValueError: boom" in (dead[0].last_error or "")
-    assert w.m_messages.total(outcome="dead") == 1
+    assert total(w.m_messages, outcome="dead") == 1
     assert client.peek("jobs") == []
 
 
@@ -297,7 +298,7 @@ def test_handler_max_attempts_and_give_up(dsn: str, schema: str, client: Client)
     assert "RuntimeError: once is enough" in (dead["a"].last_error or "")
     assert "GiveUp: cannot ever work" in (dead["b"].last_error or "")
     assert dead["a"].headers is not None and dead["a"].headers["lonnymq_dead_letter"]["attempts"] == 1
-    assert w.m_messages.total(outcome="dead") == 2
+    assert total(w.m_messages, outcome="dead") == 2
 
 
 def test_unknown_kind_fails_like_an_error(dsn: str, schema: str, client: Client) -> None:
@@ -352,7 +353,7 @@ def test_defer_saves_a_checkpoint_without_spending_attempts(dsn: str, schema: st
     assert seen[1][2] - seen[0][2] >= 0.3 - 0.02
     dead = client.dead_letters("jobs")
     assert "state must be JSON-serialisable" in (dead[0].last_error or "")
-    assert w.m_messages.total(outcome="deferred") == 2
+    assert total(w.m_messages, outcome="deferred") == 2
 
 
 def test_graceful_stop_finishes_in_flight_and_fetches_no_more(dsn: str, schema: str, client: Client) -> None:
@@ -376,8 +377,8 @@ def test_graceful_stop_finishes_in_flight_and_fetches_no_more(dsn: str, schema: 
     assert sorted(finished) == sorted(started) == [0, 1, 2, 3]
     m = client.metrics("jobs")
     assert (m.ready, m.leased) == (6, 0)
-    assert w.m_messages.total(outcome="acked") == 4
-    assert w.m_messages.total(outcome="released") == 0
+    assert total(w.m_messages, outcome="acked") == 4
+    assert total(w.m_messages, outcome="released") == 0
 
 
 def test_hard_phase_cancels_and_releases_leases(dsn: str, schema: str, client: Client) -> None:
@@ -416,7 +417,7 @@ def test_hard_phase_cancels_and_releases_leases(dsn: str, schema: str, client: C
     assert cancelled == ["async"]
     m = client.metrics("jobs")
     assert (m.ready, m.leased) == (2, 0)  # others can take them at once
-    assert w.m_messages.total(outcome="released") == 2
+    assert total(w.m_messages, outcome="released") == 2
     again = client.take("jobs", 2)
     assert sorted(x.attempt for x in again) == [1, 1]  # a release is not a failed attempt
 
@@ -442,7 +443,7 @@ def test_second_stop_request_skips_the_wait(dsn: str, schema: str, client: Clien
         assert monotonic() - t0 < 10
 
     w = with_worker(app, dsn, schema, scenario, shutdown_timeout=60)
-    assert w.m_messages.total(outcome="released") == 1
+    assert total(w.m_messages, outcome="released") == 1
     assert client.metrics("jobs").ready == 1
 
 
@@ -479,7 +480,7 @@ def test_a_failing_side_task_stops_the_worker_loudly(
 
     w = asyncio.run(main())
     assert stopping_seen == [True]  # the running handler could see the shutdown...
-    assert w.m_messages.total(outcome="acked") == 1  # ...and was still finished and settled
+    assert total(w.m_messages, outcome="acked") == 1  # ...and was still finished and settled
     assert client.metrics("jobs").ready + client.metrics("jobs").leased == 0
 
 
@@ -575,4 +576,4 @@ def test_survives_losing_its_database_connections(
     assert set(done) == set(range(300))
     m = client.metrics("jobs")
     assert (m.ready, m.leased, m.scheduled) == (0, 0, 0)
-    assert w.m_lost.total() == 0
+    assert total(w.m_lost) == 0

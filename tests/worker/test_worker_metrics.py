@@ -4,16 +4,23 @@ what the handlers did."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable
 
 import pytest
+from prometheus_client import REGISTRY, generate_latest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from lonnymq import Client
-from lonnymq.worker import App, Backoff, Worker
-from lonnymq.worker.metrics import Registry
+from lonnymq.worker import App, Backoff, Worker, meters
+from lonnymq.worker.meters import total
 from worker_helpers import eventually, with_worker
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -35,7 +42,7 @@ def parse(text: str) -> tuple[Samples, dict[str, str]]:
             continue
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
-            assert kind in ("counter", "gauge", "histogram") and name in helped and name not in types
+            assert kind in ("counter", "gauge", "histogram") and name in helped and name not in types, line
             types[name] = kind
             continue
         match = _SAMPLE.match(line)
@@ -55,30 +62,23 @@ def parse(text: str) -> tuple[Samples, dict[str, str]]:
     return samples, types
 
 
-def test_exposition_format_and_escaping() -> None:
-    r = Registry()
-    c = r.counter("x_total", "A counter.", ["queue"])
-    c.inc(queue='we"ird\\q\nx')
-    c.inc(2, queue="a")
-    h = r.histogram("lat_seconds", "A histogram.", ["queue"], buckets=(0.1, 1.0))
-    for v in (0.05, 0.5, 0.5, 3.0):
-        h.observe(v, queue="a")
-    r.gauge("g", "A gauge.", collect=lambda: [((), 1.5)])
-    text = r.render()
-    samples, types = parse(text)
-    assert types == {"x_total": "counter", "lat_seconds": "histogram", "g": "gauge"}
-    assert samples[("x_total", frozenset({("queue", 'we\\"ird\\\\q\\nx')}))] == 1
-    assert samples[("x_total", frozenset({("queue", "a")}))] == 2
-    buckets = [
-        samples[("lat_seconds_bucket", frozenset({("queue", "a"), ("le", le)}))]
-        for le in ("0.1", "1", "+Inf")
-    ]
-    assert buckets == [1, 3, 4]
-    assert samples[("lat_seconds_count", frozenset({("queue", "a")}))] == 4
-    assert samples[("lat_seconds_sum", frozenset({("queue", "a")}))] == pytest.approx(4.05)
-    assert samples[("g", frozenset())] == 1.5
-    with pytest.raises(ValueError):
-        c.inc(other="x")
+def test_each_worker_has_its_own_registry(dsn: str, schema: str) -> None:
+    app = App()
+    app.register(lambda job: None, "jobs")
+    a, b = Worker(app, dsn, schema=schema), Worker(app, dsn, schema=schema)  # no collision
+    odd = 'we"ird\\k\nx'
+    a.m_messages.labels(queue="jobs", kind=odd, outcome="acked").inc(2)
+    assert total(a.m_messages, outcome="acked") == 2 and total(b.m_messages) == 0
+    assert a.metrics is not b.metrics
+    assert not [m for m in REGISTRY.collect() if m.name.startswith("lonnymq")]  # not the global one
+    samples, types = parse(generate_latest(a.metrics).decode())
+    assert types["lonnymq_worker_messages_total"] == "counter"
+    key = frozenset({("queue", "jobs"), ("kind", 'we\\"ird\\\\k\\nx'), ("outcome", "acked")})
+    assert samples[("lonnymq_worker_messages_total", key)] == 2
+    # Not started: the queue counts are left out, not made up, and the worker is not ready.
+    assert "lonnymq_queue_messages{" not in generate_latest(a.metrics).decode()
+    assert a.meters.readyz() == (False, "the worker is starting")
+    assert a.meters.healthz()[0] is False
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -86,7 +86,7 @@ def _get(url: str) -> tuple[int, str, str]:
         with urllib.request.urlopen(url, timeout=10) as resp:
             return resp.status, resp.headers["Content-Type"], resp.read().decode()
     except urllib.error.HTTPError as e:
-        return e.code, "", ""
+        return e.code, e.headers["Content-Type"] or "", e.read().decode()
 
 
 def test_endpoint_serves_real_values(dsn: str, schema: str, client: Client) -> None:
@@ -114,6 +114,8 @@ def test_endpoint_serves_real_values(dsn: str, schema: str, client: Client) -> N
         scraped["main"] = await asyncio.to_thread(_get, w.metrics_url)
         scraped["db"] = await asyncio.to_thread(client.metrics, "jobs")
         scraped["404"] = await asyncio.to_thread(_get, w.metrics_url.replace("/metrics", "/nope"))
+        scraped["healthz"] = await asyncio.to_thread(_get, w.metrics_url.replace("/metrics", "/healthz"))
+        scraped["readyz"] = await asyncio.to_thread(_get, w.metrics_url.replace("/metrics", "/readyz"))
         scraped["url"] = w.metrics_url
 
     app.configure_queue("jobs", retry=Backoff(base=0))
@@ -149,7 +151,150 @@ def test_endpoint_serves_real_values(dsn: str, schema: str, client: Client) -> N
     )
     assert [v for _, v in les] == sorted(cumulative) and math.isinf(les[-1][0]) and les[-1][1] == 21
     assert scraped["404"][0] == 404  # type: ignore[index]
+    assert scraped["healthz"][0::2] == (200, "ok\n")  # type: ignore[index]
+    assert scraped["readyz"][0::2] == (200, "ok\n")  # type: ignore[index]
+    assert value("lonnymq_worker_ready") == 1
+    assert str(scraped["url"]).startswith("http://127.0.0.1:")  # this host only, by default
     # The endpoint goes away with the worker.
     with pytest.raises(OSError):
         urllib.request.urlopen(str(scraped["url"]), timeout=2)
-    assert w.m_messages.total() == 21
+    assert total(w.m_messages) == 21
+
+
+class Proxy:
+    """A TCP relay to the test database that the test can cut (a network outage: connections
+    dropped, new ones refused) and restore."""
+
+    def __init__(self, dsn: str) -> None:
+        info = conninfo_to_dict(dsn)
+        host, port = str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)
+        self.upstream: tuple[int, object] = (
+            (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}")
+            if host.startswith("/")
+            else (socket.AF_INET, (host, port))
+        )
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.dsn = make_conninfo(dsn, host="127.0.0.1", port=self.listener.getsockname()[1])
+        self.down = False
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down:
+                client.close()
+                continue
+            upstream = socket.socket(self.upstream[0], socket.SOCK_STREAM)
+            upstream.connect(self.upstream[1])
+            self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.down = True
+        for s in self.open:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        self.open.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+@pytest.mark.slow  # the outage lasts until the pool gives up waiting for a connection (30 s)
+def test_readiness_follows_the_database(dsn: str, schema: str, client: Client) -> None:
+    client.create_queue("jobs")
+    proxy = Proxy(dsn)
+    app = App()
+    done: list[object] = []
+
+    @app.handler("jobs")
+    async def work(job):  # type: ignore[no-untyped-def]
+        done.append(job.payload)
+
+    seen: dict[str, object] = {}
+
+    async def probe(path: str) -> tuple[int, str]:
+        status, _, body = await asyncio.to_thread(_get, str(seen["base"]) + path)
+        return status, body
+
+    async def scenario(w: Worker) -> None:
+        assert w.metrics_url is not None
+        seen["base"] = w.metrics_url.removesuffix("/metrics")
+        await eventually(lambda: probe("/readyz"), what="ready")  # any answer
+        assert await probe("/readyz") == (200, "ok\n") and await probe("/healthz") == (200, "ok\n")
+        proxy.cut()
+        await eventually(lambda: _status(probe("/readyz"), 503), 60, "not ready during the outage")
+        status, body = await probe("/readyz")
+        assert body.startswith("database unavailable")
+        assert await probe("/healthz") == (200, "ok\n")  # alive: the worker keeps retrying
+        status, _, text = await asyncio.to_thread(_get, str(w.metrics_url))
+        samples, _ = parse(text)
+        assert status == 200 and samples[("lonnymq_worker_ready", frozenset())] == 0
+        assert not [k for k in samples if k[0] == "lonnymq_queue_depth"]  # left out, not stale
+        proxy.down = False
+        await eventually(lambda: _status(probe("/readyz"), 200), 90, "ready again")
+        await asyncio.to_thread(client.send, "jobs", "after")
+        await eventually(lambda: "after" in done, 30, "processing again")
+
+    try:
+        w = with_worker(app, proxy.dsn, schema, scenario, metrics_port=0, poll_interval=0.2, listen=False)
+    finally:
+        proxy.close()
+    assert w.meters.readyz() == (False, "the worker is stopped")
+
+
+async def _status(call: Awaitable[tuple[int, str]], expected: int) -> bool:
+    return (await call)[0] == expected
+
+
+def test_liveness_notices_a_blocked_event_loop(
+    dsn: str, schema: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(meters, "HEALTH_TIMEOUT", 0.3)
+    client.create_queue("jobs")
+    app = App()
+    done: list[object] = []
+
+    @app.handler("jobs")
+    async def work(job):  # type: ignore[no-untyped-def]
+        time.sleep(1.5)  # blocks the worker's event loop (a bug the probe is there to catch)
+        done.append(job.payload)
+
+    statuses: list[int] = []
+
+    async def scenario(w: Worker) -> None:
+        healthz = str(w.metrics_url).replace("/metrics", "/healthz")
+        stop = threading.Event()
+
+        def poll() -> None:  # from a thread of its own: the test's loop is the blocked one
+            while not stop.is_set():
+                statuses.append(_get(healthz)[0])
+                time.sleep(0.05)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            await asyncio.to_thread(client.send, "jobs", "block")
+            await eventually(lambda: done)
+            await asyncio.sleep(0.5)
+        finally:
+            stop.set()
+            await asyncio.to_thread(poller.join)
+
+    with_worker(app, dsn, schema, scenario, metrics_port=0)
+    assert statuses[0] == 200 and 503 in statuses and statuses[-1] == 200

@@ -14,6 +14,7 @@ from psycopg.conninfo import make_conninfo
 
 from lonnymq import Client, errors
 from lonnymq.worker import App, Backoff, Worker
+from lonnymq.worker.meters import total
 from lonnymq.worker.ops import worker_ops
 from worker_helpers import eventually
 
@@ -68,7 +69,7 @@ def test_worker_runs_as_a_consumer(consumer_dsn: str, schema: str, client: Clien
         return w
 
     w = asyncio.run(main())
-    assert w.m_messages.total(outcome="dead") == 1
+    assert total(w.m_messages, outcome="dead") == 1
     assert "RuntimeError: always" in (client.dead_letters("jobs")[0].last_error or "")
     # Changing schedules is the admin's.
     with Client(consumer_dsn, schema=schema, pool_size=1) as c, pytest.raises(errors.PermissionDenied):

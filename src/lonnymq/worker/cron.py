@@ -54,7 +54,9 @@ class Scheduler:
         backoff: dict[str, float] = {}
         delay = 0.1
         while not ctx.stop_fetch.is_set():
-            wait, delay = await retrying("scheduler", lambda: self.once(backoff), delay, ctx.stop_fetch)
+            wait, delay = await retrying(
+                "scheduler", lambda: self.once(backoff), delay, ctx.stop_fetch, ctx.meters.database
+            )
             if wait is not None:
                 await sleep(wait, ctx.stop_fetch)
 
@@ -78,12 +80,12 @@ class Scheduler:
                         sent = await client.run(ops.cron_fire(row.name, tick))
                     except (errors.QueueNotFound, errors.InvalidArgument, errors.PayloadTooLarge) as e:
                         # A bad schedule must not stop the worker (nor the other schedules).
-                        ctx.meters.cron_errors.inc(schedule=row.name)
+                        ctx.meters.cron_errors.labels(schedule=row.name).inc()
                         log.error("periodic message %s: %s", row.name, e)
                         backoff[row.name] = monotonic() + CRON_RELOAD
                         break
                     if sent is not None:
-                        ctx.meters.cron.inc(schedule=row.name)
+                        ctx.meters.cron.labels(schedule=row.name).inc()
                         log.debug("periodic message %s: tick %d sent as %d", row.name, tick, sent)
             nxt = sched.next_after(now_ms)
             if nxt is not None:

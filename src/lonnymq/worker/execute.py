@@ -85,7 +85,7 @@ class Runner:
         self.ctx.running += 1
         if m.attempt == 1 and m.state is None and m.lease_until is not None:
             taken_at = m.lease_until - q.lease_ms  # the database clock at the take
-            self.ctx.meters.pickup.observe(max(taken_at - m.scheduled_at, 0) / 1000, queue=q.name)
+            self.ctx.meters.pickup.labels(queue=q.name).observe(max(taken_at - m.scheduled_at, 0) / 1000)
         task = asyncio.ensure_future(self._execute(q, held))
         self.jobs.add(task)
         task.add_done_callback(self.jobs.discard)
@@ -117,9 +117,9 @@ class Runner:
         finally:
             held.state = "done"
             ctx.running -= 1
-            ctx.meters.handler.observe(perf_counter() - started, queue=q.name, kind=kind)
+            ctx.meters.handler.labels(queue=q.name, kind=kind).observe(perf_counter() - started)
             if outcome != "acked":  # acks are counted once settled
-                ctx.meters.messages.inc(queue=q.name, kind=kind, outcome=outcome)
+                ctx.meters.messages.labels(queue=q.name, kind=kind, outcome=outcome).inc()
             ctx.wake.set()
             ctx.settle_wake.set()
 

@@ -72,7 +72,11 @@ class Fetcher:
                 if free <= 0 or ctx.stop_fetch.is_set():
                     break
                 ok, delay = await retrying(
-                    f"fetch {q.name}", partial(self.fetch, q, free), delay, ctx.stop_fetch
+                    f"fetch {q.name}",
+                    partial(self.fetch, q, free),
+                    delay,
+                    ctx.stop_fetch,
+                    ctx.meters.database,
                 )
                 if ok is None:
                     q.hint = True
@@ -95,11 +99,11 @@ class Fetcher:
             q.acks[:0] = acks
             raise
         settler.end(q, acks)
-        ctx.meters.fetches.inc(queue=q.name)
+        ctx.meters.fetches.labels(queue=q.name).inc()
         if acks:
             settler.count(q, acks, "acked")
         if messages:
-            ctx.meters.fetched.inc(len(messages), queue=q.name)
+            ctx.meters.fetched.labels(queue=q.name).inc(len(messages))
         for m in messages:
             self.runner.start(q, m)
         if len(messages) == n:

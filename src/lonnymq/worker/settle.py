@@ -93,12 +93,12 @@ class Settler:
 
     def count(self, q: QueueState, items: Iterable[Held], outcome: str) -> None:
         for h in items:
-            self.ctx.meters.messages.inc(queue=q.name, kind=h.message.kind or "", outcome=outcome)
+            self.ctx.meters.messages.labels(queue=q.name, kind=h.message.kind or "", outcome=outcome).inc()
 
     def _lost(self, q: QueueState, items: Iterable[Held], done: set[int] | dict[int, Any]) -> None:
         for h in items:
             if h.message.id not in done:
-                self.ctx.meters.lost.inc(queue=q.name)
+                self.ctx.meters.lost.labels(queue=q.name).inc()
                 log.warning(
                     "%s#%d: lease lost before it was settled (it may run again)", q.name, h.message.id
                 )
@@ -113,7 +113,7 @@ class Settler:
             ctx.settle_wake.clear()
             # Give acknowledgements a moment to batch up (or ride along with the next fetch).
             await sleep(ctx.ack_interval, ctx.stop_side)
-            _, delay = await retrying("settle", self.flush_all, delay, ctx.stop_side)
+            _, delay = await retrying("settle", self.flush_all, delay, ctx.stop_side, ctx.meters.database)
 
     async def flush_all(self) -> None:
         for q in self.ctx.queues.values():

@@ -109,13 +109,23 @@ async def sleep(seconds: float, until: asyncio.Event) -> None:
 
 
 async def retrying(
-    what: str, call: Callable[[], Awaitable[T]], delay: float, until: asyncio.Event
+    what: str,
+    call: Callable[[], Awaitable[T]],
+    delay: float,
+    until: asyncio.Event,
+    report: Callable[[BaseException | None], None] | None = None,
 ) -> tuple[T | None, float]:
     """Run ``call``. On a connection error log it, sleep ``delay`` (less if ``until`` is set)
-    and return None with the next, doubled delay; other errors propagate."""
+    and return None with the next, doubled delay; other errors propagate. ``report`` is told
+    whether the database answered (the readiness probe)."""
     try:
-        return await call(), 0.1
+        result = await call()
     except TRANSIENT as e:
+        if report is not None:
+            report(e)
         log.warning("%s: database unavailable (%s); retrying in %.1fs", what, e, delay)
         await sleep(delay, until)
         return None, min(delay * 2, 5.0)
+    if report is not None:
+        report(None)
+    return result, 0.1
