@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lonnymq.errors import InvalidArgument
-from lonnymq.worker import parse_schedule
+from lonnymq.worker import App, parse_schedule
 
 
 def ms(*args: int) -> int:
@@ -125,3 +126,76 @@ def test_agrees_with_croniter(fields: tuple[str, ...], start: int) -> None:
         got = ours.next_after(t)
         assert got == expected, (expr, base)
         t = expected
+
+
+# -- time zones and daylight-saving changes ---------------------------------------------------
+
+NY = ZoneInfo("America/New_York")  # 2024: springs forward Mar 10 02:00, falls back Nov 3 02:00
+
+
+def local(*args: int, fold: int = 0) -> int:
+    return int(datetime(*args, tzinfo=NY, fold=fold).timestamp() * 1000)  # type: ignore[misc]
+
+
+def iso(ticks: list[int]) -> list[str]:
+    return [datetime.fromtimestamp(t / 1000, NY).isoformat() for t in ticks]
+
+
+def test_spring_forward_a_skipped_time_runs_once_right_after_the_jump() -> None:
+    s = parse_schedule("30 2 * * *", timezone="America/New_York")
+    assert s.text == "CRON_TZ=America/New_York 30 2 * * *"
+    # 02:30 does not exist on Mar 10: the job runs at 03:00 that day, and once.
+    assert iso(s.ticks(local(2024, 3, 9), local(2024, 3, 12))) == [
+        "2024-03-09T02:30:00-05:00",
+        "2024-03-10T03:00:00-04:00",
+        "2024-03-11T02:30:00-04:00",
+    ]
+    assert s.next_after(local(2024, 3, 10, 1, 59)) == local(2024, 3, 10, 3, 0)
+
+
+def test_fall_back_a_repeated_time_runs_once() -> None:
+    s = parse_schedule("CRON_TZ=America/New_York 30 1 * * *")
+    ticks = s.ticks(local(2024, 11, 2), local(2024, 11, 5))
+    # 01:30 happens twice on Nov 3 (EDT, then EST): one tick, the first.
+    assert iso(ticks) == [
+        "2024-11-02T01:30:00-04:00",
+        "2024-11-03T01:30:00-04:00",
+        "2024-11-04T01:30:00-05:00",
+    ]
+    assert s.next_after(ticks[1]) == ticks[2]
+    # A scheduler looking from inside the repeated hour (01:10 EST, after the EDT 01:30 was
+    # sent) must not send it again.
+    assert s.next_after(local(2024, 11, 3, 1, 10, fold=1)) == ticks[2]
+
+
+def test_wildcard_jobs_follow_real_time_across_the_changes() -> None:
+    s = parse_schedule("*/30 * * * *", timezone="America/New_York")
+    for start in (datetime(2024, 11, 3, 4, tzinfo=UTC), datetime(2024, 3, 10, 5, tzinfo=UTC)):
+        t0 = int(start.timestamp() * 1000)
+        ticks = s.ticks(t0, t0 + 4 * 3_600_000)
+        assert [b - a for a, b in zip([t0, *ticks], ticks, strict=False)] == [1_800_000] * 8
+
+
+def test_a_zone_moves_the_ticks_to_its_local_time() -> None:
+    tokyo = parse_schedule("@daily", timezone="Asia/Tokyo")
+    assert tokyo.next_after(ms(2024, 1, 1, 12)) == ms(2024, 1, 1, 15)  # midnight in Tokyo
+    assert parse_schedule("0 0 * * *", timezone="UTC").text == "0 0 * * *"
+    p = App().periodic("report", "30 2 * * *", queue="q", timezone="Europe/Paris")
+    assert p.schedule.text == "CRON_TZ=Europe/Paris 30 2 * * *"
+    assert parse_schedule(p.schedule.text) == p.schedule  # what the scheduler reads back
+
+
+@pytest.mark.parametrize(
+    ("expr", "timezone"),
+    [
+        ("0 0 * * *", "Mars/Olympus_Mons"),
+        ("0 0 * * *", "../etc/passwd"),
+        ("CRON_TZ=Nowhere/Land 0 0 * * *", None),
+        ("@every 1h", "Europe/Paris"),
+        ("CRON_TZ=Europe/Paris 0 0 * * *", "Asia/Tokyo"),
+        ("CRON_TZ=Europe/Paris", None),
+    ],
+)
+def test_bad_time_zones_are_rejected(expr: str, timezone: str | None) -> None:
+    with pytest.raises(InvalidArgument):
+        parse_schedule(expr, timezone)

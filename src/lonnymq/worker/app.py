@@ -261,17 +261,28 @@ class App:
         headers: dict[str, Any] | None = None,
         priority: int = 0,
         misfire_grace: float | timedelta = 60.0,
+        timezone: str | None = None,
     ) -> Periodic:
         """Declare a periodic message: at every tick of ``schedule`` (cron syntax, a macro such as
-        ``@hourly``, or ``@every 30s``; UTC) one message is sent to ``queue`` -- exactly one
-        across all workers. Workers store the declaration in the database when they start."""
+        ``@hourly``, or ``@every 30s``) one message is sent to ``queue`` -- exactly one across
+        all workers. Cron expressions run in ``timezone`` (an IANA name such as
+        ``"Europe/Paris"``; default UTC), across daylight-saving changes like Debian cron (see
+        :mod:`lonnymq.worker.schedule`). Workers store the declaration in the database when they
+        start."""
         check_queue(queue)
         check_text(kind, "kind", 255)
         grace = to_ms(misfire_grace, "misfire_grace")
         if name in self.schedules:
             raise InvalidArgument(f"a periodic message named {name!r} is already declared")
         p = Periodic(
-            name, parse_schedule(schedule), queue, payload, kind, headers, priority, (grace or 0) / 1000
+            name,
+            parse_schedule(schedule, timezone),
+            queue,
+            payload,
+            kind,
+            headers,
+            priority,
+            (grace or 0) / 1000,
         )
         p.encoded()  # fail now, not in the worker, if the payload cannot be encoded
         self.schedules[name] = p

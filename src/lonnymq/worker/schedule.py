@@ -1,15 +1,24 @@
-"""Schedule expressions of periodic messages, evaluated in UTC on epoch milliseconds.
+"""Schedule expressions of periodic messages, evaluated on epoch milliseconds.
 
 Accepted forms:
 
-* five-field cron, ``minute hour day-of-month month day-of-week``: ``*``, ``5``, ``1-5``,
-  ``*/15``, ``10-40/10``, lists ``1,15,30``, month and weekday names (``jan``, ``mon-fri``),
-  weekday 0 or 7 for Sunday. As in Vixie cron, when both day fields are restricted a day matches
-  if either does; a field written ``*...`` counts as unrestricted;
+* five-field cron, ``minute hour day-of-month month day-of-week`` (parsed and evaluated by
+  ``cronsim``): ``*``, ``5``, ``1-5``, ``*/15``, ``10-40/10``, lists ``1,15,30``, month and
+  weekday names (``jan``, ``mon-fri``), weekday 0 or 7 for Sunday, ``L`` (last day of the
+  month), ``5#2`` (second Friday). As in Debian cron, when both day fields are restricted a day
+  matches if either does; a field written ``*...`` counts as unrestricted;
 * macros ``@yearly`` (``@annually``), ``@monthly``, ``@weekly``, ``@daily`` (``@midnight``),
   ``@hourly``;
 * ``@every <duration>`` with units d, h, m, s, e.g. ``@every 30s``, ``@every 1h30m``: ticks are
   the multiples of the period since the Unix epoch, so every worker computes the same ticks.
+
+Cron expressions and macros run in UTC unless prefixed with ``CRON_TZ=<IANA zone>`` (the
+convention of cronie and Go's robfig/cron), e.g. ``CRON_TZ=Europe/Paris 30 2 * * *``, which is
+what ``App.periodic(..., timezone="Europe/Paris")`` stores. Across daylight-saving changes they
+behave like Debian cron: a job at a fixed time that the clock skips (02:30 on a spring-forward
+night) runs once, right after the jump (03:00); one in the hour that happens twice (01:30 on a
+fall-back night) runs once, the first time. Jobs with ``*`` in the minute or hour field run at
+every real instant that matches.
 
 A tick is a point in time (epoch ms); the scheduler sends one message per tick.
 """
@@ -18,7 +27,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
 
 from ..errors import InvalidArgument
 
@@ -33,12 +45,10 @@ _MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
-_DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-#: How far ahead next_after() looks before deciding a cron expression never matches
-#: (covers Feb 29, which can be 8 years away across a non-leap century).
-_HORIZON_YEARS = 9
+_TZ_RE = re.compile(r"^(?:CRON_)?TZ=(\S+) ")
+#: Far beyond any tick: the end of an open window.
+_MAX_MS = 2**53
 
 
 class Schedule:
@@ -74,70 +84,36 @@ class EverySchedule(Schedule):
 
 @dataclass(frozen=True)
 class CronSchedule(Schedule):
-    text: str
-    minutes: frozenset[int]
-    hours: frozenset[int]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]  # 0 = Sunday
-    days_any: bool
-    weekdays_any: bool
+    """A cron expression, evaluated by ``cronsim`` in ``timezone`` (None: UTC)."""
 
-    def _day_matches(self, d: datetime) -> bool:
-        dom = d.day in self.days
-        dow = d.isoweekday() % 7 in self.weekdays
-        if self.days_any or self.weekdays_any:
-            return dom and dow  # the unrestricted one matches every day
-        return dom or dow
+    text: str
+    expr: str
+    timezone: str | None = None
+
+    @property
+    def zone(self) -> tzinfo:
+        return UTC if self.timezone is None else ZoneInfo(self.timezone)
+
+    def _iter(self, t_ms: int) -> CronSim:
+        return CronSim(self.expr, datetime.fromtimestamp(t_ms // 1000, self.zone))
 
     def next_after(self, t_ms: int) -> int | None:
-        d = datetime.fromtimestamp(t_ms // 60_000 * 60, UTC) + timedelta(minutes=1)
-        horizon = d.year + _HORIZON_YEARS
-        while d.year <= horizon:
-            if d.month not in self.months:
-                d = datetime(d.year + d.month // 12, d.month % 12 + 1, 1, tzinfo=UTC)
-            elif not self._day_matches(d):
-                d = (d + timedelta(days=1)).replace(hour=0, minute=0)
-            elif d.hour not in self.hours:
-                d = (d + timedelta(hours=1)).replace(minute=0)
-            elif d.minute not in self.minutes:
-                d += timedelta(minutes=1)
-            else:
-                return int(d.timestamp()) * 1000
-        return None
+        return next(iter(self.ticks(t_ms, _MAX_MS, limit=1, first=True)), None)
 
-
-def _field(text: str, lo: int, hi: int, names: list[str] | None, what: str) -> frozenset[int]:
-    def value(token: str) -> int:
-        if names is not None and token.lower() in names:
-            return names.index(token.lower()) + lo
-        if not token.isdigit():
-            raise InvalidArgument(f"bad {what} value {token!r}")
-        n = int(token)
-        if not lo <= n <= hi:
-            raise InvalidArgument(f"{what} {n} is outside {lo}-{hi}")
-        return n
-
-    out: set[int] = set()
-    for part in text.split(","):
-        base, _, step_text = part.partition("/")
-        step = 1
-        if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
-                raise InvalidArgument(f"bad {what} step in {part!r}")
-            step = int(step_text)
-        if base == "*":
-            start, end = lo, hi
-        elif "-" in base:
-            a, _, b = base.partition("-")
-            start, end = value(a), value(b)
-            if start > end:
-                raise InvalidArgument(f"{what} range {base!r} goes backwards")
-        else:
-            start = value(base)
-            end = hi if step_text else start
-        out.update(range(start, end + 1, step))
-    return frozenset(out)
+    def ticks(self, after_ms: int, until_ms: int, limit: int = 1000, *, first: bool = False) -> list[int]:
+        out: list[int] = []
+        for d in self._iter(after_ms):  # ends when cronsim finds no match within 50 years
+            t = int(d.timestamp()) * 1000
+            if t > until_ms:
+                break
+            # In local time cronsim gives the first of a repeated hour's instants even when
+            # ``after_ms`` is in the second one: a tick at or before it was already due.
+            if t <= after_ms:
+                continue
+            out.append(t)
+            if first:
+                break
+        return out[-limit:]
 
 
 def _duration_ms(text: str) -> int:
@@ -151,42 +127,47 @@ def _duration_ms(text: str) -> int:
     return ((d * 24 + h) * 60 + m) * 60_000 + s * 1000
 
 
-def parse_schedule(text: str) -> Schedule:
-    """Parse a schedule expression (see the module doc); raises InvalidArgument if it is bad or
-    can never fire."""
+def parse_schedule(text: str, timezone: str | None = None) -> Schedule:
+    """Parse a schedule expression (see the module doc), optionally prefixed with
+    ``CRON_TZ=<zone> `` or given ``timezone`` (an IANA name such as ``Europe/Paris``); raises
+    InvalidArgument if it is bad or can never fire."""
     if not isinstance(text, str):
         raise InvalidArgument(f"a schedule must be a string, got {text!r}")
     spec = " ".join(text.split())
+    match = _TZ_RE.match(spec)
+    if match:
+        if timezone is not None and timezone != match.group(1):
+            raise InvalidArgument(f"{text!r} names its time zone; timezone={timezone!r} contradicts it")
+        timezone, spec = match.group(1), spec[match.end() :]
+    if timezone is not None:
+        _zone(timezone)
     if spec.lower().startswith("@every"):
+        if timezone is not None:
+            raise InvalidArgument(f"{text!r}: @every counts from the Unix epoch, a time zone does not apply")
         period = _duration_ms(spec[len("@every") :])
         if period < 1000:
             raise InvalidArgument(f"{text!r}: the period must be at least 1 second")
         return EverySchedule(spec, period)
     expr = _MACROS.get(spec.lower(), spec)
-    fields = expr.split(" ")
-    if len(fields) != 5:
+    if len(expr.split(" ")) != 5 or not expr.strip():
         raise InvalidArgument(
             f"bad schedule {text!r}: expected 5 cron fields (minute hour day month weekday),"
             " a macro like @hourly, or @every <duration>"
         )
+    canonical = spec if timezone is None or timezone == "UTC" else f"CRON_TZ={timezone} {spec}"
+    sched = CronSchedule(canonical, expr, None if timezone == "UTC" else timezone)
     try:
-        minutes = _field(fields[0], 0, 59, None, "minute")
-        hours = _field(fields[1], 0, 23, None, "hour")
-        days = _field(fields[2], 1, 31, None, "day")
-        months = _field(fields[3], 1, 12, _MONTHS, "month")
-        weekdays = frozenset(d % 7 for d in _field(fields[4], 0, 7, _DAYS, "weekday"))
-    except InvalidArgument as e:
+        first = sched._iter(0)
+        next(first)
+    except CronSimError as e:
         raise InvalidArgument(f"bad schedule {text!r}: {e}") from None
-    sched = CronSchedule(
-        spec,
-        minutes,
-        hours,
-        days,
-        months,
-        weekdays,
-        days_any=fields[2].startswith("*"),
-        weekdays_any=fields[4].startswith("*"),
-    )
-    if sched.next_after(0) is None:
-        raise InvalidArgument(f"schedule {text!r} never fires")
+    except StopIteration:
+        raise InvalidArgument(f"schedule {text!r} never fires") from None
     return sched
+
+
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidArgument(f"unknown time zone {name!r}: use an IANA name such as Europe/Paris") from None
