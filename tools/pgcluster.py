@@ -7,6 +7,9 @@ a superuser ``postgres`` and a database ``test``.  Durability is off: it is thro
 
     with temporary_cluster() as cluster:
         print(cluster.dsn)   # postgresql://postgres@127.0.0.1:<port>/test
+
+The fault tests also stop, start and restart a cluster (``Cluster.stop``/``start``/``restart``) and
+give it a streaming standby (:func:`temporary_standby`, promoted with ``Cluster.promote``).
 """
 
 from __future__ import annotations
@@ -107,6 +110,37 @@ class Cluster:
     def admin_dsn(self) -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/postgres"
 
+    def pg_ctl(self, *args: str, timeout: float = 60) -> None:
+        """Run ``pg_ctl -D <datadir> -w <args>`` as the server's OS user."""
+        _run(
+            [
+                str(BINDIR / "pg_ctl"),
+                "-D",
+                str(self.datadir),
+                "-l",
+                str(self.logfile),
+                "-w",
+                "-t",
+                str(int(timeout)),
+                *args,
+            ],
+            f"pg_ctl {' '.join(args)}",
+        )
+
+    def start(self) -> None:
+        self.pg_ctl("start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """``mode``: smart, fast, or immediate (a crash: recovery from WAL at the next start)."""
+        self.pg_ctl("-m", mode, "stop")
+
+    def restart(self, mode: str = "fast") -> None:
+        self.pg_ctl("-m", mode, "restart")
+
+    def promote(self) -> None:
+        """Promote a standby to a primary (it leaves recovery and accepts writes)."""
+        self.pg_ctl("promote")
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
@@ -201,6 +235,61 @@ def temporary_cluster(
             )
         if not keep:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def temporary_standby(primary: Cluster, settings: Mapping[str, str] | None = None) -> Iterator[Cluster]:
+    """A streaming standby of ``primary`` (``pg_basebackup -R``: it follows the primary's WAL),
+    on a port of its own; stopped and deleted on exit. Give the primary
+    ``synchronous_standby_names = '*'`` (and ``synchronous_commit = on``) for synchronous
+    replication: a commit then returns only once the standby has it."""
+    directory = Path(tempfile.mkdtemp(prefix="lonnymq-pg15-standby-"))
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam(OS_USER)
+        os.chown(directory, pw.pw_uid, pw.pw_gid)
+    standby = Cluster(directory=directory, port=free_port())
+    started = False
+    try:
+        _run(
+            [
+                str(BINDIR / "pg_basebackup"),
+                "-D",
+                str(standby.datadir),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(primary.port),
+                "-U",
+                SUPERUSER,
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+            "pg_basebackup",
+        )
+        # The copied postgresql.conf names the primary's port and socket directory: later lines win.
+        conf = {"port": str(standby.port), "unix_socket_directories": f"'{directory}'", **(settings or {})}
+        with (standby.datadir / "postgresql.conf").open("a") as f:
+            f.write("\n# lonnymq tools/pgcluster.py: standby\n")
+            for name, value in conf.items():
+                f.write(f"{name} = {value}\n")
+        standby.start()
+        started = True
+        yield standby
+    except ClusterError as e:
+        raise ClusterError(f"{e}\n--- standby log ---\n{standby.log_tail()}") from None
+    finally:
+        if started:
+            subprocess.run(
+                _as_server_user(
+                    [str(BINDIR / "pg_ctl"), "-D", str(standby.datadir), "-m", "immediate", "-w", "stop"]
+                ),
+                capture_output=True,
+            )
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def main() -> int:

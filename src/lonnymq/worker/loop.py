@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Sequence
 from functools import partial
 from time import monotonic
@@ -18,17 +19,19 @@ from .. import errors
 from ..client.wait import AsyncListener, next_wait
 from .execute import Runner
 from .ops import WORKER_MIGRATION
+from .outage import OUTAGE, Outage
 from .settle import Settler
-from .state import TRANSIENT, Context, QueueState, log, retrying, sleep
+from .state import TRANSIENT, Context, QueueState, sleep
 
 
 class Fetcher:
     """The producer task: takes messages for free slots and hands them to the runner."""
 
-    def __init__(self, ctx: Context, runner: Runner, settler: Settler) -> None:
+    def __init__(self, ctx: Context, runner: Runner, settler: Settler, outage: Outage) -> None:
         self.ctx = ctx
         self.runner = runner
         self.settler = settler
+        self.outage = outage
 
     async def prepare(self, names: Sequence[str], lease_ms: int | None) -> None:
         """Check that the schema has the worker's tables and that the queues exist; read each
@@ -51,7 +54,6 @@ class Fetcher:
         ctx = self.ctx
         queues = list(ctx.queues.values())
         turn = 0
-        delay = 0.1
         while not ctx.stop_fetch.is_set():
             ctx.wake.clear()
             free = ctx.concurrency - ctx.running
@@ -71,14 +73,11 @@ class Fetcher:
                 free = ctx.concurrency - ctx.running
                 if free <= 0 or ctx.stop_fetch.is_set():
                     break
-                ok, delay = await retrying(
-                    f"fetch {q.name}",
-                    partial(self.fetch, q, free),
-                    delay,
-                    ctx.stop_fetch,
-                    ctx.meters.database,
+                # During an outage this waits until the database is back: fetching stops.
+                ok, _ = await self.outage.call(
+                    f"fetch {q.name}", partial(self.fetch, q, free), ctx.stop_fetch
                 )
-                if ok is None:
+                if not ok:
                     q.hint = True
                     break
 
@@ -90,38 +89,39 @@ class Fetcher:
         acks = settler.begin(q.acks)
         q.acks.clear()
         try:
-            messages = await ctx.client.take(
-                q.name, n, lease=q.lease_ms / 1000, ack=[h.message for h in acks]
-            )
+            op = ctx.client.ops.take(q.name, n, lease=q.lease_ms / 1000, ack=[h.message for h in acks])
+            messages = await ctx.client.run(op, retry=False)
         except BaseException:
             for h in acks:
                 h.state = "done"
             q.acks[:0] = acks
             raise
         settler.end(q, acks)
-        ctx.meters.fetches.labels(queue=q.name).inc()
+        ctx.meters.fetches.inc(queue=q.name)
         if acks:
             settler.count(q, acks, "acked")
         if messages:
-            ctx.meters.fetched.labels(queue=q.name).inc(len(messages))
+            ctx.meters.fetched.inc(len(messages), queue=q.name)
         for m in messages:
             self.runner.start(q, m)
         if len(messages) == n:
             q.hint = True
         else:
-            due_ms = await ctx.client.run(ctx.client.ops.next_ready_in(q.name))
+            due_ms = await ctx.client.run(ctx.client.ops.next_ready_in(q.name), retry=False)
             q.wake_at = monotonic() + next_wait(ctx.poll_interval, due_ms)
         return True
 
 
-async def listen(ctx: Context) -> None:
+async def listen(ctx: Context, outage: Outage) -> None:
     """The listener task: a NOTIFY for a served queue wakes the fetch loop for it. A lost
-    connection is re-opened with backoff (the poll covers the gap); on every (re)connect all
-    queues are fetched, since notifications may have been missed."""
+    connection is an outage (see :mod:`.outage`): it is re-opened once the database is back, then
+    with backoff; on every (re)connect all queues are fetched, since notifications may have been
+    missed."""
     conninfo = ctx.client.conninfo
     assert conninfo is not None
     delay = 0.1
     while True:
+        await outage.wait_up(ctx.stop_side)
         try:
             listener = await AsyncListener.connect(conninfo, ctx.client.ops.st.listen)
             try:
@@ -137,7 +137,7 @@ async def listen(ctx: Context) -> None:
                             ctx.wake.set()
             finally:
                 await listener.close()
-        except TRANSIENT as e:
-            log.warning("listener: connection lost (%s); polling until it is back", e)
-            await asyncio.sleep(delay)
+        except (*OUTAGE, *TRANSIENT) as e:
+            outage.lost("listener", e)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, 5.0)

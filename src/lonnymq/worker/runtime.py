@@ -37,7 +37,9 @@ from .execute import Runner
 from .heartbeat import heartbeat
 from .loop import Fetcher, listen
 from .meters import WorkerMeters
+from .metrics import Registry
 from .ops import worker_ops
+from .outage import Outage
 from .settle import Settler
 from .state import APPLICATION_NAME, Context, log, own_client
 
@@ -64,9 +66,7 @@ class Worker:
     ``fetch_cooldown``: seconds the fetcher may wait, when fewer than half a batch of slots are
     free, for more handlers to finish so it fetches for them in the same round trip.
     ``shutdown_timeout``: seconds in-flight handlers get to finish on :meth:`stop`.
-    ``metrics_port``: serve Prometheus metrics on that port (0: any free port) at ``/metrics``,
-    with the probes ``/healthz`` (the event loop answers) and ``/readyz`` (running, and the
-    database answers); ``metrics_host``: the address it binds (default 127.0.0.1: this host only).
+    ``metrics_port``: serve Prometheus metrics on that port (0: any free port).
     ``cron``: run the periodic-message scheduler. ``listen``: wake on NOTIFY.
 
     Use it from asyncio with :meth:`run` (or :meth:`start` / :meth:`stop`); it never installs
@@ -116,9 +116,8 @@ class Worker:
             raise errors.InvalidArgument("the app has no handlers (and no periodic messages)")
         self.queue_names = served
 
-        self.meters = WorkerMeters(self.client, served, lambda: self.ctx.running, concurrency)
-        #: This worker's own prometheus_client CollectorRegistry.
-        self.metrics = self.meters.registry
+        self.metrics = Registry()
+        self.meters = WorkerMeters(self.metrics, self.client, served, lambda: self.ctx.running, concurrency)
         self.ctx = Context(
             app,
             self.client,
@@ -131,9 +130,10 @@ class Worker:
             fetch_cooldown=fetch_cooldown,
         )
         self._stopping = self.ctx.stopping  # what Job.stopping reads, from any thread
-        self._settler = Settler(self.ctx)
+        self._outage = Outage(self.ctx)
+        self._settler = Settler(self.ctx, self._outage)
         self._runner = Runner(self.ctx, self._settler)
-        self._fetcher = Fetcher(self.ctx, self._runner, self._settler)
+        self._fetcher = Fetcher(self.ctx, self._runner, self._settler, self._outage)
         self._scheduler = Scheduler(self.ctx)
         # The metrics under their historical names (tests and dashboards read them).
         m = self.meters
@@ -160,7 +160,6 @@ class Worker:
 
     @property
     def metrics_url(self) -> str | None:
-        """``http://host:port/metrics`` while the endpoint is served, else None."""
         return self.meters.server.url if self.meters.server else None
 
     @property
@@ -177,29 +176,25 @@ class Worker:
         self._started = True
         self._loop = asyncio.get_running_loop()
         ctx = self.ctx
-        # The endpoint is up while the worker starts: /healthz answers, /readyz says "starting".
-        self.meters.start(self.metrics_host, self.metrics_port)
         try:
             await self.client.open()
             await self._fetcher.prepare(self.queue_names, self.lease_ms)
             await self._scheduler.install()
         except BaseException:
-            self.meters.stop()
             if self._owns_client:
                 await self.client.close()
             self._done.set()
             raise
-        self.meters.database(None)
         self._runner.open()
+        self.meters.start(self.metrics_host, self.metrics_port)
         if ctx.queues:
             self._spawn_side("producer", self._fetcher.run())
             self._spawn_side("settler", self._settler.run())
-            self._spawn_side("heartbeat", heartbeat(ctx))
+            self._spawn_side("heartbeat", heartbeat(ctx, self._outage))
             if self.listen and self.client.conninfo is not None:
-                self._spawn_side("listener", listen(ctx))
+                self._spawn_side("listener", listen(ctx, self._outage))
         if self.cron_enabled:
             self._spawn_side("scheduler", self._scheduler.run())
-        self.meters.phase = "running"
         log.info(
             "worker %s started: queues %s, concurrency %d", self.name, self.queue_names, self.concurrency
         )
@@ -253,7 +248,6 @@ class Worker:
     async def _shutdown(self) -> None:
         ctx = self.ctx
         try:
-            self.meters.phase = "stopping"
             log.info("worker %s stopping: %d handler(s) running", self.name, ctx.running)
             ctx.stopping.set()
             ctx.stop_fetch.set()
@@ -275,6 +269,7 @@ class Worker:
                 listener.cancel()
                 await asyncio.wait([listener])
         finally:
+            await self._outage.close()
             self.meters.stop()
             self._runner.close()
             if self._owns_client:

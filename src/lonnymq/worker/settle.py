@@ -14,9 +14,11 @@ import traceback
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
 
+from .. import errors
 from ..client.ops import encode_state, to_ms
 from .app import Defer, Handler, Retry
-from .state import Context, Held, QueueState, key, log, retrying, sleep
+from .outage import Outage
+from .state import Context, Held, QueueState, key, log, sleep
 
 #: Errors stored with a dead or retried message keep at most this many characters (the tail).
 MAX_ERROR = 16_000
@@ -33,8 +35,12 @@ def error_text(exc: BaseException) -> str:
 class Settler:
     """Turns handler outcomes into queued settles, and runs the task that flushes them."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, outage: Outage | None = None) -> None:
         self.ctx = ctx
+        self.outage = outage or Outage(ctx)
+        #: Deliveries whose settle call was cut off by a lost connection after it was sent: it
+        #: may have been applied, so a stale token on the repeat is not news.
+        self.uncertain: set[tuple[int, int]] = set()
 
     # -- outcomes: each queues the settle and returns the outcome's name ----------------------
 
@@ -93,27 +99,40 @@ class Settler:
 
     def count(self, q: QueueState, items: Iterable[Held], outcome: str) -> None:
         for h in items:
-            self.ctx.meters.messages.labels(queue=q.name, kind=h.message.kind or "", outcome=outcome).inc()
+            self.ctx.meters.messages.inc(queue=q.name, kind=h.message.kind or "", outcome=outcome)
 
     def _lost(self, q: QueueState, items: Iterable[Held], done: set[int] | dict[int, Any]) -> None:
         for h in items:
+            if key(h.message) in self.uncertain:
+                self.uncertain.discard(key(h.message))
+                if h.message.id not in done:
+                    log.info(
+                        "%s#%d: not settled again after the outage: the settle cut off by it was"
+                        " applied, or the lease ran out meanwhile (then it may run again)",
+                        q.name,
+                        h.message.id,
+                    )
+                continue
             if h.message.id not in done:
-                self.ctx.meters.lost.labels(queue=q.name).inc()
+                self.ctx.meters.lost.inc(queue=q.name)
                 log.warning(
-                    "%s#%d: lease lost before it was settled (it may run again)", q.name, h.message.id
+                    "%s#%d: lease lost before it was settled, outcome dropped (it may run again)",
+                    q.name,
+                    h.message.id,
                 )
 
     # -- the settler task ---------------------------------------------------------------------
 
     async def run(self) -> None:
         ctx = self.ctx
-        delay = 0.1
         while not ctx.stop_side.is_set():
             await ctx.settle_wake.wait()
             ctx.settle_wake.clear()
             # Give acknowledgements a moment to batch up (or ride along with the next fetch).
             await sleep(ctx.ack_interval, ctx.stop_side)
-            _, delay = await retrying("settle", self.flush_all, delay, ctx.stop_side, ctx.meters.database)
+            ok, _ = await self.outage.call("settle", self.flush_all, ctx.stop_side)
+            if not ok:
+                ctx.settle_wake.set()  # what failed was put back: again once the database is back
 
     async def flush_all(self) -> None:
         for q in self.ctx.queues.values():
@@ -127,7 +146,8 @@ class Settler:
         if q.acks:
             acks = self.begin(q.acks)
             q.acks.clear()
-            await self._settle(q, acks, c.ack([h.message for h in acks]), q.acks, acks, count=True)
+            call = c.run(c.ops.ack([h.message for h in acks]), retry=False)
+            await self._settle(q, acks, call, q.acks, acks, count=True)
         if q.retries:
             retries = list(q.retries)
             q.retries.clear()
@@ -140,7 +160,7 @@ class Settler:
                 None,
                 count_attempt=True,
             )
-            await self._settle(q, batch, c.run(op), q.retries, retries)
+            await self._settle(q, batch, c.run(op, retry=False), q.retries, retries)
         if q.defers:
             defers = list(q.defers)
             q.defers.clear()
@@ -153,13 +173,13 @@ class Settler:
                 [st for _, _, st in defers],
                 count_attempt=False,
             )
-            await self._settle(q, batch, c.run(op), q.defers, defers)
+            await self._settle(q, batch, c.run(op, retry=False), q.defers, defers)
         if q.dead:
             dead = list(q.dead)
             q.dead.clear()
             batch = self.begin([h for h, _ in dead])
             gone = ops.give_up(q.name, [h.message for h in batch], [e for _, e in dead])
-            await self._settle(q, batch, c.run(gone), q.dead, dead)
+            await self._settle(q, batch, c.run(gone, retry=False), q.dead, dead)
 
     async def _settle(
         self,
@@ -173,7 +193,9 @@ class Settler:
     ) -> None:
         try:
             done = await call
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
+                self.uncertain.update(key(h.message) for h in batch)
             for h in batch:
                 h.state = "done"
             buffer[:0] = items
