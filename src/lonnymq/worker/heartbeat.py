@@ -39,7 +39,7 @@ async def heartbeat(ctx: Context, outage: Outage) -> None:
                 # means another consumer has taken the message.
                 if h.message.id not in extended and h.state != "settling" and key(h.message) in q.held:
                     h.lost = True
-                    ctx.meters.lost.inc(queue=q.name)
+                    ctx.meters.lost.labels(queue=q.name).inc()
                     log.warning(
                         "%s#%d: lease lost while its handler runs (it may run twice)", q.name, h.message.id
                     )

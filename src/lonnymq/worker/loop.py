@@ -97,11 +97,11 @@ class Fetcher:
             q.acks[:0] = acks
             raise
         settler.end(q, acks)
-        ctx.meters.fetches.inc(queue=q.name)
+        ctx.meters.fetches.labels(queue=q.name).inc()
         if acks:
             settler.count(q, acks, "acked")
         if messages:
-            ctx.meters.fetched.inc(len(messages), queue=q.name)
+            ctx.meters.fetched.labels(queue=q.name).inc(len(messages))
         for m in messages:
             self.runner.start(q, m)
         if len(messages) == n:

@@ -37,7 +37,6 @@ from .execute import Runner
 from .heartbeat import heartbeat
 from .loop import Fetcher, listen
 from .meters import WorkerMeters
-from .metrics import Registry
 from .ops import worker_ops
 from .outage import Outage
 from .settle import Settler
@@ -66,7 +65,9 @@ class Worker:
     ``fetch_cooldown``: seconds the fetcher may wait, when fewer than half a batch of slots are
     free, for more handlers to finish so it fetches for them in the same round trip.
     ``shutdown_timeout``: seconds in-flight handlers get to finish on :meth:`stop`.
-    ``metrics_port``: serve Prometheus metrics on that port (0: any free port).
+    ``metrics_port``: serve Prometheus metrics on that port (0: any free port) at ``/metrics``,
+    with the probes ``/healthz`` (the event loop answers) and ``/readyz`` (running, and the
+    database answers); ``metrics_host``: the address it binds (default 127.0.0.1: this host only).
     ``cron``: run the periodic-message scheduler. ``listen``: wake on NOTIFY.
 
     Use it from asyncio with :meth:`run` (or :meth:`start` / :meth:`stop`); it never installs
@@ -116,8 +117,9 @@ class Worker:
             raise errors.InvalidArgument("the app has no handlers (and no periodic messages)")
         self.queue_names = served
 
-        self.metrics = Registry()
-        self.meters = WorkerMeters(self.metrics, self.client, served, lambda: self.ctx.running, concurrency)
+        self.meters = WorkerMeters(self.client, served, lambda: self.ctx.running, concurrency)
+        #: This worker's own prometheus_client CollectorRegistry.
+        self.metrics = self.meters.registry
         self.ctx = Context(
             app,
             self.client,
@@ -160,6 +162,7 @@ class Worker:
 
     @property
     def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` while the endpoint is served, else None."""
         return self.meters.server.url if self.meters.server else None
 
     @property
@@ -176,17 +179,20 @@ class Worker:
         self._started = True
         self._loop = asyncio.get_running_loop()
         ctx = self.ctx
+        # The endpoint is up while the worker starts: /healthz answers, /readyz says "starting".
+        self.meters.start(self.metrics_host, self.metrics_port)
         try:
             await self.client.open()
             await self._fetcher.prepare(self.queue_names, self.lease_ms)
             await self._scheduler.install()
         except BaseException:
+            self.meters.stop()
             if self._owns_client:
                 await self.client.close()
             self._done.set()
             raise
+        self.meters.database(None)
         self._runner.open()
-        self.meters.start(self.metrics_host, self.metrics_port)
         if ctx.queues:
             self._spawn_side("producer", self._fetcher.run())
             self._spawn_side("settler", self._settler.run())
@@ -195,6 +201,7 @@ class Worker:
                 self._spawn_side("listener", listen(ctx, self._outage))
         if self.cron_enabled:
             self._spawn_side("scheduler", self._scheduler.run())
+        self.meters.phase = "running"
         log.info(
             "worker %s started: queues %s, concurrency %d", self.name, self.queue_names, self.concurrency
         )
@@ -248,6 +255,7 @@ class Worker:
     async def _shutdown(self) -> None:
         ctx = self.ctx
         try:
+            self.meters.phase = "stopping"
             log.info("worker %s stopping: %d handler(s) running", self.name, ctx.running)
             ctx.stopping.set()
             ctx.stop_fetch.set()

@@ -99,7 +99,7 @@ class Settler:
 
     def count(self, q: QueueState, items: Iterable[Held], outcome: str) -> None:
         for h in items:
-            self.ctx.meters.messages.inc(queue=q.name, kind=h.message.kind or "", outcome=outcome)
+            self.ctx.meters.messages.labels(queue=q.name, kind=h.message.kind or "", outcome=outcome).inc()
 
     def _lost(self, q: QueueState, items: Iterable[Held], done: set[int] | dict[int, Any]) -> None:
         for h in items:
@@ -114,7 +114,7 @@ class Settler:
                     )
                 continue
             if h.message.id not in done:
-                self.ctx.meters.lost.inc(queue=q.name)
+                self.ctx.meters.lost.labels(queue=q.name).inc()
                 log.warning(
                     "%s#%d: lease lost before it was settled, outcome dropped (it may run again)",
                     q.name,
