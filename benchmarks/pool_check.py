@@ -39,7 +39,8 @@ def main() -> None:
         schema = f"bench_{uuid.uuid4().hex[:8]}"
         try:
             clients = {
-                check: Client(dsn, schema=schema, pool_size=1, check_connections=check) for check in (True, False)
+                check: Client(dsn, schema=schema, pool_size=1, check_connections=check)
+                for check in (True, False)
             }
             clients[True].migrate()
             clients[True].create_queue("q")

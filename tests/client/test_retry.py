@@ -107,7 +107,9 @@ def test_dead_pooled_connections_are_replaced_on_checkout(make_client: Any, conn
     assert [m.payload for m in c.peek("q")] == [1, 2]
 
 
-def test_without_the_check_a_dead_connection_fails_the_send(make_client: Any, conn: Any, app_name: str) -> None:
+def test_without_the_check_a_dead_connection_fails_the_send(
+    make_client: Any, conn: Any, app_name: str
+) -> None:
     c = make_client(check_connections=False)
     c.send("q", 1)
     assert kill_backends(conn, app_name) >= 1
