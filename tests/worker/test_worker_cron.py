@@ -181,5 +181,5 @@ def test_cron_cli(dsn: str, schema: str, client: Client, capsys: pytest.CaptureF
     assert main(["cron", "remove", "nightly", *base]) == 1
     capsys.readouterr()
     assert main(["cron", "add", "x", "61 * * * *", "--queue", "reports", *base]) == 2
-    assert "outside 0-59" in capsys.readouterr().err
+    assert "Bad minute (minute 0-59" in capsys.readouterr().err
     assert client.run(worker_ops(schema).cron_list()) == []

@@ -51,12 +51,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="seconds running handlers get to finish on shutdown (default 30)",
     )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics endpoint binds (default 127.0.0.1: this host only; 0.0.0.0: every interface)",
+    )
     p.add_argument("--no-cron", action="store_true", help="do not send periodic messages from this worker")
     p.add_argument(
         "--log-level",
         default=os.environ.get("LONNYMQ_LOG_LEVEL", "INFO"),
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
+    p.add_argument(
+        "--log-format",
+        default=os.environ.get("LONNYMQ_LOG_FORMAT", "text"),
+        choices=["text", "json"],
+        help="json: one JSON object per line, with the traceback of failures (default text)",
     )
     p.set_defaults(func=run)
 
@@ -123,7 +133,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     dsn = _util.resolve(args)
     _util.connect_to(dsn, args).close()  # fail now, in one line, if the server is unreachable
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    if args.log_format == "json":
+        from ..worker.logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level, handlers=[handler])
     worker = Worker(
         app,
         dsn,

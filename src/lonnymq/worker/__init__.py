@@ -14,7 +14,7 @@ messages and Prometheus metrics.
 Not imported by ``import lonnymq``; import ``lonnymq.worker`` to use it.
 """
 
-from .app import App, Backoff, Defer, GiveUp, Handler, Job, Periodic, Retry
+from .app import App, Backoff, Defer, GiveUp, Handler, Job, Middleware, Periodic, Retry
 from .runtime import Worker, WorkerError
 from .schedule import Schedule, parse_schedule
 
@@ -25,6 +25,7 @@ __all__ = [
     "GiveUp",
     "Handler",
     "Job",
+    "Middleware",
     "Periodic",
     "Retry",
     "Schedule",

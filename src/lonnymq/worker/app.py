@@ -10,6 +10,7 @@ import inspect
 import random
 import threading
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -19,9 +20,14 @@ from ..errors import InvalidArgument
 from ..models import Message
 from .schedule import Schedule, parse_schedule
 
-__all__ = ["App", "Backoff", "Defer", "GiveUp", "Handler", "Job", "Periodic", "Retry"]
+__all__ = ["App", "Backoff", "Defer", "GiveUp", "Handler", "Job", "Middleware", "Periodic", "Retry"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Called with the job before each handler call; returns the context manager the call runs in
+#: (see :attr:`App.middleware`).
+Middleware = Callable[["Job"], AbstractContextManager[Any] | AbstractAsyncContextManager[Any]]
+M = TypeVar("M", bound=Middleware)
 
 
 # -- outcomes a handler can ask for -----------------------------------------------------------
@@ -190,12 +196,28 @@ class App:
 
     A message goes to the handler of its (queue, kind); failing that, to its queue's handler
     registered without a kind.
+
+    ``middleware``: callables ``mw(job)`` returning a context manager that each handler call
+    runs in (the first listed outermost): a span, a timer, a logging context, a database
+    session. For a sync handler it is entered in the handler's thread; for an async one in the
+    handler's task, where it may also be an async context manager. It sees the handler's
+    exception (including :class:`Retry`, :class:`Defer` and :class:`GiveUp`) and must let it
+    through (one that suppresses it makes the call a success: the message is acknowledged).
+    Add more with :meth:`use`.
     """
 
     retry: Backoff = field(default_factory=Backoff)
     handlers: dict[tuple[str, str | None], Handler] = field(default_factory=dict)
     queue_retry: dict[str, Backoff] = field(default_factory=dict)
     schedules: dict[str, Periodic] = field(default_factory=dict)
+    middleware: list[Middleware] = field(default_factory=list)
+
+    def use(self, middleware: M) -> M:
+        """Add ``middleware`` (innermost so far); usable as a decorator. See :class:`App`."""
+        if not callable(middleware):
+            raise InvalidArgument(f"middleware must be callable, got {middleware!r}")
+        self.middleware.append(middleware)
+        return middleware
 
     def handler(
         self,

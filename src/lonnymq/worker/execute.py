@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import functools
 import queue as queue_mod
 import threading
 from collections.abc import Callable
@@ -13,7 +15,7 @@ from time import perf_counter
 from typing import Any, TypeVar
 
 from ..models import Message
-from .app import Defer, GiveUp, Handler, Job
+from .app import Defer, GiveUp, Handler, Job, Middleware
 from .settle import Settler
 from .state import Context, Held, QueueState, key, log
 
@@ -127,13 +129,17 @@ class Runner:
         if handler is None:
             raise LookupError(f"no handler for kind {m.kind!r} of queue {m.queue!r}")
         job = Job(m, self.ctx.stopping)
+        middleware = self.ctx.app.middleware
         if handler.is_async:
-            coro = handler.fn(job)
+            coro = _wrapped_async(handler, job, middleware) if middleware else handler.fn(job)
             if handler.timeout is not None:
                 return await asyncio.wait_for(coro, handler.timeout)
             return await coro
         assert self.pool is not None
-        return await asyncio.get_running_loop().run_in_executor(self.pool, handler.fn, job)
+        call: Callable[[Job], Any] = handler.fn
+        if middleware:
+            call = functools.partial(_wrapped_sync, handler, middleware=middleware)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, call, job)
 
     async def wait_running(self, timeout: float, hard: asyncio.Event) -> None:
         """Wait up to ``timeout`` s for the running handlers to finish, less if ``hard`` is set."""
@@ -158,3 +164,26 @@ class Runner:
             for t in pending:
                 t.cancel()
             await asyncio.wait(pending, timeout=5)
+
+
+def _wrapped_sync(handler: Handler, job: Job, middleware: list[Middleware]) -> Any:
+    """A sync handler's call inside the app's middleware, in the handler's thread."""
+    with contextlib.ExitStack() as stack:
+        for mw in middleware:
+            cm = mw(job)
+            if not isinstance(cm, contextlib.AbstractContextManager):
+                raise TypeError(f"middleware {mw!r} returned {cm!r}, not a context manager (sync handler)")
+            stack.enter_context(cm)
+        return handler.fn(job)
+
+
+async def _wrapped_async(handler: Handler, job: Job, middleware: list[Middleware]) -> Any:
+    """An async handler's call inside the app's middleware, in the handler's task."""
+    async with contextlib.AsyncExitStack() as stack:
+        for mw in middleware:
+            cm = mw(job)
+            if isinstance(cm, contextlib.AbstractAsyncContextManager):
+                await stack.enter_async_context(cm)
+            else:
+                stack.enter_context(cm)
+        return await handler.fn(job)

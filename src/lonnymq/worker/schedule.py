@@ -46,6 +46,7 @@ _MACROS = {
     "@hourly": "0 * * * *",
 }
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_FIELDS = "minute 0-59, hour 0-23, day 1-31, month 1-12 or jan-dec, weekday 0-7 or sun-sat"
 _TZ_RE = re.compile(r"^(?:CRON_)?TZ=(\S+) ")
 #: Far beyond any tick: the end of an open window.
 _MAX_MS = 2**53
@@ -160,7 +161,7 @@ def parse_schedule(text: str, timezone: str | None = None) -> Schedule:
         first = sched._iter(0)
         next(first)
     except CronSimError as e:
-        raise InvalidArgument(f"bad schedule {text!r}: {e}") from None
+        raise InvalidArgument(f"bad schedule {text!r}: {e} ({_FIELDS})") from None
     except StopIteration:
         raise InvalidArgument(f"schedule {text!r} never fires") from None
     return sched

@@ -80,8 +80,19 @@ class Settler:
                 delay_ms = round(self.ctx.app.backoff(handler, q.name).delay(m.attempt) * 1000)
             q.retries.append((held, delay_ms, error_text(e)))
             outcome = "retried"
-        logf = log.info if isinstance(e, Retry) else log.warning
-        logf("%s#%d (%s) attempt %d failed (%s): %r", q.name, m.id, m.kind or "-", m.attempt, outcome, e)
+        # Retry is the handler asking for it: one line. Anything else is a failure worth its
+        # traceback (the same text is stored with the message).
+        asked = isinstance(e, Retry)
+        (log.info if asked else log.warning)(
+            "%s#%d (%s) attempt %d failed (%s): %r",
+            q.name,
+            m.id,
+            m.kind or "-",
+            m.attempt,
+            outcome,
+            e,
+            exc_info=None if asked else e,
+        )
         return outcome
 
     # -- bookkeeping of settle calls ----------------------------------------------------------
