@@ -8,10 +8,20 @@ imported here.
 from . import errors
 from .client import AsyncClient, Client
 from .migrations import DEFAULT_SCHEMA
-from .models import ChannelInfo, DeadMessage, Envelope, Message, QueueInfo, QueueMetrics, SendResult
+from .models import (
+    ArchivedMessage,
+    ChannelInfo,
+    DeadMessage,
+    Envelope,
+    Message,
+    QueueInfo,
+    QueueMetrics,
+    SendResult,
+)
 
 __all__ = [
     "DEFAULT_SCHEMA",
+    "ArchivedMessage",
     "AsyncClient",
     "ChannelInfo",
     "Client",

@@ -13,6 +13,10 @@ from .serializer import Serializer
 Outcome = Literal["created", "updated", "ignored", "dropped"]
 OnConflict = Literal["ignore", "replace", "error"]
 OnFull = Literal["reject", "drop"]
+#: Where a live message is: deliverable now (expired leases included), due later, or leased.
+MessageStatus = Literal["ready", "scheduled", "leased"]
+#: How a message left the queue into the archive.
+ArchiveStatus = Literal["acked", "dead", "cancelled"]
 
 TEXT = "text/plain; charset=utf-8"
 
@@ -58,6 +62,8 @@ class Message:
     body: bytes = field(repr=False)
     #: The serializer of the client that received it (decodes ``payload``).
     serializer: Serializer | None = field(default=None, repr=False, compare=False)
+    #: The message's status when read by ``get`` (ready, scheduled or leased); else None.
+    status: MessageStatus | None = None
 
     @property
     def payload(self) -> Any:
@@ -106,8 +112,12 @@ class QueueInfo:
 
 @dataclass(frozen=True, slots=True)
 class QueueMetrics:
-    """Message counts by state. Each count is exact up to the cap the call was made with
-    (default 100,000) and equals the cap when there are at least that many."""
+    """The state of a queue, read on one snapshot. Counts are exact; when the call was made
+    with a ``cap``, a count stops at the cap and its ``*_at_least`` flag is then True.
+    ``total_sent``: messages ever sent to the queue (sends, dead letters moved in, requeued
+    dead messages). ``oldest_age_ms``/``newest_age_ms``: age of the first and last live
+    message (None when empty); ``oldest_ready_age_ms``: how overdue the most overdue ready
+    message is; ``next_scheduled_at``: epoch ms when the next scheduled one comes due."""
 
     queue: str
     ready: int
@@ -116,6 +126,13 @@ class QueueMetrics:
     dead: int
     oldest_ready_age_ms: int | None
     next_scheduled_at: int | None
+    total_sent: int = 0
+    oldest_age_ms: int | None = None
+    newest_age_ms: int | None = None
+    ready_at_least: bool = False
+    scheduled_at_least: bool = False
+    leased_at_least: bool = False
+    dead_at_least: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +145,35 @@ class DeadMessage:
     last_error: str | None
     headers: dict[str, Any] | None
     content_type: str | None
+    body: bytes = field(repr=False)
+    serializer: Serializer | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def payload(self) -> Any:
+        return decode_payload(self.body, self.content_type, self.serializer)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedMessage:
+    """A message kept in the archive: ``status`` says how it left the queue (``acked``,
+    ``dead`` or ``cancelled``). Times are epoch milliseconds."""
+
+    queue: str
+    id: int
+    status: ArchiveStatus
+    archived_at: int
+    scheduled_at: int
+    enqueued_at: int
+    attempts: int
+    deliveries: int
+    priority: int
+    key: str | None
+    channel: str | None
+    kind: str | None
+    content_type: str | None
+    headers: dict[str, Any] | None
+    state: Any
+    last_error: str | None
     body: bytes = field(repr=False)
     serializer: Serializer | None = field(default=None, repr=False, compare=False)
 

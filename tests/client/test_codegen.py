@@ -153,9 +153,10 @@ def test_async_client(dsn: str, schema: str) -> None:
             [m3, m2b] = await c.take("q", 5, ack=[m1])
             assert (m3.payload, m2b.payload, m2b.attempt, m2b.last_error) == ("3", b"2", 2, "again")
             assert await c.ack([m3, m2b]) == {m3.id, m2b.id}
+            assert await c.ack(m3) == {m3.id}  # a repeated ack succeeds (idempotent)
             try:
-                await c.ack(m3)
-                raise AssertionError("a second ack must raise LeaseLost")
+                await c.nack(m3)
+                raise AssertionError("a nack after the ack must raise LeaseLost")
             except errors.LeaseLost:
                 pass
             assert (await c.metrics("q")).ready == 0

@@ -259,6 +259,13 @@ def test_metrics_by_state(client: Client, db: Sql) -> None:
         "dead": 1,
         "oldest_ready_age_ms": 10_000,
         "next_scheduled_at": t + 60_000,
+        "total_sent": 7,
+        "oldest_age_ms": 10_000,
+        "newest_age_ms": 0,
+        "ready_at_least": False,
+        "scheduled_at_least": False,
+        "leased_at_least": False,
+        "dead_at_least": False,
     }
     # Once the lease of m3 expires it is ready again; at t + 60000 s1 is ready too.
     [row] = db.call("queue_metrics", p_name="q", p_now=t + 60_000)

@@ -26,7 +26,18 @@ from .. import __version__, errors
 
 # Modules providing subcommands. The benchmarks (benchmarks/) and the Spark reference pipeline
 # (examples/spark_pipeline/) are not part of the package: they are run from a checkout.
-_COMMANDS = ["migrate", "queue", "messages", "dlq", "server", "demo", "worker", "completion"]
+_COMMANDS = [
+    "migrate",
+    "queue",
+    "messages",
+    "msg",
+    "archive",
+    "dlq",
+    "server",
+    "demo",
+    "worker",
+    "completion",
+]
 
 
 class UsageError(Exception):

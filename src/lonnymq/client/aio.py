@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 import psycopg
 from psycopg import AsyncConnection
@@ -30,6 +30,8 @@ from ..migrations import (
     upgrade,
 )
 from ..models import (
+    ArchivedMessage,
+    ArchiveStatus,
     ChannelInfo,
     DeadMessage,
     Envelope,
@@ -327,9 +329,12 @@ class AsyncClient:
         return await self.run(self.ops.queue_list(), conn)
 
     async def metrics(
-        self, queue: str, *, cap: int = 100_000, conn: AsyncConnection[Any] | None = None
+        self, queue: str, *, cap: int | None = None, conn: AsyncConnection[Any] | None = None
     ) -> QueueMetrics:
-        """Counts of ready, scheduled, leased and dead messages, exact up to ``cap`` each."""
+        """Exact counts of ready, scheduled, leased and dead messages, total sent, ages of the
+        oldest and newest live message, all on one snapshot. ``cap``: stop each count at this
+        many rows (cheap on huge queues); a count that reached it has its ``*_at_least`` flag
+        set."""
         return await self.run(self.ops.queue_metrics(queue, cap=cap), conn)
 
     # -- channels --------------------------------------------------------------------------
@@ -521,7 +526,9 @@ class AsyncClient:
     ) -> set[int]:
         """Acknowledge deliveries: delete them (or archive them, per queue or ``archive``).
         Returns the ids acknowledged; a delivery whose token is stale is left untouched. For a
-        single message, a stale token raises LeaseLost."""
+        single message, a stale token raises LeaseLost. Idempotent: acking a delivery that this
+        same delivery already acked (a retry after a lost reply, within an hour) succeeds and
+        changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         return settled(messages, await self.run(self.ops.ack(batch, archive=archive), conn))
 
@@ -536,7 +543,8 @@ class AsyncClient:
     ) -> dict[int, str]:
         """Report failed deliveries: each is retried after ``delay`` seconds, or dead-lettered
         if it was its last attempt. Returns {id: "retry" | "dead"}; stale tokens are left out
-        (for a single message: LeaseLost)."""
+        (for a single message: LeaseLost). A repeat by the delivery that already gave the
+        message back reports the same outcome and changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         op = self.ops.nack(batch, delay=delay, error=error, state=state)
         return settled(messages, await self.run(op, conn))
@@ -576,10 +584,104 @@ class AsyncClient:
     # -- dead letters and housekeeping -----------------------------------------------------
 
     async def dead_letters(
-        self, queue: str, n: int = 100, *, after_id: int = 0, conn: AsyncConnection[Any] | None = None
+        self,
+        queue: str,
+        n: int = 100,
+        *,
+        after_id: int | None = 0,
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
+        conn: AsyncConnection[Any] | None = None,
     ) -> list[DeadMessage]:
-        """Dead messages of ``queue`` kept in the archive, by id."""
-        return await self.run(self.ops.dead_list(queue, n, after_id=after_id), conn)
+        """Up to ``n`` dead messages of ``queue`` kept in the archive, by id: those after
+        ``after_id`` (pass the last id of a page to get the next), dead-lettered in
+        [``since``, ``until``) when given (aware datetimes or epoch ms)."""
+        op = self.ops.dead_list(queue, n, after_id=after_id, since=since, until=until)
+        return await self.run(op, conn)
+
+    # -- one message -----------------------------------------------------------------------
+
+    async def get(
+        self,
+        queue: str,
+        *,
+        id: int | None = None,
+        key: str | None = None,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> Message | None:
+        """The live message of ``queue`` with this ``id`` or ``key`` (give one), without taking
+        it; its ``status`` is ``ready``, ``scheduled`` or ``leased``. None when no live message
+        matches (settled, cancelled, dead-lettered or unknown). The result is a snapshot, not a
+        delivery: do not settle it."""
+        return await self.run(self.ops.message_get(queue, id=id, key=key), conn)
+
+    @overload
+    async def cancel(
+        self,
+        queue: str,
+        *,
+        id: int | None = None,
+        key: str | None = None,
+        archive: bool = False,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> bool: ...
+
+    @overload
+    async def cancel(
+        self,
+        queue: str,
+        *,
+        ids: Sequence[int],
+        archive: bool = False,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> list[int]: ...
+
+    async def cancel(
+        self,
+        queue: str,
+        *,
+        id: int | None = None,
+        key: str | None = None,
+        ids: Sequence[int] | None = None,
+        archive: bool = False,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> bool | list[int]:
+        """Remove live messages (ready, scheduled or leased) without holding their lease:
+        one by ``id`` or ``key`` (returns whether it was live), or many by ``ids`` (returns the
+        ids removed, in id order). ``archive``: keep them in the archive as ``cancelled``. A
+        leased message is removed from under its holder, whose later ack/nack/extend raises
+        LeaseLost; it never comes back."""
+        if ids is not None:
+            if id is not None or key is not None:
+                raise errors.InvalidArgument("give ids, or one id or key, not both")
+            return await self.run(self.ops.message_cancel(queue, ids=ids, archive=archive), conn)
+        if (id is None) == (key is None):
+            raise errors.InvalidArgument("give exactly one of id, key and ids")
+        op = self.ops.message_cancel(
+            queue, ids=() if id is None else [id], keys=() if key is None else [key], archive=archive
+        )
+        removed = await self.run(op, conn)
+        return bool(removed)
+
+    async def archived(
+        self,
+        queue: str,
+        *,
+        after_id: int | None = None,
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
+        limit: int = 100,
+        status: ArchiveStatus | None = None,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> list[ArchivedMessage]:
+        """Up to ``limit`` archived messages of ``queue`` (acked with archiving on, dead,
+        cancelled with ``archive=True``; or only ``status``), by id: those after ``after_id``
+        (pass the last id of a page to get the next), archived in [``since``, ``until``) when
+        given (aware datetimes or epoch ms). Acked ones are kept for the queue's retention."""
+        op = self.ops.archive_list(
+            queue, after_id=after_id, since=since, until=until, limit=limit, status=status
+        )
+        return await self.run(op, conn)
 
     async def requeue_dead(
         self, queue: str, ids: Sequence[int] | None = None, *, conn: AsyncConnection[Any] | None = None

@@ -23,6 +23,8 @@ from psycopg.types.json import Jsonb
 from .. import errors
 from ..models import (
     TEXT,
+    ArchivedMessage,
+    ArchiveStatus,
     ChannelInfo,
     DeadMessage,
     Envelope,
@@ -292,7 +294,9 @@ class Statements:
         )
         self.extend = q("SELECT * FROM {s}.extend(%s::text, %b::bigint[], %b::int[], %s::bigint)")
         self.next_ready_in = q("SELECT {s}.next_ready_in(%s::text)")
-        self.dead_list = q("SELECT * FROM {s}.dead_list(%s::text, %s::int, %s::bigint)")
+        self.dead_list = q(
+            "SELECT * FROM {s}.dead_list(%s::text, %s::int, %s::bigint, %s::bigint, %s::bigint)"
+        )
         self.dead_requeue = q("SELECT {s}.dead_requeue(%s::text, %b::bigint[])")
         self.dead_purge = q("SELECT {s}.dead_purge(%s::text)")
         self.maintain = q("SELECT {s}.maintain(%s::int)")
@@ -301,6 +305,13 @@ class Statements:
         )
         self.channel_reset = q("SELECT {s}.channel_reset(%s::text, %s::text)")
         self.channel_list = q("SELECT * FROM {s}.channel_list(%s::text, %s::int, %s::text)")
+        self.message_get = q("SELECT * FROM {s}.message_get(%s::text, %s::bigint, %s::text)")
+        self.message_cancel = q(
+            "SELECT * FROM {s}.message_cancel(%s::text, %b::bigint[], %b::text[], %s::bool)"
+        )
+        self.archive_list = q(
+            "SELECT * FROM {s}.archive_list(%s::text, %s::bigint, %s::bigint, %s::bigint, %s::int, %s::text)"
+        )
         self.listen = q("LISTEN {s}")
 
 
@@ -368,6 +379,47 @@ def _dead_messages(serializer: Serializer | None) -> Callable[[list[Any]], list[
         )
         for r in rows
     ]
+
+
+def _got_message(queue: str, serializer: Serializer | None) -> Callable[[list[Any]], Message | None]:
+    """message_get's row (or none) as a Message with its status."""
+
+    def decode(rows: list[Any]) -> Message | None:
+        if not rows:
+            return None
+        r = rows[0]
+        return Message(
+            queue=queue,
+            id=r.id,
+            token=r.token,
+            attempt=r.attempt,
+            lease_until=r.lease_until,
+            scheduled_at=r.scheduled_at,
+            enqueued_at=r.enqueued_at,
+            priority=r.priority,
+            key=r.key,
+            channel=r.channel,
+            kind=r.kind,
+            content_type=r.content_type,
+            headers=r.headers,
+            state=r.state,
+            last_error=r.last_error,
+            body=bytes(r.payload),
+            serializer=serializer,
+            status=r.status,
+        )
+
+    return decode
+
+
+def _archived(queue: str, serializer: Serializer | None) -> Callable[[list[Any]], list[ArchivedMessage]]:
+    def decode(rows: list[Any]) -> list[ArchivedMessage]:
+        return [
+            _record(ArchivedMessage, r, queue=queue, body=bytes(r.payload), serializer=serializer)
+            for r in rows
+        ]
+
+    return decode
 
 
 def _record(cls: Callable[..., T], row: Any, **given: Any) -> T:
@@ -450,8 +502,9 @@ class Ops:
             self.st.queue_list, (), lambda rows: [_record(QueueInfo, r) for r in rows], safe_to_retry=True
         )
 
-    def queue_metrics(self, name: str, *, cap: int = 100_000) -> Op[QueueMetrics]:
-        check_limit(cap)
+    def queue_metrics(self, name: str, *, cap: int | None = None) -> Op[QueueMetrics]:
+        if cap is not None:
+            check_limit(cap)
         return Op(
             self.st.queue_metrics,
             (check_queue(name), cap),
@@ -587,14 +640,69 @@ class Ops:
     def next_ready_in(self, queue: str) -> Op[int | None]:
         return Op(self.st.next_ready_in, (check_queue(queue),), _scalar, safe_to_retry=True)
 
-    def dead_list(self, queue: str, n: int = 100, *, after_id: int = 0) -> Op[list[DeadMessage]]:
+    def dead_list(
+        self,
+        queue: str,
+        n: int = 100,
+        *,
+        after_id: int | None = 0,
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
+    ) -> Op[list[DeadMessage]]:
         check_queue(queue)
         check_limit(n)
-        if not isinstance(after_id, int) or isinstance(after_id, bool) or not -(2**63) <= after_id < 2**63:
-            raise errors.InvalidArgument(f"after_id must be a message id, got {after_id!r}")
-        return Op(
-            self.st.dead_list, (queue, n, after_id), _dead_messages(self.serializer), safe_to_retry=True
+        params = (queue, n, _check_after_id(after_id), _time(since, "since"), _time(until, "until"))
+        return Op(self.st.dead_list, params, _dead_messages(self.serializer), safe_to_retry=True)
+
+    def message_get(self, queue: str, *, id: int | None = None, key: str | None = None) -> Op[Message | None]:
+        check_queue(queue)
+        if (id is None) == (key is None):
+            raise errors.InvalidArgument("give exactly one of id and key")
+        params = (queue, None if id is None else _check_id(id, "id"), check_text(key, "key", _KEY_MAX))
+        return Op(self.st.message_get, params, _got_message(queue, self.serializer), safe_to_retry=True)
+
+    def message_cancel(
+        self,
+        queue: str,
+        *,
+        ids: Sequence[int] = (),
+        keys: Sequence[str] = (),
+        archive: bool = False,
+    ) -> Op[list[int]]:
+        check_queue(queue)
+        if isinstance(ids, (int, str)) or isinstance(keys, str):
+            raise errors.InvalidArgument("ids and keys must be lists")
+        id_list = [_check_id(i, "ids") for i in ids]
+        key_list = [check_text(k, "key", _KEY_MAX) for k in keys]
+        if not isinstance(archive, bool):
+            raise errors.InvalidArgument(f"archive must be a bool, got {archive!r}")
+        params = (queue, id_list or None, key_list or None, archive)
+        # Cancelling twice removes nothing more: safe to repeat.
+        return Op(self.st.message_cancel, params, lambda rows: [r[0] for r in rows], safe_to_retry=True)
+
+    def archive_list(
+        self,
+        queue: str,
+        *,
+        after_id: int | None = None,
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
+        limit: int = 100,
+        status: ArchiveStatus | None = None,
+    ) -> Op[list[ArchivedMessage]]:
+        check_queue(queue)
+        check_limit(limit)
+        if status is not None and status not in ("acked", "dead", "cancelled"):
+            raise errors.InvalidArgument(f"status must be acked, dead or cancelled, got {status!r}")
+        params = (
+            queue,
+            _check_after_id(after_id),
+            _time(since, "since"),
+            _time(until, "until"),
+            limit,
+            status,
         )
+        return Op(self.st.archive_list, params, _archived(queue, self.serializer), safe_to_retry=True)
 
     def dead_requeue(self, queue: str, ids: Sequence[int] | None = None) -> Op[int]:
         check_queue(queue)
@@ -655,9 +763,32 @@ def settled(messages: Message | Sequence[Message], result: R) -> R:
     if isinstance(messages, Message) and messages.id not in result:
         raise errors.LeaseLost(
             f"message {messages.id} of queue {messages.queue!r}: token {messages.token} is stale"
-            " (its lease expired and it was taken again, or it was already settled)"
+            " (its lease expired and it was taken again, it was updated or cancelled, or this"
+            " delivery already settled it otherwise)"
         )
     return result
+
+
+def _check_id(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**63:
+        raise errors.InvalidArgument(f"{what} must be message ids (positive integers), got {value!r}")
+    return value
+
+
+def _check_after_id(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not -(2**63) <= value < 2**63:
+        raise errors.InvalidArgument(f"after_id must be a message id, got {value!r}")
+    return value
+
+
+def _time(value: object, what: str) -> int | None:
+    """An aware datetime or epoch milliseconds (a bound of a time window)."""
+    try:
+        return at_ms(value)
+    except errors.InvalidArgument as e:
+        raise errors.InvalidArgument(str(e).replace("at ", f"{what} ", 1)) from None
 
 
 def _one_queue(messages: Sequence[Message]) -> str:

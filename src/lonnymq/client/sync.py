@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 import psycopg
 from psycopg import Connection
@@ -33,6 +33,8 @@ from ..migrations import (
     upgrade,
 )
 from ..models import (
+    ArchivedMessage,
+    ArchiveStatus,
     ChannelInfo,
     DeadMessage,
     Envelope,
@@ -310,8 +312,13 @@ class Client:
     def list_queues(self, *, conn: Connection[Any] | None = None) -> list[QueueInfo]:
         return self.run(self.ops.queue_list(), conn)
 
-    def metrics(self, queue: str, *, cap: int = 100000, conn: Connection[Any] | None = None) -> QueueMetrics:
-        """Counts of ready, scheduled, leased and dead messages, exact up to ``cap`` each."""
+    def metrics(
+        self, queue: str, *, cap: int | None = None, conn: Connection[Any] | None = None
+    ) -> QueueMetrics:
+        """Exact counts of ready, scheduled, leased and dead messages, total sent, ages of the
+        oldest and newest live message, all on one snapshot. ``cap``: stop each count at this
+        many rows (cheap on huge queues); a count that reached it has its ``*_at_least`` flag
+        set."""
         return self.run(self.ops.queue_metrics(queue, cap=cap), conn)
 
     def set_channel(
@@ -482,7 +489,9 @@ class Client:
     ) -> set[int]:
         """Acknowledge deliveries: delete them (or archive them, per queue or ``archive``).
         Returns the ids acknowledged; a delivery whose token is stale is left untouched. For a
-        single message, a stale token raises LeaseLost."""
+        single message, a stale token raises LeaseLost. Idempotent: acking a delivery that this
+        same delivery already acked (a retry after a lost reply, within an hour) succeeds and
+        changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         return settled(messages, self.run(self.ops.ack(batch, archive=archive), conn))
 
@@ -497,7 +506,8 @@ class Client:
     ) -> dict[int, str]:
         """Report failed deliveries: each is retried after ``delay`` seconds, or dead-lettered
         if it was its last attempt. Returns {id: "retry" | "dead"}; stale tokens are left out
-        (for a single message: LeaseLost)."""
+        (for a single message: LeaseLost). A repeat by the delivery that already gave the
+        message back reports the same outcome and changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         op = self.ops.nack(batch, delay=delay, error=error, state=state)
         return settled(messages, self.run(op, conn))
@@ -535,10 +545,97 @@ class Client:
         return settled(messages, self.run(self.ops.extend(batch, lease=lease), conn))
 
     def dead_letters(
-        self, queue: str, n: int = 100, *, after_id: int = 0, conn: Connection[Any] | None = None
+        self,
+        queue: str,
+        n: int = 100,
+        *,
+        after_id: int | None = 0,
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
+        conn: Connection[Any] | None = None,
     ) -> list[DeadMessage]:
-        """Dead messages of ``queue`` kept in the archive, by id."""
-        return self.run(self.ops.dead_list(queue, n, after_id=after_id), conn)
+        """Up to ``n`` dead messages of ``queue`` kept in the archive, by id: those after
+        ``after_id`` (pass the last id of a page to get the next), dead-lettered in
+        [``since``, ``until``) when given (aware datetimes or epoch ms)."""
+        op = self.ops.dead_list(queue, n, after_id=after_id, since=since, until=until)
+        return self.run(op, conn)
+
+    def get(
+        self,
+        queue: str,
+        *,
+        id: int | None = None,
+        key: str | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> Message | None:
+        """The live message of ``queue`` with this ``id`` or ``key`` (give one), without taking
+        it; its ``status`` is ``ready``, ``scheduled`` or ``leased``. None when no live message
+        matches (settled, cancelled, dead-lettered or unknown). The result is a snapshot, not a
+        delivery: do not settle it."""
+        return self.run(self.ops.message_get(queue, id=id, key=key), conn)
+
+    @overload
+    def cancel(
+        self,
+        queue: str,
+        *,
+        id: int | None = None,
+        key: str | None = None,
+        archive: bool = False,
+        conn: Connection[Any] | None = None,
+    ) -> bool: ...
+
+    @overload
+    def cancel(
+        self, queue: str, *, ids: Sequence[int], archive: bool = False, conn: Connection[Any] | None = None
+    ) -> list[int]: ...
+
+    def cancel(
+        self,
+        queue: str,
+        *,
+        id: int | None = None,
+        key: str | None = None,
+        ids: Sequence[int] | None = None,
+        archive: bool = False,
+        conn: Connection[Any] | None = None,
+    ) -> bool | list[int]:
+        """Remove live messages (ready, scheduled or leased) without holding their lease:
+        one by ``id`` or ``key`` (returns whether it was live), or many by ``ids`` (returns the
+        ids removed, in id order). ``archive``: keep them in the archive as ``cancelled``. A
+        leased message is removed from under its holder, whose later ack/nack/extend raises
+        LeaseLost; it never comes back."""
+        if ids is not None:
+            if id is not None or key is not None:
+                raise errors.InvalidArgument("give ids, or one id or key, not both")
+            return self.run(self.ops.message_cancel(queue, ids=ids, archive=archive), conn)
+        if (id is None) == (key is None):
+            raise errors.InvalidArgument("give exactly one of id, key and ids")
+        op = self.ops.message_cancel(
+            queue, ids=() if id is None else [id], keys=() if key is None else [key], archive=archive
+        )
+        removed = self.run(op, conn)
+        return bool(removed)
+
+    def archived(
+        self,
+        queue: str,
+        *,
+        after_id: int | None = None,
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
+        limit: int = 100,
+        status: ArchiveStatus | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> list[ArchivedMessage]:
+        """Up to ``limit`` archived messages of ``queue`` (acked with archiving on, dead,
+        cancelled with ``archive=True``; or only ``status``), by id: those after ``after_id``
+        (pass the last id of a page to get the next), archived in [``since``, ``until``) when
+        given (aware datetimes or epoch ms). Acked ones are kept for the queue's retention."""
+        op = self.ops.archive_list(
+            queue, after_id=after_id, since=since, until=until, limit=limit, status=status
+        )
+        return self.run(op, conn)
 
     def requeue_dead(
         self, queue: str, ids: Sequence[int] | None = None, *, conn: Connection[Any] | None = None

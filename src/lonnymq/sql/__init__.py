@@ -20,7 +20,8 @@ from psycopg import sql
 
 #: The function files in the order they are applied. plpgsql bodies are only checked when they
 #: run, but an SQL-language function needs what it calls to exist when it is created: util
-#: first (now_ms, _dequeue_at); security last (it applies privileges to everything else).
+#: first (now_ms, _dequeue_at); messages before dead (dead_list reads through archive_list);
+#: security last (it applies privileges to everything else).
 FILES: tuple[str, ...] = (
     "util",
     "queues",
@@ -28,6 +29,7 @@ FILES: tuple[str, ...] = (
     "send",
     "take",
     "settle",
+    "messages",
     "dead",
     "maintenance",
     "cron",

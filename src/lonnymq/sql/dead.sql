@@ -7,7 +7,8 @@
 -- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
 
 -- Moves messages that exhausted max_attempts (or are given up) to the dead-letter queue if the
--- queue has one, else to the archive with status 'dead'.
+-- queue has one (counted in its sent_count), else to the archive with status 'dead'. Writes
+-- message, archive, sent_count, channel. Locks: the message rows, then their channels.
 CREATE OR REPLACE FUNCTION {schema}._dead_letter(q {schema}.queue, p_ids bigint[], p_errors text[], p_now bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
@@ -32,6 +33,10 @@ BEGIN
                                       'enqueued_at', d.enqueued_at)),
                d.state, coalesce(d.error, d.last_error), d.payload
           FROM d ORDER BY d.id
+        ), c AS (
+            -- They are sent to the dead-letter queue (its total_sent).
+            INSERT INTO {schema}.sent_count (queue_id, n)
+            SELECT q.dead_letter_queue_id, count(*) FROM d HAVING count(*) > 0
         )
         SELECT array_agg(d.channel), array_agg(-d.leased::integer) INTO v_channels, v_leases
           FROM d WHERE d.channel IS NOT NULL;
@@ -68,23 +73,22 @@ BEGIN
     END IF;
 END $$;
 
--- Up to p_limit dead messages of queue p_queue with id > p_after_id, by id (keyset paging).
--- Reads archive.
-CREATE OR REPLACE FUNCTION {schema}.dead_list(p_queue text, p_limit integer DEFAULT 100, p_after_id bigint DEFAULT 0)
-RETURNS TABLE (id bigint, archived_at bigint, attempts integer, kind text, key text,
-               last_error text, headers jsonb, content_type text, payload bytea)
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    q {schema}.queue := {schema}._queue(p_queue);
-BEGIN
-    PERFORM {schema}._check_limit(p_limit);
-    RETURN QUERY
+-- Up to p_limit dead messages of queue p_queue with id > p_after_id, by id (keyset paging),
+-- archived in [p_since, p_until) when given (epoch ms). The rows of archive_list with status
+-- 'dead'. Raises LQ001, LQ002 (bad limit). Reads archive (index scans, see archive_list).
+CREATE OR REPLACE FUNCTION {schema}.dead_list(
+    p_queue    text,
+    p_limit    integer DEFAULT 100,
+    p_after_id bigint  DEFAULT 0,
+    p_since    bigint  DEFAULT NULL,
+    p_until    bigint  DEFAULT NULL
+) RETURNS TABLE (id bigint, archived_at bigint, attempts integer, kind text, key text,
+                 last_error text, headers jsonb, content_type text, payload bytea)
+LANGUAGE sql STABLE AS $$
     SELECT a.id, a.archived_at, a.attempts, a.kind, a.key, a.last_error, a.headers,
            a.content_type, a.payload
-      FROM {schema}.archive a
-     WHERE a.queue_id = q.id AND a.status = 'dead' AND a.id > coalesce(p_after_id, 0)
-     ORDER BY a.id LIMIT p_limit;
-END $$;
+      FROM {schema}.archive_list(p_queue, p_after_id, p_since, p_until, p_limit, 'dead') a
+$$;
 
 -- Put dead messages (all, or the given ids) back into their queue as new, ready messages with
 -- a fresh attempt budget. Returns how many were requeued.
@@ -118,6 +122,7 @@ BEGIN
             array_fill(0, ARRAY[cardinality(v_channels)]), v_now);
     END IF;
     IF v_n > 0 THEN
+        INSERT INTO {schema}.sent_count (queue_id, n) VALUES (q.id, v_n);
         PERFORM pg_notify({schema_name}, q.name);
     END IF;
     RETURN v_n;

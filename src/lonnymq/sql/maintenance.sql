@@ -6,8 +6,11 @@
 -- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
 
 -- Housekeeping: delete acknowledged archive rows older than each queue's retention, at most
--- p_limit per call, and empty channels nothing keeps. Returns how many archive rows were
--- deleted. Writes archive, channel (SKIP LOCKED: never waits for a channel in use).
+-- p_limit per call, and empty channels nothing keeps; forget settles older than an hour (at
+-- most p_limit; settled, ack's memory of its repeats) and fold each queue's sent_count rows
+-- into one. Returns how many archive rows were deleted. Writes archive, channel (SKIP LOCKED:
+-- never waits for a channel in use), settled, sent_count (the rows it folds, which only
+-- another maintain locks).
 CREATE OR REPLACE FUNCTION {schema}.maintain(p_limit integer DEFAULT 10000, p_now bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
@@ -38,5 +41,19 @@ BEGIN
              LIMIT p_limit
                FOR UPDATE SKIP LOCKED) e
      WHERE c.queue_id = e.queue_id AND c.name = e.name;
+    DELETE FROM {schema}.settled s
+     USING (SELECT o.ctid FROM {schema}.settled o WHERE o.settled_at < v_now - 3600000
+             LIMIT p_limit) old
+     WHERE s.ctid = old.ctid;
+    -- Exact under concurrency: a row another maintain folded first is skipped once deleted,
+    -- and rows of sends not yet committed stay for the next run.
+    WITH d AS (
+        DELETE FROM {schema}.sent_count c
+         WHERE c.queue_id IN (SELECT g.queue_id FROM {schema}.sent_count g
+                               GROUP BY g.queue_id HAVING count(*) > 1)
+        RETURNING c.queue_id, c.n
+    )
+    INSERT INTO {schema}.sent_count (queue_id, n)
+    SELECT d.queue_id, sum(d.n)::bigint FROM d GROUP BY d.queue_id;
     RETURN v_n;
 END $$;

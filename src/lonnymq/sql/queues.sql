@@ -121,6 +121,8 @@ BEGIN
     END IF;
     EXECUTE format('DROP TABLE %I.%I', {schema_name}, 'message_' || q.id);
     DELETE FROM {schema}.archive WHERE queue_id = q.id;
+    DELETE FROM {schema}.settled WHERE queue_id = q.id;
+    DELETE FROM {schema}.sent_count WHERE queue_id = q.id;
     BEGIN
         DELETE FROM {schema}.queue WHERE id = q.id;
     EXCEPTION WHEN foreign_key_violation THEN
@@ -187,12 +189,21 @@ BEGIN
         LIMIT p_limit) s);
 END $$;
 
--- Counts are exact up to p_cap rows per state and index-only scans, so the call stays cheap on
--- a queue of millions; a count equal to p_cap means "at least".
-CREATE OR REPLACE FUNCTION {schema}.queue_metrics(p_name text, p_cap integer DEFAULT 100000, p_now bigint DEFAULT NULL)
+-- The state of queue p_name on one snapshot and clock. Counts of ready, scheduled, leased and
+-- dead messages are exact (index-only scans over each state's range); with p_cap, each stops
+-- at p_cap rows, and the *_at_least flag of a count that reached it says "at least" (cheap on a
+-- queue of millions). total_sent: messages ever sent to the queue (created by sends, dead
+-- letters moved in, requeued dead messages; sent_count). oldest_age_ms / newest_age_ms: age of
+-- the first and the last live message by id (ids grow with enqueue time), NULL when empty.
+-- oldest_ready_age_ms: how late the most overdue ready message is (looks a bounded way into
+-- the head); next_scheduled_at: when the next scheduled message comes due. Raises LQ001,
+-- LQ002 (bad cap). Reads message, channel, archive, sent_count; takes no lock.
+CREATE OR REPLACE FUNCTION {schema}.queue_metrics(p_name text, p_cap integer DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS TABLE (
     queue text, ready bigint, scheduled bigint, leased bigint, dead bigint,
-    oldest_ready_age_ms bigint, next_scheduled_at bigint
+    oldest_ready_age_ms bigint, next_scheduled_at bigint, total_sent bigint,
+    oldest_age_ms bigint, newest_age_ms bigint, ready_at_least boolean,
+    scheduled_at_least boolean, leased_at_least boolean, dead_at_least boolean
 )
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -201,8 +212,11 @@ DECLARE
     v_future bigint;
     v_leased bigint;
 BEGIN
-    PERFORM {schema}._check_limit(p_cap);
+    IF p_cap IS NOT NULL THEN
+        PERFORM {schema}._check_limit(p_cap);
+    END IF;
     queue := q.name;
+    -- LIMIT NULL is no limit: without a cap every count below is exact.
     ready := {schema}._count_messages(q.id, -9223372036854775807, v_now, false, p_cap);
     SELECT count(*) INTO leased FROM (
         SELECT 1 FROM {schema}.message m
@@ -211,7 +225,7 @@ BEGIN
     -- that many rows further so scheduled is exact up to p_cap as well; once leased is capped
     -- the unleased future rows must be told apart row by row.
     v_leased := leased;
-    IF v_leased < p_cap THEN
+    IF p_cap IS NULL OR v_leased < p_cap THEN
         v_future := {schema}._count_messages(q.id, v_now, 9223372036854775807, false, p_cap + v_leased);
         scheduled := least(v_future - v_leased, p_cap);
     ELSE
@@ -220,6 +234,17 @@ BEGIN
     SELECT count(*) INTO dead FROM (
         SELECT 1 FROM {schema}.archive a
          WHERE a.queue_id = q.id AND a.status = 'dead' LIMIT p_cap) s;
+    -- NULL cap: the comparisons are NULL, the counts exact.
+    ready_at_least := coalesce(ready >= p_cap, false);
+    scheduled_at_least := coalesce(scheduled >= p_cap, false);
+    leased_at_least := coalesce(leased >= p_cap, false);
+    dead_at_least := coalesce(dead >= p_cap, false);
+    SELECT coalesce(sum(c.n), 0)::bigint INTO total_sent FROM {schema}.sent_count c
+     WHERE c.queue_id = q.id;
+    oldest_age_ms := (SELECT v_now - m.enqueued_at FROM {schema}.message m
+                       WHERE m.queue_id = q.id ORDER BY m.id LIMIT 1);
+    newest_age_ms := (SELECT v_now - m.enqueued_at FROM {schema}.message m
+                       WHERE m.queue_id = q.id ORDER BY m.id DESC LIMIT 1);
     -- The head of the index is what is delivered next; look a bounded way into it (and at the
     -- head of each channel).
     SELECT max(v_now - h.scheduled_at) INTO oldest_ready_age_ms FROM (

@@ -11,7 +11,8 @@
 -- (a live message with the key exists; its id is returned).
 -- p_on_conflict: 'ignore' | 'replace' (only while the live message is not leased) | 'error'.
 -- Within one batch the first row of a key wins for 'ignore' and the last for 'replace'.
--- Messages get ids in input order, so a batch is FIFO.
+-- Messages get ids in input order, so a batch is FIFO. The messages created are counted in
+-- sent_count (queue_metrics' total_sent): one appended row per call, never an update.
 CREATE OR REPLACE FUNCTION {schema}.send_batch(
     p_queue         text,
     p_payloads      bytea[],
@@ -99,7 +100,8 @@ BEGIN
     PERFORM pg_notify({schema_name}, q.name);
 
     IF p_keys IS NULL OR NOT EXISTS (SELECT FROM unnest(p_keys) k WHERE k IS NOT NULL) THEN
-        -- No keys: plain insert; ids are assigned in input order.
+        -- No keys: plain insert; ids are assigned in input order. Without channels nothing
+        -- is dropped, so the batch's sent_count row is written by the same statement.
         WITH ins AS (
             INSERT INTO {schema}.message AS m (queue_id, dequeue_at, scheduled_at, enqueued_at,
                                               priority, channel, kind, content_type, headers, payload)
@@ -114,12 +116,22 @@ BEGIN
                                                 delay_ms, priority, channel, ord)) t
              ORDER BY t.ord
             RETURNING m.id
+        ), cnt AS (
+            INSERT INTO {schema}.sent_count (queue_id, n)
+            SELECT q.id, count(*) FROM ins HAVING NOT v_book
         )
         SELECT array_agg(ins.id ORDER BY ins.id) INTO v_ids FROM ins;
         IF v_book THEN
-            RETURN QUERY SELECT * FROM {schema}._channel_send(
+            SELECT array_agg(r.ord ORDER BY r.ord), array_agg(r.id ORDER BY r.ord),
+                   array_agg(r.outcome ORDER BY r.ord)
+              INTO v_ords, v_res, v_outcomes
+              FROM {schema}._channel_send(
                 q, p_channels, ARRAY(SELECT generate_series(1, v_n)::bigint), v_ids,
-                array_fill('created'::text, ARRAY[v_n]), NULL, NULL, NULL, v_now);
+                array_fill('created'::text, ARRAY[v_n]), NULL, NULL, NULL, v_now) r;
+            -- Dropped messages (a full channel) were not sent.
+            INSERT INTO {schema}.sent_count (queue_id, n)
+            SELECT q.id, count(*) FROM unnest(v_outcomes) o WHERE o = 'created' HAVING count(*) > 0;
+            RETURN QUERY SELECT * FROM unnest(v_ords, v_res, v_outcomes);
         ELSE
             RETURN QUERY SELECT u.ord, u.id, 'created'::text
                            FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord);
@@ -155,11 +167,14 @@ BEGIN
                    WITH ORDINALITY AS u(payload, kind, content_type, headers, at_ms, delay_ms,
                                         priority, key, channel, ord)
         ), upd AS (
+            -- deliveries (the fencing token) moves on: no token handed out before the update
+            -- can settle the new version, nor report an earlier settle of it as its own.
             UPDATE {schema}.message m
                SET dequeue_at = {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), scheduled_at = t.at,
                    priority = t.priority, channel = t.channel, kind = t.kind,
                    content_type = t.content_type, headers = t.headers, payload = t.payload,
-                   attempts = 0, leased = false, state = NULL, last_error = NULL
+                   attempts = 0, deliveries = m.deliveries + 1, leased = false, state = NULL,
+                   last_error = NULL
               FROM t
              WHERE p_on_conflict = 'replace' AND t.ord = t.win AND t.key IS NOT NULL
                AND m.queue_id = q.id AND m.key = t.key AND NOT (m.leased AND m.dequeue_at > v_now)
@@ -217,10 +232,15 @@ BEGIN
       INTO v_ords, v_res, v_outcomes
       FROM f;
     IF v_book THEN
-        RETURN QUERY SELECT * FROM {schema}._channel_send(
+        SELECT array_agg(r.ord ORDER BY r.ord), array_agg(r.id ORDER BY r.ord),
+               array_agg(r.outcome ORDER BY r.ord)
+          INTO v_ords, v_res, v_outcomes
+          FROM {schema}._channel_send(
             q, p_channels, v_ords, v_res, v_outcomes, v_old_ids, v_old_channels, v_old_leased,
-            v_now);
-    ELSE
-        RETURN QUERY SELECT * FROM unnest(v_ords, v_res, v_outcomes);
+            v_now) r;
     END IF;
+    -- Messages created (not updated, ignored or dropped) count as sent.
+    INSERT INTO {schema}.sent_count (queue_id, n)
+    SELECT q.id, count(*) FROM unnest(v_outcomes) o WHERE o = 'created' HAVING count(*) > 0;
+    RETURN QUERY SELECT * FROM unnest(v_ords, v_res, v_outcomes);
 END $$;

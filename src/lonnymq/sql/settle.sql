@@ -12,8 +12,9 @@
 -- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
 
 -- Acknowledge the deliveries (p_ids[i], p_tokens[i]) of queue q whose token still matches a
--- leased message: delete them, or move them to the archive as 'acked' when p_archive. Returns
--- the ids acknowledged. Raises LQ002 if the arrays differ in length. Writes message, archive,
+-- leased message: delete them (remembering (id, token) in settled, for ack's repeats), or move
+-- them to the archive as 'acked' when p_archive (the archive row is the memory). Returns the ids
+-- acknowledged. Raises LQ002 if the arrays differ in length. Writes message, settled, archive,
 -- channel. Locks: the message rows (in id order on a channel queue), then their channels.
 CREATE OR REPLACE FUNCTION {schema}._ack(q {schema}.queue, p_ids bigint[], p_tokens integer[],
                               p_archive boolean, p_now bigint)
@@ -32,7 +33,10 @@ BEGIN
             DELETE FROM {schema}.message m
              USING unnest(p_ids, p_tokens) AS t(id, token)
              WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
-            RETURNING m.id, m.channel
+            RETURNING m.id, m.channel, m.deliveries
+        ), s AS (
+            INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+            SELECT q.id, d.id, d.deliveries, 'acked', p_now FROM d
         )
         SELECT array_agg(d.id), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
           INTO v_ids, v_channels
@@ -76,10 +80,16 @@ BEGIN
         SELECT a.id FROM a;
     ELSE
         RETURN QUERY
-        DELETE FROM {schema}.message m
-         USING unnest(p_ids, p_tokens) AS t(id, token)
-         WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
-        RETURNING m.id;
+        WITH d AS (
+            DELETE FROM {schema}.message m
+             USING unnest(p_ids, p_tokens) AS t(id, token)
+             WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
+            RETURNING m.id, m.deliveries
+        ), s AS (
+            INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+            SELECT q.id, d.id, d.deliveries, 'acked', p_now FROM d
+        )
+        SELECT d.id FROM d;
     END IF;
     IF v_channels IS NOT NULL THEN
         PERFORM {schema}._channel_apply(q, v_channels,
@@ -89,7 +99,12 @@ BEGIN
 END $$;
 
 -- Acknowledge deliveries: each (id, token) pair whose token still matches is deleted (or
--- archived). Returns the ids acknowledged; a stale token changes nothing and is not returned.
+-- archived). Idempotent: a pair that this very delivery already acknowledged (within the last
+-- hour, see settled; or while its archive row is kept) is returned again and changes nothing.
+-- Returns the ids acknowledged; a stale token (the message was delivered again, updated,
+-- cancelled, given back or dead-lettered) changes nothing and is not returned. Concurrent acks
+-- of one delivery: one deletes, the others wait for its row lock and then find its memory (each
+-- statement of this VOLATILE function reads a fresh snapshot). Writes and locks as _ack.
 CREATE OR REPLACE FUNCTION {schema}.ack(
     p_queue   text,
     p_ids     bigint[],
@@ -99,18 +114,35 @@ CREATE OR REPLACE FUNCTION {schema}.ack(
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    q {schema}.queue := {schema}._queue(p_queue);
+    q      {schema}.queue := {schema}._queue(p_queue);
+    v_done bigint[];
 BEGIN
-    RETURN QUERY SELECT * FROM {schema}._ack(q, p_ids, p_tokens, coalesce(p_archive, q.archive),
-                                             {schema}._now(p_now));
+    v_done := ARRAY(SELECT a FROM {schema}._ack(q, p_ids, p_tokens, coalesce(p_archive, q.archive),
+                                                {schema}._now(p_now)) a);
+    IF cardinality(v_done) < cardinality(p_ids) THEN
+        -- Repeats: acknowledged earlier by the same delivery (deleted, or archived as acked).
+        v_done := v_done || ARRAY(
+            SELECT DISTINCT t.id FROM unnest(p_ids, p_tokens) AS t(id, token)
+             WHERE t.id <> ALL (v_done)
+               AND (EXISTS (SELECT FROM {schema}.settled s
+                             WHERE s.queue_id = q.id AND s.id = t.id AND s.token = t.token
+                               AND s.outcome = 'acked')
+                    OR EXISTS (SELECT FROM {schema}.archive a
+                                WHERE a.queue_id = q.id AND a.id = t.id AND a.deliveries = t.token
+                                  AND a.status = 'acked')));
+    END IF;
+    RETURN QUERY SELECT unnest(v_done);
 END $$;
 
 -- Give deliveries back: each matching (id, token) becomes ready again after its delay (priority
 -- kept), with its error and saved state. p_count_attempt = false (defer/release) does not
 -- count toward max_attempts; otherwise a message on its last attempt is dead-lettered.
 -- Returns (id, outcome) with outcome 'retry' or 'dead'; stale tokens are not returned.
--- Writes message, channel (and the dead-letter queue's, archive). Locks: the message rows in
--- id order, then their channels. Notifies channel {schema_name} with the queue name.
+-- Idempotent: a pair whose delivery already gave the message back (it is waiting, unleased,
+-- with the same token) is returned again as 'retry', one it already dead-lettered as 'dead'
+-- (settled), and nothing changes.
+-- Writes message, settled, channel (and the dead-letter queue's, archive). Locks: the message
+-- rows in id order, then their channels. Notifies channel {schema_name} with the queue name.
 CREATE OR REPLACE FUNCTION {schema}.nack(
     p_queue         text,
     p_ids           bigint[],
@@ -127,6 +159,8 @@ DECLARE
     v_now  bigint := {schema}._now(p_now);
     v_dead bigint[];
     v_errs text[];
+    v_toks integer[];
+    v_retry    bigint[];
     v_channels text[];
     v_blocked  bigint[];
     v_fifo     bigint[];
@@ -138,9 +172,10 @@ BEGIN
         PERFORM {schema}._invalid('delay must be >= 0');
     END IF;
     -- Lock the matching rows once, in id order, so concurrent settlers cannot deadlock.
-    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.error ORDER BY x.id)
-      INTO v_dead, v_errs
-      FROM (SELECT t.id, t.error
+    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.error ORDER BY x.id),
+           array_agg(x.token ORDER BY x.id)
+      INTO v_dead, v_errs, v_toks
+      FROM (SELECT t.id, t.error, t.token
               FROM unnest(p_ids, p_tokens, p_errors) AS t(id, token, error)
               JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
              WHERE m.deliveries = t.token AND m.leased IS TRUE AND p_count_attempt
@@ -149,6 +184,9 @@ BEGIN
                FOR UPDATE OF m) x;
     IF v_dead IS NOT NULL THEN
         PERFORM {schema}._dead_letter(q, v_dead, v_errs, v_now);
+        INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+        SELECT q.id, d.id, min(d.token), 'dead', v_now FROM unnest(v_dead, v_toks) AS d(id, token)
+         GROUP BY d.id;
         RETURN QUERY SELECT d, 'dead'::text FROM unnest(v_dead) d;
     END IF;
     IF q.uses_channels THEN
@@ -166,7 +204,7 @@ BEGIN
                  ORDER BY m.id
                    FOR UPDATE OF m) x;
     END IF;
-    RETURN QUERY
+    WITH u AS (
     UPDATE {schema}.message m
        SET dequeue_at = CASE WHEN m.id = ANY (v_fifo)
                              THEN m.scheduled_at - m.priority * q.priority_step_ms
@@ -179,11 +217,28 @@ BEGIN
       FROM unnest(p_ids, p_tokens, p_delays_ms, p_errors, p_states)
            AS t(id, token, delay_ms, error, state)
      WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
-    RETURNING m.id, 'retry'::text;
+    RETURNING m.id
+    )
+    SELECT array_agg(u.id) INTO v_retry FROM u;
+    RETURN QUERY SELECT r, 'retry'::text FROM unnest(v_retry) r;
     IF v_channels IS NOT NULL THEN
         PERFORM {schema}._channel_apply(q, v_channels,
             array_fill(0::bigint, ARRAY[cardinality(v_channels)]),
             array_fill(-1, ARRAY[cardinality(v_channels)]), v_now, v_blocked);
+    END IF;
+    IF coalesce(cardinality(v_dead), 0) + coalesce(cardinality(v_retry), 0) < cardinality(p_ids) THEN
+        -- Repeats by the delivery that already settled the message (a fresh snapshot: a
+        -- concurrent nack of the same delivery that held the row has committed by now).
+        RETURN QUERY
+        SELECT DISTINCT t.id, CASE WHEN s.id IS NOT NULL THEN 'dead' ELSE 'retry' END
+          FROM unnest(p_ids, p_tokens) AS t(id, token)
+          LEFT JOIN {schema}.settled s
+                 ON s.queue_id = q.id AND s.id = t.id AND s.token = t.token AND s.outcome = 'dead'
+          LEFT JOIN {schema}.message m
+                 ON m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token
+                AND m.leased IS FALSE AND t.token > 0
+         WHERE t.id <> ALL (coalesce(v_dead, ARRAY[]::bigint[]) || coalesce(v_retry, ARRAY[]::bigint[]))
+           AND (s.id IS NOT NULL OR m.id IS NOT NULL);
     END IF;
     PERFORM pg_notify({schema_name}, q.name);
 END $$;
@@ -219,7 +274,9 @@ END $$;
 -- limit, or an error that retrying cannot fix). Each (id, token) pair whose token still matches
 -- a leased message goes to the dead-letter queue or the archive with its error, exactly like a
 -- message that used up max_attempts. Returns the ids dead-lettered; stale tokens are skipped.
--- Locks the message rows in id order, like nack; then as _dead_letter.
+-- Idempotent like nack: a pair this delivery already dead-lettered (settled) is returned again.
+-- Writes settled, then as _dead_letter. Locks the message rows in id order, like nack; then as
+-- _dead_letter.
 CREATE OR REPLACE FUNCTION {schema}.give_up(
     p_queue  text,
     p_ids    bigint[],
@@ -233,22 +290,34 @@ DECLARE
     v_now  bigint := {schema}._now(p_now);
     v_ids  bigint[];
     v_errs text[];
+    v_toks integer[];
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_tokens) THEN
         PERFORM {schema}._invalid('ids and tokens must have the same length');
     END IF;
     -- Lock in id order, like nack, so concurrent settlers cannot deadlock.
-    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.error ORDER BY x.id)
-      INTO v_ids, v_errs
-      FROM (SELECT t.id, t.error
+    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.error ORDER BY x.id),
+           array_agg(x.token ORDER BY x.id)
+      INTO v_ids, v_errs, v_toks
+      FROM (SELECT t.id, t.error, t.token
               FROM unnest(p_ids, p_tokens, p_errors) AS t(id, token, error)
               JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
              WHERE m.deliveries = t.token AND m.leased IS TRUE
              ORDER BY t.id
                FOR UPDATE OF m) x;
-    IF v_ids IS NULL THEN
-        RETURN;
+    IF v_ids IS NOT NULL THEN
+        PERFORM {schema}._dead_letter(q, v_ids, v_errs, v_now);
+        INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+        SELECT q.id, d.id, min(d.token), 'dead', v_now FROM unnest(v_ids, v_toks) AS d(id, token)
+         GROUP BY d.id;
     END IF;
-    PERFORM {schema}._dead_letter(q, v_ids, v_errs, v_now);
+    v_ids := coalesce(v_ids, ARRAY[]::bigint[]);
+    IF cardinality(v_ids) < cardinality(p_ids) THEN
+        v_ids := v_ids || ARRAY(
+            SELECT DISTINCT t.id FROM unnest(p_ids, p_tokens) AS t(id, token)
+              JOIN {schema}.settled s
+                ON s.queue_id = q.id AND s.id = t.id AND s.token = t.token AND s.outcome = 'dead'
+             WHERE t.id <> ALL (v_ids));
+    END IF;
     RETURN QUERY SELECT unnest(v_ids);
 END $$;
