@@ -26,7 +26,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
-    "script", ["bench.py", "micro.py", "channels_bench.py", "worker_throughput.py", "spark_enqueue.py"]
+    "script",
+    [
+        "bench.py",
+        "micro.py",
+        "channels_bench.py",
+        "worker_throughput.py",
+        "spark_enqueue.py",
+        "held_snapshot.py",
+    ],
 )
 def test_scripts_start(script: str) -> None:
     # Each script imports what it needs from lonnymq and lonnymq_bench, then parses its options.
@@ -121,3 +129,40 @@ def test_quick_run_covers_every_system_and_workload(dsn: str, tmp_path: Path) ->
     assert all(t["value"] is not None for t in doc["targets"])
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "chart.png").stat().st_size > 10_000
+
+
+def test_held_snapshot_quick(dsn: str, tmp_path: Path) -> None:
+    # benchmarks/held_snapshot.py --quick: every system reports its intervals, the snapshot
+    # held back vacuum (dead tuples appear), and what was consumed was sent.
+    pytest.importorskip("pgmq")
+    pytest.importorskip("pgqueuer")
+    out = tmp_path / "held.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "held_snapshot.py"),
+            "--quick",
+            "--minutes",
+            "0.1",
+            "--interval",
+            "3",
+            "--dsn",
+            dsn,
+            "--db-prefix",
+            f"held_{uuid.uuid4().hex[:8]}",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = {r["system"]: r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {"lonnymq", "pgmq", "pgqueuer"}
+    for r in runs.values():
+        rows = r["timeline"]
+        assert len(rows) == 2 and all("bytes" in row for row in rows), r
+        assert 0 < sum(row["consumed_per_s"] for row in rows) <= sum(row["sent_per_s"] for row in rows)
+    assert runs["lonnymq"]["timeline"][-1]["dead_tuples"] > 0
