@@ -20,11 +20,17 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
+#: An environment variable holding the test server's DSN, set before the JVM starts (the
+#: driver's Python workers, which plan queries, inherit the JVM's environment): ``dsnEnv``.
+DSN_ENV = "LONNYMQ_SPARK_TEST_DSN"
+
+
 @pytest.fixture(scope="session", name="spark")
-def spark_session() -> Iterator[Any]:
+def spark_session(dsn: str) -> Iterator[Any]:
     """The shared SparkSession (import this fixture into a test module to use ``spark``)."""
     pytest.importorskip("pyspark")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ[DSN_ENV] = dsn
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     from pyspark.sql import SparkSession
 
@@ -78,8 +84,8 @@ else:
     class FlakyBatchWriter(BatchWriter):
         """Stages its rows, then fails the task (so the failed attempt's rows stay staged)."""
 
-        def __init__(self, options: Mapping[str, str], schema: Any) -> None:
-            super().__init__(options, schema)
+        def __init__(self, options: Mapping[str, str], schema: Any, conf: Mapping[str, str]) -> None:
+            super().__init__(options, schema, conf)
             self.fault_options = dict(options)
 
         def write(self, iterator: Iterator[Any]) -> Staged:
@@ -93,8 +99,8 @@ else:
         database commit of micro-batch ``crashAfterCommit`` while the file ``crashFlag``
         exists (it is removed first, so the restarted query gets through)."""
 
-        def __init__(self, options: Mapping[str, str], schema: Any) -> None:
-            super().__init__(options, schema)
+        def __init__(self, options: Mapping[str, str], schema: Any, conf: Mapping[str, str]) -> None:
+            super().__init__(options, schema, conf)
             self.fault_options = dict(options)
 
         def write(self, iterator: Iterator[Any]) -> Staged:
@@ -117,7 +123,7 @@ else:
             return "lonnymq_flaky"
 
         def writer(self, schema: Any, overwrite: bool) -> Any:
-            return FlakyBatchWriter(self.options, schema)
+            return FlakyBatchWriter(self.options, schema, self.conf)
 
         def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-            return FlakyStreamWriter(self.options, schema)
+            return FlakyStreamWriter(self.options, schema, self.conf)

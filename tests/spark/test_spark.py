@@ -444,3 +444,180 @@ def test_docs_spark_examples_run(
         if "mq" in namespace:
             namespace["mq"].close()
         conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+# -- issue 15: pushdown, typed payloads, write ids, registration and secrets ----------------------
+
+
+def test_filters_are_pushed_down_and_the_rest_stay_in_spark(
+    spark: Any, dsn: str, schema: str, client: Client
+) -> None:
+    client.create_queue("jobs")
+    sent = client.send_batch(
+        "jobs", [Envelope({"n": i}, key=f"k{i:03d}", channel=f"c{i % 3}", priority=i % 5) for i in range(300)]
+    )
+    ids = [r.id for r in sent]
+    df = spark.read.format("lonnymq").options(**opts(dsn, schema, "jobs")).load()
+    q = df.where(
+        (df.id >= ids[10])
+        & (df.id < ids[200])
+        & df.key.startswith("k1")
+        & (df.channel == "c1")
+        & (df.priority > 2)
+    )
+    got = sorted(r.key for r in q.collect())
+    assert got == [f"k{i:03d}" for i in range(100, 200) if i % 3 == 1 and i % 5 > 2]
+    # Only the priority comparison (no index) is left for Spark; id, key prefix and channel went down.
+    left = q._jdf.queryExecution().optimizedPlan().toString().splitlines()[0]
+    assert "> 2)" in left and "priority" in left
+    assert "= c1" not in left and "StartsWith" not in left and ">=" not in left
+    since = datetime.now(UTC) - timedelta(minutes=10)
+    assert df.where(df.enqueued_at > since).where("status = 'ready'").count() == 300
+    assert df.where(df.enqueued_at < since).count() == 0
+    off = spark.read.format("lonnymq").options(**opts(dsn, schema, "jobs", pushFilters="false")).load()
+    assert off.where(off.key == "k007").count() == 1
+
+
+def test_typed_payloads_round_trip_and_bad_rows(spark: Any, dsn: str, schema: str, client: Client) -> None:
+    from decimal import Decimal
+
+    client.create_queue("typed")
+    at = datetime(2030, 5, 17, 8, 30, 0, 123000, tzinfo=UTC)
+    df = spark.sql(
+        "SELECT named_struct('order_id', 7L, 'amount', CAST('12345678901234.56' AS DECIMAL(16,2)),"
+        " 'at', TIMESTAMP'2030-05-17 08:30:00.123Z', 'tags', array('a', 'b'), 'attrs', map('x', 1)) AS payload,"
+        " map('trace', 't-1') AS headers"
+    )
+    df.write.format("lonnymq").options(**opts(dsn, schema, "typed")).mode("append").save()
+    client.send("typed", {"order_id": "not a number", "amount": "1.00"})  # a bad row
+    ddl = "order_id long, amount decimal(16,2), at timestamp, tags array<string>, attrs map<string,int>"
+    read = spark.read.format("lonnymq").options(**opts(dsn, schema, "typed", payloadSchema=ddl)).load()
+    rows = sorted(read.select("id", "payload", "headers", "_corrupt").collect(), key=lambda r: r.id)
+    good, bad = rows
+    assert good.payload.amount == Decimal("12345678901234.56")  # exact, not a float
+    assert good.payload.at.replace(tzinfo=UTC) == at and good.payload.order_id == 7
+    assert good.payload.tags == ["a", "b"] and good.payload.attrs == {"x": 1}
+    assert good.headers == {"trace": "t-1"} and good._corrupt is None
+    assert bad.payload is None and json.loads(bad._corrupt)["order_id"] == "not a number"
+    # StructType JSON works the same; FAILFAST names the message.
+    as_json = spark.createDataFrame([], ddl).schema.json()
+    strict = (
+        spark.read.format("lonnymq")
+        .options(**opts(dsn, schema, "typed", payloadSchema=as_json, mode="FAILFAST"))
+        .load()
+    )
+    with pytest.raises(
+        Exception, match=rf"message {bad.id} of queue 'typed' does not match payloadSchema at \$\.order_id"
+    ):
+        strict.collect()
+    # A stream decodes the same way.
+    seen: list[Any] = []
+    q = (
+        spark.readStream.format("lonnymq")
+        .options(**opts(dsn, schema, "typed", payloadSchema=ddl))
+        .load()
+        .writeStream.foreachBatch(lambda b, _: seen.extend(b.select("payload.amount", "_corrupt").collect()))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    assert sorted((r.amount, r._corrupt is None) for r in seen if r.amount is not None) == [
+        (Decimal("12345678901234.56"), True)
+    ]
+    assert len(seen) == 2
+
+
+def test_write_ids_are_per_queue_and_a_skipped_rerun_says_so(
+    spark: Any, dsn: str, schema: str, client: Client
+) -> None:
+    from lonnymq.spark import write_status
+
+    client.create_queue("a")
+    client.create_queue("b")
+    df = spark.range(10).selectExpr("id AS n")
+    for queue in ("a", "b", "a"):  # the same id on another queue is another write; the rerun on a is skipped
+        df.write.format("lonnymq").options(**opts(dsn, schema, queue, writeId="w1")).mode("append").save()
+    assert client.metrics("a").ready == 10 and client.metrics("b").ready == 10
+    st = write_status(dsn, "a", "w1", schema=schema)
+    assert st is not None and (st.messages, st.skipped) == (10, 1) and st.last_skipped_at is not None
+    assert st.expires_at - st.committed_at == 7 * 86_400_000
+    short = opts(dsn, schema, "b", writeId="w2", writeIdRetention=60)
+    df.write.format("lonnymq").options(**short).mode("append").save()
+    st = write_status(dsn, "b", "w2", schema=schema)
+    assert st is not None and st.expires_at - st.committed_at == 60_000
+    assert write_status(dsn, "b", "never", schema=schema) is None
+
+
+def test_commit_logs_a_skipped_rerun(
+    dsn: str, schema: str, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver-side commit (run in the driver's Python worker) logs the skip; here called
+    directly so the log line can be captured."""
+    from lonnymq.spark._conf import Target
+    from lonnymq.spark._write import commit
+
+    client.create_queue("q")
+    target = Target.from_options(opts(make_password_dsn(dsn), schema, "q"))
+    first = commit(target, str(__import__("uuid").uuid4()), [], "ignore", "write:nightly", 0)
+    assert not first.duplicate
+    with caplog.at_level("WARNING", logger="lonnymq.spark"):
+        again = commit(target, str(__import__("uuid").uuid4()), [], "ignore", "write:nightly", 0)
+    assert again.duplicate and again.committed_at == first.committed_at
+    [record] = caplog.records
+    assert "write id 'nightly' was already committed to queue 'q'" in record.getMessage()
+    assert "skipped, nothing enqueued" in record.getMessage() and PASSWORD not in record.getMessage()
+
+
+PASSWORD = "s3cr3t-Pa55"
+
+
+def make_password_dsn(dsn: str, **more: Any) -> str:
+    """The test DSN with a password (ignored by trust authentication, shown nowhere)."""
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(dsn, password=PASSWORD, **more)
+
+
+def test_the_dsn_stays_secret_and_can_come_from_conf_or_env(
+    spark: Any, dsn: str, schema: str, client: Client
+) -> None:
+    import lonnymq.spark
+    from lonnymq.spark.source import LonnyMQDataSource
+    from spark_fixtures import DSN_ENV
+
+    client.create_queue("q")
+    client.send("q", "hello")
+    secret = make_password_dsn(dsn)
+    df = spark.read.format("lonnymq").options(**opts(secret, schema, "q")).load().where("key IS NULL")
+    assert df.count() == 1
+    for mode in ("simple", "extended", "codegen", "cost", "formatted"):
+        assert PASSWORD not in df._jdf.queryExecution().explainString(
+            spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString(mode)
+        )
+    assert PASSWORD not in repr(LonnyMQDataSource({"dsn": secret, "queue": "q"}))
+    # A server that cannot be reached: the error names it, without the password.
+    bad = make_password_dsn(dsn, host="127.0.0.1", port=1)
+    with pytest.raises(Exception, match="cannot connect to") as e:
+        spark.read.format("lonnymq").options(**opts(bad, schema, "q")).load().collect()
+    assert PASSWORD not in str(e.value)
+    with pytest.raises(Exception, match="cannot connect to") as e2:
+        spark.createDataFrame([("x",)], "payload string").write.format("lonnymq").options(
+            **opts(bad, schema, "q")
+        ).mode("append").save()
+    assert PASSWORD not in str(e2.value)
+
+    # dsnEnv: the name of an environment variable of the driver.
+    env = {"schema": schema, "queue": "q", "dsnEnv": DSN_ENV}
+    assert spark.read.format("lonnymq").options(**env).load().count() == 1
+    # The Spark conf, captured by register(); the password in a conf of its own.
+    spark.conf.set("spark.lonnymq.dsn", dsn)
+    spark.conf.set("spark.lonnymq.password", PASSWORD)
+    try:
+        lonnymq.spark.register(spark)
+        assert spark.read.format("lonnymq").options(schema=schema, queue="q").load().count() == 1
+    finally:
+        spark.conf.unset("spark.lonnymq.dsn")
+        spark.conf.unset("spark.lonnymq.password")
+        lonnymq.spark.register(spark)
+    with pytest.raises(Exception, match="give the server"):
+        spark.read.format("lonnymq").options(schema=schema, queue="q").load().collect()

@@ -30,6 +30,7 @@ def call(conn: Conn, schema: str, function: str, **params: Any) -> list[tuple[An
         "p_queue": "text",
         "p_sink": "text",
         "p_on_conflict": "text",
+        "p_retention_ms": "bigint",
     }
     args = sql.SQL(", ").join(
         sql.SQL("{} => %s::{}").format(sql.Identifier(k), sql.SQL(casts.get(k, "bigint")))  # type: ignore[arg-type]
@@ -74,7 +75,7 @@ def test_commit_moves_exactly_the_reported_parts_in_order(client: Client, conn: 
     stage(conn, schema, run, 33, ["failed-attempt"] * 4)  # a failed attempt: never reported
     d = stage(conn, schema, other, 44, ["other-write"])  # another write's staging
     [row] = call(conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[b, a], p_counts=[2, 3])
-    assert row == (5, 0, 0, False)
+    assert row[:4] == (5, 0, 0, False) and row[5] == 5
     assert payloads(client) == ["b0", "b1", "a0", "a1", "a2"]
     assert staged(conn, schema) == [d]
     assert len({m.enqueued_at for m in client.peek("q", 10)}) == 1
@@ -110,12 +111,64 @@ def test_sink_commit_happens_once_per_batch(client: Client, conn: Conn, schema: 
         )
         return row
 
-    assert commit(0, "batch 0") == (1, 0, 0, False)
-    assert commit(0, "batch 0 replayed") == (0, 0, 0, True)
-    assert commit(1, "batch 1") == (1, 0, 0, False)
-    assert commit(0, "batch 0 again") == (0, 0, 0, True)  # below the newest: done long ago
+    first = commit(0, "batch 0")
+    assert first[:4] == (1, 0, 0, False)
+    # A replay says what made it one: the original commit's time and message count.
+    assert commit(0, "batch 0 replayed") == (0, 0, 0, True, first[4], 1)
+    assert commit(1, "batch 1")[:4] == (1, 0, 0, False)
+    assert commit(0, "batch 0 again")[:4] == (0, 0, 0, True)  # below the newest: done long ago
     assert payloads(client) == ["batch 0", "batch 1"]
     assert staged(conn, schema) == []  # duplicates' staging is dropped too
+
+
+def test_write_ids_are_scoped_to_their_queue_and_expire(client: Client, conn: Conn, schema: str) -> None:
+    """A write id is remembered per queue for its retention: the same id on another queue is
+    another write, a rerun within the retention is skipped (and counted), one after it is a
+    new write, and maintain() forgets expired ids."""
+    client.create_queue("q")
+    client.create_queue("q2")
+    t0 = 10**13  # a fixed clock, far from the real one
+
+    def write(queue: str, text: str, now: int, retention: int = 60_000) -> tuple[Any, ...]:
+        run = uuid.uuid4()
+        part = stage(conn, schema, run, abs(hash((queue, text, now))) % 2**62 + 1, [text], queue)
+        [row] = call(
+            conn,
+            schema,
+            "spark_write_commit",
+            p_queue=queue,
+            p_run=run,
+            p_parts=[part],
+            p_counts=[1],
+            p_sink="write:daily",
+            p_batch=0,
+            p_retention_ms=retention,
+            p_now=now,
+        )
+        return row
+
+    def status(queue: str) -> list[tuple[Any, ...]]:
+        q = sql.SQL("SELECT * FROM {}.spark_write_status(%s, 'daily')").format(sql.Identifier(schema))
+        return conn.execute(q, (queue,)).fetchall()
+
+    assert write("q", "one", t0) == (1, 0, 0, False, t0, 1)
+    assert write("q2", "one on q2", t0 + 1)[:4] == (1, 0, 0, False)  # another queue: not a rerun
+    assert status("q") == [(1, t0, t0 + 60_000, 0, None)]
+    assert write("q", "rerun", t0 + 59_999) == (0, 0, 0, True, t0, 1)
+    assert status("q") == [(1, t0, t0 + 60_000, 1, t0 + 59_999)]
+    assert write("q", "after the retention", t0 + 60_000)[:4] == (1, 0, 0, False)
+    assert payloads(client, "q") == ["one", "after the retention"]
+    assert payloads(client, "q2") == ["one on q2"]
+    assert status("q") == [(1, t0 + 60_000, t0 + 120_000, 0, None)]
+
+    # maintain() prunes what expired (q2's record), at most p_limit per call.
+    prune = sql.SQL("SELECT {}.spark_prune(p_limit => 1, p_now => %s)").format(sql.Identifier(schema))
+    maintain = sql.SQL("SELECT {}.maintain(p_now => %s)").format(sql.Identifier(schema))
+    assert conn.execute(prune, (t0 + 60_000,)).fetchall() == [(0,)]
+    conn.execute(maintain, (t0 + 60_001,))
+    assert status("q2") == [] and len(status("q")) == 1
+    assert conn.execute(prune, (t0 + 10**9,)).fetchall() == [(1,)]
+    assert status("q") == []
 
 
 def test_abort_and_sweep_clear_staging(client: Client, conn: Conn, schema: str) -> None:
@@ -237,7 +290,7 @@ def test_privileges_follow_the_role_model(conn: Conn, schema: str) -> None:
     assert can(
         producer,
         "function",
-        "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint)",
+        "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint,bigint)",
         "EXECUTE",
     )
     assert not can(
@@ -252,4 +305,8 @@ def test_privileges_follow_the_role_model(conn: Conn, schema: str) -> None:
         "spark_stream_next(uuid,text,bigint,integer,integer,bigint,bigint,bigint)",
         "EXECUTE",
     )
-    assert not can(consumer, "function", "spark_read_archive(text,bigint,bigint,text)", "EXECUTE")
+    assert can(producer, "function", "spark_write_status(text,text)", "EXECUTE")
+    archive_read = (
+        "spark_read_archive(text,bigint,bigint,text,text[],text,text[],text[],text[]" + ",bigint" * 6 + ")"
+    )
+    assert not can(consumer, "function", archive_read, "EXECUTE")

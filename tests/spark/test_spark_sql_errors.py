@@ -75,6 +75,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("spark_write_commit", {"p_queue": "q", "p_run": RUN, "p_parts": [], "p_counts": [], "p_sink": "s"}, "LQ002", "a sink commit needs a batch id >= 0"),
     ("spark_write_commit", {"p_queue": "q", "p_run": RUN, "p_parts": [], "p_counts": [], "p_sink": "s", "p_batch": -1}, "LQ002", "a sink commit needs a batch id >= 0"),
     ("spark_write_commit", {"p_queue": "nope", "p_run": RUN, "p_parts": [], "p_counts": []}, "LQ001", "queue 'nope' does not exist"),
+    ("spark_write_commit", {"p_queue": "q", "p_run": RUN, "p_parts": [], "p_counts": [], "p_sink": "s", "p_batch": 0, "p_retention_ms": 0}, "LQ002", "retention_ms"),
+    ("spark_prune", {"p_limit": 0}, "LQ002", "limit"),
     ("spark_write_commit", {"p_queue": "q", "p_run": RUN, "p_parts": [1], "p_counts": [1], "p_on_conflict": "x"}, "LQ002", "on_conflict must be ignore, replace or error"),
     ("spark_stream_next", {**NEXT, "p_queue": "nope"}, "LQ001", "queue 'nope' does not exist"),
     ("spark_stream_next", {**NEXT, "p_after": -1}, "LQ002", "invalid stream batch request"),

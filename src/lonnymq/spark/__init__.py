@@ -1,7 +1,7 @@
 """LonnyMQ for Apache Spark: the ``lonnymq`` PySpark data source (``pip install lonnymq[spark]``).
 
-    import lonnymq.spark
-    lonnymq.spark.register(spark)
+    import lonnymq.spark                 # registers format("lonnymq") with the active session
+    lonnymq.spark.register(spark)        # any other session (or after setting spark.lonnymq.*)
     df.write.format("lonnymq").option("dsn", dsn).option("queue", "orders").mode("append").save()
 
 PySpark is imported only when the data source is used, so ``import lonnymq`` stays light.
@@ -10,6 +10,8 @@ Needs the Spark tables and functions (``sql/spark.sql``), which ``Client.migrate
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..migrations import DEFAULT_SCHEMA
@@ -19,14 +21,72 @@ if TYPE_CHECKING:
 
     from .source import LonnyMQDataSource
 
-__all__ = ["LonnyMQDataSource", "register", "sweep"]
+__all__ = ["LonnyMQDataSource", "WriteStatus", "register", "sweep", "write_status"]
+
+_PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
 
 
 def register(spark: SparkSession) -> None:
-    """Register ``format("lonnymq")`` with a Spark session (needed once per session)."""
-    from .source import LonnyMQDataSource
+    """Register ``format("lonnymq")`` with a Spark session (classic or Spark Connect).
 
-    spark.dataSource.register(LonnyMQDataSource)
+    ``import lonnymq.spark`` already does this for the session active at import time; call it
+    for another session, or again after changing the ``spark.lonnymq.dsn`` /
+    ``spark.lonnymq.password`` confs, which are read here (on the driver) and travel with the
+    registered class, never through options or plans. Also turns on
+    ``spark.sql.python.filterPushdown.enabled`` (off by default in Spark 4) so batch reads push
+    filters down to PostgreSQL; to keep it off, read with ``.option("pushFilters", "false")``."""
+    from ._conf import CONF_DSN, CONF_PASSWORD
+    from .source import LonnyMQDataSource, with_conf
+
+    conf = {k: v for k in (CONF_DSN, CONF_PASSWORD) if (v := spark.conf.get(k, None))}
+    spark.dataSource.register(with_conf(conf) if conf else LonnyMQDataSource)
+    if spark.conf.get(_PUSHDOWN, None) != "true":
+        spark.conf.set(_PUSHDOWN, "true")
+
+
+def _register_active_session() -> None:
+    """Register with the active session, if this process has one (not on executors)."""
+    if "pyspark" not in sys.modules:  # nothing imported PySpark: there is no session
+        return
+    try:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    except Exception:  # no JVM/Connect here (a Python worker): nothing to register with
+        return
+    if spark is not None:
+        register(spark)
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    """What a batch write with a ``writeId`` did to a queue (see :func:`write_status`)."""
+
+    messages: int  # enqueued (created or replaced) by the commit
+    committed_at: int  # epoch ms
+    expires_at: int  # epoch ms: reruns with the id are recognised until then
+    skipped: int  # reruns that found the id committed and enqueued nothing
+    last_skipped_at: int | None
+
+
+def write_status(dsn: str, queue: str, write_id: str, *, schema: str = DEFAULT_SCHEMA) -> WriteStatus | None:
+    """The record of write id ``write_id`` on ``queue``, or None if no write with it committed
+    (or its retention ran out). A rerun skipped because the id was committed shows as
+    ``skipped`` going up (the driver also logs a warning)."""
+    import psycopg
+    from psycopg import sql
+
+    from ..migrations import check_schema
+
+    query = sql.SQL("SELECT * FROM {}.spark_write_status(%s::text, %s::text)").format(
+        sql.Identifier(check_schema(schema))
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(query, (queue, write_id)).fetchone()
+    if row is None:
+        return None
+    messages, committed_at, expires_at, skipped, last_skipped_at = row
+    return WriteStatus(int(messages), int(committed_at), int(expires_at), int(skipped), last_skipped_at)
 
 
 def sweep(
@@ -57,3 +117,6 @@ def __getattr__(name: str) -> Any:
 
         return LonnyMQDataSource
     raise AttributeError(name)
+
+
+_register_active_session()

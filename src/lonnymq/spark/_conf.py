@@ -9,17 +9,54 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import errors
 from ..client.ops import check_queue, map_error
 from ..migrations import DEFAULT_SCHEMA, check_schema
 
 APPLICATION_NAME = "lonnymq-spark"
+#: Spark confs read by :func:`lonnymq.spark.register` (``spark.lonnymq.password`` matches Spark's
+#: default ``spark.redaction.regex``, so the UI and logs show it redacted).
+CONF_DSN = "spark.lonnymq.dsn"
+CONF_PASSWORD = "spark.lonnymq.password"
+
+
+class ConnectFailed(errors.LonnyMQError, ConnectionError):
+    """The data source could not connect to PostgreSQL. The message names the server, never
+    the password."""
+
+
+def describe_dsn(dsn: str) -> str:
+    """``user@host:port/dbname`` of a DSN, for messages: never the password or other secrets."""
+    try:
+        d = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "(an unparsable DSN)"
+    host = str(d.get("host") or d.get("hostaddr") or "localhost")
+    port = f":{d['port']}" if d.get("port") else ""
+    user = f"{d['user']}@" if d.get("user") else ""
+    return f"{user}{host}{port}/{d.get('dbname') or ''}"
+
+
+def scrub(text: str, dsn: str) -> str:
+    """``text`` with the DSN and its password replaced (psycopg quotes a bad conninfo string
+    back in its error)."""
+    secrets = [dsn]
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except psycopg.Error:
+        password = None
+    if password and len(str(password)) >= 3:
+        secrets.append(str(password))
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 def option(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
@@ -72,19 +109,43 @@ def choice_option(options: Mapping[str, str], name: str, choices: tuple[str, ...
 
 @dataclass(frozen=True)
 class Target:
-    """Where to connect: the server, lonnymq's schema and the queue."""
+    """Where to connect: the server, lonnymq's schema and the queue. The DSN is kept out of
+    ``repr`` (plans, logs and tracebacks print objects, never the password)."""
 
-    dsn: str
+    dsn: str = field(repr=False)
     schema: str
     queue: str
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> Target:
-        dsn = option(options, "dsn") or os.environ.get("LONNYMQ_DSN")
+    def from_options(cls, options: Mapping[str, str], conf: Mapping[str, str] | None = None) -> Target:
+        """Resolve the server once, on the driver: option ``dsn``, else the environment variable
+        named by option ``dsnEnv``, else the ``spark.lonnymq.dsn`` conf captured by ``register``
+        (``conf``), else ``$LONNYMQ_DSN``. A ``spark.lonnymq.password`` conf fills in a DSN
+        without a password."""
+        conf = conf or {}
+        dsn = option(options, "dsn")
+        env = option(options, "dsnEnv")
+        if not dsn and env:
+            dsn = os.environ.get(env)
+            if not dsn:
+                raise errors.InvalidArgument(
+                    f"lonnymq: option dsnEnv names ${env}, which is not set where the query is planned (the driver)"
+                )
+        dsn = dsn or conf.get(CONF_DSN) or os.environ.get("LONNYMQ_DSN")
         if not dsn:
             raise errors.InvalidArgument(
-                'lonnymq: give the server with .option("dsn", "postgresql://...") or $LONNYMQ_DSN'
+                'lonnymq: give the server with .option("dsn", ...), .option("dsnEnv", "VAR"), the Spark conf'
+                f" {CONF_DSN} (then lonnymq.spark.register(spark)) or $LONNYMQ_DSN"
             )
+        password = conf.get(CONF_PASSWORD)
+        if password:
+            try:
+                if not conninfo_to_dict(dsn).get("password"):
+                    dsn = make_conninfo(dsn, password=password)
+            except psycopg.Error:
+                raise errors.InvalidArgument(
+                    f"lonnymq: the DSN is not a valid connection string: {describe_dsn(dsn)}"
+                ) from None
         queue = option(options, "queue")
         if queue is None:
             raise errors.InvalidArgument('lonnymq: give the queue with .option("queue", "...")')
@@ -92,10 +153,19 @@ class Target:
         assert schema is not None
         return cls(dsn, check_schema(schema), check_queue(queue))
 
+    def open(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+        """A new connection; a failure raises :class:`ConnectFailed` naming the server only."""
+        try:
+            return psycopg.connect(self.dsn, autocommit=autocommit, application_name=APPLICATION_NAME)
+        except psycopg.Error as e:
+            raise ConnectFailed(
+                f"lonnymq: cannot connect to {describe_dsn(self.dsn)}: {scrub(str(e), self.dsn)}"
+            ) from None
+
     @contextmanager
     def connect(self, *, autocommit: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A connection for one task or driver call; closed (rolled back if unfinished) on exit."""
-        with psycopg.connect(self.dsn, autocommit=autocommit, application_name=APPLICATION_NAME) as conn:
+        with self.open(autocommit=autocommit) as conn:
             yield conn
 
     def query(self, function: str, args: LiteralString) -> sql.Composed:

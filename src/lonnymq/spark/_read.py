@@ -3,14 +3,28 @@ and the streaming source that consumes a queue."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from psycopg import sql
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+    StringStartsWith,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -22,14 +36,15 @@ from pyspark.sql.types import (
     DataType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
-    StructField,
     StructType,
     TimestampType,
 )
 
 from .. import errors
 from ._conf import Target, choice_option, float_option, int_option
+from ._payload import CORRUPT, PayloadDecoder, payload_ddl, to_ms_bounds
 
 #: Columns of every read, in the order the SQL read functions return them.
 COLUMNS: tuple[tuple[str, DataType], ...] = (
@@ -41,7 +56,7 @@ COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("kind", StringType()),
     ("key", StringType()),
     ("channel", StringType()),
-    ("headers", StringType()),
+    ("headers", MapType(StringType(), StringType())),
     ("priority", IntegerType()),
     ("attempts", IntegerType()),
     ("deliveries", IntegerType()),
@@ -56,15 +71,26 @@ _INDEX = {name: i for i, (name, _) in enumerate(COLUMNS)}
 _FETCH = 10_000
 
 
-def read_schema(options: Mapping[str, str]) -> StructType:
-    """The default schema; ``payloadType=binary`` keeps payloads as raw bytes."""
+def read_schema(options: Mapping[str, str]) -> str:
+    """The default schema, as DDL (Spark parses it; the planner's Python has no JVM):
+    ``payloadType=binary`` keeps payloads as raw bytes, ``payloadSchema`` decodes JSON payloads
+    into a struct (plus ``_corrupt`` for rows that do not match, in ``mode`` PERMISSIVE)."""
     binary = choice_option(options, "payloadType", ("string", "binary"), "string") == "binary"
-    return StructType(
-        [
-            StructField(name, BinaryType() if name == "payload" and binary else dtype, True)
-            for name, dtype in COLUMNS
-        ]
-    )
+    typed = payload_ddl(options)
+    if typed is not None and binary:
+        raise errors.InvalidArgument("payloadType=binary and payloadSchema exclude each other")
+    cols = []
+    for name, dtype in COLUMNS:
+        ddl = dtype.simpleString()
+        if name == "payload":
+            ddl = typed or ("binary" if binary else "string")
+        cols.append(f"`{name}` {ddl}")
+    if (
+        typed is not None
+        and choice_option(options, "mode", ("permissive", "failfast"), "permissive") == "permissive"
+    ):
+        cols.append(f"`{CORRUPT}` string")
+    return ", ".join(cols)
 
 
 def _decode(body: bytes | None) -> str | None:
@@ -75,33 +101,71 @@ def _ms_to_us(values: Sequence[int | None]) -> list[int | None]:
     return [None if v is None else v * 1000 for v in values]
 
 
+def _headers(text: str | None) -> list[tuple[str, str]] | None:
+    """A jsonb headers object as map<string,string> entries (non-string values as JSON text)."""
+    if text is None:
+        return None
+    obj = json.loads(text)
+    if not isinstance(obj, dict):
+        return [("", text)]  # cannot happen through send (headers are objects); keep it visible
+    return [(k, v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))) for k, v in obj.items()]
+
+
 class _Arrow:
     """Turns rows of the SQL read functions into Arrow batches of the requested schema (any
-    subset and order of :data:`COLUMNS`; types are cast, e.g. payload to BINARY)."""
+    subset and order of :data:`COLUMNS`, plus ``_corrupt``; types are cast, e.g. payload to
+    BINARY). A struct ``payload`` is decoded from JSON by :class:`PayloadDecoder`."""
 
-    def __init__(self, schema: StructType) -> None:
+    def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        self.picks = []
+        self.picks: list[int] = []
+        fields = {f.name: f.dataType for f in schema.fields}
         for f in schema.fields:
+            if f.name == CORRUPT:
+                self.picks.append(-1)
+                continue
             if f.name not in _INDEX:
                 raise errors.InvalidArgument(
-                    f"lonnymq cannot read a column {f.name!r}; columns are {', '.join(_INDEX)}"
+                    f"lonnymq cannot read a column {f.name!r}; columns are {', '.join(_INDEX)}, {CORRUPT}"
                 )
             self.picks.append(_INDEX[f.name])
+        mode = choice_option(options, "mode", ("permissive", "failfast"), "permissive")
+        payload_type = fields.get("payload")
+        self.decoder: PayloadDecoder | None = None
+        if payload_type is not None and not isinstance(payload_type, (StringType, BinaryType)):
+            if mode == "permissive" and not isinstance(fields.get(CORRUPT), StringType):
+                raise errors.InvalidArgument(
+                    f"a typed payload in mode PERMISSIVE needs a `{CORRUPT} string` column for the rows"
+                    " that do not match (or use mode FAILFAST)"
+                )
+            self.decoder = PayloadDecoder(payload_type, failfast=mode == "failfast")
 
     def batch(self, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
         columns = list(zip(*rows, strict=True))
+        decoded: tuple[list[Any], list[str | None]] | None = None
+        if self.decoder is not None:
+            decoded = self.decoder.decode_all(
+                columns[_INDEX["payload"]], columns[_INDEX["queue"]], columns[_INDEX["id"]]
+            )
         arrays = []
-        for field, i in zip(self.arrow_schema, self.picks, strict=True):
+        for field_, i in zip(self.arrow_schema, self.picks, strict=True):
+            if i == -1:
+                corrupt = decoded[1] if decoded is not None else [None] * len(rows)
+                arrays.append(pa.array(corrupt, pa.string()))
+                continue
             name, dtype = COLUMNS[i]
             values = columns[i]
             if name == "payload":
-                if pa.types.is_binary(field.type):
+                if decoded is not None:
+                    arr = pa.array(decoded[0], field_.type)
+                elif pa.types.is_binary(field_.type):
                     arr = pa.array(values, pa.binary())
                 else:
                     arr = pa.array([_decode(v) for v in values], pa.string())
+            elif name == "headers":
+                arr = pa.array([_headers(v) for v in values], pa.map_(pa.string(), pa.string()))
             elif isinstance(dtype, TimestampType):
                 arr = pa.array(_ms_to_us(values), pa.timestamp("us", tz="UTC"))
             elif isinstance(dtype, LongType):
@@ -110,20 +174,24 @@ class _Arrow:
                 arr = pa.array(values, pa.int32())
             else:
                 arr = pa.array(values, pa.string())
-            arrays.append(arr if arr.type == field.type else arr.cast(field.type))
+            arrays.append(arr if arr.type == field_.type else arr.cast(field_.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 
-def _fetch(
-    target: Target, function: str, args: LiteralString, params: tuple[Any, ...], arrow: _Arrow
-) -> Iterator[pa.RecordBatch]:
-    """Stream a read function's rows through a server-side cursor, as Arrow batches."""
-    query = target.query(function, args)
+def _stream(target: Target, query: sql.Composed, params: Any, arrow: _Arrow) -> Iterator[pa.RecordBatch]:
+    """Stream a query's rows through a server-side cursor, as Arrow batches."""
     with target.connect() as conn, conn.cursor(name="lonnymq_spark_read", binary=True) as cur:
         cur.itersize = _FETCH
         cur.execute(query, params)
         while rows := cur.fetchmany(_FETCH):
             yield arrow.batch(rows)
+
+
+def _fetch(
+    target: Target, function: str, args: LiteralString, params: tuple[Any, ...], arrow: _Arrow
+) -> Iterator[pa.RecordBatch]:
+    """Stream a read function's rows, as Arrow batches."""
+    yield from _stream(target, target.query(function, args), params, arrow)
 
 
 # -- batch reads ------------------------------------------------------------------------------
@@ -137,19 +205,133 @@ class IdRange(InputPartition):
     hi: int
 
 
+#: Time columns a filter may bound, per table ("messages" or "archive"), with their parameter.
+_TIMES = {
+    "messages": {"enqueued_at": "enqueued", "scheduled_at": "scheduled", "dequeue_at": "dequeue"},
+    "archive": {"enqueued_at": "enqueued", "scheduled_at": "scheduled", "archived_at": "archived"},
+}
+_CMP = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
+_SETS = {"key": "keys", "channel": "channels", "kind": "kinds", "status": "statuses"}
+
+
+@dataclass
+class Pushed:
+    """The filters a batch read evaluates in PostgreSQL (see ``BatchReader.pushFilters``): an id
+    range, sets of accepted values (None: any) and inclusive epoch-ms bounds per time column."""
+
+    id_lo: int | None = None
+    id_hi: int | None = None  # exclusive
+    sets: dict[str, frozenset[str]] = field(default_factory=dict)
+    key_prefix: str | None = None
+    times: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    empty: bool = False  # contradictory filters: nothing can match
+
+    def id_bound(self, f: Filter) -> bool:
+        v = getattr(f, "value", None)
+        if not isinstance(v, int) or isinstance(v, bool):
+            return False
+        lo, hi = {
+            EqualTo: (v, v + 1),
+            GreaterThan: (v + 1, None),
+            GreaterThanOrEqual: (v, None),
+            LessThan: (None, v),
+            LessThanOrEqual: (None, v + 1),
+        }[type(f)]
+        if lo is not None:
+            self.id_lo = lo if self.id_lo is None else max(self.id_lo, lo)
+        if hi is not None:
+            self.id_hi = hi if self.id_hi is None else min(self.id_hi, hi)
+        return True
+
+    def time_bound(self, column: str, f: Filter) -> bool:
+        bounds = to_ms_bounds(f)
+        if bounds is None:
+            return False
+        lo, hi = self.times.get(column, (None, None))
+        if bounds[0] is not None:
+            lo = bounds[0] if lo is None else max(lo, bounds[0])
+        if bounds[1] is not None:
+            hi = bounds[1] if hi is None else min(hi, bounds[1])
+        self.times[column] = (lo, hi)
+        return True
+
+    def restrict(self, column: str, values: Sequence[Any]) -> bool:
+        if not values or not all(isinstance(v, str) for v in values):
+            return False
+        old = self.sets.get(column)
+        self.sets[column] = frozenset(values) if old is None else old & frozenset(values)
+        return True
+
+    def prefix(self, value: Any) -> bool:
+        if not isinstance(value, str):
+            return False
+        p = self.key_prefix
+        if p is None or value.startswith(p):
+            self.key_prefix = value
+        elif not p.startswith(value):
+            self.empty = True
+        return True
+
+    def params(self, times: Mapping[str, str]) -> dict[str, Any]:
+        """The filter parameters of spark_read_messages / spark_read_archive."""
+        out: dict[str, Any] = {f"p_{param}": None for param in _SETS.values()}
+        out["p_key_prefix"] = self.key_prefix
+        for column, values in self.sets.items():
+            out[f"p_{_SETS[column]}"] = sorted(values)
+        for param in times.values():
+            out[f"p_{param}_lo"] = out[f"p_{param}_hi"] = None
+        for column, (lo, hi) in self.times.items():
+            out[f"p_{times[column]}_lo"], out[f"p_{times[column]}_hi"] = lo, hi
+        return out
+
+
 class BatchReader(DataSourceReader):
     """``spark.read.format("lonnymq")``: a queue's live messages (``table=messages``, without
     leasing them), its archive (``archive``) or its dead letters (``dead``), split into
     ``numPartitions`` id ranges read in parallel. Each partition reads its own snapshot; rows
-    added after planning with ids above the planned range are not read."""
+    added after planning with ids above the planned range are not read.
 
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.target = Target.from_options(options)
+    Filters on id, key (equality, IN, prefix), channel, kind, status and the time columns are
+    evaluated by PostgreSQL (:meth:`pushFilters`), as index conditions where an index exists;
+    Spark evaluates the rest."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
+        self.target = Target.from_options(options, conf)
         self.table = choice_option(options, "table", ("messages", "archive", "dead"), "messages")
         self.num_partitions = int_option(options, "numPartitions", 4, high=10_000) or 4
         self.schema = schema
+        self.options = dict(options)
+        self.pushed = Pushed()
+        _Arrow(schema, options)  # refuse a bad schema/mode at planning, not in every task
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Keep what PostgreSQL can evaluate; yield the rest back to Spark."""
+        times = _TIMES["messages" if self.table == "messages" else "archive"]
+        p = self.pushed
+        for f in filters:
+            attr: tuple[str, ...] = getattr(f, "attribute", ())
+            column = attr[0] if len(attr) == 1 else None
+            value: Any = getattr(f, "value", None)
+            ok = False
+            if column == "id" and type(f) in _CMP:
+                ok = p.id_bound(f)
+            elif column in times and type(f) in _CMP:
+                ok = p.time_bound(column, f)
+            elif column in _SETS and isinstance(f, EqualTo):
+                ok = p.restrict(column, [value])
+            elif column in _SETS and isinstance(f, In):
+                ok = p.restrict(column, list(f.value))
+            elif column == "key" and isinstance(f, StringStartsWith):
+                ok = p.prefix(value)
+            if not ok:
+                yield f
 
     def partitions(self) -> list[IdRange]:
+        p = self.pushed
+        if p.empty or any(not v for v in p.sets.values()):
+            return [IdRange(0, 0)]
+        if any(lo is not None and hi is not None and lo > hi for lo, hi in p.times.values()):
+            return [IdRange(0, 0)]
         with self.target.connect(autocommit=True) as conn:
             [(lo, hi)] = self.target.call(
                 conn, "spark_id_range", "%s::text, %s::text", (self.target.queue, self.table)
@@ -157,33 +339,56 @@ class BatchReader(DataSourceReader):
         if lo is None:
             return [IdRange(0, 0)]
         hi += 1
+        lo = lo if p.id_lo is None else max(lo, p.id_lo)
+        hi = hi if p.id_hi is None else min(hi, p.id_hi)
+        if lo >= hi:
+            return [IdRange(0, 0)]
         n = max(1, min(self.num_partitions, hi - lo))
         step = -(-(hi - lo) // n)
         return [IdRange(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
+    def query(self, partition: IdRange) -> tuple[sql.Composed, dict[str, Any]]:
+        """The SQL and parameters :meth:`read` runs for a partition (tests EXPLAIN it)."""
+        t = self.target
+        params: dict[str, Any] = {"p_queue": t.queue, "p_lo": partition.lo, "p_hi": partition.hi}
+        if self.table == "messages":
+            function = "spark_read_messages"
+            params.update(self.pushed.params(_TIMES["messages"]))
+        else:
+            function = "spark_read_archive"
+            params["p_status"] = "dead" if self.table == "dead" else None
+            params.update(self.pushed.params(_TIMES["archive"]))
+        args = sql.SQL(", ").join(
+            sql.SQL("{} => {}::{}").format(sql.Identifier(k), sql.Placeholder(k), sql.SQL(_TYPES[k]))
+            for k in params
+        )
+        query = sql.SQL("SELECT * FROM {}.{}({})").format(
+            sql.Identifier(t.schema), sql.Identifier(function), args
+        )
+        return query, params
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, IdRange)
         if partition.lo >= partition.hi:
             return
-        arrow = _Arrow(self.schema)
-        t = self.target
-        if self.table == "messages":
-            yield from _fetch(
-                t,
-                "spark_read_messages",
-                "%s::text, %s::bigint, %s::bigint",
-                (t.queue, partition.lo, partition.hi),
-                arrow,
-            )
-        else:
-            status = "dead" if self.table == "dead" else None
-            yield from _fetch(
-                t,
-                "spark_read_archive",
-                "%s::text, %s::bigint, %s::bigint, %s::text",
-                (t.queue, partition.lo, partition.hi, status),
-                arrow,
-            )
+        query, params = self.query(partition)
+        yield from _stream(self.target, query, params, _Arrow(self.schema, self.options))
+
+
+_TYPES: dict[str, LiteralString] = {
+    "p_queue": "text",
+    "p_lo": "bigint",
+    "p_hi": "bigint",
+    "p_status": "text",
+    "p_keys": "text[]",
+    "p_key_prefix": "text",
+    "p_channels": "text[]",
+    "p_kinds": "text[]",
+    "p_statuses": "text[]",
+    **{
+        f"p_{t}_{b}": "bigint" for t in ("enqueued", "scheduled", "dequeue", "archived") for b in ("lo", "hi")
+    },
+}
 
 
 # -- streaming read ---------------------------------------------------------------------------
@@ -211,8 +416,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     stopped for longer, its uncommitted messages return to the queue.
     """
 
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.target = Target.from_options(options)
+    def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
+        self.target = Target.from_options(options, conf)
+        self.options = dict(options)
+        _Arrow(schema, options)  # refuse a bad schema/mode at planning
         self.max_rows = int_option(options, "maxRowsPerBatch", None, high=1_000_000)
         self.num_partitions = int_option(options, "numPartitions", 2, high=10_000) or 2
         self.lease_ms = round(float_option(options, "lease", 600.0) * 1000)
@@ -233,9 +440,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _call(self, function: str, args: LiteralString, params: tuple[Any, ...]) -> list[Any]:
         for attempt in (1, 2):
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(
-                    self.target.dsn, autocommit=True, application_name="lonnymq-spark"
-                )
+                self._conn = self.target.open(autocommit=True)
             try:
                 return self.target.call(self._conn, function, args, params)
             except psycopg.OperationalError:
@@ -295,7 +500,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, StreamChunks)
-        arrow = _Arrow(self.schema)
+        arrow = _Arrow(self.schema, self.options)
         for batch, chunk in partition.chunks:
             yield from _fetch(
                 self.target,

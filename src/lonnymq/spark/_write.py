@@ -17,6 +17,7 @@ import base64
 import datetime as _dt
 import decimal
 import json
+import logging
 import math
 import secrets
 import uuid
@@ -53,7 +54,9 @@ from pyspark.sql.types import (
 from .. import errors
 from ..client.ops import check_text
 from ..models import JSON, TEXT
-from ._conf import Target, choice_option, option
+from ._conf import Target, choice_option, describe_dsn, float_option, option
+
+log = logging.getLogger("lonnymq.spark")
 
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 _NUMERIC = (*_INTEGRAL, FloatType, DoubleType, DecimalType)
@@ -144,7 +147,9 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
-        return float(value)
+        if not value.is_finite():
+            raise ValueError(f"Decimal {value} is not a finite number")
+        return str(value)  # exact digits, as lonnymq's serializer writes them
     if isinstance(value, (bytes, bytearray)):
         return base64.b64encode(value).decode()
     if isinstance(value, _dt.timedelta):
@@ -301,6 +306,16 @@ def stage(
     return Staged(run, part, n, sink)
 
 
+@dataclass(frozen=True)
+class CommitResult:
+    created: int
+    updated: int
+    ignored: int
+    duplicate: bool  # the sink/write id was already committed: nothing enqueued
+    committed_at: int  # of this commit, or of the one that made this a replay
+    messages: int  # enqueued by this commit, or by the one that made this a replay
+
+
 def commit(
     target: Target,
     run: str,
@@ -308,14 +323,16 @@ def commit(
     on_conflict: str,
     sink: str | None = None,
     batch_id: int | None = None,
-) -> tuple[int, int, int, bool]:
-    """Move the reported parts into the queue in one transaction (see ``spark_write_commit``)."""
+    retention_ms: int = 7 * 86_400_000,
+) -> CommitResult:
+    """Move the reported parts into the queue in one transaction (see ``spark_write_commit``).
+    A replay of a committed sink batch or write id enqueues nothing and is logged."""
     staged = [m for m in messages if isinstance(m, Staged) and m.rows > 0]
     with target.connect() as conn:
         [row] = target.call(
             conn,
             "spark_write_commit",
-            "%s::text, %s::uuid, %s::bigint[], %s::bigint[], %s::text, %s::text, %s::bigint",
+            "%s::text, %s::uuid, %s::bigint[], %s::bigint[], %s::text, %s::text, %s::bigint, %s::bigint",
             (
                 target.queue,
                 run,
@@ -324,11 +341,32 @@ def commit(
                 on_conflict,
                 sink,
                 batch_id,
+                retention_ms,
             ),
         )
         conn.commit()
-    created, updated, ignored, duplicate = row
-    return int(created), int(updated), int(ignored), bool(duplicate)
+    created, updated, ignored, duplicate, committed_at, count = row
+    result = CommitResult(
+        int(created), int(updated), int(ignored), bool(duplicate), int(committed_at), int(count)
+    )
+    if result.duplicate:
+        what = (
+            f"write id {sink[6:]!r}"
+            if sink and sink.startswith("write:")
+            else f"sink {sink!r} batch {batch_id}"
+        )
+        when = _dt.datetime.fromtimestamp(result.committed_at / 1000, _dt.UTC).isoformat(timespec="seconds")
+        log.warning(
+            "lonnymq: %s was already committed to queue %r at %s (%d messages): skipped, nothing enqueued"
+            " (server %s, schema %s)",
+            what,
+            target.queue,
+            when,
+            result.messages,
+            describe_dsn(target.dsn),
+            target.schema,
+        )
+    return result
 
 
 def abort(target: Target, run: str, messages: list[Any]) -> None:
@@ -336,6 +374,12 @@ def abort(target: Target, run: str, messages: list[Any]) -> None:
     with target.connect() as conn:
         target.call(conn, "spark_write_abort", "%s::uuid, %s::bigint[]", (run, parts))
         conn.commit()
+
+
+def retention_ms(options: Mapping[str, str]) -> int:
+    """``writeIdRetention`` (seconds, default 7 days): how long a committed write id or sink
+    batch is remembered (reruns within it are no-ops; maintain() forgets it after)."""
+    return round(float_option(options, "writeIdRetention", 7 * 86400.0) * 1000)
 
 
 def _writer_checks(target: Target) -> None:
@@ -351,9 +395,10 @@ class BatchWriter(DataSourceArrowWriter):
     (e.g. a rerun after the first one's commit succeeded but the driver died) enqueues nothing.
     """
 
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.target = Target.from_options(options)
+    def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
+        self.target = Target.from_options(options, conf)
         self.plan = Plan.build(schema, options)
+        self.retention_ms = retention_ms(options)
         # Pickled once: the same in every task and in commit/abort.
         self.run = str(uuid.uuid4())
         write_id = option(options, "writeId")
@@ -371,6 +416,7 @@ class BatchWriter(DataSourceArrowWriter):
             self.plan.on_conflict,
             self.sink,
             None if self.sink is None else 0,
+            self.retention_ms,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -386,9 +432,10 @@ class StreamWriter(DataSourceStreamArrowWriter):
     and per checkpoint: batches of a reused sink id at or below its last commit are skipped.
     """
 
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.target = Target.from_options(options)
+    def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
+        self.target = Target.from_options(options, conf)
         self.plan = Plan.build(schema, options)
+        self.retention_ms = retention_ms(options)
         self.sink_id = option(options, "sinkId")
         _writer_checks(self.target)
 
@@ -407,7 +454,15 @@ class StreamWriter(DataSourceStreamArrowWriter):
         staged = [m for m in messages if isinstance(m, Staged)]
         if not staged:
             return
-        commit(self.target, staged[0].run, list(staged), self.plan.on_conflict, staged[0].sink, batchId)
+        commit(
+            self.target,
+            staged[0].run,
+            list(staged),
+            self.plan.on_conflict,
+            staged[0].sink,
+            batchId,
+            self.retention_ms,
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         staged = [m for m in messages if isinstance(m, Staged)]

@@ -8,7 +8,8 @@
 -- Housekeeping: delete acknowledged archive rows older than each queue's retention, at most
 -- p_limit per call, and empty channels nothing keeps; forget settles older than an hour (at
 -- most p_limit; settled, ack's memory of its repeats) and fold each queue's sent_count rows
--- into one. Returns how many archive rows were deleted. Writes archive, channel (SKIP LOCKED:
+-- into one; forget Spark write ids past their retention (spark_prune). Returns how many
+-- archive rows were deleted. Writes archive, channel (SKIP LOCKED:
 -- never waits for a channel in use), settled, sent_count (the rows it folds, which only
 -- another maintain locks).
 CREATE OR REPLACE FUNCTION {schema}.maintain(p_limit integer DEFAULT 10000, p_now bigint DEFAULT NULL)
@@ -55,5 +56,7 @@ BEGIN
     )
     INSERT INTO {schema}.sent_count (queue_id, n)
     SELECT d.queue_id, sum(d.n)::bigint FROM d GROUP BY d.queue_id;
+    -- Spark write ids and sink batches past their retention (sql/spark.sql).
+    PERFORM {schema}.spark_prune(p_limit, v_now);
     RETURN v_n;
 END $$;

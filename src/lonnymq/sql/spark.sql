@@ -18,22 +18,36 @@
 -- identifier, {schema_name} its string literal; literal braces are doubled. Time is epoch
 -- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
 
+-- Signatures that changed (0.2: write ids per queue with a retention, filter pushdown). The
+-- file is re-applied whenever it changes; CREATE OR REPLACE cannot change a result type or
+-- drop a parameter, so the old versions go first (no-ops on a fresh install).
+DROP FUNCTION IF EXISTS {schema}.spark_write_commit(text, uuid, bigint[], bigint[], text, text, bigint, bigint);
+DROP FUNCTION IF EXISTS {schema}.spark_read_messages(text, bigint, bigint, bigint);
+DROP FUNCTION IF EXISTS {schema}.spark_read_archive(text, bigint, bigint, text);
+
 -- Move the staged parts of a write into p_queue, in one transaction: parts in the given order,
 -- rows of a part in staging order, so ids follow the DataFrame's partition order. All staged
 -- rows of the run (including those of failed task attempts, which are not in p_parts) are then
--- deleted. With p_sink, the commit happens at most once per (p_sink, p_batch): a batch at or
--- below one already committed for the sink is a replay and enqueues nothing (duplicate = true).
+-- deleted. With p_sink (a write id or a streaming sink), the commit happens at most once per
+-- (p_queue, p_sink, p_batch): a batch at or below one already committed for the sink on this
+-- queue is a replay and enqueues nothing (duplicate = true; the record's skipped count goes
+-- up, and committed_at / messages describe the commit that made it a replay). A record counts
+-- for p_retention_ms after its commit; an expired one is forgotten (as maintain() would).
 -- Raises LQ101 if a part lost rows (server crash emptied staging, or the sweeper ran).
+-- Tables: spark_stage, spark_stage_part (delete), spark_sink_commit (insert/update/delete),
+-- and the queue through send_batch. Locks: an advisory transaction lock per (queue, sink).
 CREATE OR REPLACE FUNCTION {schema}.spark_write_commit(
-    p_queue       text,
-    p_run         uuid,
-    p_parts       bigint[],
-    p_counts      bigint[],
-    p_on_conflict text   DEFAULT 'ignore',
-    p_sink        text   DEFAULT NULL,
-    p_batch       bigint DEFAULT NULL,
-    p_now         bigint DEFAULT NULL
-) RETURNS TABLE (created bigint, updated bigint, ignored bigint, duplicate boolean)
+    p_queue        text,
+    p_run          uuid,
+    p_parts        bigint[],
+    p_counts       bigint[],
+    p_on_conflict  text   DEFAULT 'ignore',
+    p_sink         text   DEFAULT NULL,
+    p_batch        bigint DEFAULT NULL,
+    p_retention_ms bigint DEFAULT 604800000,
+    p_now          bigint DEFAULT NULL
+) RETURNS TABLE (created bigint, updated bigint, ignored bigint, duplicate boolean,
+                 committed_at bigint, messages bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q          {schema}.queue := {schema}._queue(p_queue);
@@ -61,11 +75,19 @@ BEGIN
         IF p_batch IS NULL OR p_batch < 0 THEN
             PERFORM {schema}._invalid('a sink commit needs a batch id >= 0');
         END IF;
-        -- One committer per sink at a time; Spark commits a sink's batches in order, so any
-        -- committed batch at or above this one means this one is done.
-        PERFORM pg_advisory_xact_lock(hashtext({schema_name} || '.spark_sink'), hashtext(p_sink));
-        duplicate := EXISTS (SELECT FROM {schema}.spark_sink_commit c
-                              WHERE c.sink_id = p_sink AND c.batch_id >= p_batch);
+        PERFORM {schema}._check_positive(p_retention_ms, 'retention_ms');
+        -- One committer per (queue, sink) at a time; Spark commits a sink's batches in order,
+        -- so any committed batch at or above this one means this one is done.
+        PERFORM pg_advisory_xact_lock(hashtext({schema_name} || '.spark_sink'), hashtext(q.name || '/' || p_sink));
+        DELETE FROM {schema}.spark_sink_commit c
+         WHERE c.queue = q.name AND c.sink_id = p_sink AND c.expires_at <= v_now;
+        UPDATE {schema}.spark_sink_commit c
+           SET skipped = c.skipped + 1, last_skipped_at = v_now
+         WHERE c.queue = q.name AND c.sink_id = p_sink
+           AND c.batch_id = (SELECT max(d.batch_id) FROM {schema}.spark_sink_commit d
+                              WHERE d.queue = q.name AND d.sink_id = p_sink AND d.batch_id >= p_batch)
+        RETURNING c.committed_at, c.messages INTO committed_at, messages;
+        duplicate := FOUND;
     END IF;
 
     IF NOT duplicate AND p_parts IS NOT NULL THEN
@@ -111,11 +133,16 @@ BEGIN
                       UNION ALL SELECT unnest(p_parts));
     DELETE FROM {schema}.spark_stage_part p WHERE p.run_id = p_run OR p.part = ANY (p_parts);
 
+    IF NOT duplicate THEN
+        committed_at := v_now;
+        messages := created + updated;
+    END IF;
     IF p_sink IS NOT NULL AND NOT duplicate THEN
-        INSERT INTO {schema}.spark_sink_commit (sink_id, batch_id, queue, messages, committed_at)
-        VALUES (p_sink, p_batch, q.name, created + updated, v_now);
+        INSERT INTO {schema}.spark_sink_commit (sink_id, batch_id, queue, messages, committed_at, expires_at)
+        VALUES (p_sink, p_batch, q.name, messages, v_now, v_now + p_retention_ms);
         -- Only the newest batches can ever be replayed; keep a short audit trail.
-        DELETE FROM {schema}.spark_sink_commit c WHERE c.sink_id = p_sink AND c.batch_id <= p_batch - 100;
+        DELETE FROM {schema}.spark_sink_commit c
+         WHERE c.queue = q.name AND c.sink_id = p_sink AND c.batch_id <= p_batch - 100;
     END IF;
     RETURN NEXT;
 END $$;
@@ -306,42 +333,152 @@ BEGIN
     END IF;
 END $$;
 
--- Live messages of a queue with p_lo <= id < p_hi, without leasing them. status is judged at
--- p_now, else when the statement started (one instant for every row, and STABLE: now_ms() is
--- VOLATILE and would move while a cursor streams the rows).
-CREATE OR REPLACE FUNCTION {schema}.spark_read_messages(p_queue text, p_lo bigint, p_hi bigint, p_now bigint DEFAULT NULL)
-RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type text, kind text,
-               key text, channel text, headers text, priority smallint, attempts integer,
-               deliveries integer, enqueued_at bigint, scheduled_at bigint, dequeue_at bigint,
-               archived_at bigint, last_error text, state text)
-LANGUAGE sql STABLE AS $$
-    SELECT q.name, m.id,
-           CASE WHEN m.dequeue_at <= coalesce(p_now, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
-                THEN 'ready'
-                WHEN m.leased THEN 'leased' ELSE 'scheduled' END,
-           m.payload, m.content_type, m.kind, m.key, m.channel, m.headers::text, m.priority,
-           m.attempts, m.deliveries, m.enqueued_at, m.scheduled_at, m.dequeue_at, NULL::bigint,
-           m.last_error, m.state::text
-      FROM {schema}.queue q
-      JOIN {schema}.message m ON m.queue_id = q.id
-     WHERE q.name = p_queue AND m.id >= p_lo AND m.id < p_hi
-$$;
+-- The query behind spark_read_messages (p_table 'messages') and spark_read_archive (any other
+-- p_table), with a condition only for each filter given (not NULL), so that the planner, which
+-- plans the EXECUTE with the caller's values, sees plain index conditions: id on the primary
+-- key, key on message_key_idx (a prefix too when the database collation is C), channel on
+-- message_channel_idx, status and archived_at on archive_status_idx. Values are never in the
+-- text: the query reads them as $1..$15, in the parameter order of the two read functions ($4:
+-- the instant status is judged at for messages, the one status for the archive). Builds text
+-- from its arguments only: IMMUTABLE.
+CREATE OR REPLACE FUNCTION {schema}._spark_read_sql(
+    p_table      text,
+    p_status     text,
+    p_keys       text[],
+    p_key_prefix text,
+    p_channels   text[],
+    p_kinds      text[],
+    p_statuses   text[],
+    p_times      bigint[]
+) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_sql  text;
+    v_time text[] := ARRAY['x.enqueued_at >= $10', 'x.enqueued_at <= $11',
+                                    'x.scheduled_at >= $12', 'x.scheduled_at <= $13'];
+BEGIN
+    IF p_table = 'messages' THEN
+        v_sql := 'SELECT q.name, x.id, st.status, x.payload, x.content_type, x.kind, x.key, x.channel,'
+              || ' x.headers::text, x.priority, x.attempts, x.deliveries, x.enqueued_at, x.scheduled_at,'
+              || ' x.dequeue_at, NULL::bigint, x.last_error, x.state::text'
+              || ' FROM {schema}.queue q JOIN {schema}.message x ON x.queue_id = q.id'
+              || ' CROSS JOIN LATERAL (SELECT CASE WHEN x.dequeue_at <= $4 THEN ''ready'''
+              || ' WHEN x.leased THEN ''leased'' ELSE ''scheduled'' END AS status) st'
+              || ' WHERE q.name = $1 AND x.id >= $2 AND x.id < $3';
+        v_time := v_time || ARRAY['x.dequeue_at >= $14', 'x.dequeue_at <= $15'];
+    ELSE
+        v_sql := 'SELECT q.name, x.id, x.status AS status, x.payload, x.content_type, x.kind, x.key,'
+              || ' x.channel, x.headers::text, x.priority, x.attempts, x.deliveries, x.enqueued_at,'
+              || ' x.scheduled_at, NULL::bigint, x.archived_at, x.last_error, x.state::text'
+              || ' FROM {schema}.queue q JOIN {schema}.archive x ON x.queue_id = q.id'
+              || ' WHERE q.name = $1 AND x.id >= $2 AND x.id < $3';
+        IF p_status IS NOT NULL THEN
+            v_sql := v_sql || ' AND x.status = $4';
+        END IF;
+        v_time := v_time || ARRAY['x.archived_at >= $14', 'x.archived_at <= $15'];
+    END IF;
+    IF p_keys IS NOT NULL THEN
+        v_sql := v_sql || ' AND x.key = ANY ($5)';
+    END IF;
+    IF p_key_prefix IS NOT NULL THEN
+        v_sql := v_sql || ' AND x.key ^@ $6';
+    END IF;
+    IF p_channels IS NOT NULL THEN
+        v_sql := v_sql || ' AND x.channel = ANY ($7)';
+    END IF;
+    IF p_kinds IS NOT NULL THEN
+        v_sql := v_sql || ' AND x.kind = ANY ($8)';
+    END IF;
+    IF p_statuses IS NOT NULL THEN
+        v_sql := v_sql || CASE WHEN p_table = 'messages' THEN ' AND st.status = ANY ($9)'
+                               ELSE ' AND x.status = ANY ($9)' END;
+    END IF;
+    FOR i IN 1 .. 6 LOOP
+        IF p_times[i] IS NOT NULL THEN
+            v_sql := v_sql || ' AND ' || v_time[i];
+        END IF;
+    END LOOP;
+    RETURN v_sql;
+END $$;
 
--- Archived messages of a queue with p_lo <= id < p_hi: all, or one status ('acked', 'dead').
-CREATE OR REPLACE FUNCTION {schema}.spark_read_archive(p_queue text, p_lo bigint, p_hi bigint, p_status text DEFAULT NULL)
+-- Live messages of a queue with p_lo <= id < p_hi that pass the filters Spark pushed down,
+-- without leasing them. Each filter is off when NULL; arrays match any element; times are
+-- inclusive epoch-ms bounds. status is judged at p_now, else when the statement started (one
+-- instant for every row). The query is built by _spark_read_sql and planned with the values,
+-- so filters become index conditions. Reads queue, message.
+CREATE OR REPLACE FUNCTION {schema}.spark_read_messages(
+    p_queue        text,
+    p_lo           bigint,
+    p_hi           bigint,
+    p_now          bigint DEFAULT NULL,
+    p_keys         text[] DEFAULT NULL,
+    p_key_prefix   text   DEFAULT NULL,
+    p_channels     text[] DEFAULT NULL,
+    p_kinds        text[] DEFAULT NULL,
+    p_statuses     text[] DEFAULT NULL,
+    p_enqueued_lo  bigint DEFAULT NULL,
+    p_enqueued_hi  bigint DEFAULT NULL,
+    p_scheduled_lo bigint DEFAULT NULL,
+    p_scheduled_hi bigint DEFAULT NULL,
+    p_dequeue_lo   bigint DEFAULT NULL,
+    p_dequeue_hi   bigint DEFAULT NULL
+)
 RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type text, kind text,
                key text, channel text, headers text, priority smallint, attempts integer,
                deliveries integer, enqueued_at bigint, scheduled_at bigint, dequeue_at bigint,
                archived_at bigint, last_error text, state text)
-LANGUAGE sql STABLE AS $$
-    SELECT q.name, a.id, a.status, a.payload, a.content_type, a.kind, a.key, a.channel,
-           a.headers::text, a.priority, a.attempts, a.deliveries, a.enqueued_at, a.scheduled_at,
-           NULL::bigint, a.archived_at, a.last_error, a.state::text
-      FROM {schema}.queue q
-      JOIN {schema}.archive a ON a.queue_id = q.id
-     WHERE q.name = p_queue AND a.id >= p_lo AND a.id < p_hi
-       AND (p_status IS NULL OR a.status = p_status)
-$$;
+LANGUAGE plpgsql STABLE AS $$
+-- Intended exceptions to plpgsql_check, which cannot see into dynamic SQL: the EXECUTEd text is
+-- made of constant fragments only (_spark_read_sql; every value goes through USING), the OUT
+-- columns are filled by it, and it reads tables, so STABLE, not IMMUTABLE. These are findings
+-- about the whole function, which only the in-comment option reaches.
+-- @plpgsql_check_options: security_warnings = false, extra_warnings = false, performance_warnings = false
+BEGIN
+    RETURN QUERY EXECUTE {schema}._spark_read_sql(
+            'messages', NULL, p_keys, p_key_prefix, p_channels, p_kinds, p_statuses,
+            ARRAY[p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi, p_dequeue_lo, p_dequeue_hi])
+        USING p_queue, p_lo, p_hi,
+              coalesce(p_now, (extract(epoch FROM statement_timestamp()) * 1000)::bigint),
+              p_keys, p_key_prefix, p_channels, p_kinds, p_statuses, p_enqueued_lo, p_enqueued_hi,
+              p_scheduled_lo, p_scheduled_hi, p_dequeue_lo, p_dequeue_hi;
+END $$;
+
+-- Archived messages of a queue with p_lo <= id < p_hi: all, or one status (p_status: 'acked',
+-- 'dead'), that pass the pushed-down filters (as in spark_read_messages). Reads queue, archive.
+CREATE OR REPLACE FUNCTION {schema}.spark_read_archive(
+    p_queue        text,
+    p_lo           bigint,
+    p_hi           bigint,
+    p_status       text   DEFAULT NULL,
+    p_keys         text[] DEFAULT NULL,
+    p_key_prefix   text   DEFAULT NULL,
+    p_channels     text[] DEFAULT NULL,
+    p_kinds        text[] DEFAULT NULL,
+    p_statuses     text[] DEFAULT NULL,
+    p_enqueued_lo  bigint DEFAULT NULL,
+    p_enqueued_hi  bigint DEFAULT NULL,
+    p_scheduled_lo bigint DEFAULT NULL,
+    p_scheduled_hi bigint DEFAULT NULL,
+    p_archived_lo  bigint DEFAULT NULL,
+    p_archived_hi  bigint DEFAULT NULL
+)
+RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type text, kind text,
+               key text, channel text, headers text, priority smallint, attempts integer,
+               deliveries integer, enqueued_at bigint, scheduled_at bigint, dequeue_at bigint,
+               archived_at bigint, last_error text, state text)
+LANGUAGE plpgsql STABLE AS $$
+-- Intended exceptions to plpgsql_check, which cannot see into dynamic SQL: the EXECUTEd text is
+-- made of constant fragments only (_spark_read_sql; every value goes through USING), the OUT
+-- columns are filled by it, and it reads tables, so STABLE, not IMMUTABLE. These are findings
+-- about the whole function, which only the in-comment option reaches.
+-- @plpgsql_check_options: security_warnings = false, extra_warnings = false, performance_warnings = false
+BEGIN
+    RETURN QUERY EXECUTE {schema}._spark_read_sql(
+            'archive', p_status, p_keys, p_key_prefix, p_channels, p_kinds, p_statuses,
+            ARRAY[p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi, p_archived_lo, p_archived_hi])
+        USING p_queue, p_lo, p_hi, p_status, p_keys, p_key_prefix, p_channels, p_kinds, p_statuses,
+              p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi, p_archived_lo, p_archived_hi;
+END $$;
 
 -- Delete staging left by writes that never committed or aborted (driver crash, straggling
 -- tasks) once older than p_stage_ttl_ms, and streams not seen for p_stream_ttl_ms with their
@@ -368,4 +505,34 @@ BEGIN
     DELETE FROM {schema}.spark_stream s WHERE s.seen_at < v_now - p_stream_ttl_ms;
     GET DIAGNOSTICS streams = ROW_COUNT;
     RETURN NEXT;
+END $$;
+
+-- What a batch write with write id p_write_id did to p_queue, while its record is kept: the
+-- messages it enqueued, when, until when reruns are recognised, and how many reruns it turned
+-- into no-ops. No row: never committed (or expired). Reads spark_sink_commit.
+CREATE OR REPLACE FUNCTION {schema}.spark_write_status(p_queue text, p_write_id text)
+RETURNS TABLE (messages bigint, committed_at bigint, expires_at bigint, skipped bigint,
+               last_skipped_at bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT c.messages, c.committed_at, c.expires_at, c.skipped, c.last_skipped_at
+      FROM {schema}.spark_sink_commit c
+     WHERE c.queue = p_queue AND c.sink_id = 'write:' || p_write_id AND c.batch_id = 0
+$$;
+
+-- Forget write ids and streaming-sink batches whose retention ran out (at most p_limit rows);
+-- called by maintain(). Returns the records deleted. Writes spark_sink_commit.
+CREATE OR REPLACE FUNCTION {schema}.spark_prune(p_limit integer DEFAULT 10000, p_now bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_now bigint := {schema}._now(p_now);
+    v_n   bigint;
+BEGIN
+    PERFORM {schema}._check_limit(p_limit);
+    DELETE FROM {schema}.spark_sink_commit c
+     USING (SELECT o.queue, o.sink_id, o.batch_id FROM {schema}.spark_sink_commit o
+             WHERE o.expires_at <= v_now LIMIT p_limit) old
+     WHERE c.queue = old.queue AND c.sink_id = old.sink_id AND c.batch_id = old.batch_id;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
 END $$;
