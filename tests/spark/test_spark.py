@@ -621,3 +621,15 @@ def test_the_dsn_stays_secret_and_can_come_from_conf_or_env(
         lonnymq.spark.register(spark)
     with pytest.raises(Exception, match="give the server"):
         spark.read.format("lonnymq").options(schema=schema, queue="q").load().collect()
+
+
+def test_importing_lonnymq_spark_registers_with_the_active_session(spark: Any) -> None:
+    """``import lonnymq.spark`` registers (re-run here with reload: the module is imported
+    already); registering turns Python filter pushdown on, which Spark 4 leaves off."""
+    import importlib
+
+    import lonnymq.spark
+
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+    importlib.reload(lonnymq.spark)
+    assert spark.conf.get("spark.sql.python.filterPushdown.enabled") == "true"
