@@ -159,7 +159,11 @@ def test_batch_write_with_write_id_is_idempotent_across_jobs(
 def test_batch_read_queue_archive_and_dead_letters(spark: Any, dsn: str, schema: str, client: Client) -> None:
     client.create_queue("jobs", archive=True, max_attempts=1)
     client.send_batch(
-        "jobs", [Envelope({"n": i}, kind="job", channel=f"c{i % 3}", priority=i % 5) for i in range(40)]
+        "jobs",
+        [
+            Envelope({"n": i}, kind="job", channel=f"c{i % 3}", priority=i % 5, headers={"i": str(i), "n": i})
+            for i in range(40)
+        ],
     )
     client.ack(client.take("jobs", 10))  # 10 acked -> archive
     client.nack(client.take("jobs", 5), error="boom")  # 5 dead (max_attempts 1)
@@ -185,6 +189,8 @@ def test_batch_read_queue_archive_and_dead_letters(spark: Any, dsn: str, schema:
     some = next(r for r in rows if r.kind == "job")
     assert 0 <= json.loads(some.payload)["n"] < 40 and some.channel == f"c{json.loads(some.payload)['n'] % 3}"
     assert isinstance(some.enqueued_at, datetime)
+    n = json.loads(some.payload)["n"]
+    assert some.headers == {"i": str(n), "n": str(n)}  # map<string,string>: other JSON values as text
 
     raw = load("messages", payloadType="binary").where("content_type IS NULL").collect()
     assert [bytes(r.payload) for r in raw] == [b"\x00\xffraw"]
@@ -196,6 +202,15 @@ def test_batch_read_queue_archive_and_dead_letters(spark: Any, dsn: str, schema:
     assert all(r.archived_at is not None for r in dead)
 
     # A column subset in another order, via a user schema.
+    (hdr,) = (
+        spark.read.format("lonnymq")
+        .schema("headers string, id long")  # headers as JSON text, as before they were a map
+        .options(**opts(dsn, schema, "jobs", table="dead"))
+        .load()
+        .limit(1)
+        .collect()
+    )
+    assert json.loads(hdr.headers)["i"] == str(json.loads(hdr.headers)["n"])
     ids = (
         spark.read.format("lonnymq")
         .schema("id long, queue string")

@@ -164,6 +164,8 @@ class _Arrow:
                     arr = pa.array(values, pa.binary())
                 else:
                     arr = pa.array([_decode(v) for v in values], pa.string())
+            elif name == "headers" and pa.types.is_string(field_.type):
+                arr = pa.array(values, pa.string())  # a schema asking for JSON text (before 0.2)
             elif name == "headers":
                 arr = pa.array([_headers(v) for v in values], pa.map_(pa.string(), pa.string()))
             elif isinstance(dtype, TimestampType):
