@@ -18,6 +18,7 @@ from .models import (
     QueueMetrics,
     SendResult,
 )
+from .serializer import JsonSerializer, OrjsonSerializer, Serializer
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -27,10 +28,13 @@ __all__ = [
     "Client",
     "DeadMessage",
     "Envelope",
+    "JsonSerializer",
     "Message",
+    "OrjsonSerializer",
     "QueueInfo",
     "QueueMetrics",
     "SendResult",
+    "Serializer",
     "errors",
 ]
 

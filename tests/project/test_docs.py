@@ -15,7 +15,7 @@ from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parents[2]
 # Pages whose every ```python block runs as written (Spark's page needs a JVM: tests/spark/).
-PAGES = ["README.md", "docs/worker.md", "docs/channels.md"]
+PAGES = ["README.md", "docs/worker.md", "docs/channels.md", "docs/payloads.md"]
 
 
 def python_blocks(text: str) -> list[str]:
