@@ -78,7 +78,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add = cs.add_parser("add", help="declare (or update) a periodic message")
     common(add)
     add.add_argument("name")
-    add.add_argument("schedule", help="cron expression ('*/5 * * * *'), @hourly, or '@every 30s' (UTC)")
+    add.add_argument(
+        "schedule",
+        help="cron expression ('*/5 * * * *'), @hourly, or '@every 30s'; cron expressions and macros run"
+        " in UTC unless prefixed 'CRON_TZ=<IANA zone> ' (e.g. 'CRON_TZ=Europe/Paris 0 8 * * mon') or"
+        " given --timezone",
+    )
+    add.add_argument(
+        "--timezone",
+        metavar="ZONE",
+        help="IANA time zone of a cron expression or macro, e.g. Europe/Paris (default UTC;"
+        " same as the CRON_TZ= prefix)",
+    )
     add.add_argument("--queue", required=True)
     add.add_argument("--payload", default="null", help="JSON payload (plain text if not JSON)")
     add.add_argument("--kind")
@@ -245,7 +256,7 @@ def cron_add(args: argparse.Namespace) -> int:
     from ..worker.ops import worker_ops
 
     try:
-        sched = parse_schedule(args.schedule)
+        sched = parse_schedule(args.schedule, args.timezone)
     except errors.InvalidArgument as e:
         raise UsageError(str(e)) from e
     with _util.client(args) as c:

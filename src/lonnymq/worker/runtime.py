@@ -55,8 +55,8 @@ class WorkerError(errors.LonnyMQError):
 class Worker:
     """Runs the handlers of an :class:`App` against one LonnyMQ schema.
 
-    ``client``: an :class:`AsyncClient`, a conninfo string, or None for ``$LONNYMQ_DSN`` / the
-    embedded server. ``queues``: the queues to serve (default: every queue with a handler).
+    ``client``: an :class:`AsyncClient`, a conninfo string, or None for the conninfo ``Client()``
+    uses (``$LONNYMQ_DSN``, ``$DATABASE_URL``, libpq's defaults). ``queues``: the queues to serve (default: every queue with a handler).
     ``concurrency``: handlers running at once (and the size of the sync thread pool).
     ``batch_size``: most messages fetched per round trip (default: ``concurrency``).
     ``lease``: seconds each lease lasts between heartbeats (default: each queue's own).

@@ -16,6 +16,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..client.aio import AsyncClient
+from ..client.config import resolve_conninfo
 from ..models import Message
 from .app import App
 from .meters import WorkerMeters
@@ -89,12 +90,12 @@ class Context:
 
 
 def own_client(conninfo: str | None, schema: str) -> AsyncClient:
-    """The worker's own client: ``conninfo`` (default: $LONNYMQ_DSN or the embedded server)
-    with the worker's application_name unless it names one."""
+    """The worker's own client: ``conninfo``, else what ``Client()`` would use
+    (:func:`~lonnymq.client.config.resolve_conninfo`: ``$LONNYMQ_DSN``, ``$DATABASE_URL``, then
+    libpq's defaults and ``PG*`` variables), with the worker's application_name unless it names
+    one. A server is never started here."""
     if conninfo is None:
-        from ..embedded import resolve_dsn
-
-        conninfo = resolve_dsn()
+        conninfo = resolve_conninfo()
     if "application_name" not in conninfo_to_dict(conninfo):
         conninfo = make_conninfo(conninfo, application_name=APPLICATION_NAME)
     return AsyncClient(conninfo, schema=schema, pool_size=5)
