@@ -23,13 +23,22 @@ def listener(dsn: str, schema: str) -> Iterator[psycopg.Connection]:
         yield c
 
 
+def _wait_on(listener: psycopg.Connection, schema: str, *queues: str) -> None:
+    """Register ``listener`` as a waiter on ``queues``: sends notify only while one waits."""
+    for q in queues:
+        listener.execute(sql.SQL("SELECT {}.wait_begin(%s)").format(sql.Identifier(schema)), [q])
+
+
 def _drain(listener: psycopg.Connection, wait: float = 0.5) -> list[str]:
     return [n.payload for n in listener.notifies(timeout=wait)]
 
 
-def test_one_notification_per_transaction(dsn: str, client: Client, listener: psycopg.Connection) -> None:
+def test_one_notification_per_transaction(
+    dsn: str, schema: str, client: Client, listener: psycopg.Connection
+) -> None:
     client.create_queue("a")
     client.create_queue("b")
+    _wait_on(listener, schema, "a", "b")
     with psycopg.connect(dsn) as tx:
         for i in range(100):
             client.send("a", i, conn=tx)
@@ -49,9 +58,10 @@ def test_one_notification_per_transaction(dsn: str, client: Client, listener: ps
 
 
 def test_no_notification_from_a_rolled_back_send(
-    dsn: str, client: Client, listener: psycopg.Connection
+    dsn: str, schema: str, client: Client, listener: psycopg.Connection
 ) -> None:
     client.create_queue("a")
+    _wait_on(listener, schema, "a")
     with psycopg.connect(dsn) as tx:
         client.send("a", 1, conn=tx)
         tx.rollback()

@@ -463,13 +463,15 @@ class AsyncClient:
         poll: float = 5.0,
     ) -> list[Message]:
         """Like :meth:`take`, but wait up to ``timeout`` seconds (forever if None) for messages:
-        woken by NOTIFY on send, and by the clock when the next scheduled message comes due;
-        ``poll`` bounds each wait as a fallback. Returns [] on timeout."""
+        woken by NOTIFY on send (while it waits it is registered as a waiter on the queue, so
+        sends notify), and by the clock when the next scheduled message comes due; ``poll``
+        bounds each wait as a fallback. Returns [] on timeout."""
         op = self.ops.take(queue, n, lease=lease)
         limit = to_ms(timeout, "timeout")
         to_ms(poll, "poll", positive=True)
         deadline = None if limit is None else monotonic() + limit / 1000
         listener: AsyncListener | None = None
+        registered = False
         try:
             while True:
                 messages = await self.run(op)
@@ -477,11 +479,18 @@ class AsyncClient:
                     return messages
                 if deadline is not None and deadline <= monotonic():
                     return []
-                due_ms = await self.run(self.ops.next_ready_in(queue))
-                wait = next_wait(poll, due_ms, deadline)
+                wait = poll
                 try:
                     if listener is None:
                         listener = await self._listener()
+                    if not registered:
+                        # Register, then look once more: a send that missed the registration
+                        # has committed by now; every later one notifies.
+                        await listener.register(self.schema, queue)
+                        registered = True
+                        continue
+                    due_ms = await self.run(self.ops.next_ready_in(queue))
+                    wait = next_wait(poll, due_ms, deadline)
                     await listener.wait(wait)
                 except psycopg.OperationalError:
                     if self.retry is None:
@@ -489,10 +498,11 @@ class AsyncClient:
                     # The LISTEN connection is gone (a restart, a failover): look again at once
                     # (run() rides out the outage), and listen on a new connection next time.
                     if listener is None:
-                        await asleep(max(wait, 0))
+                        await asleep(max(next_wait(wait, None, deadline), 0))
                     else:
                         await listener.close()
                         listener = None
+                        registered = False
         except BaseException:
             # The listener may be broken or mid-wait (cancelled): never hand it out again.
             if listener is not None:
@@ -500,7 +510,13 @@ class AsyncClient:
             raise
         finally:
             if listener is not None and not listener.closed:
-                self._listeners.append(listener.conn)
+                try:
+                    if registered:
+                        await listener.unregister(self.schema, queue)
+                except psycopg.Error:
+                    await listener.close()
+                else:
+                    self._listeners.append(listener.conn)
 
     async def _listener(self) -> AsyncListener:
         if self._listeners:

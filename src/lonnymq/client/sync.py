@@ -433,13 +433,15 @@ class Client:
         poll: float = 5.0,
     ) -> list[Message]:
         """Like :meth:`take`, but wait up to ``timeout`` seconds (forever if None) for messages:
-        woken by NOTIFY on send, and by the clock when the next scheduled message comes due;
-        ``poll`` bounds each wait as a fallback. Returns [] on timeout."""
+        woken by NOTIFY on send (while it waits it is registered as a waiter on the queue, so
+        sends notify), and by the clock when the next scheduled message comes due; ``poll``
+        bounds each wait as a fallback. Returns [] on timeout."""
         op = self.ops.take(queue, n, lease=lease)
         limit = to_ms(timeout, "timeout")
         to_ms(poll, "poll", positive=True)
         deadline = None if limit is None else monotonic() + limit / 1000
         listener: Listener | None = None
+        registered = False
         try:
             while True:
                 messages = self.run(op)
@@ -447,27 +449,39 @@ class Client:
                     return messages
                 if deadline is not None and deadline <= monotonic():
                     return []
-                due_ms = self.run(self.ops.next_ready_in(queue))
-                wait = next_wait(poll, due_ms, deadline)
+                wait = poll
                 try:
                     if listener is None:
                         listener = self._listener()
+                    if not registered:
+                        listener.register(self.schema, queue)
+                        registered = True
+                        continue
+                    due_ms = self.run(self.ops.next_ready_in(queue))
+                    wait = next_wait(poll, due_ms, deadline)
                     listener.wait(wait)
                 except psycopg.OperationalError:
                     if self.retry is None:
                         raise
                     if listener is None:
-                        sleep(max(wait, 0))
+                        sleep(max(next_wait(wait, None, deadline), 0))
                     else:
                         listener.close()
                         listener = None
+                        registered = False
         except BaseException:
             if listener is not None:
                 listener.close()
             raise
         finally:
             if listener is not None and (not listener.closed):
-                self._listeners.append(listener.conn)
+                try:
+                    if registered:
+                        listener.unregister(self.schema, queue)
+                except psycopg.Error:
+                    listener.close()
+                else:
+                    self._listeners.append(listener.conn)
 
     def _listener(self) -> Listener:
         if self._listeners:

@@ -5,7 +5,10 @@ Generated from ``wait.py`` by ``tools/async_to_sync.py``: do not edit.
 
 A consumer that finds nothing to take sleeps until the first of
 
-* a NOTIFY on the schema's channel (every committed send notifies, payload = the queue name),
+* a NOTIFY on the schema's channel (payload = the queue name): a send notifies only when a
+  consumer is registered as a waiter on its queue (:meth:`Listener.register`, before the
+  consumer's last look at the queue), so producers pay PostgreSQL's NOTIFY commit lock only
+  then (``sql/wait.sql``, docs/wakeups.md),
 * the moment the queue's next scheduled message comes due (``next_ready_in``),
 * a fallback poll, jittered by ±10% so consumers started together do not poll together
   (it catches what NOTIFY cannot: a lease that ran out, a notification lost with a connection).
@@ -22,6 +25,8 @@ from time import monotonic
 from typing import Any
 
 from psycopg import Connection, sql
+
+from .retry import sleep
 
 MIN_WAIT = 0.05
 
@@ -54,6 +59,31 @@ class Listener:
             conn.close()
             raise
         return cls(conn)
+
+    def register(self, schema: str, queue: str) -> None:
+        """Register this connection as a waiter on ``queue`` (until :meth:`unregister` or the
+        connection closes): from now on every send to it notifies. Returns once every send that
+        looked for waiters before (and so may not notify) has committed, typically at once: a
+        look at the queue after this sees their messages. Database errors propagate."""
+        s = sql.Identifier(schema)
+        delay = 0.001
+        while True:
+            cur = self.conn.execute(sql.SQL("SELECT {}.wait_begin(%s)").format(s), [queue])
+            row = cur.fetchone()
+            pending: list[str] | None = row[0] if row is not None else None
+            if pending is not None:
+                break
+            sleep(delay)
+        while pending:
+            sleep(delay)
+            delay = min(delay * 2, 0.05)
+            cur = self.conn.execute(sql.SQL("SELECT {}.wait_pending(%s)").format(s), [pending])
+            row = cur.fetchone()
+            pending = row[0] if row is not None else None
+
+    def unregister(self, schema: str, queue: str) -> None:
+        """Stop being a waiter on ``queue``."""
+        self.conn.execute(sql.SQL("SELECT {}.wait_end(%s)").format(sql.Identifier(schema)), [queue])
 
     def wait(self, timeout: float | None) -> list[str]:
         """Wait up to ``timeout`` seconds (None: until one comes) for notifications; return their

@@ -40,7 +40,8 @@ BEGIN
         )
         SELECT array_agg(d.channel), array_agg(-d.leased::integer) INTO v_channels, v_leases
           FROM d WHERE d.channel IS NOT NULL;
-        PERFORM pg_notify({schema_name}, (SELECT name FROM {schema}.queue WHERE id = q.dead_letter_queue_id));
+        PERFORM {schema}._wake(q.dead_letter_queue_id,
+                               (SELECT name FROM {schema}.queue WHERE id = q.dead_letter_queue_id));
     ELSE
         WITH d AS (
             DELETE FROM {schema}.message m
@@ -123,7 +124,7 @@ BEGIN
     END IF;
     IF v_n > 0 THEN
         INSERT INTO {schema}.sent_count (queue_id, n) VALUES (q.id, v_n);
-        PERFORM pg_notify({schema_name}, q.name);
+        PERFORM {schema}._wake(q.id, q.name);
     END IF;
     RETURN v_n;
 END $$;

@@ -97,7 +97,7 @@ BEGIN
         PERFORM {schema}._channel_enable(q.id);
     END IF;
 
-    PERFORM pg_notify({schema_name}, q.name);
+    PERFORM {schema}._wake(q.id, q.name);
 
     IF p_keys IS NULL OR NOT EXISTS (SELECT FROM unnest(p_keys) k WHERE k IS NOT NULL) THEN
         -- No keys: plain insert; ids are assigned in input order. Without channels nothing

@@ -240,7 +240,7 @@ BEGIN
          WHERE t.id <> ALL (coalesce(v_dead, ARRAY[]::bigint[]) || coalesce(v_retry, ARRAY[]::bigint[]))
            AND (s.id IS NOT NULL OR m.id IS NOT NULL);
     END IF;
-    PERFORM pg_notify({schema_name}, q.name);
+    PERFORM {schema}._wake(q.id, q.name);
 END $$;
 
 -- Heartbeat: push the lease of each matching (id, token) to now + p_lease_ms.

@@ -104,7 +104,11 @@ class Fetcher:
             ctx.meters.fetched.labels(queue=q.name).inc(len(messages))
         for m in messages:
             self.runner.start(q, m)
-        if len(messages) == n:
+        idle = len(messages) < n  # nothing more to fetch with slots free: wake me on a send
+        if idle != q.idle:
+            q.idle = idle
+            ctx.listen_wake.set()
+        if not idle:
             q.hint = True
         else:
             due_ms = await ctx.client.run(ctx.client.ops.next_ready_in(q.name), retry=False)
@@ -113,12 +117,16 @@ class Fetcher:
 
 
 async def listen(ctx: Context, outage: Outage) -> None:
-    """The listener task: a NOTIFY for a served queue wakes the fetch loop for it. A lost
-    connection is an outage (see :mod:`.outage`): it is re-opened once the database is back, then
-    with backoff; on every (re)connect all queues are fetched, since notifications may have been
-    missed."""
+    """The listener task: a NOTIFY for a served queue wakes the fetch loop for it. Sends notify
+    only while someone waits on their queue, so the listener's connection registers as a waiter
+    on each queue whose last fetch left slots free (``QueueState.idle``), then has it fetched
+    once more (a send that missed the registration has committed by then), and unregisters it
+    when a fetch fills every slot. A lost connection is an outage (see :mod:`.outage`): it is
+    re-opened once the database is back, then with backoff; on every (re)connect all queues are
+    fetched, since notifications may have been missed."""
     conninfo = ctx.client.conninfo
     assert conninfo is not None
+    schema = ctx.client.schema
     delay = 0.1
     while True:
         await outage.wait_up(ctx.stop_side)
@@ -130,14 +138,41 @@ async def listen(ctx: Context, outage: Outage) -> None:
                     q.hint = True
                 ctx.wake.set()
                 while True:
-                    for name in await listener.wait(None):
+                    ctx.listen_wake.clear()
+                    for q in ctx.queues.values():
+                        if q.idle and not q.registered:
+                            await listener.register(schema, q.name)
+                            q.registered = q.hint = True
+                            ctx.wake.set()
+                        elif q.registered and not q.idle:
+                            await listener.unregister(schema, q.name)
+                            q.registered = False
+                    for name in await _notified(listener, ctx.listen_wake):
                         notified = ctx.queues.get(name)
                         if notified is not None:
                             notified.hint = True
                             ctx.wake.set()
             finally:
+                for q in ctx.queues.values():
+                    q.registered = False
                 await listener.close()
         except (*OUTAGE, *TRANSIENT) as e:
             outage.lost("listener", e)
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, 5.0)
+
+
+async def _notified(listener: AsyncListener, change: asyncio.Event) -> list[str]:
+    """Wait for notifications (their queue names) or ``change`` (then: [])."""
+    waiting = asyncio.ensure_future(listener.wait(None))
+    changed = asyncio.ensure_future(change.wait())
+    try:
+        await asyncio.wait([waiting, changed], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        changed.cancel()
+        if not waiting.done():
+            waiting.cancel()
+            await asyncio.wait([waiting])  # the connection is free again once it has stopped
+    if waiting.cancelled():
+        return []
+    return waiting.result()

@@ -51,6 +51,8 @@ class QueueState:
     max_attempts: int
     hint: bool = True  # it may have ready messages: fetch before sleeping
     wake_at: float = 0.0  # monotonic time of the next fetch when there is no hint
+    idle: bool = False  # the last fetch left slots free: be a registered waiter (sends notify)
+    registered: bool = False  # the listener's connection is a waiter on the queue
     held: dict[tuple[int, int], Held] = field(default_factory=dict)
     acks: list[Held] = field(default_factory=list)
     retries: list[tuple[Held, int, str]] = field(default_factory=list)
@@ -83,6 +85,7 @@ class Context:
     running: int = 0  # handlers running now
     cancelling: bool = False  # the hard shutdown phase cancels handlers
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # fetch loop: a slot or a NOTIFY
+    listen_wake: asyncio.Event = field(default_factory=asyncio.Event)  # listener: a queue's idle changed
     settle_wake: asyncio.Event = field(default_factory=asyncio.Event)  # settler: results wait
     stop_fetch: asyncio.Event = field(default_factory=asyncio.Event)  # fetch loop, scheduler: stop
     stop_side: asyncio.Event = field(default_factory=asyncio.Event)  # settler, heartbeat: stop

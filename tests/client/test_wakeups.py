@@ -1,0 +1,171 @@
+"""Wake-ups without a NOTIFY per send (issue 12 item 1): sends notify only while a consumer is
+registered as a waiter, and no wake-up is lost when a send races the registration."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from lonnymq import Client
+
+POLL = 30.0  # fallback poll: only a NOTIFY (or the trailing look) can wake a consumer in time
+
+
+@pytest.fixture
+def listener(dsn: str, schema: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(sql.SQL("LISTEN {}").format(sql.Identifier(schema)))
+        yield c
+
+
+def _call(c: psycopg.Connection, schema: str, fn: str, *args: object) -> object:
+    placeholders = sql.SQL(", ").join(sql.Placeholder() * len(args))
+    row = c.execute(
+        sql.SQL("SELECT {}.{}({})").format(sql.Identifier(schema), sql.Identifier(fn), placeholders), args
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _drain(listener: psycopg.Connection, wait: float = 0.3) -> list[str]:
+    return [n.payload for n in listener.notifies(timeout=wait)]
+
+
+def test_send_notifies_only_while_someone_waits(
+    client: Client, schema: str, listener: psycopg.Connection
+) -> None:
+    client.create_queue("q")
+    client.send("q", 1)
+    assert _drain(listener) == []  # nobody waits: no NOTIFY, no commit lock
+    assert _call(listener, schema, "wait_begin", "q") == []
+    client.send("q", 2)
+    assert _drain(listener) == ["q"]
+    assert _call(listener, schema, "wait_end", "q", True) is True
+    assert _call(listener, schema, "wait_end", "q", True) is False  # not registered any more
+    client.send("q", 3)
+    assert _drain(listener) == []
+    # Registered twice, released one at a time.
+    _call(listener, schema, "wait_begin", "q")
+    _call(listener, schema, "wait_begin", "q")
+    assert _call(listener, schema, "wait_end", "q", False) is True
+    client.send("q", 4)
+    assert _drain(listener) == ["q"]
+    assert _call(listener, schema, "wait_end", "q", False) is True
+    assert _call(listener, schema, "wait_end", "nope", True) is False  # unknown queue: no error
+    with pytest.raises(psycopg.Error):
+        _call(listener, schema, "wait_begin", "nope")
+
+
+def test_a_closed_session_stops_waiting(
+    dsn: str, client: Client, schema: str, listener: psycopg.Connection
+) -> None:
+    client.create_queue("q")
+    with psycopg.connect(dsn, autocommit=True) as other:
+        _call(other, schema, "wait_begin", "q")
+        client.send("q", 1)
+    client.send("q", 2)  # the waiter's session is gone: its registration with it
+    with psycopg.connect(dsn, autocommit=True) as probe:
+        probe.execute(sql.SQL("LISTEN {}").format(sql.Identifier(schema)))
+        assert _drain(probe) == []
+
+
+def test_always_setting_notifies_every_send(dsn: str, client: Client, listener: psycopg.Connection) -> None:
+    client.create_queue("q")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SET lonnymq.wake = 'always'")
+        client.send("q", 1, conn=c)
+    assert _drain(listener) == ["q"]
+
+
+def test_wait_begin_reports_sends_in_flight(dsn: str, client: Client, schema: str) -> None:
+    """A send that looked for waiters before the registration is waited for (wait_pending)."""
+    client.create_queue("q")
+    with psycopg.connect(dsn) as tx, psycopg.connect(dsn, autocommit=True) as waiter:
+        client.send("q", 1, conn=tx)  # looked: nobody waits, so it will not notify
+        pending = _call(waiter, schema, "wait_begin", "q")
+        assert isinstance(pending, list) and len(pending) == 1
+        assert _call(waiter, schema, "wait_pending", pending) == pending
+        tx.commit()
+        assert _call(waiter, schema, "wait_pending", pending) == []
+
+
+def test_wait_begin_retries_while_a_send_probes(dsn: str, client: Client, schema: str) -> None:
+    """wait_begin returns NULL while the wait lock is held exclusively (a send's probe)."""
+    client.create_queue("q")
+    with psycopg.connect(dsn, autocommit=True) as c, psycopg.connect(dsn, autocommit=True) as w:
+        keys = c.execute(
+            sql.SQL("SELECT k.* FROM {}._wait_keys((SELECT id FROM {}.queue WHERE name = 'q')) k").format(
+                sql.Identifier(schema), sql.Identifier(schema)
+            )
+        ).fetchone()
+        assert keys is not None
+        c.execute("SELECT pg_advisory_lock(%s, %s)", [keys[1], keys[2]])
+        assert _call(w, schema, "wait_begin", "q") is None
+        c.execute("SELECT pg_advisory_unlock(%s, %s)", [keys[1], keys[2]])
+        assert _call(w, schema, "wait_begin", "q") == []
+
+
+def test_receive_waits_for_a_send_in_flight(dsn: str, client: Client, schema: str) -> None:
+    """A send whose transaction is open while receive() registers is picked up at its commit,
+    though it never notifies."""
+    client.create_queue("q")
+    with psycopg.connect(dsn) as tx:
+        client.send("q", b"x", conn=tx)
+        got: list[object] = []
+        t = threading.Thread(target=lambda: got.extend(client.receive("q", timeout=20, poll=POLL)))
+        t.start()
+        time.sleep(0.3)
+        assert not got
+        tx.commit()
+        started = time.monotonic()
+        t.join(10)
+    assert len(got) == 1 and time.monotonic() - started < 1
+
+
+def test_no_lost_wakeup_under_concurrency(dsn: str, client: Client, schema: str) -> None:
+    """Several producers and waiters, many rounds: every message sent while consumers wait is
+    picked up long before the 30 s poll."""
+    client.create_queue("q")
+    waiters, producers, rounds = 4, 3, 15
+    got: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            with Client(dsn, schema=schema, pool_size=1) as c:
+                for _ in range(rounds * producers // waiters + 2):
+                    ms = c.receive("q", timeout=5, poll=POLL)
+                    if not ms:
+                        return
+                    with lock:
+                        got.extend(time.monotonic() - float(m.payload) for m in ms)
+                    c.ack(ms)
+        except BaseException as e:  # reported by the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume) for _ in range(waiters)]
+    for t in threads:
+        t.start()
+    with Client(dsn, schema=schema, pool_size=producers) as p:
+        for i in range(rounds):
+            time.sleep(0.05 + 0.01 * (i % 5))  # consumers are (mostly) waiting again
+
+            def send() -> None:
+                p.send("q", str(time.monotonic()).encode())
+
+            senders = [threading.Thread(target=send) for _ in range(producers)]
+            for s in senders:
+                s.start()
+            for s in senders:
+                s.join()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert len(got) == rounds * producers
+    assert max(got) < 1.0, sorted(got)[-5:]
