@@ -129,7 +129,8 @@ class Target:
             dsn = os.environ.get(env)
             if not dsn:
                 raise errors.InvalidArgument(
-                    f"lonnymq: option dsnEnv names ${env}, which is not set where the query is planned (the driver)"
+                    f"lonnymq: option dsnEnv names ${env}, which is not set where the query is planned"
+                    " (the driver; with Spark Connect, the Connect server)"
                 )
         dsn = dsn or conf.get(CONF_DSN) or os.environ.get("LONNYMQ_DSN")
         if not dsn:
