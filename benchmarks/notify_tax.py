@@ -2,7 +2,7 @@
 per transaction) through ``send``, with the waiter-gated wake-up (``_wake``: NOTIFY only while
 a consumer waits) against the old behaviour (``SET lonnymq.wake = 'always'``: NOTIFY on every
 send), interleaved and repeated; then idle pickup (a producer's commit to a waiting
-``receive()`` returning) p50/p99 with 1 and 8 waiters.
+``receive()`` returning, or to a worker's handler starting) p50/p99 with 1 and 8 waiters.
 
     .venv/bin/python benchmarks/notify_tax.py --dsn postgresql://root@127.0.0.1:5432/test
 """
@@ -10,6 +10,7 @@ send), interleaved and repeated; then idle pickup (a producer's commit to a wait
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import statistics
 import threading
@@ -19,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from lonnymq import Client
+from lonnymq.worker import App, Job, Worker
 
 SCHEMA = "bench_notify_tax"
 
@@ -50,32 +52,66 @@ def throughput(dsn: str, mode: str, producers: int, seconds: float) -> float:
     return total / seconds
 
 
-def pickup(dsn: str, waiters: int, rounds: int) -> list[float]:
-    """Milliseconds from a send's commit to a waiting receive() returning it."""
-    lat: list[float] = []
-    lock = threading.Lock()
+def pickup(dsn: str, waiters: int, rounds: int, kind: str) -> tuple[list[float], list[float]]:
+    """Milliseconds from a send's start, and from its return (its commit is in between), to a
+    waiting ``receive()`` returning the message or a worker's handler starting on it."""
+    sent: dict[int, tuple[float, float]] = {}
+    got: dict[int, float] = {}
     stop = threading.Event()
+    ready = threading.Event()
 
     def consume() -> None:
         with Client(dsn, schema=SCHEMA, pool_size=1) as c:
             while not stop.is_set():
                 for m in c.receive("q", timeout=1, poll=30):
-                    with lock:
-                        lat.append((time.time() - float(m.payload)) * 1000)
+                    got[int(m.payload)] = time.time()
                     c.ack(m)
 
-    ts = [threading.Thread(target=consume) for _ in range(waiters)]
+    def work() -> None:
+        app = App()
+
+        @app.handler("q")
+        async def handler(job: Job) -> None:
+            got[int(job.payload)] = time.time()
+
+        async def main() -> None:
+            workers = [Worker(app, dsn, schema=SCHEMA, poll_interval=30, cron=False) for _ in range(waiters)]
+            for w in workers:
+                await w.start()
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            for w in workers:
+                await w.stop()
+
+        asyncio.run(main())
+
+    if kind == "receive":
+        ts = [threading.Thread(target=consume) for _ in range(waiters)]
+        ready.set()
+    else:
+        ts = [threading.Thread(target=work)]
     for t in ts:
         t.start()
+    ready.wait()
+    time.sleep(0.5)
     with Client(dsn, schema=SCHEMA, pool_size=1) as p:
-        for _ in range(rounds):
+        for i in range(rounds):
             time.sleep(0.1)  # every waiter is asleep again
-            p.send("q", str(time.time()).encode())
+            t0 = time.time()
+            p.send("q", str(i).encode())
+            sent[i] = (t0, time.time())
     time.sleep(0.5)
     stop.set()
     for t in ts:
         t.join()
-    return lat
+    start = sorted((got[i] - a) * 1000 for i, (a, _) in sent.items() if i in got)
+    commit = sorted((got[i] - b) * 1000 for i, (_, b) in sent.items() if i in got)
+    return start, commit
+
+
+def pct(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(len(xs) * q))]
 
 
 def reset(dsn: str) -> None:
@@ -109,10 +145,14 @@ def main() -> None:
         ratio = statistics.median(rates["waiters"]) / statistics.median(rates["always"])
         print(f"waiter-gated / NOTIFY-every-send: {ratio:.2f}x")
         reset(a.dsn)
-        for w in (1, 8):
-            lat = sorted(pickup(a.dsn, w, a.rounds))
-            p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99) - 1]
-            print(f"idle pickup, {w} waiter(s): p50 {p50:.1f} ms, p99 {p99:.1f} ms ({len(lat)} messages)")
+        for kind in ("receive", "worker"):
+            for w in (1, 8):
+                start, commit = pickup(a.dsn, w, a.rounds, kind)
+                print(
+                    f"idle pickup, {kind}, {w} waiter(s), {len(start)} messages: from send() call"
+                    f" p50 {pct(start, 0.5):.1f} ms p99 {pct(start, 0.99):.1f} ms; from its return"
+                    f" p50 {pct(commit, 0.5):.1f} ms p99 {pct(commit, 0.99):.1f} ms"
+                )
     finally:
         with psycopg.connect(a.dsn, autocommit=True) as c:
             c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))

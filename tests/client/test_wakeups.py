@@ -94,8 +94,8 @@ def test_wait_begin_reports_sends_in_flight(dsn: str, client: Client, schema: st
         assert _call(waiter, schema, "wait_pending", pending) == []
 
 
-def test_wait_begin_retries_while_a_send_probes(dsn: str, client: Client, schema: str) -> None:
-    """wait_begin returns NULL while the wait lock is held exclusively (a send's probe)."""
+def test_wait_begin_waits_for_a_probe_at_most_lock_timeout(dsn: str, client: Client, schema: str) -> None:
+    """The wait lock held exclusively (a send probing it) delays wait_begin, for at most 1 s."""
     client.create_queue("q")
     with psycopg.connect(dsn, autocommit=True) as c, psycopg.connect(dsn, autocommit=True) as w:
         keys = c.execute(
@@ -105,9 +105,16 @@ def test_wait_begin_retries_while_a_send_probes(dsn: str, client: Client, schema
         ).fetchone()
         assert keys is not None
         c.execute("SELECT pg_advisory_lock(%s, %s)", [keys[1], keys[2]])
-        assert _call(w, schema, "wait_begin", "q") is None
-        c.execute("SELECT pg_advisory_unlock(%s, %s)", [keys[1], keys[2]])
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            _call(w, schema, "wait_begin", "q")
+        timer = threading.Timer(
+            0.2, lambda: c.execute("SELECT pg_advisory_unlock(%s, %s)", [keys[1], keys[2]])
+        )
+        timer.start()
+        started = time.monotonic()
         assert _call(w, schema, "wait_begin", "q") == []
+        timer.join()
+        assert time.monotonic() - started >= 0.15
 
 
 def test_receive_waits_for_a_send_in_flight(dsn: str, client: Client, schema: str) -> None:

@@ -46,7 +46,7 @@ from ..serializer import Serializer
 from . import config
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
-from .wait import AsyncListener, next_wait
+from .wait import PENDING_WAIT, AsyncListener, next_wait
 
 T = TypeVar("T")
 
@@ -472,6 +472,7 @@ class AsyncClient:
         deadline = None if limit is None else monotonic() + limit / 1000
         listener: AsyncListener | None = None
         registered = False
+        pending: list[str] = []  # sends that may have missed the registration, still running
         try:
             while True:
                 messages = await self.run(op)
@@ -484,14 +485,19 @@ class AsyncClient:
                     if listener is None:
                         listener = await self._listener()
                     if not registered:
-                        # Register, then look once more: a send that missed the registration
-                        # has committed by now; every later one notifies.
-                        await listener.register(self.schema, queue)
+                        # Register, then look once more: every later send notifies, and one
+                        # that missed the registration has usually committed by now.
+                        pending = await listener.register(self.schema, queue)
                         registered = True
                         continue
+                    if pending:
+                        # Some had not: look again once they have (checked every PENDING_WAIT).
+                        pending = await listener.pending(self.schema, pending)
+                        if not pending:
+                            continue
                     due_ms = await self.run(self.ops.next_ready_in(queue))
                     wait = next_wait(poll, due_ms, deadline)
-                    await listener.wait(wait)
+                    await listener.wait(min(wait, PENDING_WAIT) if pending else wait)
                 except psycopg.OperationalError:
                     if self.retry is None:
                         raise

@@ -49,7 +49,7 @@ from ..serializer import Serializer
 from . import config
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, sleep
-from .wait_sync import Listener, next_wait
+from .wait_sync import PENDING_WAIT, Listener, next_wait
 
 T = TypeVar("T")
 
@@ -442,6 +442,7 @@ class Client:
         deadline = None if limit is None else monotonic() + limit / 1000
         listener: Listener | None = None
         registered = False
+        pending: list[str] = []
         try:
             while True:
                 messages = self.run(op)
@@ -454,12 +455,16 @@ class Client:
                     if listener is None:
                         listener = self._listener()
                     if not registered:
-                        listener.register(self.schema, queue)
+                        pending = listener.register(self.schema, queue)
                         registered = True
                         continue
+                    if pending:
+                        pending = listener.pending(self.schema, pending)
+                        if not pending:
+                            continue
                     due_ms = self.run(self.ops.next_ready_in(queue))
                     wait = next_wait(poll, due_ms, deadline)
-                    listener.wait(wait)
+                    listener.wait(min(wait, PENDING_WAIT) if pending else wait)
                 except psycopg.OperationalError:
                     if self.retry is None:
                         raise

@@ -25,6 +25,11 @@ from psycopg import AsyncConnection, sql
 
 from .retry import asleep
 
+#: How long :meth:`AsyncListener.register` waits for sends that may have missed the
+#: registration to commit, and how often they are checked after that (a send whose transaction
+#: stays open that long costs its message at most this much extra latency, never a wake-up).
+PENDING_WAIT = 0.05
+
 #: Shortest wait when messages are due but held by other consumers (their leases end, or they
 #: settle, at a time no NOTIFY announces).
 MIN_WAIT = 0.05
@@ -59,26 +64,34 @@ class AsyncListener:
             raise
         return cls(conn)
 
-    async def register(self, schema: str, queue: str) -> None:
+    async def register(self, schema: str, queue: str) -> list[str]:
         """Register this connection as a waiter on ``queue`` (until :meth:`unregister` or the
-        connection closes): from now on every send to it notifies. Returns once every send that
-        looked for waiters before (and so may not notify) has committed, typically at once: a
-        look at the queue after this sees their messages. Database errors propagate."""
-        s = sql.Identifier(schema)
-        delay = 0.001
-        while True:
-            cur = await self.conn.execute(sql.SQL("SELECT {}.wait_begin(%s)").format(s), [queue])
-            row = await cur.fetchone()
-            pending: list[str] | None = row[0] if row is not None else None
-            if pending is not None:
-                break
-            await asleep(delay)  # a send is probing the wait lock this very moment
-        while pending:
+        connection closes): from now on every send to it notifies. Returns the sends that looked
+        for waiters just before (so will not notify) and have not committed yet, after giving
+        them :data:`PENDING_WAIT` to do so: usually none, and a look at the queue now sees
+        every message sent before. Otherwise pass them to :meth:`pending` until it returns
+        none, then look again. Database errors propagate."""
+        cur = await self.conn.execute(
+            sql.SQL("SELECT {}.wait_begin(%s)").format(sql.Identifier(schema)), [queue]
+        )
+        row = await cur.fetchone()
+        pending: list[str] = row[0] if row is not None else []
+        delay, deadline = 0.001, monotonic() + PENDING_WAIT
+        while pending and monotonic() < deadline:
             await asleep(delay)
-            delay = min(delay * 2, 0.05)
-            cur = await self.conn.execute(sql.SQL("SELECT {}.wait_pending(%s)").format(s), [pending])
-            row = await cur.fetchone()
-            pending = row[0] if row is not None else None
+            delay *= 2
+            pending = await self.pending(schema, pending)
+        return pending
+
+    async def pending(self, schema: str, sends: list[str]) -> list[str]:
+        """Which of ``sends`` (from :meth:`register`) have still not committed."""
+        if not sends:
+            return []
+        cur = await self.conn.execute(
+            sql.SQL("SELECT {}.wait_pending(%s)").format(sql.Identifier(schema)), [sends]
+        )
+        row = await cur.fetchone()
+        return row[0] if row is not None else []
 
     async def unregister(self, schema: str, queue: str) -> None:
         """Stop being a waiter on ``queue``."""

@@ -28,6 +28,7 @@ from psycopg import Connection, sql
 
 from .retry import sleep
 
+PENDING_WAIT = 0.05
 MIN_WAIT = 0.05
 
 
@@ -60,26 +61,30 @@ class Listener:
             raise
         return cls(conn)
 
-    def register(self, schema: str, queue: str) -> None:
+    def register(self, schema: str, queue: str) -> list[str]:
         """Register this connection as a waiter on ``queue`` (until :meth:`unregister` or the
-        connection closes): from now on every send to it notifies. Returns once every send that
-        looked for waiters before (and so may not notify) has committed, typically at once: a
-        look at the queue after this sees their messages. Database errors propagate."""
-        s = sql.Identifier(schema)
-        delay = 0.001
-        while True:
-            cur = self.conn.execute(sql.SQL("SELECT {}.wait_begin(%s)").format(s), [queue])
-            row = cur.fetchone()
-            pending: list[str] | None = row[0] if row is not None else None
-            if pending is not None:
-                break
+        connection closes): from now on every send to it notifies. Returns the sends that looked
+        for waiters just before (so will not notify) and have not committed yet, after giving
+        them :data:`PENDING_WAIT` to do so: usually none, and a look at the queue now sees
+        every message sent before. Otherwise pass them to :meth:`pending` until it returns
+        none, then look again. Database errors propagate."""
+        cur = self.conn.execute(sql.SQL("SELECT {}.wait_begin(%s)").format(sql.Identifier(schema)), [queue])
+        row = cur.fetchone()
+        pending: list[str] = row[0] if row is not None else []
+        delay, deadline = (0.001, monotonic() + PENDING_WAIT)
+        while pending and monotonic() < deadline:
             sleep(delay)
-        while pending:
-            sleep(delay)
-            delay = min(delay * 2, 0.05)
-            cur = self.conn.execute(sql.SQL("SELECT {}.wait_pending(%s)").format(s), [pending])
-            row = cur.fetchone()
-            pending = row[0] if row is not None else None
+            delay *= 2
+            pending = self.pending(schema, pending)
+        return pending
+
+    def pending(self, schema: str, sends: list[str]) -> list[str]:
+        """Which of ``sends`` (from :meth:`register`) have still not committed."""
+        if not sends:
+            return []
+        cur = self.conn.execute(sql.SQL("SELECT {}.wait_pending(%s)").format(sql.Identifier(schema)), [sends])
+        row = cur.fetchone()
+        return row[0] if row is not None else []
 
     def unregister(self, schema: str, queue: str) -> None:
         """Stop being a waiter on ``queue``."""

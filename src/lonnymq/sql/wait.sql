@@ -57,18 +57,16 @@ END $$;
 -- Consumer side: register this session as a waiter on queue p_queue (it must LISTEN on
 -- {schema_name} already). Returns the virtual transaction ids of the sends that may have missed
 -- the registration (they hold the send lock): look at the queue once wait_pending returns none
--- of them. Returns NULL if the wait lock is held exclusively at this instant (a send probing it):
--- call again. A session registered twice must call wait_end twice (or once with p_all).
--- Raises LQ001 if the queue does not exist. Locks: the wait lock (session, shared).
+-- of them. A session registered twice must call wait_end twice (or once with p_all).
+-- Raises LQ001 if the queue does not exist. Locks: the wait lock (session, shared), waiting for
+-- sends probing it (microseconds each) at most lock_timeout (1 s; then SQLSTATE 55P03).
 CREATE OR REPLACE FUNCTION {schema}.wait_begin(p_queue text) RETURNS text[]
-LANGUAGE plpgsql VOLATILE STRICT AS $$
+LANGUAGE plpgsql VOLATILE STRICT SET lock_timeout = '1s' AS $$
 DECLARE
     v_id integer := ({schema}._queue(p_queue)).id;
     k    record := {schema}._wait_keys(v_id);
 BEGIN
-    IF NOT pg_try_advisory_lock_shared(k.k_wait, k.k_queue) THEN
-        RETURN NULL;
-    END IF;
+    PERFORM pg_advisory_lock_shared(k.k_wait, k.k_queue);
     RETURN ARRAY(
         SELECT l.virtualtransaction FROM pg_catalog.pg_locks l
          WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()

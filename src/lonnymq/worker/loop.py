@@ -16,7 +16,7 @@ from functools import partial
 from time import monotonic
 
 from .. import errors
-from ..client.wait import AsyncListener, next_wait
+from ..client.wait import PENDING_WAIT, AsyncListener, next_wait
 from .execute import Runner
 from .ops import WORKER_MIGRATION
 from .outage import OUTAGE, Outage
@@ -141,20 +141,27 @@ async def listen(ctx: Context, outage: Outage) -> None:
                     ctx.listen_wake.clear()
                     for q in ctx.queues.values():
                         if q.idle and not q.registered:
-                            await listener.register(schema, q.name)
+                            q.pending = await listener.register(schema, q.name)
                             q.registered = q.hint = True
                             ctx.wake.set()
                         elif q.registered and not q.idle:
                             await listener.unregister(schema, q.name)
-                            q.registered = False
-                    for name in await _notified(listener, ctx.listen_wake):
+                            q.registered, q.pending = False, []
+                        elif q.pending:
+                            # Sends that missed the registration: fetch again once committed.
+                            q.pending = await listener.pending(schema, q.pending)
+                            if not q.pending:
+                                q.hint = True
+                                ctx.wake.set()
+                    timeout = PENDING_WAIT if any(q.pending for q in ctx.queues.values()) else None
+                    for name in await _notified(listener, ctx.listen_wake, timeout):
                         notified = ctx.queues.get(name)
                         if notified is not None:
                             notified.hint = True
                             ctx.wake.set()
             finally:
                 for q in ctx.queues.values():
-                    q.registered = False
+                    q.registered, q.pending = False, []
                 await listener.close()
         except (*OUTAGE, *TRANSIENT) as e:
             outage.lost("listener", e)
@@ -162,9 +169,10 @@ async def listen(ctx: Context, outage: Outage) -> None:
             delay = min(delay * 2, 5.0)
 
 
-async def _notified(listener: AsyncListener, change: asyncio.Event) -> list[str]:
-    """Wait for notifications (their queue names) or ``change`` (then: [])."""
-    waiting = asyncio.ensure_future(listener.wait(None))
+async def _notified(listener: AsyncListener, change: asyncio.Event, timeout: float | None) -> list[str]:
+    """Wait up to ``timeout`` seconds for notifications (their queue names) or ``change``
+    (then: [])."""
+    waiting = asyncio.ensure_future(listener.wait(timeout))
     changed = asyncio.ensure_future(change.wait())
     try:
         await asyncio.wait([waiting, changed], return_when=asyncio.FIRST_COMPLETED)

@@ -53,6 +53,7 @@ class QueueState:
     wake_at: float = 0.0  # monotonic time of the next fetch when there is no hint
     idle: bool = False  # the last fetch left slots free: be a registered waiter (sends notify)
     registered: bool = False  # the listener's connection is a waiter on the queue
+    pending: list[str] = field(default_factory=list)  # sends that may have missed registering
     held: dict[tuple[int, int], Held] = field(default_factory=dict)
     acks: list[Held] = field(default_factory=list)
     retries: list[tuple[Held, int, str]] = field(default_factory=list)
