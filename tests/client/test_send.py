@@ -223,23 +223,23 @@ def test_key_replace_updates_a_waiting_message(client: Client, q: str, db: Sql) 
     assert [x.payload for x in client.take(q)] == ["v2"]
 
 
-def test_key_replace_leaves_a_leased_message_alone(client: Client, q: str, db: Sql) -> None:
+def test_key_replace_of_a_leased_message_makes_a_new_version(client: Client, q: str, db: Sql) -> None:
     client.create_queue("r", lease=1)
     t = db.now()
     [sent] = db.send("r", [b"v1"], t, p_keys=["k"])
     [d] = db.take("r", 1, t)
-    # While leased: ignored, nothing changes.
+    # While leased: the holder keeps its version; the new one is another message (a new id).
     [r] = db.send("r", [b"v2"], t + 500, p_keys=["k"], p_on_conflict="replace")
-    assert (r["id"], r["outcome"]) == (sent["id"], "ignored")
+    assert r["outcome"] == "updated" and r["id"] != sent["id"]
     row = db.row("r", sent["id"])
-    assert row is not None and (row["payload"], row["leased"]) == (b"v1", True)
-    # Once the lease has expired the message is waiting again and is replaced, with a fresh
-    # attempt budget; the old holder's token no longer acks it.
-    [r] = db.send("r", [b"v3"], t + 1001, p_keys=["k"], p_on_conflict="replace")
-    assert (r["id"], r["outcome"]) == (sent["id"], "updated")
-    row = db.row("r", sent["id"])
+    assert row is not None and (row["payload"], row["leased"], row["superseded_by"]) == (b"v1", True, r["id"])
+    # A further replace updates the new version in place, with a fresh attempt budget; the old
+    # holder's token never acks it (tests/client/test_replace_while_leased.py has the rest).
+    [r3] = db.send("r", [b"v3"], t + 1001, p_keys=["k"], p_on_conflict="replace")
+    assert (r3["id"], r3["outcome"]) == (r["id"], "updated")
+    row = db.row("r", r["id"])
     assert row is not None and (row["payload"], row["leased"], row["attempts"]) == (b"v3", False, 0)
-    assert db.call("ack", p_queue="r", p_ids=[d["id"]], p_tokens=[d["token"]], p_now=t + 1002) == []
+    assert db.call("ack", p_queue="r", p_ids=[r["id"]], p_tokens=[d["token"]], p_now=t + 1002) == []
     [d2] = db.take("r", 1, t + 1002)
     assert (d2["payload"], d2["attempt"]) == (b"v3", 1) and d2["token"] != d["token"]
 

@@ -10,7 +10,8 @@
 -- Returns its delivery fields (token = the current fencing token, lease_until only while
 -- leased) and status: 'leased' (a lease that has not expired), 'ready' (deliverable now,
 -- expired leases included) or 'scheduled'. No row when nothing live matches (settled,
--- cancelled, dead-lettered or unknown). Raises LQ001, LQ002 (not exactly one of id/key).
+-- cancelled, dead-lettered or unknown). By key: the current version (a leased message that a
+-- replace superseded is found by its id only). Raises LQ001, LQ002 (not exactly one of id/key).
 -- Reads message (primary key or key index); takes no lock.
 CREATE OR REPLACE FUNCTION {schema}.message_get(
     p_queue text,
@@ -50,7 +51,7 @@ BEGIN
                CASE WHEN m.leased AND m.dequeue_at > v_now THEN 'leased'
                     WHEN m.dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END
           FROM {schema}.message m
-         WHERE m.queue_id = q.id AND m.key = p_key;
+         WHERE m.queue_id = q.id AND m.key = p_key AND m.superseded_by IS NULL;
     END IF;
 END $$;
 
@@ -58,7 +59,9 @@ END $$;
 -- ready, scheduled or leased, are deleted (or moved to the archive with status 'cancelled' when
 -- p_archive) and leave their channels. A leased message is removed from under its holder,
 -- whose later ack/nack/extend then finds nothing (LeaseLost in the client); it never comes
--- back. Returns the ids removed, in id order; ids and keys that were not live are left out.
+-- back. A key cancels its current version: a leased version that a replace superseded stays
+-- with its holder until settled (cancel it by id). Returns the ids removed, in id order; ids
+-- and keys that were not live are left out.
 -- Raises LQ001. Writes message, archive, channel. Locks: the message rows in id order (waits
 -- for a take that holds one, then cancels what it leased), then their channels.
 CREATE OR REPLACE FUNCTION {schema}.message_cancel(
@@ -80,7 +83,8 @@ BEGIN
     -- deadlock.
     SELECT array_agg(x.id ORDER BY x.id) INTO v_ids
       FROM (SELECT m.id FROM {schema}.message m
-             WHERE m.queue_id = q.id AND (m.id = ANY (p_ids) OR m.key = ANY (p_keys))
+             WHERE m.queue_id = q.id
+               AND (m.id = ANY (p_ids) OR (m.key = ANY (p_keys) AND m.superseded_by IS NULL))
              ORDER BY m.id
                FOR UPDATE) x;
     IF v_ids IS NULL THEN

@@ -9,7 +9,12 @@
 -- except payloads). Returns one row per input position (ord, 1-based) with the message id and
 -- the outcome: 'created', 'updated' (a live message with the key was replaced) or 'ignored'
 -- (a live message with the key exists; its id is returned).
--- p_on_conflict: 'ignore' | 'replace' (only while the live message is not leased) | 'error'.
+-- p_on_conflict: 'ignore' | 'replace' | 'error'. A replace of a message that is not leased (or
+-- whose lease expired) updates it in place and moves its fencing token on. A replace of a
+-- message whose lease has not expired leaves that row with its holder, marked superseded_by the
+-- new version, which is inserted as a new message (a new id, so no earlier token can settle
+-- it; 'updated', with the new id): the holder's ack deletes only the old row, its nack or an
+-- expired lease deletes it instead of retrying it (docs/messages.md).
 -- Within one batch the first row of a key wins for 'ignore' and the last for 'replace'.
 -- Messages get ids in input order, so a batch is FIFO. The messages created are counted in
 -- sent_count (queue_metrics' total_sent): one appended row per call, never an update.
@@ -45,6 +50,8 @@ DECLARE
     v_ords         bigint[];
     v_res          bigint[];
     v_outcomes     text[];
+    v_sup_ids      bigint[];  -- leased messages superseded by a new version in this call
+    v_sup_keys     text[];
 BEGIN
     IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('ignore', 'replace', 'error') THEN
         PERFORM {schema}._invalid('on_conflict must be ignore, replace or error');
@@ -147,10 +154,20 @@ BEGIN
                array_agg(o.leased ORDER BY o.id)
           INTO v_old_ids, v_old_channels, v_old_leased
           FROM (SELECT m.id, m.channel, m.leased FROM {schema}.message m
-                 WHERE m.queue_id = q.id AND m.key = ANY (p_keys)
+                 WHERE m.queue_id = q.id AND m.key = ANY (p_keys) AND m.superseded_by IS NULL
                  ORDER BY m.id
                    FOR UPDATE) o;
         v_book := v_book OR EXISTS (SELECT FROM unnest(v_old_channels) c WHERE c IS NOT NULL);
+        -- Messages whose lease has not expired stay with their holders: they leave the key
+        -- (superseded_by, 0 until the new version's id is known) so that the insert below
+        -- creates the new version; it is reported 'updated'. They stay in their channels.
+        WITH s AS (
+            UPDATE {schema}.message m SET superseded_by = 0
+             WHERE m.queue_id = q.id AND m.id = ANY (v_old_ids) AND m.leased IS TRUE
+               AND m.dequeue_at > v_now
+            RETURNING m.id, m.key
+        )
+        SELECT array_agg(s.id), array_agg(s.key) INTO v_sup_ids, v_sup_keys FROM s;
     END IF;
 
     -- Keyed: only the winning row of each key is written; 'replace' first updates live
@@ -188,17 +205,22 @@ BEGIN
             SELECT q.id, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), t.at, v_now, t.priority, t.key,
                    t.channel, t.kind, t.content_type, t.headers, t.payload
               FROM t WHERE t.ord = t.win ORDER BY t.ord
-            ON CONFLICT (queue_id, key) WHERE key IS NOT NULL DO NOTHING
+            ON CONFLICT (queue_id, key) WHERE key IS NOT NULL AND superseded_by IS NULL DO NOTHING
             RETURNING m.id, m.key
         )
         SELECT array_agg(x.id ORDER BY x.id), array_agg(x.key ORDER BY x.id),
                array_agg(x.created ORDER BY x.id)
           INTO v_ids, v_keys, v_created
-          FROM (SELECT ins.id, ins.key, true AS created FROM ins
+          FROM (SELECT ins.id, ins.key, NOT coalesce(ins.key = ANY (v_sup_keys), false) AS created FROM ins
                 UNION ALL
                 SELECT upd.id, upd.key, false FROM upd) x;
     -- In 'error' mode every row attempts the insert; one that came back neither created nor
     -- updated hit a live key (the raise undoes the whole batch).
+    IF v_sup_ids IS NOT NULL THEN
+        UPDATE {schema}.message m SET superseded_by = n.id
+          FROM unnest(v_ids, v_keys) AS n(id, key)
+         WHERE m.queue_id = q.id AND m.id = ANY (v_sup_ids) AND n.key = m.key;
+    END IF;
     IF p_on_conflict = 'error' AND coalesce(cardinality(v_ids), 0) < v_n THEN
         RAISE EXCEPTION 'a live message with the same key exists in queue %', quote_literal(q.name)
             USING ERRCODE = 'LQ004';
@@ -221,7 +243,8 @@ BEGIN
       FROM plain_s JOIN plain_r USING (rn)
     UNION ALL
     SELECT s.ord, coalesce(r.id, (SELECT m.id FROM {schema}.message m
-                                   WHERE m.queue_id = q.id AND m.key = s.key)),
+                                   WHERE m.queue_id = q.id AND m.key = s.key
+                                     AND m.superseded_by IS NULL)),
            CASE WHEN r.id IS NULL OR s.ord <> s.win THEN 'ignored'
                 WHEN r.created THEN 'created' ELSE 'updated' END
       FROM s LEFT JOIN r ON r.key = s.key

@@ -134,13 +134,40 @@ BEGIN
     RETURN QUERY SELECT unnest(v_done);
 END $$;
 
+-- Remove the superseded versions p_ids of queue q (a replace while they were leased made a new
+-- version of their message, see send_batch): deleted, never retried, dead-lettered or
+-- archived, and out of their channels (a message and its lease less). Called by nack for their
+-- holders and by take when their lease expired, with the rows locked. Returns nothing. Writes
+-- message, channel. Locks: their channels (the message rows are the caller's).
+CREATE OR REPLACE FUNCTION {schema}._drop_superseded(q {schema}.queue, p_ids bigint[], p_now bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_channels text[];
+    v_leases   integer[];
+BEGIN
+    WITH d AS (
+        DELETE FROM {schema}.message m
+         WHERE m.queue_id = q.id AND m.id = ANY (p_ids) AND m.superseded_by IS NOT NULL
+        RETURNING m.channel, m.leased
+    )
+    SELECT array_agg(d.channel), array_agg(-d.leased::integer) INTO v_channels, v_leases
+      FROM d WHERE d.channel IS NOT NULL;
+    IF v_channels IS NOT NULL THEN
+        PERFORM {schema}._channel_apply(q, v_channels,
+            array_fill(-1::bigint, ARRAY[cardinality(v_channels)]), v_leases, p_now);
+    END IF;
+END $$;
+
 -- Give deliveries back: each matching (id, token) becomes ready again after its delay (priority
--- kept), with its error and saved state. p_count_attempt = false (defer/release) does not
+-- kept), with its error and saved state. A delivery of a superseded version (a replace came
+-- while it was leased) is not retried: the row is deleted (its new version is another message,
+-- waiting at its own schedule with attempts reset) and the pair is returned as 'retry'. p_count_attempt = false (defer/release) does not
 -- count toward max_attempts; otherwise a message on its last attempt is dead-lettered.
 -- Returns (id, outcome) with outcome 'retry' or 'dead'; stale tokens are not returned.
 -- Idempotent: a pair whose delivery already gave the message back (it is waiting, unleased,
 -- with the same token) is returned again as 'retry', one it already dead-lettered as 'dead'
--- (settled), and nothing changes.
+-- (settled; or deleted as superseded: 'retry'), and nothing changes.
 -- Writes message, settled, channel (and the dead-letter queue's, archive). Locks: the message
 -- rows in id order, then their channels. Notifies channel {schema_name} with the queue name.
 CREATE OR REPLACE FUNCTION {schema}.nack(
@@ -164,12 +191,29 @@ DECLARE
     v_channels text[];
     v_blocked  bigint[];
     v_fifo     bigint[];
+    v_gone     bigint[];
+    v_gtoks    integer[];
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_tokens) THEN
         PERFORM {schema}._invalid('ids and tokens must have the same length');
     END IF;
     IF EXISTS (SELECT FROM unnest(p_delays_ms) d WHERE d < 0) THEN
         PERFORM {schema}._invalid('delay must be >= 0');
+    END IF;
+    -- Superseded versions first (locked in id order): deleted, remembered for repeats.
+    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.token ORDER BY x.id) INTO v_gone, v_gtoks
+      FROM (SELECT t.id, t.token
+              FROM unnest(p_ids, p_tokens) AS t(id, token)
+              JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
+             WHERE m.deliveries = t.token AND m.leased IS TRUE AND m.superseded_by IS NOT NULL
+             ORDER BY t.id
+               FOR UPDATE OF m) x;
+    IF v_gone IS NOT NULL THEN
+        PERFORM {schema}._drop_superseded(q, v_gone, v_now);
+        INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+        SELECT q.id, g.id, min(g.token), 'superseded', v_now FROM unnest(v_gone, v_gtoks) AS g(id, token)
+         GROUP BY g.id;
+        RETURN QUERY SELECT DISTINCT g, 'retry'::text FROM unnest(v_gone) g;
     END IF;
     -- Lock the matching rows once, in id order, so concurrent settlers cannot deadlock.
     SELECT array_agg(x.id ORDER BY x.id), array_agg(x.error ORDER BY x.id),
@@ -226,18 +270,21 @@ BEGIN
             array_fill(0::bigint, ARRAY[cardinality(v_channels)]),
             array_fill(-1, ARRAY[cardinality(v_channels)]), v_now, v_blocked);
     END IF;
-    IF coalesce(cardinality(v_dead), 0) + coalesce(cardinality(v_retry), 0) < cardinality(p_ids) THEN
+    IF coalesce(cardinality(v_dead), 0) + coalesce(cardinality(v_retry), 0)
+       + coalesce(cardinality(v_gone), 0) < cardinality(p_ids) THEN
         -- Repeats by the delivery that already settled the message (a fresh snapshot: a
         -- concurrent nack of the same delivery that held the row has committed by now).
         RETURN QUERY
-        SELECT DISTINCT t.id, CASE WHEN s.id IS NOT NULL THEN 'dead' ELSE 'retry' END
+        SELECT DISTINCT t.id, CASE WHEN s.outcome = 'dead' THEN 'dead' ELSE 'retry' END
           FROM unnest(p_ids, p_tokens) AS t(id, token)
           LEFT JOIN {schema}.settled s
-                 ON s.queue_id = q.id AND s.id = t.id AND s.token = t.token AND s.outcome = 'dead'
+                 ON s.queue_id = q.id AND s.id = t.id AND s.token = t.token
+                AND s.outcome IN ('dead', 'superseded')
           LEFT JOIN {schema}.message m
                  ON m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token
                 AND m.leased IS FALSE AND t.token > 0
-         WHERE t.id <> ALL (coalesce(v_dead, ARRAY[]::bigint[]) || coalesce(v_retry, ARRAY[]::bigint[]))
+         WHERE t.id <> ALL (coalesce(v_dead, ARRAY[]::bigint[]) || coalesce(v_retry, ARRAY[]::bigint[])
+                            || coalesce(v_gone, ARRAY[]::bigint[]))
            AND (s.id IS NOT NULL OR m.id IS NOT NULL);
     END IF;
     PERFORM {schema}._wake(q.id, q.name);

@@ -9,17 +9,21 @@
 
 -- The hot query of take() and take_tx() on a plain queue: lock up to p_limit ready messages in
 -- (dequeue_at, id) order, skipping rows others hold. Messages whose lease expired on their last
--- allowed attempt are dead-lettered here (dead); the rest are returned in order (ids, with
--- their dequeue_at in ats for the channel path's merge).
+-- allowed attempt are dead-lettered here, superseded versions whose lease expired (send_batch)
+-- are deleted (both in dead, which callers use only to know that rows left); the rest are
+-- returned in order (ids, with their dequeue_at in ats for the channel path's merge).
 CREATE OR REPLACE FUNCTION {schema}._lock_ready(q {schema}.queue, p_limit integer, p_now bigint,
                                      OUT ids bigint[], OUT ats bigint[], OUT dead bigint[])
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_gone bigint[];
 BEGIN
-    SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
-           array_agg(c.dequeue_at ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.attempts < q.max_attempts),
-           array_agg(c.id) FILTER (WHERE c.attempts >= q.max_attempts)
-      INTO ids, ats, dead
-      FROM (SELECT m.id, m.dequeue_at, m.attempts
+    SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.live AND c.attempts < q.max_attempts),
+           array_agg(c.dequeue_at ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.live AND c.attempts < q.max_attempts),
+           array_agg(c.id) FILTER (WHERE c.live AND c.attempts >= q.max_attempts),
+           array_agg(c.id) FILTER (WHERE NOT c.live)
+      INTO ids, ats, dead, v_gone
+      FROM (SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
               FROM {schema}.message m
              WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= p_now
              ORDER BY m.dequeue_at, m.id
@@ -28,6 +32,10 @@ BEGIN
     IF dead IS NOT NULL THEN
         PERFORM {schema}._dead_letter(q, dead,
             array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(dead)]), p_now);
+    END IF;
+    IF v_gone IS NOT NULL THEN
+        PERFORM {schema}._drop_superseded(q, v_gone, p_now);
+        dead := coalesce(dead, ARRAY[]::bigint[]) || v_gone;
     END IF;
 END $$;
 
@@ -118,6 +126,8 @@ DECLARE
     v_h_turns  bigint[];
     v_h_leased boolean[];
     v_h_dead   boolean[];
+    v_h_gone   boolean[];  -- superseded versions whose lease expired: deleted
+    v_gone     bigint[];
     v_ids      bigint[];
     v_from     text[];
     v_leased   boolean[];
@@ -168,13 +178,14 @@ BEGIN
             SELECT array_agg(h.name ORDER BY h.ord), array_agg(h.id ORDER BY h.ord),
                    array_agg(h.key ORDER BY h.ord), array_agg(h.turn ORDER BY h.ord),
                    array_agg(h.leased ORDER BY h.ord),
-                   array_agg(h.attempts >= q.max_attempts ORDER BY h.ord)
-              INTO v_h_names, v_h_ids, v_h_keys, v_h_turns, v_h_leased, v_h_dead
-              FROM (SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts
+                   array_agg(h.attempts >= q.max_attempts ORDER BY h.ord),
+                   array_agg(h.gone ORDER BY h.ord)
+              INTO v_h_names, v_h_ids, v_h_keys, v_h_turns, v_h_leased, v_h_dead, v_h_gone
+              FROM (SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts, x.gone
                       FROM unnest(v_names, v_keys, v_turns, v_limited)
                            WITH ORDINALITY AS c(name, key, turn, limited, ord)
                      CROSS JOIN LATERAL (
-                           SELECT m.id, m.leased, m.attempts
+                           SELECT m.id, m.leased, m.attempts, m.superseded_by IS NOT NULL AS gone
                              FROM {schema}.message m
                             WHERE NOT c.limited AND m.queue_id = q.id AND m.channel = c.name
                               AND m.dequeue_at <= p_now
@@ -182,11 +193,11 @@ BEGIN
                             LIMIT 1
                               FOR UPDATE SKIP LOCKED) x
                     UNION ALL
-                    SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts
+                    SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts, x.gone
                       FROM unnest(v_names, v_keys, v_turns, v_limited)
                            WITH ORDINALITY AS c(name, key, turn, limited, ord)
                      CROSS JOIN LATERAL (
-                           SELECT m.id, m.leased, m.attempts
+                           SELECT m.id, m.leased, m.attempts, m.superseded_by IS NOT NULL AS gone
                              FROM {schema}.message m
                             WHERE c.limited AND m.queue_id = q.id AND m.channel = c.name
                               AND m.leased AND m.dequeue_at <= p_now
@@ -209,12 +220,19 @@ BEGIN
             -- Heads whose lease expired on the last attempt go to the dead letters; their
             -- channels are served again in the next pass (or call).
             IF true = ANY (v_h_dead) AND v_dead_n < p_limit THEN
-                v_dead := ARRAY(SELECT h.id FROM unnest(v_h_ids, v_h_dead) AS h(id, dead)
-                                 WHERE h.dead LIMIT p_limit - v_dead_n);
+                v_dead := ARRAY(SELECT h.id FROM unnest(v_h_ids, v_h_dead, v_h_gone) AS h(id, dead, gone)
+                                 WHERE h.dead AND NOT h.gone LIMIT p_limit - v_dead_n);
                 PERFORM {schema}._dead_letter(q, v_dead,
                     array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(v_dead)]),
                     p_now);
                 v_dead_n := v_dead_n + cardinality(v_dead);
+            END IF;
+            -- Superseded versions whose lease expired leave (the new version is another
+            -- message); their channels are served again like those of dead letters.
+            IF true = ANY (v_h_gone) THEN
+                v_gone := ARRAY(SELECT h.id FROM unnest(v_h_ids, v_h_gone) AS h(id, gone) WHERE h.gone);
+                PERFORM {schema}._drop_superseded(q, v_gone, p_now);
+                v_dead := v_dead || v_gone;
             END IF;
         END IF;
 
@@ -232,9 +250,9 @@ BEGIN
                       FROM unnest(v_plain[v_next:], v_plain_at[v_next:]) AS p(id, key)
                     UNION ALL
                     SELECT h.id, h.key, h.turn, h.name, h.leased
-                      FROM unnest(v_h_ids, v_h_keys, v_h_turns, v_h_names, v_h_leased, v_h_dead)
-                           AS h(id, key, turn, name, leased, dead)
-                     WHERE NOT h.dead) y
+                      FROM unnest(v_h_ids, v_h_keys, v_h_turns, v_h_names, v_h_leased, v_h_dead, v_h_gone)
+                           AS h(id, key, turn, name, leased, dead, gone)
+                     WHERE NOT h.dead AND NOT h.gone) y
                  ORDER BY y.key, y.turn
                  LIMIT v_want) x;
         IF v_ids IS NULL THEN
@@ -315,6 +333,7 @@ DECLARE
     v_round integer := 0;
     v_id    bigint;
     v_tries integer;
+    v_live  boolean;
     v_ids   bigint[];
     v_dead  bigint[];
 BEGIN
@@ -348,7 +367,7 @@ BEGIN
 
     -- One message: _lock_ready's candidate query for one row, and _deliver's lease of it.
     IF p_limit = 1 THEN
-        SELECT m.id, m.attempts INTO v_id, v_tries
+        SELECT m.id, m.attempts, m.superseded_by IS NULL INTO v_id, v_tries, v_live
           FROM {schema}.message m
          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
          ORDER BY m.dequeue_at, m.id
@@ -357,7 +376,7 @@ BEGIN
         IF NOT FOUND THEN
             RETURN;
         END IF;
-        IF v_tries < q.max_attempts THEN
+        IF v_tries < q.max_attempts AND v_live THEN
             RETURN QUERY
             UPDATE {schema}.message m
                SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
@@ -368,8 +387,9 @@ BEGIN
                       m.last_error, m.payload;
             RETURN;
         END IF;
-        -- Its lease expired on the last attempt: the general path below (which sees the row we
-        -- hold) dead-letters it and looks further.
+        -- Its lease expired on the last attempt, or it is a superseded version whose lease
+        -- expired: the general path below (which sees the row we hold) dead-letters or deletes
+        -- it and looks further.
     END IF;
 
     -- The general path: messages found dead do not count against p_limit.
