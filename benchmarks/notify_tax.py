@@ -124,7 +124,7 @@ def reset(dsn: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dsn", required=True)
-    ap.add_argument("--producers", type=int, default=8)
+    ap.add_argument("--producers", type=int, nargs="+", default=[1, 8], help="producer process counts")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=200, help="sends per pickup measurement")
@@ -135,15 +135,17 @@ def main() -> None:
         c.migrate()
         c.create_queue("q")
     try:
-        rates: dict[str, list[float]] = {"always": [], "waiters": []}
-        for _ in range(a.repeat):
-            for mode in ("always", "waiters"):  # interleaved: the machine's noise hits both
-                reset(a.dsn)
-                rates[mode].append(throughput(a.dsn, mode, a.producers, a.seconds))
-        for mode, r in rates.items():
-            print(f"{a.producers} producers, notify {mode:8}: median {statistics.median(r):7.0f}/s  runs {r}")
-        ratio = statistics.median(rates["waiters"]) / statistics.median(rates["always"])
-        print(f"waiter-gated / NOTIFY-every-send: {ratio:.2f}x")
+        for n in a.producers:
+            rates: dict[str, list[float]] = {"always": [], "waiters": []}
+            for _ in range(a.repeat):
+                for mode in ("always", "waiters"):  # interleaved: the machine's noise hits both
+                    reset(a.dsn)
+                    rates[mode].append(throughput(a.dsn, mode, n, a.seconds))
+            for mode, r in rates.items():
+                runs = ", ".join(f"{x:.0f}" for x in r)
+                print(f"{n} producer(s), notify {mode:8}: median {statistics.median(r):7.0f}/s  runs {runs}")
+            ratio = statistics.median(rates["waiters"]) / statistics.median(rates["always"])
+            print(f"{n} producer(s), waiter-gated / NOTIFY-every-send: {ratio:.2f}x")
         reset(a.dsn)
         for kind in ("receive", "worker"):
             for w in (1, 8):

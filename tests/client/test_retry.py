@@ -183,8 +183,8 @@ def test_receive_survives_its_listen_connection_being_killed(
     t.start()
     deadline = time.monotonic() + 10
     while not conn.execute(
-        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND query LIKE 'LISTEN%%'"
-        " AND state = 'idle'",
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'idle'"
+        " AND (query LIKE 'LISTEN%%' OR query LIKE '%%.wait_begin(%%' OR query LIKE '%%.wait_pending(%%')",
         (app_name,),
     ).fetchone():
         assert time.monotonic() < deadline, "receive() never listened"

@@ -82,6 +82,24 @@ def test_always_setting_notifies_every_send(dsn: str, client: Client, listener: 
     assert _drain(listener) == ["q"]
 
 
+def test_send_lock_held_elsewhere_makes_sends_notify(
+    dsn: str, client: Client, schema: str, listener: psycopg.Connection
+) -> None:
+    """A session holding the send lock exclusively (not LonnyMQ's doing) never blocks a send: it
+    notifies instead."""
+    client.create_queue("q")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        keys = c.execute(
+            sql.SQL("SELECT k.* FROM {}._wait_keys((SELECT id FROM {}.queue WHERE name = 'q')) k").format(
+                sql.Identifier(schema), sql.Identifier(schema)
+            )
+        ).fetchone()
+        assert keys is not None
+        c.execute("SELECT pg_advisory_lock(%s, %s)", [keys[0], keys[2]])
+        client.send("q", 1)
+        assert _drain(listener) == ["q"]
+
+
 def test_wait_begin_reports_sends_in_flight(dsn: str, client: Client, schema: str) -> None:
     """A send that looked for waiters before the registration is waited for (wait_pending)."""
     client.create_queue("q")

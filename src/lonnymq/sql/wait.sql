@@ -35,8 +35,9 @@ $$;
 -- PostgreSQL folds identical notifications of one transaction into one. With the session
 -- setting lonnymq.wake = 'always' it notifies unconditionally (the behaviour before waiters
 -- existed; benchmarks/notify_tax.py compares the two).
--- Locks: the send lock (xact, shared); probes the wait lock (session, exclusive, released
--- at once: a concurrent probe may make another send notify needlessly, never skip one).
+-- Locks: the send lock (xact, shared; never waited for: a send that cannot have it notifies);
+-- probes the wait lock (session, exclusive, released at once: a concurrent probe may make
+-- another send notify needlessly, never skip one).
 CREATE OR REPLACE FUNCTION {schema}._wake(p_queue_id integer, p_queue_name text) RETURNS void
 LANGUAGE plpgsql VOLATILE STRICT AS $$
 DECLARE
@@ -46,8 +47,10 @@ BEGIN
         PERFORM pg_notify({schema_name}, p_queue_name);
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(k.k_send, k.k_queue);
-    IF pg_try_advisory_lock(k.k_wait, k.k_queue) THEN
+    -- Only a foreign session can hold the send lock exclusively: then notify rather than wait.
+    IF NOT pg_try_advisory_xact_lock_shared(k.k_send, k.k_queue) THEN
+        PERFORM pg_notify({schema_name}, p_queue_name);
+    ELSIF pg_try_advisory_lock(k.k_wait, k.k_queue) THEN
         PERFORM pg_advisory_unlock(k.k_wait, k.k_queue);
     ELSE
         PERFORM pg_notify({schema_name}, p_queue_name);
@@ -61,12 +64,16 @@ END $$;
 -- Raises LQ001 if the queue does not exist. Locks: the wait lock (session, shared), waiting for
 -- sends probing it (microseconds each) at most lock_timeout (1 s; then SQLSTATE 55P03).
 CREATE OR REPLACE FUNCTION {schema}.wait_begin(p_queue text) RETURNS text[]
-LANGUAGE plpgsql VOLATILE STRICT SET lock_timeout = '1s' AS $$
+LANGUAGE plpgsql VOLATILE STRICT AS $$
 DECLARE
-    v_id integer := ({schema}._queue(p_queue)).id;
-    k    record := {schema}._wait_keys(v_id);
+    v_id      integer := ({schema}._queue(p_queue)).id;
+    k         record := {schema}._wait_keys(v_id);
+    v_timeout text := current_setting('lock_timeout');
 BEGIN
+    -- Not a SET clause: API functions carry only their pinned search_path (security.sql).
+    PERFORM set_config('lock_timeout', '1s', true);
     PERFORM pg_advisory_lock_shared(k.k_wait, k.k_queue);
+    PERFORM set_config('lock_timeout', v_timeout, true);
     RETURN ARRAY(
         SELECT l.virtualtransaction FROM pg_catalog.pg_locks l
          WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
