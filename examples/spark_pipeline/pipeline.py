@@ -42,15 +42,31 @@ TRANSIENT_PER_MILLE = 30
 POISON_PER_MILLE = 2
 MAX_ATTEMPTS = 3
 TIERS = {"express": 10, "standard": 0, "bulk": -10}
+#: Seconds of head start per priority point: a message is served as if it had been sent
+#: priority x PRIORITY_STEP seconds earlier (express: 10 s ahead; bulk: eligible 10 s late).
+PRIORITY_STEP = 1.0
 MERCHANTS = 48
+
+
+#: The workers' retry policy (lonnymq.worker.Backoff arguments) and how often they poll without NOTIFY.
+BACKOFF = {"base": 0.25, "factor": 2, "max": 2, "jitter": 0.5}
+POLL_INTERVAL = 5.0
 
 
 @dataclass
 class Timings:
-    """Wall-clock seconds of each stage, and what they moved."""
+    """Wall-clock seconds of each stage, what they moved, and the parameters of the run."""
 
     events: int = 0
     stages: dict[str, float] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    #: The failure rates the workers inject, as fractions (the report draws them as references).
+    injected: dict[str, float] = field(
+        default_factory=lambda: {
+            "retry_rate": TRANSIENT_PER_MILLE / 1000,
+            "dead_letter_rate": POISON_PER_MILLE / 1000,
+        }
+    )
 
     def stage(self, name: str, seconds: float) -> None:
         self.stages[name] = seconds
@@ -196,29 +212,46 @@ def _worker_process(dsn: str, schema: str, log_path: str, stop: Any, ready: Any,
     # The injected failures are expected: keep the worker's per-failure warnings quiet.
     logging.getLogger("lonnymq.worker").setLevel(logging.ERROR)
 
-    app = App(retry=Backoff(base=0.25, factor=2, max=2, jitter=0.5))
-    log: dict[str, list[Any]] = {"id": [], "attempt": [], "started_at_ms": [], "outcome": [], "worker": []}
+    app = App(retry=Backoff(**BACKOFF))
+    log: dict[str, list[Any]] = {
+        "id": [],
+        "attempt": [],
+        "started_at_ms": [],
+        "handler_ms": [],
+        "outcome": [],
+        "worker": [],
+    }
     me = os.getpid()
+
+    def handle(job: Any) -> str:
+        order = job.payload
+        what = fate(order["event_id"])
+        if what == "poison":
+            raise ValueError(f"order {order['order_id']}: malformed event {order['event_id']}")
+        if what == "transient" and job.attempt == 1:
+            raise ConnectionError("payment service timed out")
+        # The "work" itself is trivial here: this pipeline measures the queue, not a handler.
+        return "ok"
 
     @app.handler(QUEUE)
     async def process(job: Any) -> None:
+        # When the handler started (the end of the pickup wait) and how long it ran (handler time).
         log["id"].append(job.id)
         log["attempt"].append(job.attempt)
         log["started_at_ms"].append(time.time_ns() // 1_000_000)
         log["worker"].append(me)
-        order = job.payload
-        what = fate(order["event_id"])
-        if what == "poison":
-            log["outcome"].append("error")
-            raise ValueError(f"order {order['order_id']}: malformed event {order['event_id']}")
-        if what == "transient" and job.attempt == 1:
-            log["outcome"].append("error")
-            raise ConnectionError("payment service timed out")
-        # The "work" itself is trivial here: this pipeline measures the queue, not a handler.
-        log["outcome"].append("ok")
+        t = time.perf_counter()
+        outcome = "error"
+        try:
+            outcome = handle(job)
+        finally:
+            log["handler_ms"].append((time.perf_counter() - t) * 1000)
+            log["outcome"].append(outcome)
 
     async def main() -> None:
-        worker = Worker(app, dsn, schema=schema, concurrency=concurrency, cron=False)
+        worker = Worker(
+            app, dsn, schema=schema, concurrency=concurrency, poll_interval=POLL_INTERVAL, cron=False
+        )
         await worker.start()
         ready.set()
         while not stop.is_set():
@@ -231,6 +264,7 @@ def _worker_process(dsn: str, schema: str, log_path: str, stop: Any, ready: Any,
             "id": pa.array(log["id"], pa.int64()),
             "attempt": pa.array(log["attempt"], pa.int32()),
             "started_at_ms": pa.array(log["started_at_ms"], pa.int64()),
+            "handler_ms": pa.array(log["handler_ms"], pa.float64()),
             "outcome": pa.array(log["outcome"], pa.string()),
             "worker": pa.array(log["worker"], pa.int64()),
         }
@@ -313,6 +347,21 @@ def wait_drained(
 # -- the whole run ----------------------------------------------------------------------------
 
 
+def drop_schema(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def server(dsn: str) -> str:
+    """Where ``dsn`` points, without its password: ``user@host:port/dbname``."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(dsn)
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"{user}{parts.get('host') or 'local socket'}{port}/{parts.get('dbname') or ''}"
+
+
 def run(
     dsn: str,
     schema: str,
@@ -332,13 +381,37 @@ def run(
     from report import write_report
 
     timings = Timings()
+    timings.params = {
+        "events": f"{events:,} generated (seed 7)" if input_path is None else f"read from {input_path}",
+        "server": server(dsn),
+        "schema": schema,
+        "worker processes": workers,
+        "handlers at once per worker": concurrency,
+        "worker poll interval (s, when no NOTIFY)": POLL_INTERVAL,
+        "priority (tier)": ", ".join(f"{t} {p:+d}" for t, p in TIERS.items())
+        + f"; served as if sent priority x {PRIORITY_STEP:g} s earlier (queue priority_step)",
+        "max attempts": MAX_ATTEMPTS,
+        "retry delay after failed attempt n (s)": "min({max}, {base} x {factor}^(n-1)), shortened by up to"
+        " {jitter:.0%} (jitter)".format(**BACKOFF),
+        "injected transient failures (1st attempt)": f"{TRANSIENT_PER_MILLE / 10:.1f}% of events",
+        "injected poison events (always fail)": f"{POISON_PER_MILLE / 10:.1f}% of events",
+        "delayed follow-ups": "about 10% of events, due 1-15 s after enqueueing",
+        "Spark master": master,
+        "CPU cores": os.cpu_count(),
+    }
     out.mkdir(parents=True, exist_ok=True)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    drop_schema(dsn, schema)
     t0 = time.perf_counter()
     with Client(dsn, schema=schema) as client:
         client.migrate()
-        client.create_queue(QUEUE, archive=True, max_attempts=MAX_ATTEMPTS, lease=30, retention=30 * 86400)
+        client.create_queue(
+            QUEUE,
+            archive=True,
+            max_attempts=MAX_ATTEMPTS,
+            lease=30,
+            retention=30 * 86400,
+            priority_step=PRIORITY_STEP,
+        )
 
         t = time.perf_counter()
         own_session = spark is None

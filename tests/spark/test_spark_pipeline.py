@@ -45,15 +45,34 @@ def test_pipeline_report_matches_what_happened(spark: Any, dsn: str, tmp_path: P
         "throughput",
         "latency_by_priority",
         "latency_by_channel",
+        "latency_by_channel_standard",
+        "latency_distribution",
         "outcomes_by_kind",
         "outcomes_by_channel",
         "overall",
     ):
         assert pq.read_table(rep / f"{name}.parquet").num_rows > 0, name
-    for png in ("throughput.png", "latency_priority.png", "latency_channel.png", "outcomes.png"):
+    for png in (
+        "throughput.png",
+        "pickup_distribution.png",
+        "latency_priority.png",
+        "latency_channel.png",
+        "outcomes.png",
+    ):
         assert (rep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "Pickup latency by priority" in (rep / "index.html").read_text()
-    assert json.loads((rep / "summary.json").read_text())["events"] == n
+    page = (rep / "index.html").read_text()
+    assert "Pickup latency by priority" in page
+    # The page states the run's parameters and defines its metrics (pickup wait apart from handler time).
+    assert "Run parameters" in page and "handlers at once per worker" in page
+    assert "includes the backlog wait" in page and "handler time (handler_*_ms)" in page
+    saved = json.loads((rep / "summary.json").read_text())
+    assert saved["events"] == n and saved["parameters"]["worker processes"] == 1
+    assert 0 <= summary["handler_p50_ms"] <= summary["handler_p99_ms"]
+    # Priority is a head start in time: bulk (-10 x 1 s) waits at least 10 s, express overtakes.
+    tiers = {r["tier"]: r for r in pq.read_table(rep / "latency_by_priority.parquet").to_pylist()}
+    assert tiers["bulk"]["p50_ms"] >= 10_000 > tiers["express"]["p99_ms"]
+    dist = pq.read_table(rep / "latency_distribution.parquet").to_pylist()
+    assert len(dist) == 101 and dist[-1]["pickup_ms"] == pytest.approx(summary["pickup_max_ms"], rel=0.01)
     by_priority = pq.read_table(rep / "latency_by_priority.parquet").to_pylist()
     assert {r["tier"] for r in by_priority} == {"express", "standard", "bulk"}
     assert sum(r["messages"] for r in by_priority) == n
