@@ -120,8 +120,8 @@ async def listen(ctx: Context, outage: Outage) -> None:
     """The listener task: a NOTIFY for a served queue wakes the fetch loop for it. Sends notify
     only while someone waits on their queue, so the listener's connection registers as a waiter
     on each queue whose last fetch left slots free (``QueueState.idle``), then has it fetched
-    once more (a send that missed the registration has committed by then), and unregisters it
-    when a fetch fills every slot. A lost connection is an outage (see :mod:`.outage`): it is
+    once more (and again once the sends that missed the registration, if any, have committed),
+    and unregisters it when a fetch fills every slot. A lost connection is an outage (see :mod:`.outage`): it is
     re-opened once the database is back, then with backoff; on every (re)connect all queues are
     fetched, since notifications may have been missed."""
     conninfo = ctx.client.conninfo
