@@ -177,7 +177,17 @@ def stats(args: argparse.Namespace) -> int:
             m = c.metrics(name, cap=args.cap)
             if args.exact or args.cap in (m.ready, m.scheduled, m.leased, m.dead):
                 ready, scheduled, leased, dead = exact_counts(conn, c.schema, name)
-                m = dataclasses.replace(m, ready=ready, scheduled=scheduled, leased=leased, dead=dead)
+                m = dataclasses.replace(
+                    m,
+                    ready=ready,
+                    scheduled=scheduled,
+                    leased=leased,
+                    dead=dead,
+                    ready_at_least=False,
+                    scheduled_at_least=False,
+                    leased_at_least=False,
+                    dead_at_least=False,
+                )
             rows.append(m)
     _util.emit(
         args,
