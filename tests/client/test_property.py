@@ -58,6 +58,7 @@ class Msg:
     deliveries: int = 0
     leased: bool = False
     last_error: str | None = None
+    superseded: bool = False  # a replace came while it was leased: its new version is another message
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.last_id = 0
         self.payloads = 0
         self.issued: list[Delivery] = []  # every delivery ever taken: current and stale tokens
+        self.settled: dict[Delivery, str] = {}  # what each delivery's settle did: repeats report it
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -142,6 +144,9 @@ class QueueMachine(RuleBasedStateMachine):
         ):
             if len(delivered) == n:
                 break
+            if m.superseded:
+                self.gone.append(m)  # its lease expired: deleted, never delivered again
+                continue
             (delivered if m.attempts < self.max_attempts else dead).append(m)
         assert [r["id"] for r in rows] == [m.id for m in delivered]
         return delivered, dead
@@ -156,7 +161,9 @@ class QueueMachine(RuleBasedStateMachine):
     )
     def send(self, key: str | None, delay: int, priority: int, on_conflict: str) -> None:
         body = self.payload()
-        live = next((m for m in self.msgs.values() if key is not None and m.key == key), None)
+        live = next(
+            (m for m in self.msgs.values() if key is not None and m.key == key and not m.superseded), None
+        )
         args = dict(p_delays_ms=[delay], p_priorities=[priority], p_keys=[key], p_on_conflict=on_conflict)
         if live is not None and on_conflict == "error":
             with pytest.raises(psycopg.Error) as e:
@@ -169,11 +176,17 @@ class QueueMachine(RuleBasedStateMachine):
         if live is None:
             assert row["outcome"] == "created"
             self.msgs[row["id"]] = replace(fresh, id=self.new_id(row["id"]))
-        elif on_conflict == "ignore" or (live.leased and live.dequeue_at > self.now):
+        elif on_conflict == "ignore":
             assert (row["outcome"], row["id"]) == ("ignored", live.id)
+        elif live.leased and live.dequeue_at > self.now:
+            # Held: the new version is a new message; the holder keeps the old one.
+            assert row["outcome"] == "updated" and row["id"] != live.id
+            self.msgs[live.id] = replace(live, superseded=True)
+            self.msgs[row["id"]] = replace(fresh, id=self.new_id(row["id"]))
         else:
+            # Updated in place; the fencing token moves on.
             assert (row["outcome"], row["id"]) == ("updated", live.id)
-            self.msgs[live.id] = replace(fresh, id=live.id, deliveries=live.deliveries)
+            self.msgs[live.id] = replace(fresh, id=live.id, deliveries=live.deliveries + 1)
 
     @rule(sends=st.lists(st.tuples(DELAYS, PRIORITIES), min_size=2, max_size=4))
     def send_batch(self, sends: list[tuple[int, int]]) -> None:
@@ -191,7 +204,10 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 4), lease=st.sampled_from([None, 1, LEASE, 4 * LEASE]))
     def take(self, n: int, lease: int | None) -> None:
         rows = self.db.take(self.q, n, self.now, p_lease_ms=lease)
+        self.gone: list[Msg] = []
         delivered, dead = self.pick(rows, n)
+        for m in self.gone:
+            del self.msgs[m.id]
         for m in dead:
             self.to_archive(m, "dead")
         until = self.now + (lease or LEASE)
@@ -214,6 +230,7 @@ class QueueMachine(RuleBasedStateMachine):
         conn = self.db.conn
         with conn.transaction(force_rollback=not commit):
             rows = self.db.call("take_tx", p_queue=self.q, p_limit=n, p_now=self.now)
+        self.gone = []
         delivered, dead = self.pick(rows, n)
         for m, r in zip(delivered, rows, strict=True):
             assert (r["attempt"], r["token"], r["lease_until"], bytes(r["payload"])) == (
@@ -223,6 +240,8 @@ class QueueMachine(RuleBasedStateMachine):
                 m.payload,
             )
         if commit:
+            for m in self.gone:
+                del self.msgs[m.id]
             for m in dead:
                 self.to_archive(m, "dead")
             for m in delivered:
@@ -235,10 +254,12 @@ class QueueMachine(RuleBasedStateMachine):
         rows = self.db.call(
             "ack", p_queue=self.q, p_ids=[d.id for d in ds], p_tokens=[d.token for d in ds], p_now=self.now
         )
-        expected = {d.id for d in ds if self.valid(d)}
-        assert {r[next(iter(r))] for r in rows} == expected
-        for i in expected:
-            self.to_archive(self.msgs[i], "acked")
+        valid = {d for d in ds if self.valid(d)}
+        repeats = {d.id for d in ds if self.settled.get(d) == "acked"}  # idempotent: reported again
+        assert {r[next(iter(r))] for r in rows} == {d.id for d in valid} | repeats
+        for d in valid:
+            self.to_archive(self.msgs[d.id], "acked")
+            self.settled[d] = "acked"
 
     @precondition(lambda self: self.issued)
     @rule(data=st.data(), delay=DELAYS, count=st.booleans(), error=st.sampled_from([None, "boom"]))
@@ -257,10 +278,18 @@ class QueueMachine(RuleBasedStateMachine):
         expected = {}
         for d in ds:
             if not self.valid(d):
+                m = self.msgs.get(d.id)
+                if self.settled.get(d) in ("dead", "retry"):  # repeats report the first outcome
+                    expected[d.id] = self.settled[d]
+                elif m is not None and not m.leased and m.deliveries == d.token:
+                    expected[d.id] = "retry"  # given back by this delivery, still waiting
                 continue
             m = self.msgs[d.id]
-            if count and m.attempts >= self.max_attempts:
-                expected[m.id] = "dead"
+            if m.superseded:
+                expected[m.id] = self.settled[d] = "retry"  # the old version goes; the new waits
+                del self.msgs[m.id]
+            elif count and m.attempts >= self.max_attempts:
+                expected[m.id] = self.settled[d] = "dead"
                 self.to_archive(replace(m, last_error=error or m.last_error), "dead")
             else:
                 expected[m.id] = "retry"
@@ -303,7 +332,8 @@ class QueueMachine(RuleBasedStateMachine):
             return
         qid = self.db.queue_id(self.q)
         rows = self.db.q(
-            "SELECT id, dequeue_at, scheduled_at, priority, key, payload, attempts, deliveries, leased, last_error"
+            "SELECT id, dequeue_at, scheduled_at, priority, key, payload, attempts, deliveries, leased,"
+            " last_error, superseded_by IS NOT NULL AS superseded"
             " FROM {s}.message WHERE queue_id = %s ORDER BY id",
             (qid,),
         )
