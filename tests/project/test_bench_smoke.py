@@ -164,5 +164,7 @@ def test_held_snapshot_quick(dsn: str, tmp_path: Path) -> None:
     for r in runs.values():
         rows = r["timeline"]
         assert len(rows) == 2 and all("bytes" in row for row in rows), r
-        assert 0 < sum(row["consumed_per_s"] for row in rows) <= sum(row["sent_per_s"] for row in rows)
+        # Rates are rounded per interval: what was taken can exceed what was sent by that rounding.
+        sent = sum(row["sent_per_s"] for row in rows)
+        assert 0 < sum(row["consumed_per_s"] for row in rows) <= sent + 1
     assert runs["lonnymq"]["timeline"][-1]["dead_tuples"] > 0
