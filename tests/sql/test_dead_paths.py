@@ -279,6 +279,8 @@ def test_requeue_of_nothing_returns_zero_and_wakes_no_one(
     db.call("give_up", p_queue="q", p_ids=[d["id"]], p_tokens=[d["token"]], p_now=now + 1)
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(schema)))
+        # Sends notify only while someone waits on the queue (docs/wakeups.md): register.
+        listener.execute(sql.SQL("SELECT {}.wait_begin('q')").format(sql.Identifier(schema)))
         assert client.requeue_dead("q", [d["id"] + 1]) == 0  # not a dead message of q
         assert list(listener.notifies(timeout=0.3)) == []
         assert [a["status"] for a in db.archive("q")] == ["dead"]

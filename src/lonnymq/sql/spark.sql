@@ -383,6 +383,12 @@ BEGIN
     IF p_key_prefix IS NOT NULL THEN
         v_sql := v_sql || ' AND x.key ^@ $6';
     END IF;
+    -- A key names the current version of a message, as get() and cancel() by key do (a version
+    -- superseded while leased keeps its key column but not the key): this is also what lets
+    -- the key index, partial on superseded_by IS NULL, serve the condition.
+    IF p_table = 'messages' AND (p_keys IS NOT NULL OR p_key_prefix IS NOT NULL) THEN
+        v_sql := v_sql || ' AND x.superseded_by IS NULL';
+    END IF;
     IF p_channels IS NOT NULL THEN
         v_sql := v_sql || ' AND x.channel = ANY ($7)';
     END IF;
