@@ -29,6 +29,7 @@ from ..models import (
     DeadMessage,
     Envelope,
     Message,
+    MessageStatus,
     OnConflict,
     OnFull,
     QueueInfo,
@@ -335,32 +336,34 @@ def _nothing(rows: list[Any]) -> None:
     return None
 
 
-def _messages(queue: str, serializer: Serializer | None) -> Callable[[list[Any]], list[Message]]:
-    def decode(rows: list[Any]) -> list[Message]:
-        return [
-            Message(
-                queue=queue,
-                id=r.id,
-                token=r.token,
-                attempt=r.attempt,
-                lease_until=r.lease_until,
-                scheduled_at=r.scheduled_at,
-                enqueued_at=r.enqueued_at,
-                priority=r.priority,
-                key=r.key,
-                channel=r.channel,
-                kind=r.kind,
-                content_type=r.content_type,
-                headers=r.headers,
-                state=r.state,
-                last_error=r.last_error,
-                body=bytes(r.payload),
-                serializer=serializer,
-            )
-            for r in rows
-        ]
+def _message(
+    queue: str, r: Any, serializer: Serializer | None, status: MessageStatus | None = None
+) -> Message:
+    """One delivery row (take, peek, message_get) as a Message."""
+    return Message(
+        queue=queue,
+        id=r.id,
+        token=r.token,
+        attempt=r.attempt,
+        lease_until=r.lease_until,
+        scheduled_at=r.scheduled_at,
+        enqueued_at=r.enqueued_at,
+        priority=r.priority,
+        key=r.key,
+        channel=r.channel,
+        kind=r.kind,
+        content_type=r.content_type,
+        headers=r.headers,
+        state=r.state,
+        last_error=r.last_error,
+        body=bytes(r.payload),
+        serializer=serializer,
+        status=status,
+    )
 
-    return decode
+
+def _messages(queue: str, serializer: Serializer | None) -> Callable[[list[Any]], list[Message]]:
+    return lambda rows: [_message(queue, r, serializer) for r in rows]
 
 
 def _dead_messages(serializer: Serializer | None) -> Callable[[list[Any]], list[DeadMessage]]:
@@ -383,33 +386,7 @@ def _dead_messages(serializer: Serializer | None) -> Callable[[list[Any]], list[
 
 def _got_message(queue: str, serializer: Serializer | None) -> Callable[[list[Any]], Message | None]:
     """message_get's row (or none) as a Message with its status."""
-
-    def decode(rows: list[Any]) -> Message | None:
-        if not rows:
-            return None
-        r = rows[0]
-        return Message(
-            queue=queue,
-            id=r.id,
-            token=r.token,
-            attempt=r.attempt,
-            lease_until=r.lease_until,
-            scheduled_at=r.scheduled_at,
-            enqueued_at=r.enqueued_at,
-            priority=r.priority,
-            key=r.key,
-            channel=r.channel,
-            kind=r.kind,
-            content_type=r.content_type,
-            headers=r.headers,
-            state=r.state,
-            last_error=r.last_error,
-            body=bytes(r.payload),
-            serializer=serializer,
-            status=r.status,
-        )
-
-    return decode
+    return lambda rows: _message(queue, rows[0], serializer, rows[0].status) if rows else None
 
 
 def _archived(queue: str, serializer: Serializer | None) -> Callable[[list[Any]], list[ArchivedMessage]]:
