@@ -3,29 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from typing import Any
-
-import psycopg
-from psycopg import sql
 
 from ..client import Client
-from ..errors import QueueNotFound
 from . import UsageError, _util, common
 
-# Exact counts of one queue on one snapshot, by the same definitions as queue_metrics (ready:
-# due now, an expired lease included; leased: held; scheduled: due later, not held). queue_metrics
-# stops counting at its cap to stay cheap; these scan the queue's rows.
-_EXACT_COUNTS = """
-WITH n AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms),
-     q AS (SELECT id FROM {schema}.queue WHERE name = %(name)s)
-SELECT (SELECT id FROM q),
-       count(*) FILTER (WHERE m.dequeue_at <= n.now_ms),
-       count(*) FILTER (WHERE m.dequeue_at > n.now_ms AND NOT m.leased),
-       count(*) FILTER (WHERE m.dequeue_at > n.now_ms AND m.leased),
-       (SELECT count(*) FROM {schema}.archive a WHERE a.queue_id = (SELECT id FROM q) AND a.status = 'dead')
-  FROM n LEFT JOIN {schema}.message m ON m.queue_id = (SELECT id FROM q)
-"""
 _DEFAULT_CAP = 100_000
 
 
@@ -138,31 +119,22 @@ def drop(args: argparse.Namespace) -> int:
     return 0
 
 
-def exact_counts(conn: psycopg.Connection[Any], schema: str, name: str) -> tuple[int, int, int, int]:
-    """(ready, scheduled, leased, dead) of queue ``name``, counted row by row."""
-    query = sql.SQL(_EXACT_COUNTS).format(schema=sql.Identifier(schema))
-    row = conn.execute(query, {"name": name}).fetchone()
-    if row is None or row[0] is None:
-        raise QueueNotFound(f"queue {name!r} does not exist")
-    return int(row[1]), int(row[2]), int(row[3]), int(row[4])
-
-
 def purge(args: argparse.Namespace) -> int:
     with _util.connection(args) as conn, Client(conn, schema=_util.schema(args)) as c:
-        ready, scheduled, leased, _dead = exact_counts(conn, c.schema, args.name)
-        total = ready + scheduled + leased
+        m = c.metrics(args.name, conn=conn)  # exact: no cap
+        total = m.ready + m.scheduled + m.leased
         question = (
-            f"delete all {total} message(s) of queue {args.name!r} ({ready} ready, {scheduled} scheduled,"
-            f" {leased} leased)?"
+            f"delete all {total} message(s) of queue {args.name!r} ({m.ready} ready, {m.scheduled} scheduled,"
+            f" {m.leased} leased)?"
         )
         if not _util.confirm(args, question):
             print("nothing deleted", flush=True)
             return 1
         with conn.transaction():
             # Counted again in the purge's transaction: what was there when it ran.
-            ready, scheduled, leased, _dead = exact_counts(conn, c.schema, args.name)
+            m = c.metrics(args.name, conn=conn)
             c.purge_queue(args.name, conn=conn)
-    total = ready + scheduled + leased
+    total = m.ready + m.scheduled + m.leased
     _util.done(args, f"purged {total} message(s) of queue {args.name!r}", queue=args.name, purged=total)
     return 0
 
@@ -175,19 +147,8 @@ def stats(args: argparse.Namespace) -> int:
         names = args.names or [q.name for q in c.list_queues()]
         for name in names:
             m = c.metrics(name, cap=args.cap)
-            if args.exact or args.cap in (m.ready, m.scheduled, m.leased, m.dead):
-                ready, scheduled, leased, dead = exact_counts(conn, c.schema, name)
-                m = dataclasses.replace(
-                    m,
-                    ready=ready,
-                    scheduled=scheduled,
-                    leased=leased,
-                    dead=dead,
-                    ready_at_least=False,
-                    scheduled_at_least=False,
-                    leased_at_least=False,
-                    dead_at_least=False,
-                )
+            if args.exact or m.ready_at_least or m.scheduled_at_least or m.leased_at_least or m.dead_at_least:
+                m = c.metrics(name)  # exact: no cap
             rows.append(m)
     _util.emit(
         args,
