@@ -56,6 +56,8 @@ _TYPES = {
     "p_states": "jsonb[]",
     "p_count_attempt": "bool",
     "p_after_id": "bigint",
+    "p_id": "bigint",
+    "p_key": "text",
 }
 
 

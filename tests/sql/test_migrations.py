@@ -426,3 +426,80 @@ def test_the_catalog_holds_exactly_the_functions_of_sql(conn: psycopg.Connection
 def test_the_duplicate_check_sees_a_second_definition() -> None:
     text = "CREATE FUNCTION {schema}.a(x int)\n;\n  create or replace function {schema}.b (\n"
     assert defined_functions(text) == ["a", "b"]
+
+
+def test_0006_moves_every_message_of_a_populated_database(dsn: str, new_schema: str) -> None:
+    """Upgrading from a partition per queue (0005) to the shared message table (0006) keeps
+    every message with its id, lease, token and attempts, moves UNLOGGED queues to negative ids
+    with their channels, archive and dead-letter links, and the next ids continue."""
+    s = sql.Identifier(new_schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        Client(conn, schema=new_schema).migrate(target=5, conn=conn)
+        # What 0005's queue_create did: a queue row and its own partition.
+        for name, unlogged, dlq in (("dlq", True, None), ("plain", False, "dlq"), ("fast", True, None)):
+            [(qid,)] = conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.queue (name, unlogged, dead_letter_queue_id)"
+                    " VALUES (%s, %s, (SELECT id FROM {}.queue WHERE name = %s)) RETURNING id"
+                ).format(s, s),
+                (name, unlogged, dlq),
+            ).fetchall()
+            conn.execute(
+                sql.SQL("CREATE {} TABLE {} PARTITION OF {}.message FOR VALUES IN ({})").format(
+                    sql.SQL("UNLOGGED" if unlogged else ""),
+                    sql.Identifier(new_schema, f"message_{qid}"),
+                    s,
+                    sql.Literal(qid),
+                )
+            )
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, attempts,"
+                    " deliveries, leased, channel, key, payload)"
+                    " SELECT %s, 1000 + i, 0, 0, i %% 3, i %% 4, i %% 2 = 0, CASE WHEN i %% 5 = 0 THEN 'c' END,"
+                    "        'k' || i, convert_to(%s || i, 'UTF8') FROM generate_series(1, 50) i"
+                ).format(s),
+                (qid, name),
+            )
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.channel (queue_id, name, current_size, turn) VALUES (%s, 'c', 10, 1)"
+                ).format(s),
+                (qid,),
+            )
+        before = conn.execute(
+            sql.SQL(
+                "SELECT q.name, m.id, m.dequeue_at, m.attempts, m.deliveries, m.leased, m.channel, m.key, m.payload"
+                " FROM {}.message m JOIN {}.queue q ON q.id = m.queue_id ORDER BY m.id"
+            ).format(s, s)
+        ).fetchall()
+        [(top,)] = conn.execute(sql.SQL("SELECT max(id) FROM {}.message").format(s)).fetchall()
+        Client(conn, schema=new_schema).migrate(conn=conn)
+        after = conn.execute(
+            sql.SQL(
+                "SELECT q.name, m.id, m.dequeue_at, m.attempts, m.deliveries, m.leased, m.channel, m.key, m.payload"
+                " FROM {}.message m JOIN {}.queue q ON q.id = m.queue_id ORDER BY m.id"
+            ).format(s, s)
+        ).fetchall()
+        assert len(before) == 150 and after == before
+        ids = dict(conn.execute(sql.SQL("SELECT name, id FROM {}.queue").format(s)).fetchall())
+        assert ids["plain"] > 0 and ids["dlq"] < 0 and ids["fast"] < 0
+        assert conn.execute(
+            sql.SQL("SELECT d.name FROM {}.queue q JOIN {}.queue d ON d.id = q.dead_letter_queue_id").format(
+                s, s
+            )
+        ).fetchall() == [("dlq",)]
+        assert sorted(
+            conn.execute(sql.SQL("SELECT queue_id FROM {}.channel").format(s)).fetchall()
+        ) == sorted((i,) for i in ids.values())
+        parts = conn.execute(
+            sql.SQL(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " WHERE i.inhparent = {}::regclass ORDER BY 1"
+            ).format(sql.Literal(f'"{new_schema}".message'))
+        ).fetchall()
+        assert parts == [("message_logged",), ("message_unlogged",)]
+        client = Client(conn, schema=new_schema)
+        new_id = client.send("fast", b"new", conn=conn).id
+        assert new_id is not None and new_id > top
+        assert client.metrics("fast", conn=conn).ready >= 1

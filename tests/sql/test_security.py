@@ -92,7 +92,7 @@ def _table_access(dsn: str, schema: str) -> list[str]:
     allowed = []
     statements = {
         "select message": "SELECT * FROM {s}.message",
-        "select message_1": "SELECT * FROM {s}.message_1",
+        "select message_logged": "SELECT * FROM {s}.message_logged",
         "select archive": "SELECT * FROM {s}.archive",
         "select queue": "SELECT * FROM {s}.queue",
         "select migration": "SELECT * FROM {s}.migration",
@@ -284,9 +284,9 @@ def test_every_function_is_private_or_a_pinned_definer(dsn: str, reapplied: tupl
 def test_roles_get_on_tables_exactly_what_security_grant_says(
     client: Client, schema: str, conn: psycopg.Connection
 ) -> None:
-    """The core's tables (and every queue partition) grant nothing; the only table privileges
+    """The core's tables (and both message partitions) grant nothing; the only table privileges
     are the rows of security_grant (the version table, and what later migrations registered)."""
-    client.create_queue("q")  # its partition too
+    client.create_queue("q")
     rows = conn.execute(
         "SELECT c.relname, r.rolname, p.privilege_type"
         "  FROM pg_class c, pg_roles r, unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE',"
@@ -304,7 +304,8 @@ def test_roles_get_on_tables_exactly_what_security_grant_says(
     ).fetchall()
     assert sorted(rows) == sorted(policy)
     assert ("migration", "lonnymq_producer", "SELECT") in rows
-    core = {"queue", "message", "message_1", "archive", "channel", "security_role", "security_grant"}
+    core = {"queue", "message", "message_logged", "message_unlogged", "archive", "channel"}
+    core |= {"security_role", "security_grant"}
     assert [r for r in rows if r[0] in core] == []
     assert conn.execute("SELECT has_schema_privilege('public', %s, 'USAGE')", (schema,)).fetchone() == (
         False,
@@ -315,7 +316,7 @@ def test_apply_privileges_is_idempotent_and_refuses_unknown_names(
     client: Client, schema: str, conn: psycopg.Connection
 ) -> None:
     s = sql.Identifier(schema)
-    client.create_queue("q")  # a partition appears; it must stay private too
+    client.create_queue("q")
 
     def acls() -> list[tuple[Any, ...]]:
         return conn.execute(
@@ -582,7 +583,7 @@ def test_a_bad_role_prefix_installs_nothing(dsn: str, conn: psycopg.Connection) 
 def test_an_owner_without_createrole_installs_then_grants_later(dsn: str, login: MakeLogin) -> None:
     """Installing needs no CREATEROLE: the missing roles are reported, the schema stays
     owner-only, and once a DBA made the roles, _apply_privileges() grants to them. Also proves the
-    DEFINER functions work for a non-superuser owner (queue_create makes a partition)."""
+    DEFINER functions work for a non-superuser owner (queue_create takes an id from a sequence)."""
     owner = login(createdb_grant=True)
     prefix, name = f"lmqt_{uuid.uuid4().hex[:8]}", fresh_schema_name()
     try:

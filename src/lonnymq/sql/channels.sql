@@ -4,10 +4,10 @@
 --
 -- Lock order, kept by every function so that concurrent calls cannot deadlock:
 --   1. the queue row (only the first channel message of a queue, to set uses_channels);
---   2. the queue's message partition (any statement on its messages takes a table lock);
---   3. message rows (in id order where a call locks several);
---   4. channel rows, in name order;
---   5. then the same for the dead-letter queue (dead-letter chains have no cycles).
+--   2. message rows (in id order where a call locks several);
+--   3. channel rows, in name order;
+--   4. then the same for the dead-letter queue (dead-letter chains have no cycles).
+-- (channel_recount locks a queue's channel rows without message rows: it only reads messages.)
 -- take never waits on rows: it skips channel and message rows others hold (SKIP LOCKED).
 -- A channel's ready_at is recomputed by a statement that starts after its row is locked, so its
 -- snapshot includes every message change the previous lock holders committed.
@@ -266,8 +266,6 @@ BEGIN
     PERFORM {schema}._check_channel(p_channel);
     PERFORM {schema}._check_channel_policy(p_max_concurrency, p_release_interval_ms, p_max_size,
                                            p_on_full);
-    -- Lock order: the message partition before channel rows.
-    PERFORM FROM {schema}.message m WHERE m.queue_id = q.id LIMIT 1;
     INSERT INTO {schema}.channel AS c (queue_id, name, max_concurrency, release_interval_ms,
                                       max_size, on_full, explicit, turn)
     VALUES (q.id, p_channel, p_max_concurrency, p_release_interval_ms, p_max_size, p_on_full,
@@ -290,7 +288,6 @@ DECLARE
     q {schema}.queue := {schema}._queue(p_queue);
 BEGIN
     PERFORM {schema}._check_channel(p_channel);
-    PERFORM FROM {schema}.message m WHERE m.queue_id = q.id LIMIT 1;  -- lock order
     UPDATE {schema}.channel c
        SET explicit = false, max_concurrency = q.channel_max_concurrency,
            release_interval_ms = q.channel_release_interval_ms, max_size = q.channel_max_size,
@@ -330,8 +327,9 @@ BEGIN
 END $$;
 
 -- Recount the channels of a queue from its messages and correct counters that differ (say
--- after a crash emptied an UNLOGGED queue). Blocks the queue's writers while it runs. Returns
--- how many channels were corrected.
+-- after a crash emptied an UNLOGGED queue). Holds the queue's channel rows while it runs, so
+-- the queue's channel writers wait (other queues never do). Returns how many channels were
+-- corrected.
 CREATE OR REPLACE FUNCTION {schema}.channel_recount(p_queue text, p_now bigint DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -340,8 +338,11 @@ DECLARE
     v_sizes  bigint[];
     v_leases integer[];
 BEGIN
-    -- EXCLUSIVE: no writer is half way (takes lock their rows before they update them).
-    EXECUTE format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', {schema_name}, 'message_' || q.id);
+    -- Every function that changes a channel's messages updates the channel row in the same
+    -- transaction: with the rows locked (waiting for such writers to commit), the count below,
+    -- a new statement with a new snapshot, sees each writer's messages and counters together
+    -- or neither.
+    PERFORM FROM {schema}.channel c WHERE c.queue_id = q.id ORDER BY c.name FOR UPDATE;
     WITH actual AS (
         SELECT m.channel AS name, count(*) AS size, count(*) FILTER (WHERE m.leased) AS leases
           FROM {schema}.message m

@@ -18,10 +18,12 @@ BEGIN
     RETURN q;
 END $$;
 
--- Create queue p_name with its settings and its own partition of message (UNLOGGED if
--- p_unlogged). Returns true, or false when it exists and p_if_not_exists (else LQ005).
--- Raises LQ002 for invalid settings, LQ001 for an unknown dead-letter queue. Writes queue;
--- creates message_<id>. Locks: advisory lock on the name (serialises creators and drops).
+-- Create queue p_name with its settings. Its messages go to the shared message table: an
+-- ordinary queue gets a positive id (message_logged), an UNLOGGED one (p_unlogged) a negative
+-- id from queue_unlogged_id_seq (message_unlogged): no DDL, no lock on a shared object.
+-- Returns true, or false when it exists and p_if_not_exists (else LQ005). Raises LQ002 for
+-- invalid settings, LQ001 for an unknown dead-letter queue. Writes queue. Locks: advisory lock
+-- on the name (serialises creators and drops).
 CREATE OR REPLACE FUNCTION {schema}.queue_create(
     p_name              text,
     p_lease_ms          bigint  DEFAULT 30000,
@@ -77,23 +79,24 @@ BEGIN
     IF p_dead_letter_queue IS NOT NULL THEN
         v_dlq := ({schema}._queue(p_dead_letter_queue)).id;
     END IF;
-    INSERT INTO {schema}.queue (name, lease_ms, max_attempts, dead_letter_queue_id, archive,
+    IF p_unlogged THEN
+        v_id := nextval('{schema}.queue_unlogged_id_seq')::integer;
+    ELSE
+        v_id := nextval(pg_get_serial_sequence('{schema}.queue', 'id'))::integer;
+    END IF;
+    INSERT INTO {schema}.queue (id, name, lease_ms, max_attempts, dead_letter_queue_id, archive,
                                 retention_ms, unlogged, max_payload_bytes, priority_step_ms,
                                 channel_max_concurrency, channel_release_interval_ms,
                                 channel_max_size, channel_on_full)
-    VALUES (p_name, p_lease_ms, p_max_attempts, v_dlq, p_archive, p_retention_ms,
+    OVERRIDING SYSTEM VALUE
+    VALUES (v_id, p_name, p_lease_ms, p_max_attempts, v_dlq, p_archive, p_retention_ms,
             coalesce(p_unlogged, false), p_max_payload_bytes, p_priority_step_ms,
             p_channel_max_concurrency, p_channel_release_interval_ms, p_channel_max_size,
-            p_channel_on_full)
-    RETURNING id INTO v_id;
-    -- The partition name is derived from the numeric id, never from the user's queue name.
-    EXECUTE format('CREATE %s TABLE %I.%I PARTITION OF %I.message FOR VALUES IN (%s)',
-                   CASE WHEN p_unlogged THEN 'UNLOGGED' ELSE '' END,
-                   {schema_name}, 'message_' || v_id, {schema_name}, v_id);
+            p_channel_on_full);
     RETURN true;
 END $$;
 
--- Drop queue p_name: its partition, its archive rows, its channels. Returns true, or false
+-- Drop queue p_name: its messages, its archive rows, its channels. Returns true, or false
 -- when it does not exist and p_if_exists (else LQ001). Raises LQ006 while it is the dead-letter
 -- queue of another queue. Locks: queue_create's advisory lock on the name, then the queue row,
 -- so concurrent drops serialise (the second finds nothing) and a queue that became a dead-letter
@@ -119,7 +122,7 @@ BEGIN
               WHERE dead_letter_queue_id = q.id)
             USING ERRCODE = 'LQ006';
     END IF;
-    EXECUTE format('DROP TABLE %I.%I', {schema_name}, 'message_' || q.id);
+    DELETE FROM {schema}.message WHERE queue_id = q.id;
     DELETE FROM {schema}.archive WHERE queue_id = q.id;
     DELETE FROM {schema}.settled WHERE queue_id = q.id;
     DELETE FROM {schema}.sent_count WHERE queue_id = q.id;
@@ -133,15 +136,16 @@ BEGIN
     RETURN true;
 END $$;
 
--- Delete every message of queue p_name (TRUNCATE of its partition: ACCESS EXCLUSIVE on it) and
--- empty its channels; configured channels stay. Archive and dead letters are kept.
+-- Delete every message of queue p_name and empty its channels; configured channels stay.
+-- Archive and dead letters are kept. Locks: the queue's message rows (waits for a take that
+-- holds some, never for other queues), then its channel rows.
 CREATE OR REPLACE FUNCTION {schema}.queue_purge(p_name text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q {schema}.queue := {schema}._queue(p_name);
 BEGIN
-    EXECUTE format('TRUNCATE %I.%I', {schema_name}, 'message_' || q.id);
-    -- Its channels are empty now (after the TRUNCATE, in lock order). Configured channels stay,
+    DELETE FROM {schema}.message m WHERE m.queue_id = q.id;
+    -- Its channels are empty now (after the messages, in lock order). Configured channels stay,
     -- with their rate limit state.
     DELETE FROM {schema}.channel c WHERE c.queue_id = q.id AND NOT c.explicit;
     UPDATE {schema}.channel c
