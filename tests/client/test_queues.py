@@ -359,3 +359,18 @@ def test_metrics_on_a_million_messages_are_capped(client: Client, db: Sql) -> No
     print(
         f"\n1M messages: load+vacuum {loaded - started:.2f}s, queue_metrics(cap=100000) {took * 1000:.0f} ms"
     )
+
+
+def test_list_queues_pages_by_name(client: Client) -> None:
+    names = [f"q{i:03d}" for i in range(25)]
+    for n in reversed(names):
+        client.create_queue(n)
+    assert [q.name for q in client.list_queues()] == names
+    pages, after = [], None
+    while page := client.list_queues(limit=10, after=after):
+        pages.append([q.name for q in page])
+        after = page[-1].name
+    assert pages == [names[:10], names[10:20], names[20:]]
+    assert [q.name for q in client.list_queues(limit=2, after="q024")] == []
+    with pytest.raises(errors.InvalidArgument):
+        client.list_queues(limit=0)

@@ -325,8 +325,12 @@ class AsyncClient:
         """Delete every message of the queue at once (the archive is kept)."""
         await self.run(self.ops.queue_purge(name), conn)
 
-    async def list_queues(self, *, conn: AsyncConnection[Any] | None = None) -> list[QueueInfo]:
-        return await self.run(self.ops.queue_list(), conn)
+    async def list_queues(
+        self, *, limit: int | None = None, after: str | None = None, conn: AsyncConnection[Any] | None = None
+    ) -> list[QueueInfo]:
+        """The queues with their settings, by name: all of them, or ``limit`` at a time after the
+        name ``after`` (keyset paging: pass the last name of a page to get the next)."""
+        return await self.run(self.ops.queue_list(limit=limit, after=after), conn)
 
     async def metrics(
         self, queue: str, *, cap: int | None = None, conn: AsyncConnection[Any] | None = None

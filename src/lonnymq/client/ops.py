@@ -278,7 +278,7 @@ class Statements:
         )
         self.queue_drop = q("SELECT {s}.queue_drop(%s::text, %s::bool)")
         self.queue_purge = q("SELECT {s}.queue_purge(%s::text)")
-        self.queue_list = q("SELECT * FROM {s}.queue_list()")
+        self.queue_list = q("SELECT * FROM {s}.queue_list(%s::int, %s::text)")
         self.queue_metrics = q("SELECT * FROM {s}.queue_metrics(%s::text, %s::int)")
         self.send_batch = q(
             "SELECT ord, id, outcome FROM {s}.send_batch(%s::text, %b::bytea[], %b::text[],"
@@ -474,9 +474,14 @@ class Ops:
     def queue_purge(self, name: str) -> Op[None]:
         return Op(self.st.queue_purge, (check_queue(name),), _nothing)
 
-    def queue_list(self) -> Op[list[QueueInfo]]:
+    def queue_list(self, *, limit: int | None = None, after: str | None = None) -> Op[list[QueueInfo]]:
+        if after is not None:
+            check_queue(after)
         return Op(
-            self.st.queue_list, (), lambda rows: [_record(QueueInfo, r) for r in rows], safe_to_retry=True
+            self.st.queue_list,
+            (None if limit is None else check_limit(limit), after),
+            lambda rows: [_record(QueueInfo, r) for r in rows],
+            safe_to_retry=True,
         )
 
     def queue_metrics(self, name: str, *, cap: int | None = None) -> Op[QueueMetrics]:

@@ -309,8 +309,12 @@ class Client:
         """Delete every message of the queue at once (the archive is kept)."""
         self.run(self.ops.queue_purge(name), conn)
 
-    def list_queues(self, *, conn: Connection[Any] | None = None) -> list[QueueInfo]:
-        return self.run(self.ops.queue_list(), conn)
+    def list_queues(
+        self, *, limit: int | None = None, after: str | None = None, conn: Connection[Any] | None = None
+    ) -> list[QueueInfo]:
+        """The queues with their settings, by name: all of them, or ``limit`` at a time after the
+        name ``after`` (keyset paging: pass the last name of a page to get the next)."""
+        return self.run(self.ops.queue_list(limit=limit, after=after), conn)
 
     def metrics(
         self, queue: str, *, cap: int | None = None, conn: Connection[Any] | None = None

@@ -100,3 +100,7 @@ CREATE UNIQUE INDEX message_key_idx ON {schema}.message (queue_id, key)
 -- Leased rows only: keeps the leased count exact and cheap, and gives a channel at its
 -- concurrency limit its earliest lease expiry; sends never touch it.
 CREATE INDEX message_leased_idx ON {schema}.message (queue_id, channel, dequeue_at) WHERE leased;
+
+-- queue_list gained keyset paging (p_limit, p_after): CREATE OR REPLACE cannot add parameters,
+-- so the old signature goes; sql/queues.sql creates the new one.
+DROP FUNCTION IF EXISTS {schema}.queue_list();
