@@ -121,6 +121,10 @@ def queue_series(dsn: str, counts: list[int], pgmq_max: int, seconds: float) -> 
                 print(json.dumps({"queues": n, **{k: v.get(n) for k, v in out.items()}}), flush=True)
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         if have_pgmq:
+            # One queue per transaction: dropping a thousand table pairs at once would need more
+            # locks than max_locks_per_transaction allows.
+            for (name,) in conn.execute("SELECT queue_name FROM pgmq.list_queues()").fetchall():
+                conn.execute("SELECT pgmq.drop_queue(%s)", [name])
             conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
     return out
 

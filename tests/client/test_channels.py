@@ -593,6 +593,7 @@ _VARS = {
     r"\bv_keys\b": "$8",
     r"\bv_turns\b": "$9",
     r"\bv_limited\b": "$10",
+    r"\bv_gen\b": "1",  # the current generation (generations.sql)
 }
 _PARAMS = "(int, bigint, text[], text, bigint, bigint, text[], bigint[], bigint[], boolean[])"
 
@@ -622,13 +623,13 @@ def hot_queries() -> dict[str, str]:
 
 
 def _expected_indexes(query: str) -> list[str]:
-    """Partition indexes are named after their columns: message_<id>_queue_id_<cols>_idx."""
+    """Partition indexes are named after their columns: message_logged_<cols>_idx."""
     if "FROM {schema}.channel" in query:
         return [r"\bchannel_ready_idx\b"]
+    if "m.channel IS NULL" in query:
+        return [r"_gen_queue_id_dequeue_at_id_idx\b"]
     if "LATERAL" in query:
         return [r"_queue_id_channel_dequeue_at_id_idx\b", r"_queue_id_channel_dequeue_at_idx\b"]
-    if "m.channel IS NULL" in query:
-        return [r"_queue_id_dequeue_at_id_idx\b"]
     if "AND m.leased" in query:
         return [r"_queue_id_channel_dequeue_at_idx\b"]
     return [r"_queue_id_channel_dequeue_at_id_idx\b"]
@@ -663,9 +664,9 @@ def crowded(dsn: str) -> Iterator[tuple[str, int, int]]:
         db = Db(conn, schema)
         qid, now = db.qid("q"), db.now()
         db.q(
-            """INSERT INTO {s}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, attempts,
+            """INSERT INTO {s}.message (queue_id, gen, dequeue_at, scheduled_at, enqueued_at, attempts,
                                          deliveries, leased, channel, payload)
-                SELECT %(q)s, CASE WHEN i %% 4 = 0 THEN %(now)s + 30000 + i ELSE %(now)s - 1000000 + i END,
+                SELECT %(q)s, 1, CASE WHEN i %% 4 = 0 THEN %(now)s + 30000 + i ELSE %(now)s - 1000000 + i END,
                        %(now)s - 1000000 + i, %(now)s - 1000000 + i, (i %% 4 = 0)::int,
                        (i %% 4 = 0)::int, i %% 4 = 0, 'c' || (i %% %(ch)s), '\\x7b7d'
                   FROM generate_series(1, %(n)s) i""",
@@ -790,7 +791,7 @@ def test_a_queue_without_channels_keeps_the_set_based_path(dsn: str, client: Cli
     # The plain candidate query of take() (in _lock_ready) uses the plain dequeue index (see
     # test_plans.py).
     assert "{schema}._lock_ready(q, v_want, v_now)" in function_text("take")
-    assert "m.channel IS NULL AND m.dequeue_at <= p_now" in function_text("_lock_ready")
+    assert "m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL" in function_text("_lock_ready")
 
 
 def test_metrics_peek_and_next_ready_in_see_channel_messages(client: Client, db: Db) -> None:

@@ -337,9 +337,9 @@ def test_metrics_on_a_million_messages_are_capped(client: Client, db: Sql) -> No
     t = db.now()
     started = time.perf_counter()
     db.q(
-        """INSERT INTO {s}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, attempts,
+        """INSERT INTO {s}.message (queue_id, gen, dequeue_at, scheduled_at, enqueued_at, attempts,
                                     deliveries, leased, payload)
-           SELECT %(q)s, CASE WHEN i <= 400000 THEN %(t)s - 1000 - i
+           SELECT %(q)s, (SELECT last_value FROM {s}.message_gen_seq), CASE WHEN i <= 400000 THEN %(t)s - 1000 - i
                               WHEN i <= 700000 THEN %(t)s + 60000
                               ELSE %(t)s + 3600000 + i END,
                   %(t)s - 1000 - i, %(t)s - 1000 - i, (i BETWEEN 400001 AND 700000)::int,

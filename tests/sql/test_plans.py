@@ -21,15 +21,15 @@ pytestmark = pytest.mark.slow
 
 PER_STATE = 200_000
 LIMIT = 10
+GEN = 1  # the current generation of a fresh schema (sql/generations.sql): the messages' own
 
 
 def candidate_queries(function: str) -> list[str]:
     """The row-locking candidate SELECTs of ``function`` (its current definition), with the
-    queue id, the time and the limit as $1, $2 and $3: subqueries in parentheses, and whole
-    statements (SELECT ... INTO ... FOR UPDATE SKIP LOCKED;) without the INTO."""
+    queue id, the time, the limit and the generation as $1 to $4: the subqueries in parentheses
+    (take reads each generation of the window with one of them)."""
     body = function_text(function)
     found = re.findall(r"\(\s*(SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\s*\)", body)
-    found += re.findall(r"(SELECT\s[^;()]*?FOR UPDATE SKIP LOCKED);", body)
     assert found, f"no candidate SELECT ... FOR UPDATE SKIP LOCKED found in {function}()"
     queries = []
     for text in dict.fromkeys(found):  # take_tx has the same one twice
@@ -37,6 +37,7 @@ def candidate_queries(function: str) -> list[str]:
         text = re.sub(r"\bq\.id\b", "$1", text)
         text = re.sub(r"\b(?:v_now|p_now)\b", "$2", text)
         text = re.sub(r"\b(?:p_limit|v_want)\b", "$3", text)
+        text = re.sub(r"\bg\.gen\b", "$4", text)
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
         assert not unknown, f"{function}() candidate query uses {unknown}: teach this test about them"
         queries.append(text)
@@ -60,9 +61,9 @@ def loaded(dsn: str) -> Iterator[tuple[str, int, int]]:
         started = time.perf_counter()
         conn.execute(
             sql.SQL(
-                """INSERT INTO {}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, attempts,
+                """INSERT INTO {}.message (queue_id, gen, dequeue_at, scheduled_at, enqueued_at, attempts,
                                            deliveries, leased, payload)
-                   SELECT %(q)s,
+                   SELECT %(q)s, %(gen)s,
                           CASE i %% 3 WHEN 0 THEN %(now)s + 3600000 + i   -- future
                                      WHEN 1 THEN %(now)s + 30000 + i     -- leased
                                      ELSE %(now)s - 3 * %(n)s + i END,   -- ready
@@ -70,14 +71,14 @@ def loaded(dsn: str) -> Iterator[tuple[str, int, int]]:
                           (i %% 3 = 1)::int, (i %% 3 = 1)::int, i %% 3 = 1, '\\x7b7d'
                      FROM generate_series(1, 3 * %(n)s) i"""
             ).format(s),
-            {"q": qid, "now": now, "n": PER_STATE},
+            {"q": qid, "now": now, "n": PER_STATE, "gen": GEN},
         )
         conn.execute(
             sql.SQL(
-                """INSERT INTO {}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, payload)
-                   SELECT %s, %s - i, %s - i, %s - i, '\\x00' FROM generate_series(1, 1000) i"""
+                """INSERT INTO {}.message (queue_id, gen, dequeue_at, scheduled_at, enqueued_at, payload)
+                   SELECT %s, %s, %s - i, %s - i, %s - i, '\\x00' FROM generate_series(1, 1000) i"""
             ).format(s),
-            (other, now, now, now),
+            (other, GEN, now, now, now),
         )
         conn.execute(sql.SQL("ANALYZE {}.message").format(s))
         print(f"\nplan tests: loaded {3 * PER_STATE + 1000} messages in {time.perf_counter() - started:.1f}s")
@@ -94,7 +95,7 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def _dequeue_index(conn: psycopg.Connection, schema: str, qid: int) -> str:
     [(name,)] = conn.execute(
         "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = %s"
-        " AND indexdef LIKE '%%(queue_id, dequeue_at, id)%%'",
+        " AND indexdef LIKE '%%(gen, queue_id, dequeue_at, id)%%'",
         (schema, "message_logged" if qid > 0 else "message_unlogged"),
     ).fetchall()
     return str(name)
@@ -111,7 +112,7 @@ def _explain(
     conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.Literal(mode)))
     conn.execute("DEALLOCATE ALL")
     conn.execute(
-        sql.SQL("PREPARE candidates(integer, bigint, integer) AS {}").format(
+        sql.SQL("PREPARE candidates(integer, bigint, integer, bigint) AS {}").format(
             sql.SQL(query.replace("{schema}", sql.Identifier(schema).as_string(conn)))  # type: ignore[arg-type]
         )
     )
@@ -136,7 +137,7 @@ def test_candidate_query_walks_the_dequeue_index(
     with psycopg.connect(dsn) as conn:
         index = _dequeue_index(conn, schema, qid)
         for query in candidate_queries(function):
-            plan = _explain(conn, schema, query, mode, (qid, now, LIMIT))["Plan"]
+            plan = _explain(conn, schema, query, mode, (qid, now, LIMIT, GEN))["Plan"]
             nodes = list(_nodes(plan))
             types = [n["Node Type"] for n in nodes]
             assert not {"Seq Scan", "Sort", "Incremental Sort", "Bitmap Heap Scan"} & set(types), types
@@ -154,7 +155,7 @@ def test_candidate_query_reads_a_handful_of_buffers(
     with psycopg.connect(dsn) as conn:
         [query] = candidate_queries(function)
         for mode in ("force_custom_plan", "force_generic_plan"):
-            result = _explain(conn, schema, query, mode, (qid, now, LIMIT), analyze=True)
+            result = _explain(conn, schema, query, mode, (qid, now, LIMIT, GEN), analyze=True)
             plan = result["Plan"]
             buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
             print(
@@ -177,7 +178,9 @@ def test_the_extracted_query_is_the_one_take_runs(
     with psycopg.connect(dsn) as conn:
         text = query.replace("{schema}", sql.Identifier(schema).as_string(conn))
         text = text.replace("$1", "%(q)s").replace("$2", "%(now)s").replace("$3", "%(limit)s")
-        picked = [r[0] for r in conn.execute(text, {"q": qid, "now": now, "limit": limit}).fetchall()]
+        text = text.replace("$4", "%(gen)s")
+        params = {"q": qid, "now": now, "limit": limit, "gen": GEN}
+        picked = [r[0] for r in conn.execute(text, params).fetchall()]
         conn.rollback()
         taken = [
             r[0]

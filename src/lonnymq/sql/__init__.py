@@ -24,6 +24,7 @@ from psycopg import sql
 #: security last (it applies privileges to everything else).
 FILES: tuple[str, ...] = (
     "util",
+    "generations",
     "wait",
     "queues",
     "channels",

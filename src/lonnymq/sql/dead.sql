@@ -24,9 +24,9 @@ BEGIN
              WHERE m.queue_id = q.id AND m.id = e.id
             RETURNING m.*, e.error
         ), i AS (
-        INSERT INTO {schema}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, priority,
+        INSERT INTO {schema}.message (queue_id, gen, dequeue_at, scheduled_at, enqueued_at, priority,
                                       channel, kind, content_type, headers, state, last_error, payload)
-        SELECT q.dead_letter_queue_id, p_now, p_now, p_now, 0, d.channel, d.kind, d.content_type,
+        SELECT q.dead_letter_queue_id, {schema}._gen_write(), p_now, p_now, p_now, 0, d.channel, d.kind, d.content_type,
                coalesce(d.headers, '{{}}'::jsonb) || jsonb_build_object('lonnymq_dead_letter',
                    jsonb_build_object('queue', q.name, 'id', d.id, 'key', d.key,
                                       'attempts', d.attempts, 'error', coalesce(d.error, d.last_error),
@@ -107,9 +107,9 @@ BEGIN
          WHERE a.queue_id = q.id AND a.status = 'dead' AND (p_ids IS NULL OR a.id = ANY (p_ids))
         RETURNING a.*
     ), i AS (
-        INSERT INTO {schema}.message (queue_id, dequeue_at, scheduled_at, enqueued_at, priority,
+        INSERT INTO {schema}.message (queue_id, gen, dequeue_at, scheduled_at, enqueued_at, priority,
                                       channel, kind, content_type, headers, state, last_error, payload)
-        SELECT q.id, v_now, v_now, v_now, d.priority, d.channel, d.kind, d.content_type, d.headers,
+        SELECT q.id, {schema}._gen_write(), v_now, v_now, v_now, d.priority, d.channel, d.kind, d.content_type, d.headers,
                d.state, d.last_error, d.payload
           FROM d ORDER BY d.id
         RETURNING channel

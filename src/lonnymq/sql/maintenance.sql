@@ -8,7 +8,8 @@
 -- Housekeeping: delete acknowledged archive rows older than each queue's retention, at most
 -- p_limit per call, and empty channels nothing keeps; forget settles older than an hour (at
 -- most p_limit; settled, ack's memory of its repeats) and fold each queue's sent_count rows
--- into one; forget Spark write ids past their retention (spark_prune). Returns how many
+-- into one; forget Spark write ids past their retention (spark_prune); rotate the generations
+-- when due (rotate, generations.sql). Returns how many
 -- archive rows were deleted. Writes archive, channel (SKIP LOCKED:
 -- never waits for a channel in use), settled, sent_count (the rows it folds, which only
 -- another maintain locks).
@@ -58,5 +59,8 @@ BEGIN
     SELECT d.queue_id, sum(d.n)::bigint FROM d GROUP BY d.queue_id;
     -- Spark write ids and sink batches past their retention (sql/spark.sql).
     PERFORM {schema}.spark_prune(p_limit, v_now);
+    -- Generations (sql/generations.sql), when one is due: take() does it too, maintain() for
+    -- queues nobody takes from.
+    PERFORM {schema}.rotate(p_now => v_now);
     RETURN v_n;
 END $$;

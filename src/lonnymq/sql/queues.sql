@@ -186,10 +186,12 @@ CREATE OR REPLACE FUNCTION {schema}._count_messages(
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (SELECT count(*) FROM (
-        (SELECT 1 FROM {schema}.message m
-          WHERE m.queue_id = p_queue_id AND m.channel IS NULL
-            AND m.dequeue_at > p_after AND m.dequeue_at <= p_until
-            AND NOT (p_unleased AND m.leased)
+        (SELECT 1 FROM unnest({schema}._gens_live()) AS g(gen)
+           CROSS JOIN LATERAL (SELECT 1 FROM {schema}.message m
+                                WHERE m.gen = g.gen AND m.queue_id = p_queue_id AND m.channel IS NULL
+                                  AND m.dequeue_at > p_after AND m.dequeue_at <= p_until
+                                  AND NOT (p_unleased AND m.leased)
+                                LIMIT p_limit) x
           LIMIT p_limit)
         UNION ALL
         (SELECT 1 FROM {schema}.channel c
@@ -261,9 +263,11 @@ BEGIN
     -- The head of the index is what is delivered next; look a bounded way into it (and at the
     -- head of each channel).
     SELECT max(v_now - h.scheduled_at) INTO oldest_ready_age_ms FROM (
-        (SELECT m.scheduled_at FROM {schema}.message m
-          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
-          ORDER BY m.dequeue_at, m.id LIMIT 1000)
+        (SELECT x.scheduled_at FROM unnest({schema}._gens_live()) AS g(gen)
+           CROSS JOIN LATERAL (SELECT m.scheduled_at FROM {schema}.message m
+                                WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                  AND m.dequeue_at <= v_now
+                                ORDER BY m.dequeue_at, m.id LIMIT 1000) x)
         UNION ALL
         (SELECT x.scheduled_at FROM {schema}.channel c
            CROSS JOIN LATERAL (SELECT m.scheduled_at FROM {schema}.message m
@@ -272,9 +276,11 @@ BEGIN
                                 ORDER BY m.dequeue_at, m.id LIMIT 1) x
           WHERE c.queue_id = q.id)) h;
     SELECT min(h.dequeue_at) INTO next_scheduled_at FROM (
-        (SELECT m.dequeue_at FROM {schema}.message m
-          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at > v_now AND NOT m.leased
-          ORDER BY m.dequeue_at LIMIT 1)
+        (SELECT x.dequeue_at FROM unnest({schema}._gens_live()) AS g(gen)
+           CROSS JOIN LATERAL (SELECT m.dequeue_at FROM {schema}.message m
+                                WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                  AND m.dequeue_at > v_now AND NOT m.leased
+                                ORDER BY m.dequeue_at LIMIT 1) x)
         UNION ALL
         (SELECT x.dequeue_at FROM {schema}.channel c
            CROSS JOIN LATERAL (SELECT m.dequeue_at FROM {schema}.message m

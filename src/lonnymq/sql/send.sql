@@ -52,6 +52,7 @@ DECLARE
     v_outcomes     text[];
     v_sup_ids      bigint[];  -- leased messages superseded by a new version in this call
     v_sup_keys     text[];
+    v_gen          bigint;  -- the generation new and replaced messages go to (generations.sql)
 BEGIN
     IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('ignore', 'replace', 'error') THEN
         PERFORM {schema}._invalid('on_conflict must be ignore, replace or error');
@@ -105,14 +106,15 @@ BEGIN
     END IF;
 
     PERFORM {schema}._wake(q.id, q.name);
+    v_gen := {schema}._gen_write();
 
     IF p_keys IS NULL OR NOT EXISTS (SELECT FROM unnest(p_keys) k WHERE k IS NOT NULL) THEN
         -- No keys: plain insert; ids are assigned in input order. Without channels nothing
         -- is dropped, so the batch's sent_count row is written by the same statement.
         WITH ins AS (
-            INSERT INTO {schema}.message AS m (queue_id, dequeue_at, scheduled_at, enqueued_at,
+            INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
                                               priority, channel, kind, content_type, headers, payload)
-            SELECT q.id, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), t.at, v_now, t.priority,
+            SELECT q.id, v_gen, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), t.at, v_now, t.priority,
                    t.channel, t.kind, t.content_type, t.headers, t.payload
               FROM (SELECT coalesce(u.at_ms, v_now + coalesce(u.delay_ms, 0)) AS at,
                            coalesce(u.priority, 0) AS priority, u.channel, u.kind, u.content_type,
@@ -191,7 +193,7 @@ BEGIN
                    priority = t.priority, channel = t.channel, kind = t.kind,
                    content_type = t.content_type, headers = t.headers, payload = t.payload,
                    attempts = 0, deliveries = m.deliveries + 1, leased = false, state = NULL,
-                   last_error = NULL
+                   last_error = NULL, gen = v_gen
               FROM t
              WHERE p_on_conflict = 'replace' AND t.ord = t.win AND t.key IS NOT NULL
                AND m.queue_id = q.id AND m.key = t.key AND NOT (m.leased AND m.dequeue_at > v_now)
@@ -199,10 +201,10 @@ BEGIN
             RETURNING m.id, m.key
         ), ins AS (
             -- Keys that exist (or were just replaced above) are skipped here.
-            INSERT INTO {schema}.message AS m (queue_id, dequeue_at, scheduled_at, enqueued_at,
+            INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
                                               priority, key, channel, kind, content_type, headers,
                                               payload)
-            SELECT q.id, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), t.at, v_now, t.priority, t.key,
+            SELECT q.id, v_gen, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, v_now), t.at, v_now, t.priority, t.key,
                    t.channel, t.kind, t.content_type, t.headers, t.payload
               FROM t WHERE t.ord = t.win ORDER BY t.ord
             ON CONFLICT (queue_id, key) WHERE key IS NOT NULL AND superseded_by IS NULL DO NOTHING

@@ -12,23 +12,33 @@
 -- allowed attempt are dead-lettered here, superseded versions whose lease expired (send_batch)
 -- are deleted (both in dead, which callers use only to know that rows left); the rest are
 -- returned in order (ids, with their dequeue_at in ats for the channel path's merge).
+-- Reads the two generations of the window (generations.sql), each in index order, and merges
+-- them; rows of the window beyond p_limit may stay locked until the transaction ends.
 CREATE OR REPLACE FUNCTION {schema}._lock_ready(q {schema}.queue, p_limit integer, p_now bigint,
                                      OUT ids bigint[], OUT ats bigint[], OUT dead bigint[])
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_gone bigint[];
+    v_gen  bigint;
 BEGIN
+    SELECT s.last_value INTO v_gen FROM {schema}.message_gen_seq s;
     SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.live AND c.attempts < q.max_attempts),
            array_agg(c.dequeue_at ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.live AND c.attempts < q.max_attempts),
            array_agg(c.id) FILTER (WHERE c.live AND c.attempts >= q.max_attempts),
            array_agg(c.id) FILTER (WHERE NOT c.live)
       INTO ids, ats, dead, v_gone
-      FROM (SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
-              FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= p_now
-             ORDER BY m.dequeue_at, m.id
-             LIMIT p_limit
-               FOR UPDATE SKIP LOCKED) c;
+      FROM (SELECT x.id, x.dequeue_at, x.attempts, x.live
+              FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+             CROSS JOIN LATERAL (
+                   SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
+                     FROM {schema}.message m
+                    WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                      AND m.dequeue_at <= p_now
+                    ORDER BY m.dequeue_at, m.id
+                    LIMIT p_limit
+                      FOR UPDATE SKIP LOCKED) x
+             ORDER BY x.dequeue_at, x.id
+             LIMIT p_limit) c;
     IF dead IS NOT NULL THEN
         PERFORM {schema}._dead_letter(q, dead,
             array_fill('lease expired on the last attempt'::text, ARRAY[cardinality(dead)]), p_now);
@@ -336,6 +346,7 @@ DECLARE
     v_live  boolean;
     v_ids   bigint[];
     v_dead  bigint[];
+    v_gen   bigint;
 BEGIN
     -- The checks of _queue, _check_limit, _check_positive and _now, called only when they are
     -- going to fail (each call is a statement).
@@ -356,6 +367,13 @@ BEGIN
     END IF;
     v_lease := coalesce(p_lease_ms, q.lease_ms);
 
+    -- Keep the generations moving (generations.sql) when one is due: not in a transaction that
+    -- started earlier, whose end would hold the rows moved.
+    IF v_now - (SELECT s.last_value FROM {schema}.message_gen_started_seq s) >= 2000
+       AND statement_timestamp() = transaction_timestamp() THEN
+        PERFORM {schema}.rotate(p_now => v_now);
+    END IF;
+
     IF p_ack_ids IS NOT NULL THEN
         PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
     END IF;
@@ -367,12 +385,19 @@ BEGIN
 
     -- One message: _lock_ready's candidate query for one row, and _deliver's lease of it.
     IF p_limit = 1 THEN
-        SELECT m.id, m.attempts, m.superseded_by IS NULL INTO v_id, v_tries, v_live
-          FROM {schema}.message m
-         WHERE m.queue_id = q.id AND m.channel IS NULL AND m.dequeue_at <= v_now
-         ORDER BY m.dequeue_at, m.id
-         LIMIT 1
-           FOR UPDATE SKIP LOCKED;
+        SELECT s.last_value INTO v_gen FROM {schema}.message_gen_seq s;
+        SELECT x.id, x.attempts, x.live INTO v_id, v_tries, v_live
+          FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+         CROSS JOIN LATERAL (
+               SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
+                 FROM {schema}.message m
+                WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                  AND m.dequeue_at <= v_now
+                ORDER BY m.dequeue_at, m.id
+                LIMIT 1
+                  FOR UPDATE SKIP LOCKED) x
+         ORDER BY x.dequeue_at, x.id
+         LIMIT 1;
         IF NOT FOUND THEN
             RETURN;
         END IF;
@@ -464,9 +489,10 @@ BEGIN
     SELECT m.id, m.attempts, m.deliveries,
            CASE WHEN m.leased THEN m.dequeue_at END, m.scheduled_at, m.enqueued_at, m.priority,
            m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload
-      FROM ((SELECT p.* FROM {schema}.message p
-              WHERE p.queue_id = q.id AND p.channel IS NULL
-              ORDER BY p.dequeue_at, p.id LIMIT p_limit)
+      FROM ((SELECT p.* FROM unnest({schema}._gens_live()) AS g(gen)
+              CROSS JOIN LATERAL (SELECT x.* FROM {schema}.message x
+                                   WHERE x.gen = g.gen AND x.queue_id = q.id AND x.channel IS NULL
+                                   ORDER BY x.dequeue_at, x.id LIMIT p_limit) p)
             UNION ALL
             (SELECT h.* FROM {schema}.channel c
                CROSS JOIN LATERAL (SELECT x.* FROM {schema}.message x
@@ -488,9 +514,11 @@ BEGIN
     -- A channel is ready at its ready_at (its head, rate limit and concurrency limit permitting).
     -- (greatest() ignores NULLs: an empty queue must stay NULL, not 'ready now'.)
     RETURN (SELECT CASE WHEN min(x.at) IS NOT NULL THEN greatest(min(x.at) - v_now, 0) END
-              FROM ((SELECT m.dequeue_at FROM {schema}.message m
-                      WHERE m.queue_id = q.id AND m.channel IS NULL
-                      ORDER BY m.dequeue_at, m.id LIMIT 1)
+              FROM ((SELECT h.dequeue_at FROM unnest({schema}._gens_live()) AS g(gen)
+                      CROSS JOIN LATERAL (SELECT m.dequeue_at FROM {schema}.message m
+                                           WHERE m.gen = g.gen AND m.queue_id = q.id
+                                             AND m.channel IS NULL
+                                           ORDER BY m.dequeue_at, m.id LIMIT 1) h)
                     UNION ALL
                     (SELECT c.ready_at FROM {schema}.channel c
                       WHERE c.queue_id = q.id AND c.ready_at IS NOT NULL
