@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .. import migrations
+from ..migrations import pgmq
 from . import _util, common
 
 
@@ -22,16 +23,38 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=int,
         help="migrate up to this version (default: latest; functions are applied at the latest only)",
     )
+    p.add_argument(
+        "--pgmq",
+        action="store_true",
+        help="also (re)install the pgmq facade: a pgmq schema with pgmq's SQL API over these queues (docs/pgmq.md)",
+    )
+    p.add_argument(
+        "--uninstall-pgmq",
+        action="store_true",
+        help="drop the pgmq facade (the pgmq schema) and nothing else",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.print_sql:
         print(migrations.script(_util.schema(args), args.target), end="")
+        if args.pgmq:
+            print(
+                "-- the pgmq facade (docs/pgmq.md)\n" + pgmq.install_query(_util.schema(args)).as_string(),
+                end="",
+            )
+        return 0
+    name = _util.schema(args)
+    if args.uninstall_pgmq:
+        with _util.client(args) as c:
+            c.uninstall_pgmq()
+        _util.done(
+            args, "dropped the pgmq facade (schema pgmq), if it was installed", schema=name, applied=[]
+        )
         return 0
     with _util.client(args) as c:
-        applied = c.migrate(target=args.target)
-    name = _util.schema(args)
+        applied = c.migrate(target=args.target, pgmq=args.pgmq)
     if applied:
         text = f"applied migrations {applied} to schema {name!r}"
     else:

@@ -29,6 +29,7 @@ from ..migrations import (
     recorded_query,
     upgrade,
 )
+from ..migrations import pgmq as pgmq_facade
 from ..models import (
     ArchivedMessage,
     ArchiveStatus,
@@ -247,12 +248,15 @@ class AsyncClient:
     # -- schema ----------------------------------------------------------------------------
 
     async def migrate(
-        self, *, target: int | None = None, conn: AsyncConnection[Any] | None = None
+        self, *, target: int | None = None, pgmq: bool = False, conn: AsyncConnection[Any] | None = None
     ) -> list[int]:
         """Apply the versioned migrations this package ships that the schema lacks (to
         ``target``), then, at the latest version, every function file (``lonnymq/sql/``) whose
         text changed, all in one transaction. Safe to run concurrently and repeatedly; returns
-        the versions applied by this call."""
+        the versions applied by this call. ``pgmq=True`` also (re)installs the pgmq facade, a
+        ``pgmq`` schema with pgmq's SQL API over this schema's queues (docs/pgmq.md), in the same
+        transaction; it refuses (psycopg error, SQLSTATE 55000) when the pgmq extension or
+        another ``pgmq`` schema exists."""
         s = self.schema
         async with self.connection(conn) as c, c.transaction():
             await c.execute(lock_query(s))
@@ -265,7 +269,16 @@ class AsyncClient:
             versions, steps = upgrade(s, applied, recorded, target)
             for step in steps:
                 await c.execute(step.query)
+            if pgmq:
+                await c.execute(pgmq_facade.install_query(s))
         return versions
+
+    async def uninstall_pgmq(self, *, conn: AsyncConnection[Any] | None = None) -> None:
+        """Drop the pgmq facade (the ``pgmq`` schema) if installed over this schema. LonnyMQ's
+        schema, queues and messages are untouched. Refuses (SQLSTATE 55000) to drop a ``pgmq``
+        schema that is not this facade."""
+        async with self.connection(conn) as c, c.transaction():
+            await c.execute(pgmq_facade.uninstall_query(self.schema))
 
     install = migrate
 
