@@ -320,7 +320,7 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Make each of msg_ids visible again at vt: a leased message's lease is extended to vt (vt in
--- the future) or released without counting an attempt (vt now or past). Returns the messages
+-- the future) or released at once (vt now or past; LonnyMQ's nack with no delay). Returns the messages
 -- changed; a message that is not leased (ready or scheduled) is left as it is and not returned.
 CREATE FUNCTION pgmq.set_vt(queue_name text, msg_ids bigint[], vt timestamptz)
 RETURNS SETOF pgmq.message_record
@@ -340,7 +340,10 @@ BEGIN
     IF v_ms > 0 THEN
         PERFORM {schema}.extend(queue_name, v_ids, v_tokens, v_ms);
     ELSE
-        PERFORM {schema}.nack(queue_name, v_ids, v_tokens, p_count_attempt => false);
+        -- The read that leased it stays counted (pgmq's read_ct counts reads); the facade's
+        -- queues have no attempt limit, so this never dead-letters them.
+        PERFORM {schema}.nack(queue_name, v_ids, v_tokens,
+                              p_delays_ms => array_fill(0::bigint, ARRAY[cardinality(v_ids)]));
     END IF;
     RETURN QUERY
     SELECT g.id, g.attempt, pgmq._ts(g.enqueued_at), NULL::timestamptz,
