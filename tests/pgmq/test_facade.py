@@ -219,3 +219,20 @@ def test_refuses_foreign_schema_and_uninstalls_cleanly(
             c.migrate(pgmq=True)
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
             c.uninstall_pgmq()
+
+
+def test_privileges_follow_lonnymq_roles(pg: psycopg.Connection[dict[str, Any]]) -> None:
+    pg.execute("SELECT pgmq.create('jobs')")
+    pg.execute("SET ROLE lonnymq_producer")
+    try:
+        assert pg.execute("SELECT pgmq.send('jobs', '1') AS id").fetchone() is not None
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="take"):
+            pg.execute("SELECT * FROM pgmq.read('jobs', 30, 1)")
+    finally:
+        pg.execute("RESET ROLE")
+    pg.execute("SET ROLE lonnymq_consumer")
+    try:
+        [r] = pg.execute("SELECT * FROM pgmq.read('jobs', 30, 1)").fetchall()
+        assert r["message"] == 1
+    finally:
+        pg.execute("RESET ROLE")
