@@ -133,18 +133,21 @@ def check_functions(conn: psycopg.Connection[tuple[Any, ...]], schemas: Sequence
     return findings
 
 
-def migrate(dsn: str, schemas: Sequence[str]) -> None:
+def migrate(dsn: str, schemas: Sequence[str], pgmq: bool = False) -> None:
+    """Install ``schemas``; with ``pgmq``, the pgmq facade (schema pgmq) over the first one too."""
     from lonnymq import Client
 
-    for schema in schemas:
+    for i, schema in enumerate(schemas):
         with Client(dsn, schema=schema, pool_size=1) as client:
-            client.migrate()
+            client.migrate(pgmq=pgmq and i == 0)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     started = time.monotonic()
     schemas: list[str] = args.schema or DEFAULT_SCHEMAS
-    checked = [*schemas, *(args.also_check or [])]
+    # The pgmq facade (one schema "pgmq" per database) is checked on a throwaway server only.
+    pgmq = not args.dsn
+    checked = [*schemas, *(["pgmq"] if pgmq else []), *(args.also_check or [])]
     with server(args.dsn) as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS plpgsql_check")
@@ -156,7 +159,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                       file=sys.stderr)  # fmt: skip
                 return 2
         try:
-            migrate(dsn, schemas)
+            migrate(dsn, schemas, pgmq)
             with psycopg.connect(dsn, autocommit=True) as conn:
                 (nfunctions,) = conn.execute(
                     "SELECT count(*) FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
