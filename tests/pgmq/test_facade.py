@@ -5,6 +5,7 @@ The facade is one ``pgmq`` schema per database, so each test gets its own databa
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -236,3 +237,38 @@ def test_privileges_follow_lonnymq_roles(pg: psycopg.Connection[dict[str, Any]])
         assert r["message"] == 1
     finally:
         pg.execute("RESET ROLE")
+
+
+def test_official_async_client(db_dsn: str) -> None:
+    from pgmq.async_queue import PGMQueue as AsyncPGMQueue
+
+    info = conninfo_to_dict(db_dsn)
+
+    async def main() -> None:
+        q = AsyncPGMQueue(
+            host=str(info.get("host", "localhost")),
+            port=str(info.get("port", "5432")),
+            database=str(info["dbname"]),
+            username=str(info.get("user", "postgres")),
+            password=str(info.get("password", "")),
+            init_extension=False,
+        )
+        await q.init()
+        try:
+            await q.create_queue("aq")
+            ids = await q.send_batch("aq", [{"a": 1}, {"a": 2}], headers=[{"h": 1}, {"h": 2}])
+            one = await q.send("aq", {"a": 3}, delay=0)
+            msgs = await q.read_batch("aq", vt=30, batch_size=5)
+            assert [(m.msg_id, m.message, m.headers) for m in msgs] == [
+                (ids[0], {"a": 1}, {"h": 1}),
+                (ids[1], {"a": 2}, {"h": 2}),
+                (one, {"a": 3}, None),
+            ]
+            assert await q.delete_batch("aq", ids) == ids
+            assert await q.archive("aq", one) is True
+            assert (await q.metrics("aq")).queue_length == 0
+            assert await q.drop_queue("aq") is True
+        finally:
+            await q.close()
+
+    asyncio.run(main())
