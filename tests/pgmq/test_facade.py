@@ -207,7 +207,13 @@ def test_refuses_foreign_schema_and_uninstalls_cleanly(
     pg.execute("SELECT pgmq.create('keep')")
     pg.execute("SELECT pgmq.send('keep', '1')")
     with Client(db_dsn, pool_size=1) as c:
-        c.migrate(pgmq=True)  # reinstall over its own facade is fine
+        oid = "SELECT oid FROM pg_namespace WHERE nspname = 'pgmq'"
+        before = pg.execute(oid).fetchone()
+        c.migrate(pgmq=True)  # already current: left alone
+        assert pg.execute(oid).fetchone() == before
+        pg.execute("COMMENT ON SCHEMA pgmq IS 'LonnyMQ pgmq facade over schema lonnymq; sha256 old'")
+        c.migrate(pgmq=True)  # an older facade is replaced
+        assert pg.execute(oid).fetchone() != before
         c.uninstall_pgmq()
         assert pg.execute("SELECT count(*) AS n FROM pg_namespace WHERE nspname = 'pgmq'").fetchone() == {
             "n": 0

@@ -270,7 +270,10 @@ class AsyncClient:
             for step in steps:
                 await c.execute(step.query)
             if pgmq:
-                await c.execute(pgmq_facade.install_query(s))
+                await cur.execute(pgmq_facade.installed_query())
+                installed = await cur.fetchone()
+                if versions or installed is None or installed["obj_description"] != pgmq_facade.marker(s):
+                    await c.execute(pgmq_facade.install_query(s))
         return versions
 
     async def uninstall_pgmq(self, *, conn: AsyncConnection[Any] | None = None) -> None:

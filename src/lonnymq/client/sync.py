@@ -260,7 +260,10 @@ class Client:
             for step in steps:
                 c.execute(step.query)
             if pgmq:
-                c.execute(pgmq_facade.install_query(s))
+                cur.execute(pgmq_facade.installed_query())
+                installed = cur.fetchone()
+                if versions or installed is None or installed["obj_description"] != pgmq_facade.marker(s):
+                    c.execute(pgmq_facade.install_query(s))
         return versions
 
     def uninstall_pgmq(self, *, conn: Connection[Any] | None = None) -> None:

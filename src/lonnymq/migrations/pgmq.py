@@ -4,6 +4,7 @@ over the queues of a LonnyMQ schema. Not part of a plain migrate: ``migrate(pgmq
 
 from __future__ import annotations
 
+import hashlib
 from functools import cache
 from importlib import resources
 
@@ -17,10 +18,29 @@ def _template() -> str:
     return resources.files(__package__).joinpath("pgmq.sql").read_text(encoding="utf-8")
 
 
+def marker(schema: str) -> str:
+    """The comment on the ``pgmq`` schema that this package's facade over ``schema`` sets."""
+    checksum = hashlib.sha256(f"{schema}\n{_template()}".encode()).hexdigest()
+    return f"{_MARK}{schema}; sha256 {checksum}"
+
+
 def install_query(schema: str) -> sql.Composed:
     """(Re)create the ``pgmq`` schema over LonnyMQ schema ``schema``. Raises (SQLSTATE 55000)
     when the pgmq extension is installed or a ``pgmq`` schema exists that is not this facade."""
-    return sql.SQL(_template()).format(schema=sql.Identifier(schema), schema_name=sql.Literal(schema))
+    return sql.SQL(_template()).format(
+        schema=sql.Identifier(schema),
+        schema_name=sql.Literal(schema),
+        checksum=sql.Literal(marker(schema).rpartition(" ")[2]),
+    )
+
+
+def installed_query() -> sql.Composed:
+    """The comment of the ``pgmq`` schema (no row when there is none): equal to
+    :func:`marker` when this very facade is installed."""
+    return sql.SQL(
+        "SELECT pg_catalog.obj_description(n.oid, 'pg_namespace') FROM pg_catalog.pg_namespace n"
+        " WHERE n.nspname = 'pgmq'"
+    ).format()
 
 
 def uninstall_query(schema: str) -> sql.Composed:
@@ -35,7 +55,7 @@ def uninstall_query(schema: str) -> sql.Composed:
         "    IF NOT FOUND THEN\n"
         "        RETURN;\n"
         "    END IF;\n"
-        "    IF v_comment IS DISTINCT FROM {mark} THEN\n"
+        "    IF pg_catalog.split_part(coalesce(v_comment, ''), '; sha256 ', 1) IS DISTINCT FROM {mark} THEN\n"
         "        RAISE EXCEPTION 'schema pgmq is not LonnyMQ''s pgmq facade over schema %; not dropping it',\n"
         "            {schema_name} USING ERRCODE = '55000';\n"
         "    END IF;\n"

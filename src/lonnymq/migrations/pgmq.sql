@@ -14,8 +14,12 @@
 -- both ways. A message with another content type reads as a JSON string (text/*: the text;
 -- anything else: base64). Times: LonnyMQ's epoch milliseconds become timestamptz.
 --
--- Reinstalling drops and recreates the whole schema (it holds no data). Template: {schema} is
--- the quoted schema identifier, {schema_name} its string literal; literal braces are doubled.
+-- The schema's comment marks it as this facade ('LonnyMQ pgmq facade over schema <schema>;
+-- sha256 <checksum of this file>'): install refuses any other pgmq schema, migrate(pgmq=True)
+-- skips an install whose checksum is current, and reinstalling drops and recreates the whole
+-- schema (it holds no data; objects of yours that depend on its types go with it). Template:
+-- {schema} is the quoted schema identifier, {schema_name} its string literal, {checksum} the
+-- file's checksum as a literal; literal braces are doubled.
 
 DO $install$
 DECLARE
@@ -29,7 +33,8 @@ BEGIN
     SELECT pg_catalog.obj_description(n.oid, 'pg_namespace') INTO v_comment
       FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgmq';
     IF FOUND THEN
-        IF v_comment IS DISTINCT FROM 'LonnyMQ pgmq facade over schema ' || {schema_name} THEN
+        IF pg_catalog.split_part(coalesce(v_comment, ''), '; sha256 ', 1)
+           IS DISTINCT FROM 'LonnyMQ pgmq facade over schema ' || {schema_name} THEN
             RAISE EXCEPTION 'a schema named pgmq exists that is not LonnyMQ''s pgmq facade over schema %'
                 ' (comment: %); refusing to replace it', {schema_name}, coalesce(v_comment, 'none')
                 USING ERRCODE = '55000';
@@ -37,7 +42,8 @@ BEGIN
         DROP SCHEMA pgmq CASCADE;
     END IF;
     CREATE SCHEMA pgmq;
-    EXECUTE pg_catalog.format('COMMENT ON SCHEMA pgmq IS %L', 'LonnyMQ pgmq facade over schema ' || {schema_name});
+    EXECUTE pg_catalog.format('COMMENT ON SCHEMA pgmq IS %L',
+                              'LonnyMQ pgmq facade over schema ' || {schema_name} || '; sha256 ' || {checksum});
 END $install$;
 
 -- Result types, with pgmq 1.13's columns.
