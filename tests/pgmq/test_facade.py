@@ -6,9 +6,13 @@ The facade is one ``pgmq`` schema per database, so each test gets its own databa
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -278,3 +282,38 @@ def test_official_async_client(db_dsn: str) -> None:
             await q.close()
 
     asyncio.run(main())
+
+
+def test_cli(tmp_path: Path, dsn: str) -> None:
+    name = f"pgmq_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = make_conninfo(dsn, dbname=name)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "LONNYMQ"))}
+        env["LONNYMQ_DATA_DIR"] = str(tmp_path / "no-server")
+        return subprocess.run(
+            [sys.executable, "-m", "lonnymq", "--dsn", url, "--json", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    try:
+        printed = cli("migrate", "--print-sql", "--pgmq")
+        assert printed.returncode == 0, printed.stderr
+        assert "CREATE FUNCTION pgmq.read(" in printed.stdout
+        assert cli("migrate", "--pgmq").returncode == 0
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("SELECT pgmq.create('x')")
+            assert c.execute("SELECT pgmq.send('x', '1')").fetchall() == [(1,)]
+        dropped = cli("migrate", "--uninstall-pgmq")
+        assert dropped.returncode == 0, dropped.stderr
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq'").fetchall() == []
+            assert c.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'lonnymq'").fetchall() == [(1,)]
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
