@@ -3,6 +3,12 @@
 With ``LONNYMQ_TEST_DSN`` set, tests run against that server; otherwise a throwaway embedded
 server (pgserver's PostgreSQL 16) is started for the run. Every test gets its own schema,
 installed by the real migrations, and dropped afterwards, so tests cannot see each other.
+
+Under pytest-xdist (``./run test`` runs ``-n``), each worker is its own pytest session: it starts
+its own embedded server, or, on a given server, works in its own database (``<db>_<worker>``,
+made for the run and dropped after it), so a snapshot one worker's test holds never holds back
+another worker's vacuum. A Spark module's tests share one JVM: they run on one worker
+(``xdist_group``).
 """
 
 from __future__ import annotations
@@ -15,14 +21,26 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from lonnymq import Client
+
+#: The pytest-xdist worker running this process ("gw0", "gw1", ...), None without xdist.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Spark and worker subprocesses must run this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A Spark module's tests share its JVM (the session, or the Spark Connect server): under
+    # xdist (--dist loadgroup) each such module runs on one worker, not a JVM on every worker.
+    for item in items:
+        if item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +56,7 @@ def server() -> Iterator[object | None]:
 
 
 @pytest.fixture(scope="session")
-def dsn(server: object | None) -> str:
+def dsn(server: object | None) -> Iterator[str]:
     # The embedded server object is typed loosely here so a DSN-only run never imports it.
     dsn = os.environ["LONNYMQ_TEST_DSN"] if server is None else server.dsn  # type: ignore[attr-defined]
     try:
@@ -46,7 +64,22 @@ def dsn(server: object | None) -> str:
             conn.execute("SELECT 1")
     except psycopg.OperationalError as e:  # fail fast, with the reason
         pytest.exit(f"cannot reach the test PostgreSQL at {dsn!r}: {e}", returncode=3)
-    return dsn
+    if server is not None or WORKER is None:
+        yield dsn
+        return
+    # A shared server under xdist: this worker's own database.
+    name = f"{conninfo_to_dict(dsn).get('dbname') or 'postgres'}_{WORKER}"
+    db = sql.Identifier(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(db))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(db))
+    mine = make_conninfo(dsn, dbname=name)
+    if os.environ.get("LONNYMQ_SQL_COVERAGE"):  # the profiler's functions, in this database too
+        with psycopg.connect(mine, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS plpgsql_check")
+    yield mine
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(db))
 
 
 @pytest.fixture

@@ -94,15 +94,24 @@ def record_schema(dsn: str, schema: str, path: str | os.PathLike[str]) -> None:
                 )
             )  # fmt: skip
     if lines:
-        with open(path, "a", encoding="utf-8") as f:
+        # Under pytest-xdist each worker appends to its own file (read_records reads them all).
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        with open(f"{os.fspath(path)}.{worker}" if worker else path, "a", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
 
 
+def data_files(path: str | os.PathLike[str]) -> list[Path]:
+    """``path`` and the per-worker files of a pytest-xdist run next to it (``path.gw0``, ...)."""
+    path = Path(path)
+    return sorted(p for p in (path, *path.parent.glob(path.name + ".gw*")) if p.exists())
+
+
 def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+    for file in data_files(path):
+        with open(file, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
 
 
 # -- merge and report ------------------------------------------------------------------------------

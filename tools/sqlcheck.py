@@ -194,7 +194,8 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="lonnymq-sqlcov-")) / "coverage.jsonl"
     )
     data.parent.mkdir(parents=True, exist_ok=True)
-    data.unlink(missing_ok=True)
+    for old in sql_coverage.data_files(data):
+        old.unlink()
     pytest_args = list(args.pytest_args)
     if pytest_args and pytest_args[0] == "--":
         pytest_args = pytest_args[1:]
@@ -210,7 +211,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         print(f"sqlcheck: {' '.join(cmd)} (LONNYMQ_TEST_DSN={dsn})", file=sys.stderr, flush=True)
         tests_rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
     print(f"sqlcheck: test run took {time.monotonic() - started:.0f}s, exit {tests_rc}", file=sys.stderr)
-    if not data.exists():
+    if not sql_coverage.data_files(data):
         print(f"sqlcheck: no coverage data was written to {data}", file=sys.stderr)
         return 1
     rc = report(data, args)

@@ -28,6 +28,8 @@ local all all scram-sha-256
 host all all 127.0.0.1/32 scram-sha-256
 """
 
+pytestmark = pytest.mark.once
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[pgcluster.Cluster]:

@@ -232,7 +232,8 @@ def test_payload_over_the_hard_ceiling_is_refused_before_sending(
 
 
 class Unjsonable:
-    pass
+    def __repr__(self) -> str:  # a stable test id (pytest-xdist workers must collect the same ids)
+        return "Unjsonable()"
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from lonnymq.embedded import (
 )
 from lonnymq.errors import LonnyMQError
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.once, pytest.mark.timeout(180)]
 
 
 @pytest.fixture

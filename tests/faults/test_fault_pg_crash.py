@@ -31,7 +31,7 @@ from fault_helpers import Consumer, check_at_least_once, create_tables, queue_si
 from lonnymq import Client, Envelope
 from lonnymq.embedded import EmbeddedServer, temporary_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.once, pytest.mark.slow, pytest.mark.timeout(400)]
 
 MESSAGES = 20_000
 PRODUCERS = 2

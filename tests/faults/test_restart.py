@@ -24,7 +24,7 @@ from lonnymq import Client
 from lonnymq.worker import Worker
 from worker_helpers import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.once, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def test_worker_rides_out_a_restart(caplog: pytest.LogCaptureFixture) -> None:

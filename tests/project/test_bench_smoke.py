@@ -22,7 +22,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 from lonnymq_bench.systems import REGISTRY  # noqa: E402 - needs the path above
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.once, pytest.mark.slow]
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,8 @@ print(json.dumps({
 }))
 """
 
+pytestmark = pytest.mark.once
+
 
 def _run(*cmd: str | Path, cwd: Path, timeout: float = 300) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}

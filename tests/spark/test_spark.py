@@ -17,6 +17,7 @@ from lonnymq import Client, Envelope
 from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
 
 pytestmark = [
+    pytest.mark.once,
     pytest.mark.spark,
     # PySpark 4.3 warns about pandas 3 when its Arrow helpers load; nothing here uses pandas.
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.once, pytest.mark.spark, pytest.mark.slow]
 
 
 def free_port() -> int:

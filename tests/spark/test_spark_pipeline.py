@@ -20,6 +20,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "spark_pipeline"
 sys.path.insert(0, str(EXAMPLE))
 
 pytestmark = [
+    pytest.mark.once,
     pytest.mark.spark,
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),

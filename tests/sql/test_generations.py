@@ -152,6 +152,11 @@ def test_with_a_snapshot_held_take_reads_a_bounded_number_of_entries(
     db.call("queue_create", p_name="q")
     now = db.now()
     rotate(db, now)  # set the rotation clock: no take below rotates on its own (same p_now)
+    # Statistics stay as they are for the test: an autovacuum ANALYZE in the middle (the test is
+    # slower on a busy machine) sees an empty queue, and with one row estimated for every index
+    # the planner may take the smaller primary key (queue_id, id), filter and sort, which reads
+    # every entry the queue left whatever the generations (a known planner hazard, issue 17).
+    db.q("ALTER TABLE {s}.message_logged SET (autovacuum_enabled = off)")
     with psycopg.connect(dsn) as holder:
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute(f'SELECT count(*) FROM "{schema}".message')

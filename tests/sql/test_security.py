@@ -460,7 +460,11 @@ def _objects(conn: psycopg.Connection) -> tuple[Any, ...]:
             "SELECT array_agg(p.oid::regprocedure::text ORDER BY p.oid) FROM pg_proc p"
             " WHERE p.pronamespace <> 'pg_catalog'::regnamespace"
         ).fetchone(),
-        conn.execute("SELECT array_agg(rolname::text ORDER BY rolname) FROM pg_roles").fetchone(),
+        # Roles are cluster-wide: leave out the logins other tests (other xdist workers) make.
+        conn.execute(
+            "SELECT array_agg(rolname::text ORDER BY rolname) FROM pg_roles"
+            " WHERE rolname !~ '^(lmq_login_|lq_reader_|lmqt_)'"
+        ).fetchone(),
         conn.execute("SELECT array_agg(nspname::text ORDER BY nspname) FROM pg_namespace").fetchone(),
     )
 

@@ -112,7 +112,9 @@ def test_never_acks_a_message_whose_handler_runs(dsn: str, schema: str, client: 
 
 
 def test_heartbeats_keep_a_long_handler_exclusive(dsn: str, schema: str, client: Client) -> None:
-    client.create_queue("jobs", lease=1)
+    # A 2 s lease (heartbeats every ~0.67 s) and a handler running 2.5 leases: a 1 s lease left
+    # too little slack for a busy 2-core machine running the suite in parallel processes.
+    client.create_queue("jobs", lease=2)
     client.send("jobs", "long")
     app = App()
     runs: list[int] = []
@@ -120,7 +122,7 @@ def test_heartbeats_keep_a_long_handler_exclusive(dsn: str, schema: str, client:
     @app.handler("jobs")
     async def work(job):  # type: ignore[no-untyped-def]
         runs.append(job.attempt)
-        await asyncio.sleep(3)
+        await asyncio.sleep(5)
 
     async def main() -> tuple[Worker, Worker]:
         # Two workers polling fast: the second would take the message if its lease lapsed.
