@@ -82,6 +82,38 @@ def ensure_plpgsql_check() -> None:
         raise ClusterError(f"{PLPGSQL_CHECK_PACKAGE} installed but {PLPGSQL_CHECK_CONTROL} is missing")
 
 
+PLPROXY_PACKAGE = f"postgresql-{PG_MAJOR}-plproxy"
+PLPROXY_CONTROL = Path(f"/usr/share/postgresql/{PG_MAJOR}/extension/plproxy.control")
+
+
+def ensure_plproxy() -> None:
+    """Install Debian's PL/Proxy for PostgreSQL 15 if it is missing (needs root and apt-get):
+    the shard router's functions are written in it (lonnymq.shard, docs/sharding.md)."""
+    ensure_package(PLPROXY_PACKAGE, PLPROXY_CONTROL)
+
+
+def ensure_package(package: str, control: Path) -> None:
+    """Install the Debian ``package`` unless ``control`` (a file it ships) exists."""
+    if not (BINDIR / "initdb").exists():
+        raise ClusterError(
+            f"PostgreSQL {PG_MAJOR} binaries not found in {BINDIR}: install postgresql-{PG_MAJOR}"
+        )
+    if control.exists():
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise ClusterError(
+            f"{package} is not installed: run as root `apt-get update && apt-get install -y {package}`"
+        )
+    print(f"pgcluster: installing {package}", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", package], check=True, env=env, stdout=subprocess.DEVNULL
+    )
+    if not control.exists():
+        raise ClusterError(f"{package} installed but {control} is missing")
+
+
 def free_port() -> int:
     """A loopback TCP port that is free right now (the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -87,6 +87,32 @@ class EmbeddedServerError(LonnyMQError):
     """The embedded PostgreSQL server could not be started or stopped."""
 
 
+class RouterTransaction(LonnyMQError):
+    """The database is a shard router (``lonnymq shard init``): a call through it runs in the
+    shard's own transaction, committed before the call returns, never in the caller's. So the
+    calls whose promise is the caller's transaction are refused rather than made non-atomic:
+    ``take_tx``, and any call given a ``conn`` with a transaction open (not autocommit). To
+    enqueue or take atomically with business data, keep those tables on the queue's shard and
+    connect to that shard directly (docs/sharding.md)."""
+
+
+class ShardUnavailable(LonnyMQError):
+    """A shard (or the router) of a sharded setup cannot be reached; ``shard`` says which
+    (``user@host:port/dbname``, or the router's error text naming it). Queues on other shards
+    keep working."""
+
+    def __init__(self, message: str, *, shard: str) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_shard_unavailable, (str(self), self.shard))
+
+
+def _shard_unavailable(message: str, shard: str) -> ShardUnavailable:
+    return ShardUnavailable(message, shard=shard)
+
+
 #: SQLSTATE raised by the SQL functions -> exception class.
 SQLSTATE_ERRORS: dict[str, type[LonnyMQError]] = {
     "LQ001": QueueNotFound,

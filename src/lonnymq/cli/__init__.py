@@ -37,6 +37,7 @@ _COMMANDS = [
     "demo",
     "worker",
     "completion",
+    "shard",
 ]
 
 

@@ -1,0 +1,16 @@
+"""Queues sharded over several PostgreSQL servers through PL/Proxy (docs/sharding.md).
+
+A router database holds, for every public function of the core, a PL/Proxy function with the
+same signature that runs the call on the shard holding the queue (``hashtext(queue)`` over a
+power-of-two number of shards) or on every shard with the results merged. Clients connect to the
+router as to any LonnyMQ database; a call runs in the shard's own transaction, not the caller's.
+
+    from lonnymq import shard
+    shard.init(router_dsn, [shard0_dsn, shard1_dsn])
+    print(shard.status(router_dsn))
+"""
+
+from .admin import RouterStatus, ShardStatus, init, shard_dsns, status
+from .catalog import ROUTER_MARKER, NoRoute
+
+__all__ = ["ROUTER_MARKER", "NoRoute", "RouterStatus", "ShardStatus", "init", "shard_dsns", "status"]

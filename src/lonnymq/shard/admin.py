@@ -1,0 +1,308 @@
+"""Setting up a router over shards (:func:`init`) and looking at it (:func:`status`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from .. import errors
+from ..client import Client
+from ..migrations import DEFAULT_SCHEMA, check_schema
+from . import catalog
+
+#: Seconds to wait for a shard when checking its health.
+STATUS_CONNECT_TIMEOUT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """One shard as :func:`status` saw it: ``healthy`` when it answered and holds the router's
+    schema version; ``queues`` are those it holds; ``misplaced`` those among them that the router
+    would route elsewhere (left over from a move or an init with other shards)."""
+
+    index: int
+    where: str  # user@host:port/dbname, no password
+    healthy: bool
+    error: str | None = None
+    version: int | None = None
+    queues: list[str] = field(default_factory=list)
+    misplaced: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStatus:
+    schema: str
+    version: int
+    shards: list[ShardStatus]
+
+    @property
+    def healthy(self) -> bool:
+        return all(s.healthy and not s.misplaced for s in self.shards)
+
+
+def _where(parts: dict[str, Any]) -> str:
+    host = str(parts.get("host") or parts.get("hostaddr") or "local socket")
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    port = f":{parts['port']}" if parts.get("port") else ""
+    db = f"/{parts['dbname']}" if parts.get("dbname") else ""
+    return f"{user}{host}{port}{db}"
+
+
+def where(dsn: str) -> str:
+    """Where a DSN points, without its password: ``user@host:port/dbname``."""
+    try:
+        return _where(conninfo_to_dict(dsn))
+    except psycopg.ProgrammingError:
+        return "a DSN that does not parse"
+
+
+def _partitions(shard_dsns: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Each shard's conninfo without user and password (key=value form, which PL/Proxy wants),
+    and the user mapping's options: the user and password, one for every shard, so they are kept
+    in the user mapping (hidden from non-superusers), not in the server's options."""
+    parts = []
+    creds: set[tuple[str | None, str | None]] = set()
+    for dsn in shard_dsns:
+        try:
+            d = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as e:
+            raise errors.InvalidArgument(f"shard DSN {dsn!r} does not parse: {e}") from None
+        user = d.pop("user", None)
+        password = d.pop("password", None)
+        creds.add((None if user is None else str(user), None if password is None else str(password)))
+        parts.append(make_conninfo(**{k: str(v) for k, v in d.items()}))
+    if len(creds) > 1:
+        raise errors.InvalidArgument(
+            "the shard DSNs name different users or passwords: give every shard the same ones"
+            " (the router's user mapping holds a single pair)"
+        )
+    user, password = creds.pop()
+    mapping = {k: v for k, v in (("user", user), ("password", password)) if v is not None}
+    return parts, mapping
+
+
+def _check_count(n: int) -> None:
+    if n < 1 or n & (n - 1):
+        raise errors.InvalidArgument(
+            f"{n} shard(s) given: PL/Proxy hashes over a power-of-two number of shards (1, 2, 4, 8...)"
+        )
+
+
+def _connect(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(dsn, **kwargs)
+    except psycopg.OperationalError as e:
+        reason = " ".join(str(e).split())
+        raise errors.ShardUnavailable(
+            f"cannot connect to the {what} {where(dsn)}: {reason}", shard=where(dsn)
+        ) from e
+
+
+def _router_state(conn: psycopg.Connection[Any], schema: str) -> str | None:
+    """The comment of ``schema`` in the router database ('' if it exists without one; None if
+    it does not exist)."""
+    row = conn.execute(
+        "SELECT coalesce(obj_description(oid, 'pg_namespace'), '') FROM pg_namespace WHERE nspname = %s",
+        (schema,),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def init(
+    router_dsn: str, shard_dsns: Sequence[str], *, schema: str = DEFAULT_SCHEMA, pgmq: bool = False
+) -> RouterStatus:
+    """Make ``router_dsn``'s database a router over ``shard_dsns`` (a power-of-two count).
+
+    Migrates each shard (:meth:`Client.migrate`), installs the ``plproxy`` extension in the
+    router with the cluster (a SQL/MED server whose partitions are the shards, in the order
+    given: the order is the shard map, keep it), and (re)generates the router's schema from the
+    installed core of the first shard: every public function with the same signature, routed by
+    ``hashtext(queue)`` or run on all shards and merged (:mod:`lonnymq.shard.catalog`). Running it
+    again with the same shards refreshes the functions (after an upgrade of the shards); with
+    other shards, queues whose hash moved are reported as ``misplaced`` by :func:`status`.
+    Raises InvalidArgument (count, DSNs, a router schema that holds a lonnymq install) and
+    psycopg errors of the servers."""
+    check_schema(schema)
+    _check_count(len(shard_dsns))
+    partitions, mapping = _partitions(shard_dsns)
+    if len(set(partitions)) != len(partitions):
+        raise errors.InvalidArgument("a shard is given twice: each shard must be its own database")
+    with _connect(router_dsn, "router", autocommit=True) as router:
+        state = _router_state(router, schema)
+        if state is not None and not state.startswith(catalog.ROUTER_MARKER):
+            raise errors.InvalidArgument(
+                f"schema {schema!r} of the router database {where(router_dsn)} exists and is not a"
+                " lonnymq router (a lonnymq install or other data): give a database without it"
+            )
+        if not router.execute("SELECT FROM pg_available_extensions WHERE name = 'plproxy'").fetchall():
+            raise errors.InvalidArgument(
+                f"PL/Proxy is not installed on the router's server {where(router_dsn)}: install it"
+                " there (Debian: apt-get install postgresql-15-plproxy)"
+            )
+    for i, dsn in enumerate(shard_dsns):
+        with _connect(dsn, f"shard {i}", autocommit=True) as conn:
+            state = _router_state(conn, schema)
+        if state is not None and state.startswith(catalog.ROUTER_MARKER):
+            raise errors.InvalidArgument(f"shard {where(dsn)} is itself a lonnymq router")
+        with Client(dsn, schema=schema, pool_size=1) as c:
+            c.migrate(pgmq=pgmq)
+    with psycopg.connect(shard_dsns[0], autocommit=True) as first:
+        fns = catalog.functions(first.execute(catalog.CATALOG_QUERY, (schema,)).fetchall())
+        types = first.execute(catalog.TYPES_QUERY, (schema,)).fetchall()
+        migrations = first.execute(
+            sql.SQL("SELECT version, name FROM {}.migration ORDER BY version").format(sql.Identifier(schema))
+        ).fetchall()
+    statements = catalog.proxy_statements(schema, fns)  # NoRoute before anything is changed
+    s = sql.Identifier(schema)
+    server = sql.Identifier(catalog.cluster_name(schema))
+    with _connect(router_dsn, "router") as router, router.transaction():
+        router.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
+        router.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
+        router.execute(sql.SQL("DROP SERVER IF EXISTS {} CASCADE").format(server))
+        options = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(f"p{i}"), sql.Literal(p)) for i, p in enumerate(partitions)
+        )
+        router.execute(
+            sql.SQL(
+                "CREATE SERVER {} FOREIGN DATA WRAPPER plproxy OPTIONS (connection_lifetime '1800', {})"
+            ).format(server, options)
+        )
+        umap = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(k), sql.Literal(v)) for k, v in mapping.items()
+        )
+        router.execute(
+            sql.SQL("CREATE USER MAPPING FOR PUBLIC SERVER {}{}").format(
+                server, sql.SQL(" OPTIONS ({})").format(umap) if mapping else sql.SQL("")
+            )
+        )
+        router.execute(sql.SQL("CREATE SCHEMA {}").format(s))
+        router.execute(
+            sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+                s,
+                sql.Literal(
+                    f"{catalog.ROUTER_MARKER}: {len(partitions)} shards, cluster {catalog.cluster_name(schema)}"
+                ),
+            )
+        )
+        # What clients and workers read besides the functions: the schema version.
+        router.execute(
+            sql.SQL(
+                "CREATE TABLE {s}.migration (version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(s=s)
+        )
+        with router.cursor() as cur:
+            cur.executemany(
+                sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(s), migrations
+            )
+        for stmt in catalog.type_statements(schema, types):
+            router.execute(stmt)
+        for stmt in statements:
+            router.execute(stmt)
+        _grant(router, schema, fns)
+    return status(router_dsn, schema=schema)
+
+
+def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.CoreFunction]) -> None:
+    """The shards' EXECUTE grants, repeated on the router for the roles that exist there."""
+    s = sql.Identifier(schema)
+    existing = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles").fetchall()}
+    roles: set[str] = set()
+    conn.execute(sql.SQL("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {} FROM PUBLIC").format(s))
+    for fn in fns:
+        for role in fn.grantees:
+            if role not in existing:
+                continue
+            roles.add(role)
+            names = [fn.name] + ([f"_all_{fn.name}"] if catalog.route(fn).merge else [])
+            for name in names:
+                conn.execute(
+                    sql.SQL("GRANT EXECUTE ON FUNCTION {}.{}({}) TO {}").format(
+                        s,
+                        sql.Identifier(name),
+                        sql.SQL(fn.identity),
+                        sql.Identifier(role),
+                    )
+                )
+    server = sql.Identifier(catalog.cluster_name(schema))
+    for role in sorted(roles):
+        r = sql.Identifier(role)
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
+        conn.execute(sql.SQL("GRANT SELECT ON {}.migration TO {}").format(s, r))
+        conn.execute(sql.SQL("GRANT USAGE ON FOREIGN SERVER {} TO {}").format(server, r))
+
+
+def shard_dsns(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
+    """The shards of a router, in shard-map order (conninfo with the user mapping's user and
+    password: only a superuser can read those)."""
+    check_schema(schema)
+    with _connect(router_dsn, "router", autocommit=True) as conn:
+        state = _router_state(conn, schema)
+        if state is None or not state.startswith(catalog.ROUTER_MARKER):
+            raise errors.InvalidArgument(
+                f"schema {schema!r} of {where(router_dsn)} is not a lonnymq router: run `lonnymq shard init`"
+            )
+        row = conn.execute(
+            "SELECT s.srvoptions, (SELECT u.umoptions FROM pg_user_mappings u"
+            "  WHERE u.srvid = s.oid AND u.usename = 'public')"
+            "  FROM pg_foreign_server s WHERE s.srvname = %s",
+            (catalog.cluster_name(schema),),
+        ).fetchone()
+    if row is None:
+        raise errors.InvalidArgument(
+            f"the router's cluster {catalog.cluster_name(schema)} is missing: run `lonnymq shard init`"
+        )
+    parts: dict[int, str] = {}
+    for opt in row[0] or []:
+        k, _, v = opt.partition("=")
+        if k.startswith("p") and k[1:].isdigit():
+            parts[int(k[1:])] = v
+    extra = dict(o.partition("=")[::2] for o in row[1] or [])
+    return [make_conninfo(parts[i], **extra) for i in sorted(parts)]
+
+
+def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
+    """The router's shards, each with its health (does it answer, at the router's schema
+    version?) and its queues; a shard that does not answer within a few seconds is reported
+    unhealthy with the reason, not raised."""
+    dsns = shard_dsns(router_dsn, schema=schema)
+    s = sql.Identifier(schema)
+    with _connect(router_dsn, "router", autocommit=True) as router:
+        row = router.execute(
+            sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migration").format(s)
+        ).fetchone()
+        version = int(row[0]) if row else 0
+        shards = []
+        for i, dsn in enumerate(dsns):
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=STATUS_CONNECT_TIMEOUT) as conn:
+                    v = conn.execute(
+                        sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migration").format(s)
+                    ).fetchone()
+                    names = [
+                        r[0]
+                        for r in conn.execute(sql.SQL("SELECT name FROM {}.queue_list(NULL, NULL)").format(s))
+                    ]
+            except psycopg.Error as e:
+                shards.append(ShardStatus(i, where(dsn), False, " ".join(str(e).split())))
+                continue
+            shard_version = int(v[0]) if v else 0
+            mask = len(dsns) - 1
+            homes = router.execute(
+                "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (mask, names)
+            ).fetchall()
+            misplaced = sorted(n for n, home in homes if home != i)
+            error = (
+                None
+                if shard_version == version
+                else f"schema version {shard_version}, router {version}: run `lonnymq shard init` again"
+            )
+            shards.append(
+                ShardStatus(i, where(dsn), error is None, error, shard_version, sorted(names), misplaced)
+            )
+    return RouterStatus(schema, version, shards)

@@ -1,0 +1,262 @@
+"""The router's functions, generated from the catalog of an installed core (I/O-free).
+
+Every public function of the core (one whose name does not start with ``_``) gets a PL/Proxy
+function of the same name and signature in the router's schema. Where it runs:
+
+* queue-scoped calls (an argument ``p_queue``, or ``p_name`` for the ``queue_*`` functions):
+  ``RUN ON hashtext(<queue>)``, the shard that holds the queue;
+* the calls without a queue: the rule in :data:`NO_QUEUE_ROUTES`, each chosen so that running
+  on every shard and merging is the answer one server would give (listings are concatenated and
+  re-sorted, counts are summed, "did it" flags are OR-ed), or on one shard for the clock.
+
+A core function with neither a queue argument nor a rule stops the generation (:class:`NoRoute`):
+a new API function needs a decision here, not a silent guess.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+from psycopg import sql
+
+from .. import errors
+
+#: The comment on the router's schema that tells clients (and ``shard init``) it is a router.
+ROUTER_MARKER = "lonnymq shard router"
+
+
+_PLAIN = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+class NoRoute(errors.LonnyMQError):
+    """A public core function the generator does not know how to route."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoreFunction:
+    """One public function of the installed core, as ``pg_proc`` describes it."""
+
+    name: str
+    arguments: str  # pg_get_function_arguments: names, types and defaults
+    identity: str  # pg_get_function_identity_arguments: names and types
+    result: str  # pg_get_function_result: "SETOF x", "TABLE(...)" or a type
+    retset: bool
+    volatility: str  # 'i', 's' or 'v'
+    strict: bool
+    argnames: tuple[str, ...]  # IN arguments only
+    grantees: tuple[str, ...]  # roles with EXECUTE (besides the owner)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How the router runs a call: ``run`` is ``hash`` (by ``key``), ``all`` or ``one``.
+    ``merge`` (for ``all``) is the SELECT over the rows of every shard, ``{all}`` standing for
+    the call on all shards; None: the rows as they come."""
+
+    run: str
+    key: str | None = None
+    merge: LiteralString | None = None
+
+
+_SUM: LiteralString = "SELECT coalesce(sum(r), 0)::bigint FROM {all} AS r"
+_OR: LiteralString = "SELECT coalesce(bool_or(r), false) FROM {all} AS r"
+
+#: Routes of the public functions that take no queue name.
+NO_QUEUE_ROUTES: dict[str, Route] = {
+    # Listings: every shard's rows; queue_list pages by name, so the merged page is re-sorted and
+    # cut to p_limit (each shard returned its first p_limit after p_after: enough).
+    "queue_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1 LIMIT p_limit"),
+    "cron_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    "worker_queues": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    # Per-queue rows (the dashboard's minute counters): each queue's rows come from its shard.
+    "stats_minutes": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
+    "stats_totals": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    # The worker registry: a worker's row lives on the shard its id hashes to; the list is all.
+    "worker_beat": Route("hash", key="p_id"),
+    "worker_leave": Route("hash", key="p_id"),
+    "worker_list": Route("all", merge="SELECT * FROM {all} ORDER BY 2, 3, 1"),
+    # Housekeeping: each shard does its own share; the counts add up.
+    "maintain": Route("all", merge=_SUM),
+    "rotate": Route("all", merge=_SUM),
+    "spark_prune": Route("all", merge=_SUM),
+    "spark_sweep": Route(
+        "all",
+        merge="SELECT coalesce(sum(staged_rows), 0)::bigint, coalesce(sum(streams), 0)::bigint FROM {all}",
+    ),
+    # A cron schedule lives on the shard of its queue (cron_upsert routes by p_queue); by name,
+    # only that shard finds it, the others answer "not here" (NULL, false).
+    "cron_fire": Route("all", merge="SELECT max(r) FROM {all} AS r"),
+    "cron_delete": Route("all", merge=_OR),
+    "cron_set_enabled": Route("all", merge=_OR),
+    # A Spark stream lives on its queue's shard (spark_stream_next routes by p_queue); the others
+    # have no such stream: no rows, 0 committed.
+    "spark_stream_chunks": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
+    "spark_stream_read": Route("all"),
+    "spark_stream_commit": Route("all", merge=_SUM),
+    "spark_write_abort": Route("all", merge=_SUM),
+    # Transactions still running among p_vxids: vxids are per server, so the union over the shards
+    # may name a few more than the shard of the queue has: the caller only looks once more.
+    "wait_pending": Route(
+        "all", merge="SELECT coalesce(array_agg(DISTINCT v), '{{}}') FROM {all} AS r, unnest(r) AS v"
+    ),
+    # The clock: one server's, always the same one (shard 0).
+    "now_ms": Route("one"),
+}
+
+
+def route(fn: CoreFunction) -> Route:
+    """Where a call of ``fn`` runs (raises NoRoute when the generator has no rule for it)."""
+    if "p_queue" in fn.argnames:
+        return Route("hash", key="p_queue")
+    if fn.name.startswith("queue_") and "p_name" in fn.argnames:
+        return Route("hash", key="p_name")
+    try:
+        return NO_QUEUE_ROUTES[fn.name]
+    except KeyError:
+        raise NoRoute(
+            f"core function {fn.name}({fn.identity}) has no queue argument and no routing rule"
+            " (lonnymq.shard.catalog.NO_QUEUE_ROUTES)"
+        ) from None
+
+
+#: The public functions of a schema with what the generator needs (one row per function).
+CATALOG_QUERY: LiteralString = """
+SELECT p.proname,
+       pg_get_function_arguments(p.oid),
+       pg_get_function_identity_arguments(p.oid),
+       pg_get_function_result(p.oid),
+       p.proretset,
+       p.provolatile::text,
+       p.proisstrict,
+       coalesce((SELECT array_agg(n ORDER BY i)
+                   FROM unnest(p.proargnames, coalesce(p.proargmodes, array_fill('i'::"char",
+                               ARRAY[coalesce(cardinality(p.proargnames), 0)])))
+                        WITH ORDINALITY AS a(n, m, i)
+                  WHERE a.m IN ('i', 'b', 'v')), '{}'),
+       coalesce((SELECT array_agg(DISTINCT r.rolname ORDER BY r.rolname)
+                   FROM aclexplode(p.proacl) AS x JOIN pg_roles r ON r.oid = x.grantee
+                  WHERE x.privilege_type = 'EXECUTE' AND x.grantee <> p.proowner), '{}')
+  FROM pg_proc p
+ WHERE p.pronamespace = %s::regnamespace AND p.prokind = 'f' AND NOT starts_with(p.proname, '_')
+   AND p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)
+ ORDER BY p.proname, p.oid
+"""
+
+#: The composite types of a schema (the ``delivery`` row of take and peek): name, then
+#: (column, type) pairs in order.
+TYPES_QUERY: LiteralString = """
+SELECT t.typname,
+       array_agg(a.attname::text ORDER BY a.attnum),
+       array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum)
+  FROM pg_type t
+  JOIN pg_class c ON c.oid = t.typrelid AND c.relkind = 'c'
+  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+ WHERE t.typnamespace = %s::regnamespace
+ GROUP BY t.typname
+ ORDER BY t.typname
+"""
+
+
+def functions(rows: Sequence[Sequence[Any]]) -> list[CoreFunction]:
+    """CoreFunctions from the rows of :data:`CATALOG_QUERY`."""
+    return [
+        CoreFunction(
+            name=r[0],
+            arguments=r[1],
+            identity=r[2],
+            result=r[3],
+            retset=bool(r[4]),
+            volatility=r[5],
+            strict=bool(r[6]),
+            argnames=tuple(r[7]),
+            grantees=tuple(r[8]),
+        )
+        for r in rows
+    ]
+
+
+def cluster_name(schema: str) -> str:
+    """The PL/Proxy cluster (the SQL/MED server) of the router of ``schema``."""
+    return f"lonnymq_{schema}"
+
+
+def proxy_statements(schema: str, fns: Sequence[CoreFunction]) -> list[sql.Composed]:
+    """CREATE FUNCTION statements of the router: one proxy per core function (plus, for calls
+    merged over all shards, an internal ``_all_<name>`` that returns every shard's rows)."""
+    s = sql.Identifier(schema)
+    cluster = sql.Literal(cluster_name(schema))
+    out: list[sql.Composed] = []
+    for fn in fns:
+        r = route(fn)
+        # The signature text comes from pg_get_function_* of the core (names, types and defaults
+        # exactly as installed): catalog output, not user input.
+        args = sql.SQL(fn.arguments)
+        result = sql.SQL(fn.result)
+        name = sql.Identifier(fn.name)
+        # PL/Proxy functions must be VOLATILE (so is a merge over them): a proxy's result comes
+        # from another server, never from this one's snapshot.
+        attrs = sql.SQL("VOLATILE" + (" STRICT" if fn.strict else ""))
+        if r.run == "hash":
+            assert r.key is not None
+            if not _PLAIN.match(r.key):  # PL/Proxy knows arguments by their bare names only
+                raise NoRoute(f"cannot name argument {r.key!r} of {fn.name} in PL/Proxy")
+            body = sql.SQL("CLUSTER {c}; RUN ON hashtext({k});").format(c=cluster, k=sql.SQL(r.key))
+        elif r.run == "one":
+            body = sql.SQL("CLUSTER {c}; RUN ON 0;").format(c=cluster)
+        elif r.merge is None:
+            body = sql.SQL("CLUSTER {c}; RUN ON ALL;").format(c=cluster)
+        else:
+            all_name = sql.Identifier(f"_all_{fn.name}")
+            all_result = result if fn.retset else sql.SQL("SETOF ") + result
+            # TARGET takes a bare name (PL/Proxy's parser rejects quoted identifiers): both are
+            # plain lower-case identifiers (check_schema; the core's names), checked here anyway.
+            if not (_PLAIN.match(schema) and _PLAIN.match(fn.name)):
+                raise NoRoute(f"cannot name {schema}.{fn.name} in a PL/Proxy TARGET")
+            target = sql.SQL(f"{schema}.{fn.name}")
+            out.append(
+                sql.SQL(
+                    "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plproxy {attrs} AS $proxy$\n"
+                    "CLUSTER {c}; RUN ON ALL; TARGET {t};\n$proxy$"
+                ).format(
+                    s=s,
+                    n=all_name,
+                    a=sql.SQL(fn.identity),
+                    r=all_result,
+                    attrs=attrs,
+                    c=cluster,
+                    t=target,
+                )
+            )
+            call = sql.SQL("{}.{}({})").format(
+                s, all_name, sql.SQL(", ").join(sql.Identifier(a) for a in fn.argnames)
+            )
+            merge = sql.SQL(r.merge).format(all=call)
+            out.append(
+                sql.SQL(
+                    "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE sql {attrs} AS $merge$\n{m}\n$merge$"
+                ).format(s=s, n=name, a=args, r=result, attrs=attrs, m=merge)
+            )
+            continue
+        out.append(
+            sql.SQL(
+                "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plproxy {attrs} AS $proxy$\n{b}\n$proxy$"
+            ).format(s=s, n=name, a=args, r=result, attrs=attrs, b=body)
+        )
+    return out
+
+
+def type_statements(schema: str, rows: Sequence[Sequence[Any]]) -> list[sql.Composed]:
+    """CREATE TYPE of the core's composite types (rows of :data:`TYPES_QUERY`)."""
+    out: list[sql.Composed] = []
+    for name, columns, types in rows:
+        cols = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
+            for c, t in zip(columns, types, strict=True)
+        )
+        out.append(
+            sql.SQL("CREATE TYPE {}.{} AS ({})").format(sql.Identifier(schema), sql.Identifier(name), cols)
+        )
+    return out

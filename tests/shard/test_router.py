@@ -1,0 +1,93 @@
+"""The router generated from the core's catalog: every public function proxied with its
+signature, queues spread by hashtext(name), status, init's refusals."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from shard_helpers import home
+
+from lonnymq import Client, errors, shard
+from lonnymq.shard import catalog
+
+pytestmark = [pytest.mark.once, pytest.mark.slow]
+
+_SIGNATURES = """
+SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)
+  FROM pg_proc p
+ WHERE p.pronamespace = 'lonnymq'::regnamespace AND NOT starts_with(p.proname, '_')
+ ORDER BY 1, 2
+"""
+
+
+def test_every_public_function_has_a_proxy_with_its_signature(sharded) -> None:  # type: ignore[no-untyped-def]
+    with psycopg.connect(sharded.shard_dsns[0]) as s, psycopg.connect(sharded.dsn) as r:
+        core = s.execute(_SIGNATURES).fetchall()
+        router = r.execute(_SIGNATURES).fetchall()
+        languages = dict(
+            r.execute(
+                "SELECT p.proname, l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+                " WHERE p.pronamespace = 'lonnymq'::regnamespace AND NOT starts_with(p.proname, '_')"
+            ).fetchall()
+        )
+    assert len(core) > 40
+    assert router == core
+    # Each is PL/Proxy itself, or SQL merging an internal PL/Proxy call on every shard.
+    assert set(languages.values()) <= {"plproxy", "sql"}
+    assert languages["send_batch"] == languages["take"] == languages["ack"] == "plproxy"
+    assert languages["queue_list"] == "sql"
+
+
+def test_a_function_without_queue_or_rule_stops_generation() -> None:
+    fn = catalog.CoreFunction(
+        "mystery", "p_x integer", "p_x integer", "bigint", False, "v", False, ("p_x",), ()
+    )
+    with pytest.raises(catalog.NoRoute, match="mystery"):
+        catalog.proxy_statements("lonnymq", [fn])
+    fn_q = catalog.CoreFunction(
+        "mystery", "p_queue text", "p_queue text", "bigint", False, "v", False, ("p_queue",), ()
+    )
+    assert catalog.route(fn_q) == catalog.Route("hash", key="p_queue")
+
+
+def test_queues_spread_by_hash_and_status_shows_them(sharded) -> None:  # type: ignore[no-untyped-def]
+    names = [f"spread_{i}" for i in range(12)]
+    with Client(sharded.dsn) as c:
+        for n in names:
+            c.create_queue(n)
+        listed = [q.name for q in c.list_queues()]
+        paged = [q.name for q in c.list_queues(limit=3, after="spread_1")]
+    assert set(names) <= set(listed) and listed == sorted(listed)
+    assert paged == sorted(n for n in listed if n > "spread_1")[:3]
+    st = shard.status(sharded.dsn)
+    assert st.healthy and [s.index for s in st.shards] == [0, 1]
+    for n in names:
+        holder = [s.index for s in st.shards if n in s.queues]
+        assert holder == [home(sharded.dsn, n)]
+    assert all(any(n in s.queues for n in names) for s in st.shards), "12 queues all on one shard"
+
+
+def test_init_refusals(sharded) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(errors.InvalidArgument, match="power-of-two"):
+        shard.init(sharded.dsn, [*sharded.shard_dsns, sharded.shard_dsns[0]])
+    with pytest.raises(errors.InvalidArgument, match="given twice"):
+        shard.init(sharded.dsn, [sharded.shard_dsns[0], sharded.shard_dsns[0]])
+    # A database holding a lonnymq install is not made a router; nor is a router made a shard.
+    with pytest.raises(errors.InvalidArgument, match="not a lonnymq router"):
+        shard.init(sharded.shard_dsns[0], [sharded.shard_dsns[1]])
+    with psycopg.connect(sharded.shards[0].admin_dsn(), autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS refusal")
+        conn.execute("CREATE DATABASE refusal")
+    other = sharded.shards[0].admin_dsn().rsplit("/", 1)[0] + "/refusal"
+    with pytest.raises(errors.InvalidArgument, match="itself a lonnymq router"):
+        shard.init(other, [sharded.dsn])
+    assert shard.status(sharded.dsn).healthy
+
+
+def test_init_again_keeps_queues_and_messages(sharded) -> None:  # type: ignore[no-untyped-def]
+    with Client(sharded.dsn) as c:
+        c.create_queue("reinit")
+        sent = c.send("reinit", "kept")
+        shard.init(sharded.dsn, sharded.shard_dsns)
+        got = c.take("reinit")
+    assert [m.id for m in got] == [sent.id] and got[0].payload == "kept"
