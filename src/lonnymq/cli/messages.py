@@ -4,6 +4,7 @@ settle what was taken."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -161,8 +162,13 @@ def send(args: argparse.Namespace) -> int:
         ):
             task = bar.add_task("sending", total=source.size if source else None)
             try:
-                with conn.transaction():
-                    for batch in _util.chunks(_envelopes(args, source), args.batch_size):
+                # Through a shard router a call cannot join this transaction (each runs in the
+                # shard's own): send the input as one batch, one transaction on the shard.
+                routed = c.is_router()
+                with contextlib.nullcontext() if routed else conn.transaction():
+                    envelopes = _envelopes(args, source)
+                    batches = [list(envelopes)] if routed else _util.chunks(envelopes, args.batch_size)
+                    for batch in batches:
                         results.extend(c.send_batch(args.queue, batch, on_conflict=args.on_conflict))
                         bar.update(
                             task,

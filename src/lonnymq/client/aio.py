@@ -52,6 +52,11 @@ from .wait import PENDING_WAIT, AsyncListener, next_wait
 T = TypeVar("T")
 
 
+def _in_transaction(c: AsyncConnection[Any]) -> bool:
+    """A call on ``c`` joins the caller's transaction (open, or begun by the call itself)."""
+    return not c.autocommit or c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
 class AsyncClient:
     """A LonnyMQ client on asyncio.
 
@@ -97,6 +102,7 @@ class AsyncClient:
         self._owns_pool = False
         self._opened = False
         self._listeners: list[AsyncConnection[Any]] = []
+        self._router: bool | None = None  # a shard router's schema? (asked once, when it matters)
         self.conninfo: str | None = None
         if isinstance(conninfo, AsyncConnection):
             self._conn = conninfo
@@ -181,8 +187,13 @@ class AsyncClient:
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
         if conn is not None or self._pool is None:
             async with self.connection(conn) as c:
+                if op.caller_tx or _in_transaction(c):
+                    await self._refuse_on_router(c)
                 return await self._execute(c, op)
         pool = self._pool
+        if op.caller_tx and self._router is not False:
+            async with self.connection() as c:
+                await self._refuse_on_router(c)
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False  # an attempt reached the server: it may have committed
         while True:
@@ -215,6 +226,28 @@ class AsyncClient:
             if wait is None:
                 raise self._lost(lost, ran, op.safe_to_retry, None if unsafe else backoff) from lost
             await asleep(wait)
+
+    async def is_router(self, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Whether the database is a shard router (``lonnymq shard init``): every call then runs
+        and commits in the shard's own transaction, never in the caller's. Asked once, then
+        remembered."""
+        if self._router is None:
+            async with self.connection(conn) as c:
+                self._router = await self._execute(c, self.ops.is_router())
+        return self._router
+
+    async def _refuse_on_router(self, c: AsyncConnection[Any]) -> None:
+        """Raise RouterTransaction if the schema is a shard router's: the call's promise is the
+        caller's transaction, which a router cannot keep (the shard commits on its own)."""
+        if self._router is None:
+            self._router = await self._execute(c, self.ops.is_router())
+        if self._router:
+            raise errors.RouterTransaction(
+                f"schema {self.schema!r} of this database is a shard router: a call through it runs"
+                " and commits in the shard's own transaction, never in yours, so take_tx and calls"
+                " inside your transaction are refused; to make queue actions atomic with your data,"
+                " keep that data on the queue's shard and connect to the shard (docs/sharding.md)"
+            )
 
     async def _execute(self, c: AsyncConnection[Any], op: Op[T]) -> T:
         try:
@@ -470,7 +503,8 @@ class AsyncClient:
         self, queue: str, n: int = 1, *, archive: bool | None = None, conn: AsyncConnection[Any] | None = None
     ) -> list[Message]:
         """Take up to ``n`` ready messages inside ``conn``'s transaction: they are gone when it
-        commits and back, untouched, if it rolls back (exactly-once with your own writes)."""
+        commits and back, untouched, if it rolls back (exactly-once with your own writes).
+        Refused on a shard router (RouterTransaction): it cannot join your transaction."""
         return await self.run(self.ops.take_tx(queue, n, archive=archive), conn)
 
     async def receive(

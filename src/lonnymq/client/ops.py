@@ -40,6 +40,10 @@ from ..serializer import Serializer, default_serializer
 
 T = TypeVar("T")
 
+#: The start of the comment on a shard router's schema (lonnymq.shard): clients that see it know
+#: a call runs in the shard's transaction, not theirs.
+ROUTER_MARKER = "lonnymq shard router"
+
 QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9_.:-]{0,62}$")
 #: Hard ceiling checked in Python before anything is sent; queues set their own lower limit.
 MAX_PAYLOAD_BYTES = 100 * 1024 * 1024
@@ -67,6 +71,8 @@ class Op(Generic[T]):
     params: Sequence[Any]
     decode: Callable[[list[Any]], T]
     safe_to_retry: bool = False
+    #: Its promise is the caller's transaction (take_tx): refused on a shard router.
+    caller_tx: bool = False
 
 
 # -- argument checks -------------------------------------------------------------------------
@@ -287,6 +293,11 @@ class Statements:
         )
         self.take = q("SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])")
         self.take_tx = q("SELECT * FROM {s}.take_tx(%s::text, %s::int, %s::bool)")
+        # Is this schema a shard router (lonnymq.shard)? Its comment says so.
+        self.is_router = sql.SQL(
+            "SELECT coalesce(bool_or(starts_with(obj_description(n.oid, 'pg_namespace'), {m})), false)"
+            " FROM pg_catalog.pg_namespace n WHERE n.nspname = {name}"
+        ).format(m=sql.Literal(ROUTER_MARKER), name=sql.Literal(schema))
         self.peek = q("SELECT * FROM {s}.peek(%s::text, %s::int)")
         self.ack = q("SELECT * FROM {s}.ack(%s::text, %b::bigint[], %b::int[], %s::bool)")
         self.nack = q(
@@ -581,7 +592,11 @@ class Ops:
     def take_tx(self, queue: str, n: int = 1, *, archive: bool | None = None) -> Op[list[Message]]:
         check_queue(queue)
         check_limit(n)
-        return Op(self.st.take_tx, (queue, n, archive), _messages(queue, self.serializer))
+        return Op(self.st.take_tx, (queue, n, archive), _messages(queue, self.serializer), caller_tx=True)
+
+    def is_router(self) -> Op[bool]:
+        """Whether the schema is a shard router's (calls run in the shards' own transactions)."""
+        return Op(self.st.is_router, (), lambda rows: bool(rows[0][0]), safe_to_retry=True)
 
     def peek(self, queue: str, n: int = 10) -> Op[list[Message]]:
         check_queue(queue)

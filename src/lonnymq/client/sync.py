@@ -55,6 +55,11 @@ from .wait_sync import PENDING_WAIT, Listener, next_wait
 T = TypeVar("T")
 
 
+def _in_transaction(c: Connection[Any]) -> bool:
+    """A call on ``c`` joins the caller's transaction (open, or begun by the call itself)."""
+    return not c.autocommit or c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
 class Client:
     """A LonnyMQ client (synchronous; thread-safe when built on a pool).
 
@@ -100,6 +105,7 @@ class Client:
         self._owns_pool = False
         self._opened = False
         self._listeners: list[Connection[Any]] = []
+        self._router: bool | None = None
         self.conninfo: str | None = None
         if isinstance(conninfo, Connection):
             self._conn = conninfo
@@ -181,8 +187,13 @@ class Client:
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
         if conn is not None or self._pool is None:
             with self.connection(conn) as c:
+                if op.caller_tx or _in_transaction(c):
+                    self._refuse_on_router(c)
                 return self._execute(c, op)
         pool = self._pool
+        if op.caller_tx and self._router is not False:
+            with self.connection() as c:
+                self._refuse_on_router(c)
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False
         while True:
@@ -213,6 +224,25 @@ class Client:
             if wait is None:
                 raise self._lost(lost, ran, op.safe_to_retry, None if unsafe else backoff) from lost
             sleep(wait)
+
+    def is_router(self, *, conn: Connection[Any] | None = None) -> bool:
+        """Whether the database is a shard router (``lonnymq shard init``): every call then runs
+        and commits in the shard's own transaction, never in the caller's. Asked once, then
+        remembered."""
+        if self._router is None:
+            with self.connection(conn) as c:
+                self._router = self._execute(c, self.ops.is_router())
+        return self._router
+
+    def _refuse_on_router(self, c: Connection[Any]) -> None:
+        """Raise RouterTransaction if the schema is a shard router's: the call's promise is the
+        caller's transaction, which a router cannot keep (the shard commits on its own)."""
+        if self._router is None:
+            self._router = self._execute(c, self.ops.is_router())
+        if self._router:
+            raise errors.RouterTransaction(
+                f"schema {self.schema!r} of this database is a shard router: a call through it runs and commits in the shard's own transaction, never in yours, so take_tx and calls inside your transaction are refused; to make queue actions atomic with your data, keep that data on the queue's shard and connect to the shard (docs/sharding.md)"
+            )
 
     def _execute(self, c: Connection[Any], op: Op[T]) -> T:
         try:
@@ -442,7 +472,8 @@ class Client:
         self, queue: str, n: int = 1, *, archive: bool | None = None, conn: Connection[Any] | None = None
     ) -> list[Message]:
         """Take up to ``n`` ready messages inside ``conn``'s transaction: they are gone when it
-        commits and back, untouched, if it rolls back (exactly-once with your own writes)."""
+        commits and back, untouched, if it rolls back (exactly-once with your own writes).
+        Refused on a shard router (RouterTransaction): it cannot join your transaction."""
         return self.run(self.ops.take_tx(queue, n, archive=archive), conn)
 
     def receive(

@@ -23,10 +23,9 @@ from typing import Any, LiteralString
 from psycopg import sql
 
 from .. import errors
+from ..client.ops import ROUTER_MARKER
 
-#: The comment on the router's schema that tells clients (and ``shard init``) it is a router.
-ROUTER_MARKER = "lonnymq shard router"
-
+__all__ = ["NO_QUEUE_ROUTES", "ROUTER_MARKER", "CoreFunction", "NoRoute", "Route"]
 
 _PLAIN = re.compile(r"^[a-z_][a-z0-9_]*$")
 
