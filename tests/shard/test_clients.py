@@ -165,3 +165,11 @@ def test_take_tx_on_a_shard_directly_is_not_refused(sharded) -> None:  # type: i
         assert [m.payload for m in got] == ["x"]
         conn.rollback()  # back, untouched
         assert [m.payload for m in c.peek(q)] == ["x"]
+
+
+def test_a_dead_letter_queue_on_another_shard_is_refused(sharded) -> None:  # type: ignore[no-untyped-def]
+    here, there = queues_on_both_shards(sharded.dsn, "dlq")
+    with Client(sharded.dsn) as c:
+        c.create_queue(there)
+        with pytest.raises(errors.QueueNotFound):
+            c.create_queue(here, dead_letter_queue=there)
