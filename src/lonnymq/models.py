@@ -204,3 +204,57 @@ class ChannelInfo:
     leased: int
     last_served_at: int | None
     ready_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """What happened to a queue: messages ``sent`` (by sends, dead letters moved in, requeued
+    dead messages), ``acked``, ``nacked`` (retried after a failure that counts an attempt;
+    defer and release do not count), ``dead`` (dead-lettered or archived as dead) and
+    ``cancelled``. ``minute_at``: the minute (epoch ms of its start) these are the counts of;
+    None for totals since the queue was created. Exact: only committed calls are counted."""
+
+    queue: str
+    minute_at: int | None
+    sent: int
+    acked: int
+    nacked: int
+    dead: int
+    cancelled: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A running worker process, as its last heartbeat registered it (epoch ms times)."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    started_at: int
+    heartbeat_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSummary:
+    """A live message as a listing shows it: no payload, its size (``payload_bytes``).
+    ``status`` is as :meth:`~lonnymq.AsyncClient.get` reports it; ``lease_until`` (epoch ms)
+    only while leased; ``attempt`` counts failed attempts, ``token`` the deliveries."""
+
+    queue: str
+    id: int
+    status: MessageStatus
+    attempt: int
+    token: int
+    lease_until: int | None
+    scheduled_at: int
+    enqueued_at: int
+    priority: int
+    key: str | None
+    channel: str | None
+    kind: str | None
+    content_type: str | None
+    last_error: str | None
+    payload_bytes: int

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from ..client import Client
 from . import UsageError, _util, common
 
 _DEFAULT_CAP = 100_000
+_RATE_WINDOW_MS = 5 * 60_000
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +48,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pu.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     pu.set_defaults(func=purge)
 
-    st = qs.add_parser("stats", help="exact ready/scheduled/leased/dead counts")
+    st = qs.add_parser(
+        "stats",
+        help="exact ready/scheduled/leased/dead counts, and messages sent, acked and failed"
+        " (nacked or dead) per minute over the last five minutes",
+    )
     common(st, json=True)
     st.add_argument("names", nargs="*", help="queues (default: all)")
     st.add_argument(
@@ -150,10 +156,32 @@ def stats(args: argparse.Namespace) -> int:
             if args.exact or m.ready_at_least or m.scheduled_at_least or m.leased_at_least or m.dead_at_least:
                 m = c.metrics(name)  # exact: no cap
             rows.append(m)
+        # Throughput: the per-minute counters (sql/stats.sql) of the last five minutes.
+        since = int(time.time() * 1000) - _RATE_WINDOW_MS
+        recent = c.run(c.ops.stats_minutes(names, since=since)) if names else []
+    per_min: dict[str, dict[str, float]] = {}
+    for r in recent:
+        rate = per_min.setdefault(r.queue, {"sent_per_min": 0.0, "acked_per_min": 0.0, "failed_per_min": 0.0})
+        rate["sent_per_min"] += r.sent * 60_000 / _RATE_WINDOW_MS
+        rate["acked_per_min"] += r.acked * 60_000 / _RATE_WINDOW_MS
+        rate["failed_per_min"] += (r.nacked + r.dead) * 60_000 / _RATE_WINDOW_MS
+    zero = {"sent_per_min": 0.0, "acked_per_min": 0.0, "failed_per_min": 0.0}
+    out = [{**_util.jsonable(m), **per_min.get(m.queue, zero)} for m in rows]
     _util.emit(
         args,
-        rows,
-        ["queue", "ready", "scheduled", "leased", "dead", "oldest_ready_age_ms", "next_scheduled_at"],
+        out,
+        [
+            "queue",
+            "ready",
+            "scheduled",
+            "leased",
+            "dead",
+            "oldest_ready_age_ms",
+            "next_scheduled_at",
+            "sent_per_min",
+            "acked_per_min",
+            "failed_per_min",
+        ],
         times=("next_scheduled_at",),
     )
     return 0

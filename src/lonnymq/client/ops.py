@@ -30,11 +30,14 @@ from ..models import (
     Envelope,
     Message,
     MessageStatus,
+    MessageSummary,
     OnConflict,
     OnFull,
+    QueueCounts,
     QueueInfo,
     QueueMetrics,
     SendResult,
+    WorkerInfo,
 )
 from ..serializer import Serializer, default_serializer
 
@@ -248,9 +251,36 @@ def encode_payload(payload: object, serializer: Serializer | None = None) -> tup
     return body, ctype
 
 
+#: A PL/Proxy error on a shard router: "[PL/Proxy function ]<function>(<nargs>): [<dbname>] <text>".
+_PLPROXY_ERROR = re.compile(r"^(?:PL/Proxy function )?([\w.]+)\(\d+\): \[([^\]]*)\] (.*)", re.S)
+#: PL/Proxy's texts for a shard it cannot reach or lost (libpq calls, the remote's FATAL).
+_PLPROXY_LOST = ("PQconnectPoll", "PQconnectStart", "PQconsumeInput", "PQsend", "PQflush", "REMOTE FATAL")
+_SERVER_AT = re.compile(r'server at "([^"]*)", port (\d+)|server on socket "([^"]*)"')
+
+
+def _shard_unavailable(e: psycopg.Error, state: str) -> errors.ShardUnavailable | None:
+    """ShardUnavailable when ``e`` is a shard router's report of a shard it cannot reach."""
+    m = _PLPROXY_ERROR.match(e.diag.message_primary or "")
+    if m is None:
+        return None
+    function, dbname, text = m.groups()
+    if not (state.startswith(("08", "57P")) or any(t in text for t in _PLPROXY_LOST)):
+        return None
+    at = _SERVER_AT.search(text)
+    host = (f"{at[1]}:{at[2]}" if at[1] is not None else at[3]) if at else None
+    shard = f"{host}/{dbname}" if host else f"database {dbname}"
+    reason = " ".join(text.split())
+    return errors.ShardUnavailable(
+        f"shard {shard} is unavailable (the router could not run {function} there): {reason}", shard=shard
+    )
+
+
 def map_error(e: psycopg.Error) -> Exception:
     """The typed lonnymq exception for a database error (or the error itself)."""
     state = e.sqlstate or ""
+    down = _shard_unavailable(e, state)
+    if down is not None:
+        return down
     cls = errors.SQLSTATE_ERRORS.get(state)
     if cls is not None:
         msg = e.diag.message_primary or str(e)
@@ -325,6 +355,11 @@ class Statements:
             "SELECT * FROM {s}.archive_list(%s::text, %s::bigint, %s::bigint, %s::bigint, %s::int, %s::text)"
         )
         self.listen = q("LISTEN {s}")
+        # The dashboard's reads (sql/stats.sql, message_list in sql/messages.sql).
+        self.stats_minutes = q("SELECT * FROM {s}.stats_minutes(%s::text[], %s::bigint, %s::bigint)")
+        self.stats_totals = q("SELECT * FROM {s}.stats_totals(%s::text[])")
+        self.worker_list = q("SELECT * FROM {s}.worker_list()")
+        self.message_list = q("SELECT * FROM {s}.message_list(%s::text, %s::text, %s::bigint, %s::int)")
 
 
 @lru_cache(maxsize=64)
@@ -751,6 +786,62 @@ class Ops:
     def maintain(self, limit: int = 10_000) -> Op[int]:
         return Op(self.st.maintain, (check_limit(limit),), _scalar)
 
+    def stats_minutes(
+        self,
+        queues: Sequence[str] | None = None,
+        *,
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
+    ) -> Op[list[QueueCounts]]:
+        """The counts of each minute in [since, until) (default: the last hour) that counted
+        anything, by queue and minute; all queues, or those of ``queues`` that exist."""
+        names = None if queues is None else [check_queue(q) for q in _names(queues)]
+        params = (names, _time(since, "since"), _time(until, "until"))
+        return Op(
+            self.st.stats_minutes,
+            params,
+            lambda rows: [_record(QueueCounts, r) for r in rows],
+            safe_to_retry=True,
+        )
+
+    def stats_totals(self, queues: Sequence[str] | None = None) -> Op[list[QueueCounts]]:
+        """The counts since each queue was created, by queue name."""
+        names = None if queues is None else [check_queue(q) for q in _names(queues)]
+        return Op(
+            self.st.stats_totals,
+            (names,),
+            lambda rows: [_record(QueueCounts, r, minute_at=None) for r in rows],
+            safe_to_retry=True,
+        )
+
+    def worker_list(self) -> Op[list[WorkerInfo]]:
+        """The running workers (registered by their heartbeats, not expired)."""
+        return Op(
+            self.st.worker_list, (), lambda rows: [_record(WorkerInfo, r) for r in rows], safe_to_retry=True
+        )
+
+    def message_list(
+        self,
+        queue: str,
+        *,
+        status: MessageStatus | None = None,
+        after_id: int | None = None,
+        limit: int = 100,
+    ) -> Op[list[MessageSummary]]:
+        """Live messages by id (keyset paging: pass the last id as ``after_id``), of one
+        status or all, without their payloads."""
+        check_queue(queue)
+        check_limit(limit)
+        if status is not None and status not in ("ready", "scheduled", "leased"):
+            raise errors.InvalidArgument(f"status must be ready, scheduled or leased, got {status!r}")
+        params = (queue, status, _check_after_id(after_id), limit)
+        return Op(
+            self.st.message_list,
+            params,
+            lambda rows: [_record(MessageSummary, r, queue=queue) for r in rows],
+            safe_to_retry=True,
+        )
+
 
 R = TypeVar("R", set[int], dict[int, str], dict[int, int])
 
@@ -770,6 +861,12 @@ def _check_id(value: object, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**63:
         raise errors.InvalidArgument(f"{what} must be message ids (positive integers), got {value!r}")
     return value
+
+
+def _names(values: object) -> list[object]:
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise errors.InvalidArgument("queues must be a list of names")
+    return list(values)
 
 
 def _check_after_id(value: object) -> int | None:

@@ -21,7 +21,7 @@ from psycopg import sql
 #: The function files in the order they are applied. plpgsql bodies are only checked when they
 #: run, but an SQL-language function needs what it calls to exist when it is created: util
 #: first (now_ms, _dequeue_at); messages before dead (dead_list reads through archive_list);
-#: security last (it applies privileges to everything else).
+#: stats (the counters and the worker registry) before maintenance; security last (it applies privileges to everything else).
 FILES: tuple[str, ...] = (
     "util",
     "generations",
@@ -33,6 +33,7 @@ FILES: tuple[str, ...] = (
     "settle",
     "messages",
     "dead",
+    "stats",
     "maintenance",
     "cron",
     "spark",

@@ -8,7 +8,8 @@
 
 -- Moves messages that exhausted max_attempts (or are given up) to the dead-letter queue if the
 -- queue has one (counted in its sent_count), else to the archive with status 'dead'. Writes
--- message, archive, sent_count, channel. Locks: the message rows, then their channels.
+-- message, archive, sent_count, channel, queue_stat (dead; sent for the dead-letter queue).
+-- Locks: the message rows, then their channels.
 CREATE OR REPLACE FUNCTION {schema}._dead_letter(q {schema}.queue, p_ids bigint[], p_errors text[], p_now bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
@@ -37,6 +38,13 @@ BEGIN
             -- They are sent to the dead-letter queue (its total_sent).
             INSERT INTO {schema}.sent_count (queue_id, n)
             SELECT q.dead_letter_queue_id, count(*) FROM d HAVING count(*) > 0
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, sent, dead)
+            SELECT x.queue_id, p_now / 60000, x.sent, x.dead
+              FROM (SELECT count(*) AS n FROM d) c
+             CROSS JOIN LATERAL (VALUES (q.id, 0::bigint, c.n),
+                                        (q.dead_letter_queue_id, c.n, 0::bigint)) AS x(queue_id, sent, dead)
+             WHERE c.n > 0
         )
         SELECT array_agg(d.channel), array_agg(-d.leased::integer) INTO v_channels, v_leases
           FROM d WHERE d.channel IS NOT NULL;
@@ -56,6 +64,9 @@ BEGIN
                d.deliveries, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
                d.state, coalesce(d.error, d.last_error), d.payload
           FROM d
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, dead)
+            SELECT q.id, p_now / 60000, count(*) FROM d HAVING count(*) > 0
         )
         SELECT array_agg(d.channel), array_agg(-d.leased::integer) INTO v_channels, v_leases
           FROM d WHERE d.channel IS NOT NULL;
@@ -92,7 +103,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Put dead messages (all, or the given ids) back into their queue as new, ready messages with
--- a fresh attempt budget. Returns how many were requeued.
+-- a fresh attempt budget (counted as sent: sent_count, queue_stat). Returns how many were
+-- requeued.
 CREATE OR REPLACE FUNCTION {schema}.dead_requeue(p_queue text, p_ids bigint[] DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
@@ -113,6 +125,9 @@ BEGIN
                d.state, d.last_error, d.payload
           FROM d ORDER BY d.id
         RETURNING channel
+    ), st AS (
+        INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+        SELECT q.id, v_now / 60000, count(*) FROM i HAVING count(*) > 0
     )
     SELECT count(*), array_agg(i.channel) FILTER (WHERE i.channel IS NOT NULL)
       INTO v_n, v_channels FROM i;

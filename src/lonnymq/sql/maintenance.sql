@@ -8,8 +8,9 @@
 -- Housekeeping: delete acknowledged archive rows older than each queue's retention, at most
 -- p_limit per call, and empty channels nothing keeps; forget settles older than an hour (at
 -- most p_limit; settled, ack's memory of its repeats) and fold each queue's sent_count rows
--- into one; forget Spark write ids past their retention (spark_prune); rotate the generations
--- when due (rotate, generations.sql). Returns how many
+-- into one; fold per-minute counters older than a day and delete expired workers
+-- (_stats_maintain, stats.sql); forget Spark write ids past their retention (spark_prune);
+-- rotate the generations when due (rotate, generations.sql). Returns how many
 -- archive rows were deleted. Writes archive, channel (SKIP LOCKED:
 -- never waits for a channel in use), settled, sent_count (the rows it folds, which only
 -- another maintain locks).
@@ -57,6 +58,7 @@ BEGIN
     )
     INSERT INTO {schema}.sent_count (queue_id, n)
     SELECT d.queue_id, sum(d.n)::bigint FROM d GROUP BY d.queue_id;
+    PERFORM {schema}._stats_maintain(p_limit, v_now);
     -- Spark write ids and sink batches past their retention (sql/spark.sql).
     PERFORM {schema}.spark_prune(p_limit, v_now);
     -- Generations (sql/generations.sql), when one is due: take() does it too, maintain() for

@@ -1,4 +1,5 @@
 -- LonnyMQ message-level operations: read one live message without taking it (message_get),
+-- browse them (message_list),
 -- cancel live messages (message_cancel) and read the archive (archive_list).
 --
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
@@ -62,8 +63,9 @@ END $$;
 -- back. A key cancels its current version: a leased version that a replace superseded stays
 -- with its holder until settled (cancel it by id). Returns the ids removed, in id order; ids
 -- and keys that were not live are left out.
--- Raises LQ001. Writes message, archive, channel. Locks: the message rows in id order (waits
--- for a take that holds one, then cancels what it leased), then their channels.
+-- Raises LQ001. Writes message, archive, channel, queue_stat (cancelled). Locks: the message
+-- rows in id order (waits for a take that holds one, then cancels what it leased), then their
+-- channels.
 CREATE OR REPLACE FUNCTION {schema}.message_cancel(
     p_queue   text,
     p_ids     bigint[] DEFAULT NULL,
@@ -101,6 +103,9 @@ BEGIN
                d.deliveries, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
                d.state, d.last_error, d.payload
           FROM d WHERE coalesce(p_archive, false)
+    ), st AS (
+        INSERT INTO {schema}.queue_stat (queue_id, minute, cancelled)
+        SELECT q.id, v_now / 60000, count(*) FROM d HAVING count(*) > 0
     )
     SELECT array_agg(d.channel), array_agg(-d.leased::integer) INTO v_channels, v_leases
       FROM d WHERE d.channel IS NOT NULL;
@@ -163,4 +168,49 @@ BEGIN
            AND a.id > coalesce(p_after_id, 0)
          ORDER BY a.id LIMIT p_limit;
     END IF;
+END $$;
+
+-- Browse the live messages of queue p_queue by id (keyset paging): up to p_limit with id >
+-- p_after_id, of state p_state ('ready': deliverable now, expired leases included; 'scheduled';
+-- 'leased': a lease that has not expired; NULL: all), each with its status as message_get
+-- reports it and the payload's size (not the payload: message_get reads one). Raises LQ001,
+-- LQ002 (bad limit or state). Reads message: a range scan of its primary key (queue_id, id)
+-- from p_after_id, filtered by state (a page of a rare state may read past many others); takes
+-- no lock.
+CREATE OR REPLACE FUNCTION {schema}.message_list(
+    p_queue    text,
+    p_state    text    DEFAULT NULL,
+    p_after_id bigint  DEFAULT NULL,
+    p_limit    integer DEFAULT 100,
+    p_now      bigint  DEFAULT NULL
+) RETURNS TABLE (
+    id bigint, status text, attempt integer, token integer, lease_until bigint,
+    scheduled_at bigint, enqueued_at bigint, priority smallint, key text, channel text,
+    kind text, content_type text, last_error text, payload_bytes integer
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q     {schema}.queue := {schema}._queue(p_queue);
+    v_now bigint := {schema}._read_now(p_now);
+BEGIN
+    PERFORM {schema}._check_limit(p_limit);
+    IF p_state IS NOT NULL AND p_state NOT IN ('ready', 'scheduled', 'leased') THEN
+        PERFORM {schema}._invalid(format('state must be ready, scheduled or leased, got %s',
+                                         quote_literal(p_state)));
+    END IF;
+    RETURN QUERY
+    SELECT x.id, x.status, x.attempts, x.deliveries,
+           CASE WHEN x.status = 'leased' THEN x.dequeue_at END, x.scheduled_at, x.enqueued_at,
+           x.priority, x.key, x.channel, x.kind, x.content_type, x.last_error, x.payload_bytes
+      FROM (SELECT m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                   m.priority, m.key, m.channel, m.kind, m.content_type, m.last_error,
+                   octet_length(m.payload) AS payload_bytes,
+                   CASE WHEN m.leased AND m.dequeue_at > v_now THEN 'leased'
+                        WHEN m.dequeue_at <= v_now THEN 'ready' ELSE 'scheduled' END AS status
+              FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.id > coalesce(p_after_id, 0)
+             ORDER BY m.id) x
+     WHERE p_state IS NULL OR x.status = p_state
+     ORDER BY x.id
+     LIMIT p_limit;
 END $$;

@@ -126,6 +126,7 @@ BEGIN
     DELETE FROM {schema}.archive WHERE queue_id = q.id;
     DELETE FROM {schema}.settled WHERE queue_id = q.id;
     DELETE FROM {schema}.sent_count WHERE queue_id = q.id;
+    DELETE FROM {schema}.queue_stat WHERE queue_id = q.id;
     BEGIN
         DELETE FROM {schema}.queue WHERE id = q.id;
     EXCEPTION WHEN foreign_key_violation THEN

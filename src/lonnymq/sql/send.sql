@@ -17,7 +17,8 @@
 -- expired lease deletes it instead of retrying it (docs/messages.md).
 -- Within one batch the first row of a key wins for 'ignore' and the last for 'replace'.
 -- Messages get ids in input order, so a batch is FIFO. The messages created are counted in
--- sent_count (queue_metrics' total_sent): one appended row per call, never an update.
+-- sent_count (queue_metrics' total_sent) and in queue_stat (the minute's counters, stats.sql):
+-- one appended row each per call, never an update.
 CREATE OR REPLACE FUNCTION {schema}.send_batch(
     p_queue         text,
     p_payloads      bytea[],
@@ -128,6 +129,9 @@ BEGIN
         ), cnt AS (
             INSERT INTO {schema}.sent_count (queue_id, n)
             SELECT q.id, count(*) FROM ins HAVING NOT v_book
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+            SELECT q.id, v_now / 60000, count(*) FROM ins HAVING NOT v_book
         )
         SELECT array_agg(ins.id ORDER BY ins.id) INTO v_ids FROM ins;
         IF v_book THEN
@@ -138,8 +142,13 @@ BEGIN
                 q, p_channels, ARRAY(SELECT generate_series(1, v_n)::bigint), v_ids,
                 array_fill('created'::text, ARRAY[v_n]), NULL, NULL, NULL, v_now) r;
             -- Dropped messages (a full channel) were not sent.
-            INSERT INTO {schema}.sent_count (queue_id, n)
-            SELECT q.id, count(*) FROM unnest(v_outcomes) o WHERE o = 'created' HAVING count(*) > 0;
+            WITH n AS (
+                SELECT count(*) AS n FROM unnest(v_outcomes) o WHERE o = 'created'
+            ), st AS (
+                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+                SELECT q.id, v_now / 60000, n.n FROM n WHERE n.n > 0
+            )
+            INSERT INTO {schema}.sent_count (queue_id, n) SELECT q.id, n.n FROM n WHERE n.n > 0;
             RETURN QUERY SELECT * FROM unnest(v_ords, v_res, v_outcomes);
         ELSE
             RETURN QUERY SELECT u.ord, u.id, 'created'::text
@@ -265,7 +274,12 @@ BEGIN
             v_now) r;
     END IF;
     -- Messages created (not updated, ignored or dropped) count as sent.
-    INSERT INTO {schema}.sent_count (queue_id, n)
-    SELECT q.id, count(*) FROM unnest(v_outcomes) o WHERE o = 'created' HAVING count(*) > 0;
+    WITH n AS (
+        SELECT count(*) AS n FROM unnest(v_outcomes) o WHERE o = 'created'
+    ), st AS (
+        INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+        SELECT q.id, v_now / 60000, n.n FROM n WHERE n.n > 0
+    )
+    INSERT INTO {schema}.sent_count (queue_id, n) SELECT q.id, n.n FROM n WHERE n.n > 0;
     RETURN QUERY SELECT * FROM unnest(v_ords, v_res, v_outcomes);
 END $$;

@@ -15,7 +15,8 @@
 -- leased message: delete them (remembering (id, token) in settled, for ack's repeats), or move
 -- them to the archive as 'acked' when p_archive (the archive row is the memory). Returns the ids
 -- acknowledged. Raises LQ002 if the arrays differ in length. Writes message, settled, archive,
--- channel. Locks: the message rows (in id order on a channel queue), then their channels.
+-- channel, queue_stat (acked; one appended row, stats.sql). Locks: the message rows (in id order
+-- on a channel queue), then their channels.
 CREATE OR REPLACE FUNCTION {schema}._ack(q {schema}.queue, p_ids bigint[], p_tokens integer[],
                               p_archive boolean, p_now bigint)
 RETURNS SETOF bigint
@@ -37,6 +38,9 @@ BEGIN
         ), s AS (
             INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
             SELECT q.id, d.id, d.deliveries, 'acked', p_now FROM d
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+            SELECT q.id, p_now / 60000, count(*) FROM d HAVING count(*) > 0
         )
         SELECT array_agg(d.id), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
           INTO v_ids, v_channels
@@ -76,6 +80,9 @@ BEGIN
                    d.state, d.last_error, d.payload
               FROM d
             RETURNING id
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+            SELECT q.id, p_now / 60000, count(*) FROM d HAVING count(*) > 0
         )
         SELECT a.id FROM a;
     ELSE
@@ -88,6 +95,9 @@ BEGIN
         ), s AS (
             INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
             SELECT q.id, d.id, d.deliveries, 'acked', p_now FROM d
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+            SELECT q.id, p_now / 60000, count(*) FROM d HAVING count(*) > 0
         )
         SELECT d.id FROM d;
     END IF;
@@ -168,8 +178,9 @@ END $$;
 -- Idempotent: a pair whose delivery already gave the message back (it is waiting, unleased,
 -- with the same token) is returned again as 'retry', one it already dead-lettered as 'dead'
 -- (settled; or deleted as superseded: 'retry'), and nothing changes.
--- Writes message, settled, channel (and the dead-letter queue's, archive). Locks: the message
--- rows in id order, then their channels. Notifies channel {schema_name} with the queue name.
+-- Writes message, settled, channel (and the dead-letter queue's, archive), queue_stat (nacked:
+-- the retries that count an attempt). Locks: the message rows in id order, then their
+-- channels. Notifies channel {schema_name} with the queue name.
 CREATE OR REPLACE FUNCTION {schema}.nack(
     p_queue         text,
     p_ids           bigint[],
@@ -262,6 +273,9 @@ BEGIN
            AS t(id, token, delay_ms, error, state)
      WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
     RETURNING m.id
+    ), st AS (
+        INSERT INTO {schema}.queue_stat (queue_id, minute, nacked)
+        SELECT q.id, v_now / 60000, count(*) FROM u HAVING count(*) > 0 AND p_count_attempt
     )
     SELECT array_agg(u.id) INTO v_retry FROM u;
     RETURN QUERY SELECT r, 'retry'::text FROM unnest(v_retry) r;

@@ -64,6 +64,10 @@ class WorkerOps:
         )
         self._cron_delete = q("SELECT {s}.cron_delete(%s::text)")
         self._cron_enable = q("SELECT {s}.cron_set_enabled(%s::text, %s::bool)")
+        self._worker_beat = q(
+            "SELECT {s}.worker_beat(%s::text, %s::text, %s::int, %s::text[], %s::int, %s::int, %s::bigint)"
+        )
+        self._worker_leave = q("SELECT {s}.worker_leave(%s::text)")
 
     def installed_version(self) -> Op[int]:
         return Op(self._version, (), lambda rows: int(rows[0][0]))
@@ -136,6 +140,23 @@ class WorkerOps:
 
     def cron_set_enabled(self, name: str, enabled: bool) -> Op[bool]:
         return Op(self._cron_enable, (name, enabled), lambda rows: bool(rows[0][0]))
+
+    def worker_beat(
+        self,
+        worker_id: str,
+        host: str,
+        pid: int,
+        queues: Sequence[str],
+        concurrency: int,
+        in_flight: int,
+        ttl_ms: int,
+    ) -> Op[None]:
+        """Register or refresh this worker in the registry (sql/stats.sql) until now + ttl_ms."""
+        params = (worker_id, host, pid, list(queues), concurrency, in_flight, ttl_ms)
+        return Op(self._worker_beat, params, lambda rows: None, safe_to_retry=True)
+
+    def worker_leave(self, worker_id: str) -> Op[bool]:
+        return Op(self._worker_leave, (worker_id,), lambda rows: bool(rows[0][0]), safe_to_retry=True)
 
 
 @lru_cache(maxsize=64)
