@@ -4,22 +4,15 @@ stopped afterwards."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from shard_helpers import pgcluster, start_clusters
 
 from lonnymq import shard
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import pgcluster
-
-#: No plpgsql_check preload: these clusters only run the core and PL/Proxy.
-SETTINGS = {"shared_preload_libraries": "''"}
 
 
 @dataclass(frozen=True)
@@ -36,13 +29,12 @@ class Sharded:
         return [c.dsn for c in self.shards]
 
 
-def start_clusters(n: int, stack: ExitStack) -> list[pgcluster.Cluster]:
-    if not (pgcluster.BINDIR / "initdb").exists():
-        pytest.skip(f"PostgreSQL {pgcluster.PG_MAJOR} binaries not found in {pgcluster.BINDIR}")
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run PostgreSQL as the postgres OS user")
-    pgcluster.ensure_plproxy()
-    return [stack.enter_context(pgcluster.temporary_cluster(SETTINGS, install=False)) for _ in range(n)]
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (--dist loadgroup) these tests run on one worker: one set of clusters.
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.parent == here:
+            item.add_marker(pytest.mark.xdist_group("shard"))
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
 import psycopg
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import pgcluster
+
+#: No plpgsql_check preload: these clusters only run the core and PL/Proxy.
+SETTINGS = {"shared_preload_libraries": "''"}
+
+
+def start_clusters(
+    n: int, stack: ExitStack, settings: dict[str, str] | None = None
+) -> list[pgcluster.Cluster]:
+    if not (pgcluster.BINDIR / "initdb").exists():
+        pytest.skip(f"PostgreSQL {pgcluster.PG_MAJOR} binaries not found in {pgcluster.BINDIR}")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run PostgreSQL as the postgres OS user")
+    pgcluster.ensure_plproxy()
+    conf = settings or SETTINGS
+    return [stack.enter_context(pgcluster.temporary_cluster(conf, install=False)) for _ in range(n)]
 
 
 def home(router_dsn: str, queue: str, shards: int = 2) -> int:

@@ -15,6 +15,9 @@ from ..client import Client
 from ..migrations import DEFAULT_SCHEMA, check_schema
 from . import catalog
 
+#: libpq's connect_timeout of the router's connections to the shards, unless a DSN gives one.
+CONNECT_TIMEOUT = 5
+
 #: Seconds to wait for a shard when checking its health.
 STATUS_CONNECT_TIMEOUT = 3
 
@@ -75,6 +78,8 @@ def _partitions(shard_dsns: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         user = d.pop("user", None)
         password = d.pop("password", None)
         creds.add((None if user is None else str(user), None if password is None else str(password)))
+        # A shard that does not answer fails its calls within seconds (a refused connection: at once).
+        d.setdefault("connect_timeout", CONNECT_TIMEOUT)
         parts.append(make_conninfo(**{k: str(v) for k, v in d.items()}))
     if len(creds) > 1:
         raise errors.InvalidArgument(
