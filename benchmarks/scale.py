@@ -195,7 +195,7 @@ def main() -> None:
     p.add_argument("--json", help="write the results here too")
     a = p.parse_args()
     with dsn_or_temporary(a.dsn) as dsn:
-        queues = queue_series(dsn, [int(x) for x in a.queues.split(",")], a.pgmq_max, a.seconds)
+        queues = queue_series(dsn, [int(x) for x in a.queues.split(",") if x], a.pgmq_max, a.seconds)
         channels = channel_series(dsn, [int(x) for x in a.channels.split(",") if x], a.seconds)
     print(report(queues, channels))
     if a.json:

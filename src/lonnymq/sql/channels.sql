@@ -84,12 +84,61 @@ LANGUAGE sql VOLATILE AS $$
     UPDATE {schema}.queue SET uses_channels = true WHERE id = p_queue_id AND NOT uses_channels
 $$;
 
+-- Add p_size messages and p_leases leased messages to channel p_name of queue q, creating it
+-- with the queue's default policy if missing, and recompute its ready_at; p_blocked_until
+-- (optional) holds it until then. Deleted once empty unless explicit or still inside its release
+-- interval. Every statement reaches the row by its full key (queue_id, name), an equality the
+-- planner always serves with the primary key: a join with the channel table would be planned from
+-- the table's statistics, and statistics taken while the queue had few channels (autovacuum's last
+-- ANALYZE, or a held snapshot hiding the rows) make it scan every channel of the queue
+-- (tests/sql/test_plans.py).
+CREATE OR REPLACE FUNCTION {schema}._channel_apply_one(
+    q               {schema}.queue,
+    p_name          text,
+    p_size          bigint,
+    p_leases        integer,
+    p_now           bigint,
+    p_blocked_until bigint DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_empty boolean;
+BEGIN
+    LOOP
+        UPDATE {schema}.channel c
+           SET current_size = c.current_size + p_size,
+               current_concurrency = c.current_concurrency + p_leases,
+               blocked_until = coalesce(p_blocked_until, c.blocked_until),
+               ready_at = {schema}._channel_ready_at(
+                   c.queue_id, c.name, c.current_size + p_size, c.current_concurrency + p_leases,
+                   c.max_concurrency, c.last_served_at, c.release_interval_ms,
+                   coalesce(p_blocked_until, c.blocked_until))
+         WHERE c.queue_id = q.id AND c.name = p_name
+        -- An empty channel keeps its row while its rate limit still applies.
+        RETURNING c.current_size = 0 AND NOT c.explicit
+                  AND coalesce(c.last_served_at + c.release_interval_ms, 0) <= p_now
+                  AND coalesce(c.blocked_until, 0) <= p_now
+          INTO v_empty;
+        EXIT WHEN FOUND;
+        -- Missing (new, or deleted meanwhile): create it, or lock the row a concurrent call
+        -- created (WHERE false: an existing row is locked, not rewritten), and update it again.
+        INSERT INTO {schema}.channel AS c (queue_id, name, max_concurrency, release_interval_ms,
+                                          max_size, on_full, turn)
+        VALUES (q.id, p_name, q.channel_max_concurrency, q.channel_release_interval_ms,
+                q.channel_max_size, q.channel_on_full, nextval('{schema}.channel_turn_seq'))
+        ON CONFLICT (queue_id, name) DO UPDATE SET turn = c.turn WHERE false;
+    END LOOP;
+    IF v_empty THEN
+        DELETE FROM {schema}.channel c WHERE c.queue_id = q.id AND c.name = p_name;
+    END IF;
+END $$;
+
 -- Add p_sizes (messages) and p_leases (leased messages) to channels p_names of queue q (NULL
--- names are skipped, repeated names add up), creating missing channels with the queue's default
--- policy, and recompute their ready_at. p_blocked_until (optional) holds a channel until then.
--- Empty channels are deleted unless explicit or still inside their release interval.
--- One channel (the usual case) is locked and updated by one UPDATE; several are first locked in
--- name order by a statement of their own.
+-- names are skipped, repeated names add up), as _channel_apply_one does for one channel.
+-- Several channels are first created or locked in name order by one statement, then updated by
+-- one statement that reaches each row by its full key (a LATERAL probe per name, OFFSET 0 so it
+-- is not flattened into a join) and updates it by ctid: plans that do not depend on the channel
+-- table's statistics (see _channel_apply_one).
 CREATE OR REPLACE FUNCTION {schema}._channel_apply(
     q               {schema}.queue,
     p_names         text[],
@@ -100,66 +149,57 @@ CREATE OR REPLACE FUNCTION {schema}._channel_apply(
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_empty text[];
-    v_n     bigint;   -- count(*) of the distinct names
-    v_done  bigint;   -- count(*) of the channels updated
-    v_lock  boolean;
+    v_empty tid[];
 BEGIN
     IF cardinality(p_names) = 1 THEN
-        v_n := CASE WHEN p_names[1] IS NULL THEN 0::bigint ELSE 1::bigint END;
-    ELSE
-        SELECT count(DISTINCT u.name) INTO v_n FROM unnest(p_names) AS u(name);
-    END IF;
-    IF v_n = 0 THEN
+        IF p_names[1] IS NOT NULL THEN
+            PERFORM {schema}._channel_apply_one(q, p_names[1], p_sizes[1], p_leases[1], p_now,
+                                                p_blocked_until[1]);
+        END IF;
         RETURN;
     END IF;
-    v_lock := v_n > 1;
-    LOOP
-        IF v_lock THEN
-            -- Create or lock, in name order. WHERE false: an existing row is locked, not rewritten.
-            INSERT INTO {schema}.channel AS c (queue_id, name, max_concurrency, release_interval_ms,
-                                              max_size, on_full, turn)
-            SELECT q.id, n.name, q.channel_max_concurrency, q.channel_release_interval_ms,
-                   q.channel_max_size, q.channel_on_full, nextval('{schema}.channel_turn_seq')
-              FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) WHERE u.name IS NOT NULL) n
-             ORDER BY n.name
-            ON CONFLICT (queue_id, name) DO UPDATE SET turn = c.turn WHERE false;
-        END IF;
-
-        WITH d AS (
-            SELECT u.name, sum(u.size)::bigint AS size, sum(u.leases)::integer AS leases,
-                   max(u.blocked) AS blocked
-              FROM unnest(p_names, p_sizes, p_leases, p_blocked_until) AS u(name, size, leases, blocked)
-             WHERE u.name IS NOT NULL
-             GROUP BY u.name
-        ), u AS (
-            UPDATE {schema}.channel c
-               SET current_size = c.current_size + d.size,
-                   current_concurrency = c.current_concurrency + d.leases,
-                   blocked_until = coalesce(d.blocked, c.blocked_until),
-                   ready_at = {schema}._channel_ready_at(
-                       c.queue_id, c.name, c.current_size + d.size,
-                       c.current_concurrency + d.leases, c.max_concurrency,
-                       c.last_served_at, c.release_interval_ms, coalesce(d.blocked, c.blocked_until))
-              FROM d
-             WHERE c.queue_id = q.id AND c.name = d.name
-            RETURNING c.name, c.current_size, c.explicit, c.last_served_at, c.release_interval_ms,
-                      c.blocked_until
-        )
-        SELECT count(*),
-               -- An empty channel keeps its row while its rate limit still applies.
-               array_agg(u.name) FILTER (WHERE u.current_size = 0 AND NOT u.explicit
-                                           AND coalesce(u.last_served_at + u.release_interval_ms, 0) <= p_now
-                                           AND coalesce(u.blocked_until, 0) <= p_now)
-          INTO v_done, v_empty
-          FROM u;
-        -- Without the lock statement the channel may be missing (new, or deleted meanwhile): then
-        -- nothing was updated, and we go again creating it.
-        EXIT WHEN v_done = v_n;
-        v_lock := true;
-    END LOOP;
+    -- Create or lock, in name order. WHERE false: an existing row is locked, not rewritten.
+    INSERT INTO {schema}.channel AS c (queue_id, name, max_concurrency, release_interval_ms,
+                                      max_size, on_full, turn)
+    SELECT q.id, n.name, q.channel_max_concurrency, q.channel_release_interval_ms,
+           q.channel_max_size, q.channel_on_full, nextval('{schema}.channel_turn_seq')
+      FROM (SELECT DISTINCT u.name FROM unnest(p_names) AS u(name) WHERE u.name IS NOT NULL) n
+     ORDER BY n.name
+    ON CONFLICT (queue_id, name) DO UPDATE SET turn = c.turn WHERE false;
+    -- Every row is now locked by this transaction, so none can be deleted under us.
+    WITH d AS (
+        SELECT u.name, sum(u.size)::bigint AS size, sum(u.leases)::integer AS leases,
+               max(u.blocked) AS blocked
+          FROM unnest(p_names, p_sizes, p_leases, p_blocked_until) AS u(name, size, leases, blocked)
+         WHERE u.name IS NOT NULL
+         GROUP BY u.name
+    ), t AS (
+        SELECT d.*, x.tid
+          FROM d CROSS JOIN LATERAL (
+              SELECT c.ctid AS tid FROM {schema}.channel c
+               WHERE c.queue_id = q.id AND c.name = d.name OFFSET 0) x
+    ), u AS (
+        UPDATE {schema}.channel c
+           SET current_size = c.current_size + t.size,
+               current_concurrency = c.current_concurrency + t.leases,
+               blocked_until = coalesce(t.blocked, c.blocked_until),
+               ready_at = {schema}._channel_ready_at(
+                   c.queue_id, c.name, c.current_size + t.size,
+                   c.current_concurrency + t.leases, c.max_concurrency,
+                   c.last_served_at, c.release_interval_ms, coalesce(t.blocked, c.blocked_until))
+          FROM t
+         WHERE c.ctid = t.tid
+        RETURNING c.ctid AS tid, c.current_size, c.explicit, c.last_served_at,
+                  c.release_interval_ms, c.blocked_until
+    )
+    -- An empty channel keeps its row while its rate limit still applies.
+    SELECT array_agg(u.tid) FILTER (WHERE u.current_size = 0 AND NOT u.explicit
+                                      AND coalesce(u.last_served_at + u.release_interval_ms, 0) <= p_now
+                                      AND coalesce(u.blocked_until, 0) <= p_now)
+      INTO v_empty
+      FROM u;
     IF v_empty IS NOT NULL THEN
-        DELETE FROM {schema}.channel c WHERE c.queue_id = q.id AND c.name = ANY (v_empty);
+        DELETE FROM {schema}.channel c WHERE c.ctid = ANY (v_empty);
     END IF;
 END $$;
 
@@ -206,13 +246,16 @@ BEGIN
       FROM x WHERE x.name IS NOT NULL;
     IF v_names IS NOT NULL THEN
         PERFORM {schema}._channel_apply(q, v_names, v_sizes, v_leases, p_now);
+        -- Per grown channel, a probe by its full key (see _channel_apply_one).
         FOR v_full IN
-            SELECT c.name, c.on_full, c.max_size, c.current_size - c.max_size AS excess
-              FROM {schema}.channel c
-              JOIN (SELECT t.name, sum(t.size) AS size FROM unnest(v_names, v_sizes) AS t(name, size)
-                     GROUP BY t.name) g ON g.name = c.name
-             WHERE c.queue_id = q.id AND g.size > 0 AND c.current_size > c.max_size
-             ORDER BY c.name
+            SELECT x.name, x.on_full, x.max_size, x.current_size - x.max_size AS excess
+              FROM (SELECT t.name FROM unnest(v_names, v_sizes) AS t(name, size)
+                     GROUP BY t.name HAVING sum(t.size) > 0) g
+             CROSS JOIN LATERAL (
+                 SELECT c.name, c.on_full, c.max_size, c.current_size FROM {schema}.channel c
+                  WHERE c.queue_id = q.id AND c.name = g.name AND c.current_size > c.max_size
+                 OFFSET 0) x
+             ORDER BY x.name
         LOOP
             IF v_full.on_full = 'reject' THEN
                 RAISE EXCEPTION 'channel % of queue % is full (max_size %)',

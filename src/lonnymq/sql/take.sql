@@ -146,6 +146,10 @@ DECLARE
     v_served   integer;
     v_last_at  bigint;
     v_last_tn  bigint;
+    v_name     text;
+    v_i        integer;
+    v_d_size   bigint;
+    v_d_leases integer;
 BEGIN
     -- The plain candidates, locked (and the dead among them dead-lettered) as in take().
     SELECT r.ids, r.ats, r.dead INTO v_plain, v_plain_at, v_dead
@@ -278,30 +282,32 @@ BEGIN
 
         -- 4. The served channels: a lease more (none for an expired one retaken) or a message
         -- less (take_tx), last served now, a new turn in serving order, a fresh ready_at.
+        -- One UPDATE per channel, by its full key: a join with the channel table would be
+        -- planned from its statistics, which may predate most of the queue's channels and then
+        -- scan all of them (see _channel_apply_one in channels.sql).
         IF v_served > 0 THEN
-            v_turns := ARRAY(SELECT nextval('{schema}.channel_turn_seq') FROM generate_series(1, v_served));
-            WITH s AS (
-                SELECT f.name, f.leased, row_number() OVER (ORDER BY f.ord) AS rn
-                  FROM unnest(v_from, v_leased) WITH ORDINALITY AS f(name, leased, ord)
-                 WHERE f.name IS NOT NULL
-            ), d AS (
-                SELECT s.name, v_turns[s.rn] AS turn,
-                       CASE WHEN p_mode = 'lease' THEN 0 ELSE -1 END AS size,
-                       CASE WHEN p_mode = 'lease' THEN (NOT s.leased)::integer
-                            ELSE -s.leased::integer END AS leases
-                  FROM s
-            )
-            UPDATE {schema}.channel c
-               SET current_size = c.current_size + d.size,
-                   current_concurrency = c.current_concurrency + d.leases,
-                   last_served_at = p_now,
-                   turn = d.turn,
-                   ready_at = {schema}._channel_ready_at(
-                       c.queue_id, c.name, c.current_size + d.size,
-                       c.current_concurrency + d.leases, c.max_concurrency, p_now,
-                       c.release_interval_ms, c.blocked_until)
-              FROM d
-             WHERE c.queue_id = q.id AND c.name = d.name;
+            v_i := 0;
+            FOREACH v_name IN ARRAY v_from LOOP
+                v_i := v_i + 1;
+                CONTINUE WHEN v_name IS NULL;
+                IF p_mode = 'lease' THEN
+                    v_d_size := 0;
+                    v_d_leases := (NOT v_leased[v_i])::integer;
+                ELSE
+                    v_d_size := -1;
+                    v_d_leases := -(v_leased[v_i]::integer);
+                END IF;
+                UPDATE {schema}.channel c
+                   SET current_size = c.current_size + v_d_size,
+                       current_concurrency = c.current_concurrency + v_d_leases,
+                       last_served_at = p_now,
+                       turn = nextval('{schema}.channel_turn_seq'),
+                       ready_at = {schema}._channel_ready_at(
+                           c.queue_id, c.name, c.current_size + v_d_size,
+                           c.current_concurrency + v_d_leases, c.max_concurrency, p_now,
+                           c.release_interval_ms, c.blocked_until)
+                 WHERE c.queue_id = q.id AND c.name = v_name;
+            END LOOP;
             IF p_mode <> 'lease' THEN
                 v_open := v_open || ARRAY(SELECT n FROM unnest(v_from) n WHERE n IS NOT NULL);
             END IF;
