@@ -9,7 +9,8 @@
 -- Moves messages that exhausted max_attempts (or are given up) to the dead-letter queue if the
 -- queue has one (counted in its sent_count), else to the archive with status 'dead'. Writes
 -- message, archive, sent_count, channel, queue_stat (dead; sent for the dead-letter queue).
--- Locks: the message rows, then their channels.
+-- Locks: the message rows (the callers hold them already: each is found by its key and deleted
+-- by its ctid, as _deliver does), then their channels.
 CREATE OR REPLACE FUNCTION {schema}._dead_letter(q {schema}.queue, p_ids bigint[], p_errors text[], p_now bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
@@ -21,8 +22,11 @@ BEGIN
     IF q.dead_letter_queue_id IS NOT NULL THEN
         WITH d AS (
             DELETE FROM {schema}.message m
-             USING unnest(p_ids, p_errors) AS e(id, error)
-             WHERE m.queue_id = q.id AND m.id = e.id
+             USING (SELECT e.error, k.tid
+                      FROM unnest(p_ids, p_errors) AS e(id, error)
+                     CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM {schema}.message x
+                                          WHERE x.queue_id = q.id AND x.id = e.id OFFSET 0) k) e
+             WHERE m.ctid = e.tid AND (m.queue_id = q.id) IS TRUE
             RETURNING m.*, e.error
         ), i AS (
         INSERT INTO {schema}.message (queue_id, gen, dequeue_at, scheduled_at, enqueued_at, priority,
@@ -53,8 +57,11 @@ BEGIN
     ELSE
         WITH d AS (
             DELETE FROM {schema}.message m
-             USING unnest(p_ids, p_errors) AS e(id, error)
-             WHERE m.queue_id = q.id AND m.id = e.id
+             USING (SELECT e.error, k.tid
+                      FROM unnest(p_ids, p_errors) AS e(id, error)
+                     CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM {schema}.message x
+                                          WHERE x.queue_id = q.id AND x.id = e.id OFFSET 0) k) e
+             WHERE m.ctid = e.tid AND (m.queue_id = q.id) IS TRUE
             RETURNING m.*, e.error
         ), a AS (
         INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at, enqueued_at,

@@ -1,10 +1,27 @@
 -- LonnyMQ settling: what a consumer does with a delivery: ack, nack (retry, defer, release),
 -- extend its lease, or give up on it (dead-letter now).
 --
--- Settling finds its rows by primary key: the statements say "m.leased IS TRUE", not
--- "m.leased" (the same rows: leased is NOT NULL), so the planner cannot use the partial index
--- of leased rows, which stale statistics right after a burst of takes made it hash-join
--- against (46 ms instead of 0.25 ms for an ack of 100 with 150k leased; test_plans.py).
+-- Settling finds each row by its primary key, never by a join of the given ids with the message
+-- table: a join is planned from the table's statistics, and those can be far off. Right after a
+-- burst of takes they say no row is leased, and a join used the partial index of leased rows
+-- (46 ms instead of 0.25 ms for an ack of 100 with 150k leased); taken while a snapshot is held
+-- (ANALYZE then counts only live rows) they make every join read all the entries the queue
+-- left in the primary key (4,000 for an ack of 5 after 2,000 messages). So a settle first locks
+-- its rows, in id order, with a LATERAL probe per (id, token), which can only be a lookup by
+-- key, and then changes them by ctid (which stays put while this transaction holds the row;
+-- a second statement, so it sees a version another transaction committed while we waited for
+-- the lock). The probes say "m.leased IS TRUE", not "m.leased" (the same rows: leased is NOT
+-- NULL), so the planner cannot use the partial index of leased rows; the changes by ctid say
+-- "(m.queue_id = q.id) IS TRUE", so it cannot scan the queue's part of the primary key instead
+-- of fetching the rows by ctid (it checks that a ctid found in both partitions is the queue's).
+-- test_plans.py tests all of them.
+--
+-- The entry points (ack, nack, extend, give_up here; take and take_tx in take.sql) run with
+-- plan_cache_mode = force_generic_plan: PL/pgSQL otherwise re-plans, on every call, each
+-- statement whose generic plan it prices above a custom one, which for an array parameter (the
+-- generic plan assumes 10 elements, a custom plan sees the 1 of a single ack) is always the case:
+-- measured on PostgreSQL 15 per call, ack 757 -> 600 us, nack 1,120 -> 683 us, extend 668 -> 565
+-- us, take(1) 656 -> 590 us. The generic plans are the ones the plan tests check.
 --
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
@@ -15,26 +32,55 @@
 -- leased message: delete them (remembering (id, token) in settled, for ack's repeats), or move
 -- them to the archive as 'acked' when p_archive (the archive row is the memory). Returns the ids
 -- acknowledged. Raises LQ002 if the arrays differ in length. Writes message, settled, archive,
--- channel, queue_stat (acked; one appended row, stats.sql). Locks: the message rows (in id order
--- on a channel queue), then their channels.
+-- channel, queue_stat (acked; one appended row, stats.sql). Locks: the message rows in id order,
+-- then their channels.
 CREATE OR REPLACE FUNCTION {schema}._ack(q {schema}.queue, p_ids bigint[], p_tokens integer[],
                               p_archive boolean, p_now bigint)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_channels text[];
+    v_tids     tid[];
     v_ids      bigint[];
+    v_channels text[];
 BEGIN
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_tokens) THEN
         PERFORM {schema}._invalid('ids and tokens must have the same length');
     END IF;
-    IF q.uses_channels AND NOT p_archive THEN
-        -- As below, and the messages leave their channels.
+    -- Lock the matching rows in id order (see the header: by key, then by ctid).
+    SELECT array_agg(k.tid) INTO v_tids
+      FROM (SELECT t.id, t.token FROM unnest(p_ids, p_tokens) AS t(id, token) ORDER BY t.id) t
+     CROSS JOIN LATERAL (SELECT m.ctid AS tid FROM {schema}.message m
+                          WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token
+                            AND m.leased IS TRUE
+                            FOR UPDATE) k;
+    IF v_tids IS NULL THEN
+        RETURN;
+    END IF;
+    IF p_archive THEN
         WITH d AS (
             DELETE FROM {schema}.message m
-             USING unnest(p_ids, p_tokens) AS t(id, token)
-             WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
-            RETURNING m.id, m.channel, m.deliveries
+             WHERE m.ctid = ANY (v_tids) AND (m.queue_id = q.id) IS TRUE
+            RETURNING m.*
+        ), a AS (
+            INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
+                                          enqueued_at, attempts, deliveries, priority, key, channel,
+                                          kind, content_type, headers, state, last_error, payload)
+            SELECT d.queue_id, d.id, 'acked', p_now, d.scheduled_at, d.enqueued_at, d.attempts,
+                   d.deliveries, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
+                   d.state, d.last_error, d.payload
+              FROM d
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+            SELECT q.id, p_now / 60000, count(*) FROM d HAVING count(*) > 0
+        )
+        SELECT array_agg(d.id), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
+          INTO v_ids, v_channels
+          FROM d;
+    ELSE
+        WITH d AS (
+            DELETE FROM {schema}.message m
+             WHERE m.ctid = ANY (v_tids) AND (m.queue_id = q.id) IS TRUE
+            RETURNING m.id, m.deliveries, m.channel
         ), s AS (
             INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
             SELECT q.id, d.id, d.deliveries, 'acked', p_now FROM d
@@ -45,67 +91,14 @@ BEGIN
         SELECT array_agg(d.id), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
           INTO v_ids, v_channels
           FROM d;
-        IF v_channels IS NOT NULL THEN
-            PERFORM {schema}._channel_apply(q, v_channels,
-                array_fill(-1::bigint, ARRAY[cardinality(v_channels)]),
-                array_fill(-1, ARRAY[cardinality(v_channels)]), p_now);
-        END IF;
-        RETURN QUERY SELECT unnest(v_ids);
-        RETURN;
     END IF;
-    IF q.uses_channels THEN
-        -- Lock the messages first (in id order) to know the channels they leave.
-        SELECT array_agg(x.channel) INTO v_channels
-          FROM (SELECT m.channel
-                  FROM unnest(p_ids, p_tokens) AS t(id, token)
-                  JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
-                 WHERE m.deliveries = t.token AND m.leased IS TRUE
-                 ORDER BY m.id
-                   FOR UPDATE OF m) x
-         WHERE x.channel IS NOT NULL;
-    END IF;
-    IF p_archive THEN
-        RETURN QUERY
-        WITH d AS (
-            DELETE FROM {schema}.message m
-             USING unnest(p_ids, p_tokens) AS t(id, token)
-             WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
-            RETURNING m.*
-        ), a AS (
-            INSERT INTO {schema}.archive (queue_id, id, status, archived_at, scheduled_at,
-                                          enqueued_at, attempts, deliveries, priority, key, channel,
-                                          kind, content_type, headers, state, last_error, payload)
-            SELECT d.queue_id, d.id, 'acked', p_now, d.scheduled_at, d.enqueued_at, d.attempts,
-                   d.deliveries, d.priority, d.key, d.channel, d.kind, d.content_type, d.headers,
-                   d.state, d.last_error, d.payload
-              FROM d
-            RETURNING id
-        ), st AS (
-            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
-            SELECT q.id, p_now / 60000, count(*) FROM d HAVING count(*) > 0
-        )
-        SELECT a.id FROM a;
-    ELSE
-        RETURN QUERY
-        WITH d AS (
-            DELETE FROM {schema}.message m
-             USING unnest(p_ids, p_tokens) AS t(id, token)
-             WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
-            RETURNING m.id, m.deliveries
-        ), s AS (
-            INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
-            SELECT q.id, d.id, d.deliveries, 'acked', p_now FROM d
-        ), st AS (
-            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
-            SELECT q.id, p_now / 60000, count(*) FROM d HAVING count(*) > 0
-        )
-        SELECT d.id FROM d;
-    END IF;
+    -- The messages leave their channels (locked after the messages, in name order).
     IF v_channels IS NOT NULL THEN
         PERFORM {schema}._channel_apply(q, v_channels,
             array_fill(-1::bigint, ARRAY[cardinality(v_channels)]),
             array_fill(-1, ARRAY[cardinality(v_channels)]), p_now);
     END IF;
+    RETURN QUERY SELECT unnest(v_ids);
 END $$;
 
 -- Acknowledge deliveries: each (id, token) pair whose token still matches is deleted (or
@@ -122,7 +115,7 @@ CREATE OR REPLACE FUNCTION {schema}.ack(
     p_archive boolean DEFAULT NULL,
     p_now     bigint  DEFAULT NULL
 ) RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
     v_done bigint[];
@@ -191,7 +184,7 @@ CREATE OR REPLACE FUNCTION {schema}.nack(
     p_count_attempt boolean   DEFAULT true,
     p_now           bigint    DEFAULT NULL
 ) RETURNS TABLE (id bigint, outcome text)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
     v_now  bigint := {schema}._now(p_now);
@@ -199,9 +192,15 @@ DECLARE
     v_errs text[];
     v_toks integer[];
     v_retry    bigint[];
-    v_channels text[];
+    v_tids     tid[];     -- the retried messages, with their delays, errors and states
+    v_delays   bigint[];
+    v_rerrs    text[];
+    v_rstates  jsonb[];
+    v_channels text[];    -- the channels of the retried messages that have one
+    v_ctids    tid[];
+    v_cdelays  bigint[];
     v_blocked  bigint[];
-    v_fifo     bigint[];
+    v_fifo     tid[];
     v_gone     bigint[];
     v_gtoks    integer[];
 BEGIN
@@ -211,14 +210,32 @@ BEGIN
     IF EXISTS (SELECT FROM unnest(p_delays_ms) d WHERE d < 0) THEN
         PERFORM {schema}._invalid('delay must be >= 0');
     END IF;
-    -- Superseded versions first (locked in id order): deleted, remembered for repeats.
-    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.token ORDER BY x.id) INTO v_gone, v_gtoks
-      FROM (SELECT t.id, t.token
-              FROM unnest(p_ids, p_tokens) AS t(id, token)
-              JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
-             WHERE m.deliveries = t.token AND m.leased IS TRUE AND m.superseded_by IS NOT NULL
-             ORDER BY t.id
-               FOR UPDATE OF m) x;
+    -- Lock the matching rows once, in id order, so concurrent settlers cannot deadlock (see
+    -- the header: by key, then by ctid), and sort them: superseded versions, the last attempt
+    -- (dead), the rest (retried).
+    SELECT array_agg(x.id) FILTER (WHERE x.gone), array_agg(x.token) FILTER (WHERE x.gone),
+           array_agg(x.id) FILTER (WHERE x.dead), array_agg(x.error) FILTER (WHERE x.dead),
+           array_agg(x.token) FILTER (WHERE x.dead),
+           array_agg(x.tid) FILTER (WHERE x.retry), array_agg(x.delay_ms) FILTER (WHERE x.retry),
+           array_agg(x.error) FILTER (WHERE x.retry), array_agg(x.state) FILTER (WHERE x.retry),
+           array_agg(x.channel) FILTER (WHERE x.retry AND x.channel IS NOT NULL),
+           array_agg(x.tid) FILTER (WHERE x.retry AND x.channel IS NOT NULL),
+           array_agg(x.delay_ms) FILTER (WHERE x.retry AND x.channel IS NOT NULL)
+      INTO v_gone, v_gtoks, v_dead, v_errs, v_toks, v_tids, v_delays, v_rerrs, v_rstates,
+           v_channels, v_ctids, v_cdelays
+      FROM (SELECT t.id, t.token, t.delay_ms, t.error, t.state, k.tid, k.channel, k.gone,
+                   NOT k.gone AND p_count_attempt AND k.attempts >= q.max_attempts AS dead,
+                   NOT k.gone AND NOT (p_count_attempt AND k.attempts >= q.max_attempts) AS retry
+              FROM (SELECT t.* FROM unnest(p_ids, p_tokens, p_delays_ms, p_errors, p_states)
+                                    AS t(id, token, delay_ms, error, state)
+                     ORDER BY t.id) t
+             CROSS JOIN LATERAL (SELECT m.ctid AS tid, m.channel, m.attempts,
+                                        m.superseded_by IS NOT NULL AS gone
+                                   FROM {schema}.message m
+                                  WHERE m.queue_id = q.id AND m.id = t.id
+                                    AND m.deliveries = t.token AND m.leased IS TRUE
+                                    FOR UPDATE) k) x;
+    -- Superseded versions: deleted, remembered for repeats.
     IF v_gone IS NOT NULL THEN
         PERFORM {schema}._drop_superseded(q, v_gone, v_now);
         INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
@@ -226,17 +243,6 @@ BEGIN
          GROUP BY g.id;
         RETURN QUERY SELECT DISTINCT g, 'retry'::text FROM unnest(v_gone) g;
     END IF;
-    -- Lock the matching rows once, in id order, so concurrent settlers cannot deadlock.
-    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.error ORDER BY x.id),
-           array_agg(x.token ORDER BY x.id)
-      INTO v_dead, v_errs, v_toks
-      FROM (SELECT t.id, t.error, t.token
-              FROM unnest(p_ids, p_tokens, p_errors) AS t(id, token, error)
-              JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
-             WHERE m.deliveries = t.token AND m.leased IS TRUE AND p_count_attempt
-               AND m.attempts >= q.max_attempts
-             ORDER BY t.id
-               FOR UPDATE OF m) x;
     IF v_dead IS NOT NULL THEN
         PERFORM {schema}._dead_letter(q, v_dead, v_errs, v_now);
         INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
@@ -244,41 +250,40 @@ BEGIN
          GROUP BY d.id;
         RETURN QUERY SELECT d, 'dead'::text FROM unnest(v_dead) d;
     END IF;
-    IF q.uses_channels THEN
-        -- The retried messages give their leases back (locked first, in id order). In a
-        -- strict-FIFO channel (max_concurrency = 1) a retried message keeps its place at the
-        -- head and its delay holds the whole channel, so later messages cannot overtake it.
-        SELECT array_agg(x.channel), array_agg(CASE WHEN x.fifo THEN v_now + coalesce(x.delay_ms, 0) END),
-               array_agg(x.id) FILTER (WHERE x.fifo)
-          INTO v_channels, v_blocked, v_fifo
-          FROM (SELECT m.id, m.channel, t.delay_ms, c.max_concurrency = 1 AS fifo
-                  FROM unnest(p_ids, p_tokens, p_delays_ms) AS t(id, token, delay_ms)
-                  JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
-                  LEFT JOIN {schema}.channel c ON c.queue_id = q.id AND c.name = m.channel
-                 WHERE m.deliveries = t.token AND m.leased IS TRUE AND m.channel IS NOT NULL
-                 ORDER BY m.id
-                   FOR UPDATE OF m) x;
+    IF v_channels IS NOT NULL THEN
+        -- The retried messages give their leases back. In a strict-FIFO channel
+        -- (max_concurrency = 1) a retried message keeps its place at the head and its delay
+        -- holds the whole channel, so later messages cannot overtake it.
+        SELECT array_agg(CASE WHEN f.fifo THEN v_now + coalesce(f.delay_ms, 0) END ORDER BY f.ord),
+               array_agg(f.tid) FILTER (WHERE f.fifo)
+          INTO v_blocked, v_fifo
+          FROM (SELECT r.ord, r.tid, r.delay_ms,
+                       coalesce((SELECT c.max_concurrency = 1 FROM {schema}.channel c
+                                  WHERE c.queue_id = q.id AND c.name = r.channel), false) AS fifo
+                  FROM unnest(v_channels, v_ctids, v_cdelays) WITH ORDINALITY AS r(channel, tid, delay_ms, ord)) f;
     END IF;
-    WITH u AS (
-    UPDATE {schema}.message m
-       SET dequeue_at = CASE WHEN m.id = ANY (v_fifo)
-                             THEN m.scheduled_at - m.priority * q.priority_step_ms
-                             ELSE {schema}._dequeue_at(v_now + coalesce(t.delay_ms, 0), m.priority, q.priority_step_ms, v_now)
-                        END,
-           leased = false,
-           attempts = CASE WHEN p_count_attempt THEN m.attempts ELSE m.attempts - 1 END,
-           last_error = coalesce(t.error, m.last_error),
-           state = coalesce(t.state, m.state)
-      FROM unnest(p_ids, p_tokens, p_delays_ms, p_errors, p_states)
-           AS t(id, token, delay_ms, error, state)
-     WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
-    RETURNING m.id
-    ), st AS (
-        INSERT INTO {schema}.queue_stat (queue_id, minute, nacked)
-        SELECT q.id, v_now / 60000, count(*) FROM u HAVING count(*) > 0 AND p_count_attempt
-    )
-    SELECT array_agg(u.id) INTO v_retry FROM u;
-    RETURN QUERY SELECT r, 'retry'::text FROM unnest(v_retry) r;
+    IF v_tids IS NOT NULL THEN
+        WITH u AS (
+            UPDATE {schema}.message m
+               SET dequeue_at = CASE WHEN m.ctid = ANY (v_fifo)
+                                     THEN m.scheduled_at - m.priority * q.priority_step_ms
+                                     ELSE {schema}._dequeue_at(v_now + coalesce(t.delay_ms, 0), m.priority,
+                                                               q.priority_step_ms, v_now)
+                                END,
+                   leased = false,
+                   attempts = CASE WHEN p_count_attempt THEN m.attempts ELSE m.attempts - 1 END,
+                   last_error = coalesce(t.error, m.last_error),
+                   state = coalesce(t.state, m.state)
+              FROM unnest(v_tids, v_delays, v_rerrs, v_rstates) AS t(tid, delay_ms, error, state)
+             WHERE m.ctid = t.tid AND (m.queue_id = q.id) IS TRUE
+            RETURNING m.id
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, nacked)
+            SELECT q.id, v_now / 60000, count(*) FROM u HAVING count(*) > 0 AND p_count_attempt
+        )
+        SELECT array_agg(u.id) INTO v_retry FROM u;
+        RETURN QUERY SELECT r, 'retry'::text FROM unnest(v_retry) r;
+    END IF;
     IF v_channels IS NOT NULL THEN
         PERFORM {schema}._channel_apply(q, v_channels,
             array_fill(0::bigint, ARRAY[cardinality(v_channels)]),
@@ -314,20 +319,28 @@ CREATE OR REPLACE FUNCTION {schema}.extend(
     p_lease_ms bigint DEFAULT NULL,
     p_now      bigint DEFAULT NULL
 ) RETURNS TABLE (id bigint, lease_until bigint)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     q       {schema}.queue := {schema}._queue(p_queue);
     v_lease bigint := coalesce(p_lease_ms, q.lease_ms);
+    v_tids  tid[];
 BEGIN
     PERFORM {schema}._check_positive(p_lease_ms, 'lease_ms');
     IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_tokens) THEN
         PERFORM {schema}._invalid('ids and tokens must have the same length');
     END IF;
+    -- Lock the matching rows in id order (see the header: by key, then by ctid).
+    v_tids := ARRAY(
+        SELECT k.tid
+          FROM (SELECT t.id, t.token FROM unnest(p_ids, p_tokens) AS t(id, token) ORDER BY t.id) t
+         CROSS JOIN LATERAL (SELECT m.ctid AS tid FROM {schema}.message m
+                              WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token
+                                AND m.leased IS TRUE
+                                FOR UPDATE) k);
     RETURN QUERY
     UPDATE {schema}.message m
        SET dequeue_at = {schema}._now(p_now) + v_lease
-      FROM unnest(p_ids, p_tokens) AS t(id, token)
-     WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token AND m.leased IS TRUE
+     WHERE m.ctid = ANY (v_tids) AND (m.queue_id = q.id) IS TRUE
     RETURNING m.id, m.dequeue_at;
 END $$;
 
@@ -345,7 +358,7 @@ CREATE OR REPLACE FUNCTION {schema}.give_up(
     p_errors text[]  DEFAULT NULL,
     p_now    bigint  DEFAULT NULL
 ) RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
     v_now  bigint := {schema}._now(p_now);
@@ -361,11 +374,12 @@ BEGIN
            array_agg(x.token ORDER BY x.id)
       INTO v_ids, v_errs, v_toks
       FROM (SELECT t.id, t.error, t.token
-              FROM unnest(p_ids, p_tokens, p_errors) AS t(id, token, error)
-              JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id
-             WHERE m.deliveries = t.token AND m.leased IS TRUE
-             ORDER BY t.id
-               FOR UPDATE OF m) x;
+              FROM (SELECT t.* FROM unnest(p_ids, p_tokens, p_errors) AS t(id, token, error)
+                     ORDER BY t.id) t
+             CROSS JOIN LATERAL (SELECT FROM {schema}.message m
+                                  WHERE m.queue_id = q.id AND m.id = t.id
+                                    AND m.deliveries = t.token AND m.leased IS TRUE
+                                    FOR UPDATE) k) x;
     IF v_ids IS NOT NULL THEN
         PERFORM {schema}._dead_letter(q, v_ids, v_errs, v_now);
         INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
