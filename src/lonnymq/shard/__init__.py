@@ -8,9 +8,23 @@ router as to any LonnyMQ database; a call runs in the shard's own transaction, n
     from lonnymq import shard
     shard.init(router_dsn, [shard0_dsn, shard1_dsn])
     print(shard.status(router_dsn))
+    shard.move(router_dsn, "orders", 1)   # the queue, with its messages, to shard 1
 """
 
 from .admin import RouterStatus, ShardStatus, init, shard_dsns, status
 from .catalog import ROUTER_MARKER, NoRoute
+from .move import MoveBlocked, MoveError, MoveResult, move
 
-__all__ = ["ROUTER_MARKER", "NoRoute", "RouterStatus", "ShardStatus", "init", "shard_dsns", "status"]
+__all__ = [
+    "ROUTER_MARKER",
+    "MoveBlocked",
+    "MoveError",
+    "MoveResult",
+    "NoRoute",
+    "RouterStatus",
+    "ShardStatus",
+    "init",
+    "move",
+    "shard_dsns",
+    "status",
+]

@@ -1,0 +1,536 @@
+"""Moving a queue, with everything it holds, from its shard to another (:func:`move`).
+
+The router fences the queue (see :data:`lonnymq.shard.catalog.ROUTE_STATEMENTS`): the mover
+holds the queue's route lock exclusively, so no call of the queue runs through the router while
+it is moved, and every call after it reads the new route. Under that fence:
+
+1. on the source, one transaction locks the queue's row and *deletes* its rows (messages,
+   channels, dead letters and archive, settles, counters, cron schedules, Spark logs) into
+   temporary tables: what is copied is exactly what is removed;
+2. on the target, one transaction creates the queue (a new local id) and inserts the rows with
+   the same message ids, fencing tokens, attempts, leases and keys, and moves the target's id
+   sequence past the moved ids; it commits;
+3. the router records the route (``shard_route``) and commits;
+4. the source transaction commits, and the fence is released.
+
+A crash leaves one whole copy where the router sends the queue's calls: before 3 the source's
+(its transaction rolls back; a target copy committed in 2 is unreachable, reported misplaced
+by :func:`status`), after 3 the target's (the source's rolls back and is reported misplaced).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from .. import errors
+from ..migrations import DEFAULT_SCHEMA, check_schema
+from . import admin
+
+__all__ = ["MoveBlocked", "MoveError", "MoveResult", "move"]
+
+#: Message ids skipped on the target beyond the largest id moved in (see _advance_ids).
+ID_MARGIN = 1_000_000
+
+
+class MoveError(errors.LonnyMQError):
+    """A move that could not be made or finished; the message says what state it left."""
+
+
+class MoveBlocked(MoveError):
+    """A move gave up: a lock it needs (the queue's route on the router, its rows on a shard)
+    stayed held by another transaction through every attempt. Nothing was moved."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoveResult:
+    """What :func:`move` did. ``queues``: the queue and the queues tied to it by dead-letter
+    links, moved together; ``rows``: rows moved per table; ``pause_ms``: how long the queues'
+    calls were held (from asking for the fence to releasing it) in the attempt that moved;
+    ``attempts``: attempts made (the others gave up at a lock after ``lock_timeout``)."""
+
+    queues: list[str]
+    source: int
+    target: int
+    rows: dict[str, int]
+    pause_ms: float
+    attempts: int
+
+
+# Tables holding a queue's rows, with the column that names the queue: its id or its name.
+_BY_ID: tuple[LiteralString, ...] = ("message", "channel", "archive", "settled", "sent_count", "queue_stat")
+_BY_NAME: tuple[LiteralString, ...] = ("cron", "spark_sink_commit", "spark_stream")
+
+
+def _group(conn: psycopg.Connection[Any], s: sql.Identifier, queue: str) -> list[str]:
+    """``queue`` and every queue tied to it by dead-letter links (either way, transitively):
+    they must stay on one shard, so they move together."""
+    rows = conn.execute(
+        sql.SQL(
+            "WITH RECURSIVE g(id) AS ("
+            "  SELECT id FROM {s}.queue WHERE name = %s"
+            "  UNION"
+            "  SELECT q.id FROM g JOIN {s}.queue p ON p.id = g.id"
+            "    JOIN {s}.queue q ON q.dead_letter_queue_id = p.id OR q.id = p.dead_letter_queue_id)"
+            " SELECT q.name FROM {s}.queue q WHERE q.id IN (SELECT id FROM g) ORDER BY q.name"
+        ).format(s=s),
+        (queue,),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _columns(conn: psycopg.Connection[Any], schema: str, table: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_attribute a"
+        " WHERE a.attrelid = format('%%I.%%I', %s::text, %s::text)::regclass"
+        "   AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''"
+        " ORDER BY a.attnum",
+        (schema, table),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _version(conn: psycopg.Connection[Any], s: sql.Identifier) -> int:
+    row = conn.execute(sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migration").format(s)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _target_index(dsns: Sequence[str], shard: int | str) -> int:
+    if isinstance(shard, int) or (isinstance(shard, str) and shard.isdigit()):
+        i = int(shard)
+        if not 0 <= i < len(dsns):
+            raise errors.InvalidArgument(
+                f"no shard {i}: the router has shards 0..{len(dsns) - 1} (lonnymq shard status)"
+            )
+        return i
+    try:
+        want = conninfo_to_dict(shard)
+    except psycopg.ProgrammingError:
+        raise errors.InvalidArgument(f"shard {shard!r}: neither a shard index nor a DSN") from None
+    keys = ("host", "hostaddr", "port", "dbname")
+    for i, dsn in enumerate(dsns):
+        have = conninfo_to_dict(dsn)
+        if all(str(want.get(k) or "") == str(have.get(k) or "") for k in keys):
+            return i
+    raise errors.InvalidArgument(
+        f"{admin.where(shard)} is not a shard of this router (lonnymq shard status lists them)"
+    )
+
+
+def move(
+    router_dsn: str,
+    queue: str,
+    shard: int | str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    archive: bool = False,
+    lock_timeout: float = 1.0,
+    attempts: int = 5,
+    retry_delay: float = 0.5,
+) -> MoveResult:
+    """Move ``queue`` from its shard to ``shard`` (an index of the router's shard map or a
+    shard's DSN), with its live messages (ready, scheduled, leased with their lease, attempts
+    and fencing token, keyed versions), its channels, dead letters, settle memory, counters,
+    cron schedules and Spark logs; its archive of acked and cancelled messages too when
+    ``archive``, else that archive is dropped. Queues tied to it by dead-letter links move with
+    it (they must share a shard).
+
+    Exactly once, while producers and consumers keep calling through the router: the queue's
+    calls wait for the move (the pause, typically milliseconds: ``MoveResult.pause_ms``), then
+    run on the target; a message keeps its id and token, so a consumer holding a lease from the
+    source acks, nacks or extends it after the move. Connections straight to the source shard
+    are not fenced: use the router for the queue while it moves (a write to the queue that
+    reaches the source directly during the move aborts it).
+
+    Every lock is asked for with ``lock_timeout`` seconds (never waiting behind a long
+    transaction for longer: the queue's calls wait at most that long per attempt); after
+    ``attempts`` attempts, ``retry_delay`` seconds apart, raises :class:`MoveBlocked`. Raises
+    QueueNotFound (no such queue on the shard the router sends it to), InvalidArgument (unknown
+    shard, already there, shards at other schema versions, the queue's name taken on the
+    target), ShardUnavailable, and :class:`MoveError` when it could not finish cleanly (the
+    message says what to do)."""
+    check_schema(schema)
+    if attempts < 1 or lock_timeout <= 0:
+        raise errors.InvalidArgument("attempts must be >= 1 and lock_timeout > 0")
+    dsns = admin.shard_dsns(router_dsn, schema=schema)
+    target = _target_index(dsns, shard)
+    s = sql.Identifier(schema)
+    mask = len(dsns) - 1
+    timeout_ms = max(1, int(lock_timeout * 1000))
+    with admin._connect(router_dsn, "router", autocommit=True) as router:
+        overrides = admin.routes(router, schema)
+        row = router.execute("SELECT hashtext(%s) & %s", (queue, mask)).fetchone()
+        assert row is not None
+        source = overrides.get(queue, int(row[0]))
+        with (
+            admin._connect(dsns[source], f"shard {source}") as src,
+            admin._connect(dsns[target], f"shard {target}") as dst,
+        ):
+            group = _group(src, s, queue)
+            src.rollback()
+            if not group:
+                raise errors.QueueNotFound(
+                    f"queue {queue!r} does not exist (not on shard {source}, where the router sends its calls)"
+                )
+            if source == target:
+                raise errors.InvalidArgument(f"queue {queue!r} is already on shard {target}")
+            src_version, dst_version = _version(src, s), _version(dst, s)
+            src.rollback()
+            dst.rollback()
+            if src_version != dst_version:
+                raise errors.InvalidArgument(
+                    f"shard {source} is at schema version {src_version}, shard {target} at"
+                    f" {dst_version}: run `lonnymq shard init` first"
+                )
+            homes = dict(
+                router.execute(
+                    "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (mask, group)
+                ).fetchall()
+            )
+            elsewhere = sorted(q for q in group if overrides.get(q, homes[q]) != source)
+            if elsewhere:
+                raise MoveError(
+                    f"queue(s) {', '.join(elsewhere)} on shard {source} are routed elsewhere"
+                    " (misplaced): lonnymq shard status"
+                )
+            router.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
+            blocked = ""
+            for attempt in range(1, attempts + 1):
+                try:
+                    rows, pause = _attempt(
+                        router, src, dst, schema, group, source, target, archive, timeout_ms, mask
+                    )
+                except (pg_errors.LockNotAvailable, pg_errors.SerializationFailure) as e:
+                    blocked = " ".join(str(e).split())
+                    if attempt < attempts:
+                        time.sleep(retry_delay)
+                    continue
+                return MoveResult(group, source, target, rows, pause, attempt)
+    raise MoveBlocked(
+        f"moving queue {queue!r} gave up after {attempts} attempt(s): a lock stayed held longer than"
+        f" lock_timeout ({lock_timeout:g} s) ({blocked}); a long transaction holds the queue's"
+        " route on the router or its rows on the shard: end it, or retry later; nothing was moved"
+    )
+
+
+def _lock_route(router: psycopg.Connection[Any], schema: str, group: Sequence[str]) -> list[str]:
+    """Take the fence of each queue of ``group`` (session advisory locks, exclusive, in name
+    order); on a timeout release those taken and re-raise."""
+    held: list[str] = []
+    try:
+        for q in sorted(group):
+            router.execute("SELECT pg_advisory_lock(hashtext(%s || '/route'), hashtext(%s))", (schema, q))
+            held.append(q)
+    except psycopg.Error:
+        _unlock_route(router, schema, held)
+        raise
+    return held
+
+
+def _unlock_route(router: psycopg.Connection[Any], schema: str, held: Sequence[str]) -> None:
+    for q in held:
+        router.execute("SELECT pg_advisory_unlock(hashtext(%s || '/route'), hashtext(%s))", (schema, q))
+
+
+def _attempt(
+    router: psycopg.Connection[Any],
+    src: psycopg.Connection[Any],
+    dst: psycopg.Connection[Any],
+    schema: str,
+    group: list[str],
+    source: int,
+    target: int,
+    archive: bool,
+    timeout_ms: int,
+    mask: int,
+) -> tuple[dict[str, int], float]:
+    """One attempt of the move under the fence (see the module's docstring). Lock timeouts
+    propagate (the caller retries) with nothing changed."""
+    s = sql.Identifier(schema)
+    t0 = time.monotonic()
+    held = _lock_route(router, schema, group)
+    committed_target = False
+    try:
+        for conn in (src, dst):
+            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
+        ids = _capture(src, schema, group, archive)
+        rows = _insert(src, dst, schema, group, ids)
+        dst.commit()
+        committed_target = True
+        with router.transaction():
+            router.execute(
+                sql.SQL(
+                    "INSERT INTO {s}.shard_route (queue, shard) SELECT unnest(%s::text[]), %s"
+                    " ON CONFLICT (queue) DO UPDATE SET shard = excluded.shard, moved_at = now()"
+                ).format(s=s),
+                (group, target),
+            )
+            # Back where its hash says: no override needed.
+            router.execute(
+                sql.SQL(
+                    "DELETE FROM {s}.shard_route WHERE queue = ANY(%s) AND hashtext(queue) & %s = shard"
+                ).format(s=s),
+                (group, mask),
+            )
+        try:
+            src.commit()
+        except psycopg.Error as e:
+            raise MoveError(
+                f"queue(s) {', '.join(group)} now run on shard {target}, but deleting them on shard"
+                f" {source} failed ({' '.join(str(e).split())}): that copy is unreachable (misplaced in"
+                " lonnymq shard status); drop it there with queue_drop on that shard"
+            ) from e
+    except BaseException as e:
+        src.rollback()
+        dst.rollback()
+        if committed_target and not isinstance(e, MoveError):
+            _drop_copy(dst, schema, group, target, e)
+        raise
+    finally:
+        _unlock_route(router, schema, held)
+    return rows, (time.monotonic() - t0) * 1000
+
+
+def _drop_copy(
+    dst: psycopg.Connection[Any], schema: str, group: Sequence[str], target: int, cause: BaseException
+) -> None:
+    """Remove the copy committed on the target when the route could not be flipped."""
+    try:
+        with dst.transaction():
+            ids = [
+                r[0]
+                for r in dst.execute(
+                    sql.SQL("SELECT id FROM {}.queue WHERE name = ANY(%s)").format(sql.Identifier(schema)),
+                    (list(group),),
+                )
+            ]
+            _delete_rows(dst, schema, group, ids)
+    except psycopg.Error as e:
+        raise MoveError(
+            f"the route of {', '.join(group)} could not be changed ({cause}) and the copy on shard"
+            f" {target} could not be removed ({' '.join(str(e).split())}): the queue still runs on its"
+            f" old shard; drop the copy on shard {target} (misplaced in lonnymq shard status)"
+        ) from cause
+
+
+def _delete_rows(
+    conn: psycopg.Connection[Any], schema: str, names: Sequence[str], ids: Sequence[int]
+) -> None:
+    s = sql.Identifier(schema)
+    conn.execute(
+        sql.SQL(
+            "DELETE FROM {s}.spark_stream_batch b USING {s}.spark_stream t"
+            " WHERE b.stream_id = t.stream_id AND t.queue = ANY(%s)"
+        ).format(s=s),
+        (list(names),),
+    )
+    for t in _BY_NAME:
+        conn.execute(
+            sql.SQL("DELETE FROM {}.{} WHERE queue = ANY(%s)").format(s, sql.Identifier(t)), (list(names),)
+        )
+    for t in _BY_ID:
+        conn.execute(
+            sql.SQL("DELETE FROM {}.{} WHERE queue_id = ANY(%s)").format(s, sql.Identifier(t)), (list(ids),)
+        )
+    conn.execute(
+        sql.SQL("UPDATE {}.queue SET dead_letter_queue_id = NULL WHERE id = ANY(%s)").format(s), (list(ids),)
+    )
+    conn.execute(sql.SQL("DELETE FROM {}.queue WHERE id = ANY(%s)").format(s), (list(ids),))
+
+
+def _tmp(table: str) -> sql.Identifier:
+    return sql.Identifier(f"lonnymq_move_{table}")
+
+
+def _capture(src: psycopg.Connection[Any], schema: str, group: list[str], archive: bool) -> list[int]:
+    """On the source, in its open transaction: lock the queues' rows and delete everything they
+    hold into temporary tables (dropped at commit). Returns the queues' ids on the source."""
+    s = sql.Identifier(schema)
+    ids = [
+        int(r[0])
+        for r in src.execute(
+            sql.SQL("SELECT id FROM {}.queue WHERE name = ANY(%s) ORDER BY id FOR UPDATE").format(s), (group,)
+        )
+    ]
+    if len(ids) != len(group):
+        raise MoveError(f"queue(s) of {', '.join(group)} were dropped meanwhile: nothing was moved")
+
+    def take(table: LiteralString, where: sql.Composable, params: Sequence[Any]) -> None:
+        cols = sql.SQL(", ").join(sql.Identifier(c) for c in _columns(src, schema, table))
+        src.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE {tmp} ON COMMIT DROP AS SELECT {cols} FROM {s}.{t} WITH NO DATA"
+            ).format(tmp=_tmp(table), cols=cols, s=s, t=sql.Identifier(table))
+        )
+        src.execute(
+            sql.SQL(
+                "WITH d AS (DELETE FROM {s}.{t} WHERE {w} RETURNING {cols}) INSERT INTO {tmp} SELECT * FROM d"
+            ).format(s=s, t=sql.Identifier(table), w=where, cols=cols, tmp=_tmp(table)),
+            params,
+        )
+
+    src.execute(
+        sql.SQL(
+            "CREATE TEMP TABLE {tmp} ON COMMIT DROP AS SELECT * FROM {s}.queue WHERE id = ANY(%s)"
+        ).format(tmp=_tmp("queue"), s=s),
+        (ids,),
+    )
+    take(
+        "spark_stream_batch",
+        sql.SQL("stream_id IN (SELECT t.stream_id FROM {}.spark_stream t WHERE t.queue = ANY(%s))").format(s),
+        (group,),
+    )
+    for table in _BY_NAME:
+        take(table, sql.SQL("queue = ANY(%s)"), (group,))
+    for table in _BY_ID:
+        if table == "archive" and not archive:
+            take(table, sql.SQL("queue_id = ANY(%s) AND status = 'dead'"), (ids,))
+            src.execute(sql.SQL("DELETE FROM {}.archive WHERE queue_id = ANY(%s)").format(s), (ids,))
+        else:
+            take(table, sql.SQL("queue_id = ANY(%s)"), (ids,))
+    src.execute(
+        sql.SQL("UPDATE {}.queue SET dead_letter_queue_id = NULL WHERE id = ANY(%s)").format(s), (ids,)
+    )
+    src.execute(sql.SQL("DELETE FROM {}.queue WHERE id = ANY(%s)").format(s), (ids,))
+    # A write that reached the source without the router (not fenced) would be left behind.
+    late = src.execute(
+        sql.SQL("SELECT EXISTS (SELECT FROM {}.message WHERE queue_id = ANY(%s))").format(s), (ids,)
+    ).fetchone()
+    if late and late[0]:
+        raise MoveError(
+            f"a message was written to {', '.join(group)} on the source shard directly (not through the"
+            " router) during the move: nothing was moved; move while its clients use the router"
+        )
+    return ids
+
+
+def _insert(
+    src: psycopg.Connection[Any], dst: psycopg.Connection[Any], schema: str, group: list[str], ids: list[int]
+) -> dict[str, int]:
+    """On the target, in its open transaction: create the queues and insert the rows captured on
+    the source (streamed with binary COPY), mapping queue ids. Returns rows per table."""
+    s = sql.Identifier(schema)
+    for q in group:  # queue_create's lock on the name: serialises with a create or drop there
+        dst.execute("SELECT pg_advisory_xact_lock(hashtext(%s), hashtext(%s))", (schema, q))
+    taken = [
+        str(r[0])
+        for r in dst.execute(sql.SQL("SELECT name FROM {}.queue WHERE name = ANY(%s)").format(s), (group,))
+    ]
+    if taken:
+        raise errors.InvalidArgument(
+            f"queue(s) {', '.join(sorted(taken))} already exist on the target shard (a copy left by an"
+            " interrupted move, or another queue of that name: misplaced in lonnymq shard status):"
+            " drop it there first"
+        )
+    rows: dict[str, int] = {}
+    for table in ("queue", "spark_stream_batch", *_BY_NAME, *_BY_ID):
+        names = _columns(dst, schema, table)
+        if set(names) != set(_columns(src, schema, table)):
+            raise errors.InvalidArgument(
+                f"table {table} differs between the shards: run `lonnymq shard init`"
+            )
+        cols = sql.SQL(", ").join(sql.Identifier(c) for c in names)
+        dst.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE {tmp} ON COMMIT DROP AS SELECT {cols} FROM {s}.{t} WITH NO DATA"
+            ).format(tmp=_tmp(table), cols=cols, s=s, t=sql.Identifier(table))
+        )
+        with (
+            src.cursor().copy(
+                sql.SQL("COPY (SELECT {cols} FROM {tmp}) TO STDOUT (FORMAT BINARY)").format(
+                    cols=cols, tmp=_tmp(table)
+                )
+            ) as out,
+            dst.cursor().copy(
+                sql.SQL("COPY {tmp} ({cols}) FROM STDIN (FORMAT BINARY)").format(cols=cols, tmp=_tmp(table))
+            ) as into,
+        ):
+            for block in out:
+                into.write(block)
+        n = dst.execute(sql.SQL("SELECT count(*) FROM {}").format(_tmp(table))).fetchone()
+        rows[table] = int(n[0]) if n else 0
+
+    # The queues: new local ids (an unlogged queue numbers downwards, as queue_create does).
+    qcols = [c for c in _columns(dst, schema, "queue") if c not in ("id", "dead_letter_queue_id")]
+    qc = sql.SQL(", ").join(sql.Identifier(c) for c in qcols)
+    dst.execute(
+        sql.SQL(
+            "INSERT INTO {s}.queue (id, {qc}) OVERRIDING SYSTEM VALUE"
+            " SELECT CASE WHEN t.unlogged THEN nextval(format('%%I.queue_unlogged_id_seq', %s::text))"
+            "             ELSE nextval(pg_get_serial_sequence(format('%%I.queue', %s::text), 'id')) END,"
+            "        {tc}"
+            "   FROM {tmp} t ORDER BY t.id"
+        ).format(s=s, qc=qc, tc=sql.SQL(", ").join(sql.Identifier("t", c) for c in qcols), tmp=_tmp("queue")),
+        (schema, schema),
+    )
+    dst.execute(
+        sql.SQL(
+            "CREATE TEMP TABLE lonnymq_move_map ON COMMIT DROP AS"
+            " SELECT t.id AS old_id, q.id AS new_id FROM {tmp} t JOIN {s}.queue q ON q.name = t.name"
+        ).format(tmp=_tmp("queue"), s=s)
+    )
+    dst.execute(
+        sql.SQL(
+            "UPDATE {s}.queue q SET dead_letter_queue_id = d.new_id"
+            "  FROM {tmp} t JOIN lonnymq_move_map m ON m.old_id = t.id"
+            "  JOIN lonnymq_move_map d ON d.old_id = t.dead_letter_queue_id"
+            " WHERE q.id = m.new_id"
+        ).format(s=s, tmp=_tmp("queue"))
+    )
+    # Writers put new messages in the current generation, holding it (generations.sql).
+    row = dst.execute(sql.SQL("SELECT {}._gen_write()").format(s)).fetchone()
+    assert row is not None
+    gen = int(row[0])
+    for table in ("spark_stream", "spark_stream_batch", "cron", "spark_sink_commit", *_BY_ID):
+        names = _columns(dst, schema, table)
+        values: list[sql.Composable] = []
+        for c in names:
+            if c == "queue_id":
+                values.append(sql.SQL("m.new_id"))
+            elif table == "message" and c == "gen":
+                values.append(sql.Literal(gen))
+            elif table == "channel" and c == "turn":
+                values.append(sql.SQL("nextval(format('%%I.channel_turn_seq', %s::text))"))
+            else:
+                values.append(sql.Identifier("t", c))
+        by_id = "queue_id" in names
+        join = sql.SQL(" JOIN lonnymq_move_map m ON m.old_id = t.queue_id" if by_id else "")
+        order = sql.SQL(" ORDER BY t.turn" if table == "channel" else "")
+        dst.execute(
+            sql.SQL("INSERT INTO {s}.{t} ({cols}) SELECT {vals} FROM {tmp} t{join}{order}").format(
+                s=s,
+                t=sql.Identifier(table),
+                cols=sql.SQL(", ").join(sql.Identifier(c) for c in names),
+                vals=sql.SQL(", ").join(values),
+                tmp=_tmp(table),
+                join=join,
+                order=order,
+            ),
+            (schema,) if table == "channel" else None,
+        )
+    _advance_ids(dst, schema)
+    return rows
+
+
+def _advance_ids(dst: psycopg.Connection[Any], schema: str) -> None:
+    """Move the target's message id sequence past every moved id, so new messages of the moved
+    queue never take an id it holds. Never backwards: nextval first, and only when the moved ids
+    reach past it, setval beyond them by ID_MARGIN (a sequence cannot be compared-and-set; the
+    margin is more ids than other sends could draw between the two calls)."""
+    dst.execute(
+        sql.SQL(
+            "SELECT CASE WHEN x.nv > x.top THEN x.nv ELSE setval(x.seq, x.top + %s) END"
+            "  FROM (SELECT seq, nextval(seq) AS nv,"
+            "               greatest((SELECT max(greatest(id, superseded_by)) FROM {m}),"
+            "                        (SELECT max(id) FROM {a}), (SELECT max(id) FROM {st}), 0) AS top"
+            "          FROM (SELECT pg_get_serial_sequence(format('%%I.message', %s::text), 'id')::regclass AS seq) q) x"
+        ).format(m=_tmp("message"), a=_tmp("archive"), st=_tmp("settled")),
+        (ID_MARGIN, schema),
+    )

@@ -1,0 +1,303 @@
+"""``shard.move``: a queue with everything it holds moves to another shard exactly once, while
+producers and consumers keep calling through the router; refusals; a long transaction on the
+source makes the move give up after its lock_timeout instead of stalling the queue."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+from shard_helpers import home as hash_home
+
+from lonnymq import Client, Envelope, errors, shard
+from lonnymq.cli import main
+
+pytestmark = [pytest.mark.once, pytest.mark.slow]
+
+
+def where_is(router: str, queue: str) -> int:
+    """The shard that holds ``queue`` (status, which reads every shard)."""
+    [i] = [s.index for s in shard.status(router).shards if queue in s.queues]
+    return i
+
+
+def name_on(router: str, prefix: str, shard_index: int) -> str:
+    """A queue name that the hash puts on ``shard_index``."""
+    i = 0
+    while hash_home(router, f"{prefix}{i}") != shard_index:
+        i += 1
+    return f"{prefix}{i}"
+
+
+def rows_on(dsn: str, queue: str) -> int:
+    """Messages and archive rows of ``queue`` on one shard, read there directly."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM lonnymq.message m JOIN lonnymq.queue q ON q.id = m.queue_id"
+            "         WHERE q.name = %s)"
+            "     + (SELECT count(*) FROM lonnymq.archive a JOIN lonnymq.queue q ON q.id = a.queue_id"
+            "         WHERE q.name = %s)",
+            (queue, queue),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_move_keeps_every_kind_of_message(sharded) -> None:  # type: ignore[no-untyped-def]
+    r = sharded.dsn
+    home, other = 0, 1
+    q, dlq = name_on(r, "mv_all", home), name_on(r, "mv_dlq", home)  # linked queues share a shard
+    with Client(r) as c:
+        c.create_queue(dlq)
+        c.create_queue(q, dead_letter_queue=dlq, max_attempts=1)
+        c.create_queue("mv_arch", archive=True)
+        c.send_batch(q, [Envelope(f"ready{i}") for i in range(5)])
+        c.send(q, "later", delay=3600)
+        c.send(q, "keyed-v1", key="k1")
+        c.send(q, "keyed-v2", key="k1", on_conflict="replace")
+        c.send(q, "chan", channel="tenant-a")
+        leased = c.take(q, 2)
+        assert [m.payload for m in leased] == ["ready0", "ready1"]
+        acked = c.take(q)
+        c.ack(acked)  # acked before the move: must never come back
+        failed = c.take(q)
+        assert c.nack(failed) == {failed[0].id: "dead"}  # max_attempts=1: to mv_dlq
+        c.send("mv_arch", "x")
+        [a] = c.take("mv_arch")
+        c.ack(a)  # archived
+        before = c.metrics(q)
+        n_before = rows_on(sharded.shard_dsns[home], q) + rows_on(sharded.shard_dsns[home], dlq)
+
+        result = shard.move(r, q, other)
+        assert sorted(result.queues) == sorted([q, dlq])  # dead-letter links move together
+        assert (result.source, result.target) == (home, other)
+        assert result.rows["message"] == n_before and result.pause_ms > 0
+        assert where_is(r, q) == where_is(r, dlq) == other
+        assert rows_on(sharded.shard_dsns[home], q) == 0
+        assert {k: v for k, v in shard.status(r).overrides.items() if k in (q, dlq)} == {q: other, dlq: other}
+        assert shard.status(r).healthy  # nothing misplaced
+
+        after = c.metrics(q)
+        assert (after.ready, after.scheduled, after.leased) == (before.ready, before.scheduled, before.leased)
+        assert after.total_sent == before.total_sent
+        # Leases taken on the source are acked on the target: same id, same fencing token.
+        assert c.ack(leased) == {m.id for m in leased}
+        # The dead letter is in the dead-letter queue, on the target too.
+        assert [m.payload for m in c.take(dlq)] == [failed[0].payload]
+        # Keys still de-duplicate: a new send with the key replaces the moved version.
+        c.send(q, "keyed-v3", key="k1", on_conflict="replace")
+        rest = c.take(q, 100)
+        payloads = sorted(m.payload for m in rest)
+        assert payloads == sorted(["ready4", "keyed-v3", "chan"]), payloads  # ready2 acked, ready3 dead
+        assert acked[0].payload not in payloads  # not resurrected
+        c.ack(rest)
+        assert c.get(q, key="k1") is None
+        # New messages get ids above every moved one (the target's sequence moved past them).
+        new = c.send(q, "new")
+        assert new.id > max(m.id for m in leased + rest)
+        assert [m.payload for m in c.take(q)] == ["new"]
+
+        # The archive moves with --archive; the archive of a queue moved without it is dropped.
+        arch_home = where_is(r, "mv_arch")
+        moved = shard.move(r, "mv_arch", 1 - arch_home, archive=True)
+        assert moved.rows["archive"] == 1
+        assert [m.payload for m in c.archived("mv_arch")] == ["x"]
+        # And back home: the override goes (the hash says so again).
+        shard.move(r, "mv_arch", arch_home)
+        assert "mv_arch" not in shard.status(r).overrides
+        assert where_is(r, "mv_arch") == arch_home
+        assert [m.payload for m in c.archived("mv_arch")] == []
+
+
+def test_refusals(sharded, capsys) -> None:  # type: ignore[no-untyped-def]
+    r = sharded.dsn
+    with Client(r) as c:
+        c.create_queue("mv_ref", if_not_exists=True)
+    here = where_is(r, "mv_ref")
+    with pytest.raises(errors.QueueNotFound, match="mv_nosuch"):
+        shard.move(r, "mv_nosuch", 0)
+    with pytest.raises(errors.InvalidArgument, match="no shard 7"):
+        shard.move(r, "mv_ref", 7)
+    with pytest.raises(errors.InvalidArgument, match="already on shard"):
+        shard.move(r, "mv_ref", here)
+    with pytest.raises(errors.InvalidArgument, match="already on shard"):
+        shard.move(r, "mv_ref", sharded.shard_dsns[here])  # a shard named by its DSN
+    with pytest.raises(errors.InvalidArgument, match="not a shard of this router"):
+        shard.move(r, "mv_ref", "postgresql://postgres@127.0.0.1:1/test")
+    for argv, expected in [
+        (["mv_nosuch", "0"], "does not exist"),
+        (["mv_ref", str(here)], "already on shard"),
+        (["mv_ref", "9"], "no shard 9"),
+    ]:
+        assert main(["shard", "move", *argv, "--dsn", r]) == 1
+        err = capsys.readouterr().err.strip()
+        assert expected in err and "\n" not in err and "Traceback" not in err, err
+    # Through the CLI, and status shows the override.
+    assert main(["shard", "move", "mv_ref", str(1 - here), "--dsn", r]) == 0
+    assert f"to shard {1 - here}" in capsys.readouterr().out
+    assert main(["shard", "status", "--dsn", r]) == 0
+    assert "moved here (routed by override): " in capsys.readouterr().out
+
+
+class Traffic:
+    """A producer and a consumer of one queue through the router, in threads: the producer sends
+    numbered messages one by one, the consumer takes up to 10, holds them briefly (so leases
+    are in flight when the queue moves) and acks them. Records what committed and each call's
+    duration."""
+
+    def __init__(self, dsn: str, queue: str, first: int = 0) -> None:
+        self.dsn, self.queue, self.first = dsn, queue, first
+        self.stop = threading.Event()
+        self.sent: list[int] = []
+        self.delivered: list[tuple[int, float]] = []  # (n, monotonic time of the take)
+        self.acked: list[tuple[int, float]] = []
+        self.calls: list[tuple[float, float]] = []  # (start, seconds) of every call
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self.produce, self.consume)]
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def timed(self, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+        t0 = time.monotonic()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            self.calls.append((t0, time.monotonic() - t0))
+
+    def produce(self) -> None:
+        try:
+            with Client(self.dsn, pool_size=1) as c:
+                n = self.first
+                while not self.stop.is_set():
+                    self.timed(c.send, self.queue, {"n": n})
+                    self.sent.append(n)
+                    n += 1
+        except BaseException as e:
+            self.errors.append(e)
+
+    def consume(self) -> None:
+        try:
+            with Client(self.dsn, pool_size=1) as c:
+                while not self.stop.is_set():
+                    got = self.timed(c.take, self.queue, 10)
+                    now = time.monotonic()
+                    self.delivered.extend((m.payload["n"], now) for m in got)
+                    if not got:
+                        time.sleep(0.005)
+                        continue
+                    time.sleep(0.03)
+                    done = self.timed(c.ack, got)
+                    if done != {m.id for m in got}:
+                        raise AssertionError(f"ack refused for {sorted({m.id for m in got} - done)}")
+                    now = time.monotonic()
+                    self.acked.extend((m.payload["n"], now) for m in got)
+        except BaseException as e:
+            self.errors.append(e)
+
+    def stalls(self, start: float, end: float) -> float:
+        """The longest call that overlapped [start, end]."""
+        return max((d for t, d in self.calls if t <= end and t + d >= start), default=0.0)
+
+
+def drain(dsn: str, queue: str) -> list[int]:
+    got: list[int] = []
+    with Client(dsn) as c:
+        while batch := c.take(queue, 500):
+            got.extend(m.payload["n"] for m in batch)
+            c.ack(batch)
+    return got
+
+
+def test_move_under_load_loses_duplicates_and_resurrects_nothing(sharded) -> None:  # type: ignore[no-untyped-def]
+    r = sharded.dsn
+    q = name_on(r, "mv_load", 0)
+    with Client(r) as c:
+        c.create_queue(q)
+    moves: list[tuple[float, float, shard.MoveResult]] = []
+    with Traffic(r, q) as traffic:
+        time.sleep(0.4)
+        for target in (1, 0, 1):  # there, back, and there again
+            t0 = time.monotonic()
+            moves.append((t0, 0.0, shard.move(r, q, target)))
+            moves[-1] = (t0, time.monotonic(), moves[-1][2])
+            time.sleep(0.4)
+    assert not traffic.errors, traffic.errors[:3]
+    assert where_is(r, q) == 1
+    rest = drain(r, q)
+    delivered = [n for n, _ in traffic.delivered] + rest
+    sent = set(traffic.sent)
+    # Every message committed was delivered (0 lost), exactly once (0 duplicated); an ack
+    # before a move is never followed by a delivery after it (0 resurrected).
+    assert not sent - set(delivered), f"lost: {sorted(sent - set(delivered))[:10]}"
+    assert len(delivered) == len(set(delivered)), "a message was delivered twice"
+    assert set(delivered) <= sent
+    acked_at = dict(traffic.acked)
+    for start, _, _ in moves:
+        assert not [n for n, t in traffic.delivered if t > start and acked_at.get(n, t) < start]
+    # The moves happened under traffic: messages crossed each one, and calls went on after it.
+    assert len(sent) > 100 and sum(m.rows["message"] for _, _, m in moves) > 0
+    for _, end, _ in moves:
+        assert any(t > end for t, _ in traffic.calls)
+    # Not stalled: the longest call overlapping a move is bounded (generously) by the move.
+    assert max(traffic.stalls(s, e) for s, e, _ in moves) < 5.0
+
+
+def test_a_long_transaction_makes_the_move_give_up_not_stall_the_queue(sharded) -> None:  # type: ignore[no-untyped-def]
+    r = sharded.dsn
+    q = name_on(r, "mv_long", 0)
+    with Client(r) as c:
+        c.create_queue(q)
+        c.send_batch(q, [{"n": -i} for i in range(1, 4)])
+    lock_timeout = 0.3
+    sent, delivered = {-1, -2, -3}, []
+    # A transaction straight on the shard holding locks on the queue's rows (e.g. a report that
+    # forgot to commit), and one on the router holding a call on the queue (a call inside an
+    # explicit transaction holds the queue's route until it ends).
+    for run, (holder_dsn, statement) in enumerate(
+        [
+            (
+                sharded.shard_dsns[0],
+                "SELECT m.id FROM lonnymq.message m JOIN lonnymq.queue q ON q.id = m.queue_id"
+                " WHERE q.name = %s FOR UPDATE OF m",
+            ),
+            (r, "SELECT * FROM lonnymq.queue_metrics(%s)"),
+        ]
+    ):
+        with psycopg.connect(holder_dsn) as holder, Traffic(r, q, first=run * 1_000_000) as traffic:
+            holder.execute(statement, (q,))
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            with pytest.raises(shard.MoveBlocked, match="gave up after 3 attempt"):
+                shard.move(r, q, 1, lock_timeout=lock_timeout, attempts=3, retry_delay=0.2)
+            t1 = time.monotonic()
+            time.sleep(0.2)
+            holder.rollback()
+        assert not traffic.errors, traffic.errors[:3]
+        sent |= set(traffic.sent)
+        delivered += [n for n, _ in traffic.delivered]
+        assert t1 - t0 < 3 * (lock_timeout + 0.2) + 2.0
+        # The queue kept moving during the failed attempts: no call waited much beyond one
+        # lock_timeout (generous bound), and calls completed while the move was trying.
+        assert traffic.stalls(t0, t1) < lock_timeout + 1.0, traffic.stalls(t0, t1)
+        assert sum(1 for t, d in traffic.calls if t0 < t and t + d < t1) > 5
+        assert where_is(r, q) == 0  # nothing moved
+        with psycopg.connect(sharded.shard_dsns[1]) as conn:
+            assert not conn.execute("SELECT FROM lonnymq.queue WHERE name = %s", (q,)).fetchall()
+    # Once the transactions are gone, the move goes through with everything.
+    with Client(r) as c:
+        before = c.metrics(q)
+        shard.move(r, q, 1, lock_timeout=lock_timeout)
+        after = c.metrics(q)
+    assert (after.ready, after.leased, after.total_sent) == (before.ready, before.leased, before.total_sent)
+    delivered += drain(r, q)
+    assert sorted(delivered) == sorted(sent)  # each exactly once
