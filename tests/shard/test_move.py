@@ -301,3 +301,21 @@ def test_a_long_transaction_makes_the_move_give_up_not_stall_the_queue(sharded) 
     assert (after.ready, after.leased, after.total_sent) == (before.ready, before.leased, before.total_sent)
     delivered += drain(r, q)
     assert sorted(delivered) == sorted(sent)  # each exactly once
+
+
+def test_an_unlogged_queue_with_channels_moves(sharded) -> None:  # type: ignore[no-untyped-def]
+    r = sharded.dsn
+    q = name_on(r, "mv_unlogged", 0)
+    with Client(r) as c:
+        c.create_queue(q, unlogged=True, channel_max_concurrency=1)
+        c.send_batch(q, [Envelope(i, channel=f"t{i % 2}") for i in range(6)])
+        first = c.take(q, 10)  # one per channel: strict FIFO per channel
+        assert sorted(m.payload for m in first) == [0, 1]
+        shard.move(r, q, 1)
+        # The channels kept their leases: nothing more is deliverable until the acks.
+        assert c.take(q, 10) == []
+        c.ack(first)
+        assert sorted(m.payload for m in c.take(q, 10)) == [2, 3]
+    with psycopg.connect(sharded.shard_dsns[1]) as conn:
+        row = conn.execute("SELECT id, unlogged FROM lonnymq.queue WHERE name = %s", (q,)).fetchone()
+    assert row is not None and row[0] < 0 and row[1]  # an unlogged queue's id, as queue_create gives

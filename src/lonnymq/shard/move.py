@@ -4,10 +4,11 @@ The router fences the queue (see :data:`lonnymq.shard.catalog.ROUTE_STATEMENTS`)
 holds the queue's route lock exclusively, so no call of the queue runs through the router while
 it is moved, and every call after it reads the new route. Under that fence:
 
-1. on the source, one transaction locks the queue's row and *deletes* its rows (messages,
-   channels, dead letters and archive, settles, counters, cron schedules, Spark logs) into
-   temporary tables: what is copied is exactly what is removed;
-2. on the target, one transaction creates the queue (a new local id) and inserts the rows with
+1. on the source, one transaction locks the queue's row, and each table's rows of the queue
+   (messages, channels, dead letters and archive, settles, counters, cron schedules, Spark
+   logs) are streamed by ``COPY (DELETE ... RETURNING ...)`` into the target's table (binary
+   COPY): what is inserted is exactly what is deleted;
+2. on the target, one transaction creates the queue (a new local id) and receives the rows with
    the same message ids, fencing tokens, attempts, leases and keys, and moves the target's id
    sequence past the moved ids; it commits;
 3. the router records the route (``shard_route``) and commits;
@@ -29,6 +30,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.types.json import Jsonb
 
 from .. import errors
 from ..migrations import DEFAULT_SCHEMA, check_schema
@@ -36,7 +38,7 @@ from . import admin
 
 __all__ = ["MoveBlocked", "MoveError", "MoveResult", "move"]
 
-#: Message ids skipped on the target beyond the largest id moved in (see _advance_ids).
+#: Message ids (channel turns) skipped on the target beyond the largest moved in (see _advance).
 ID_MARGIN = 1_000_000
 
 
@@ -95,6 +97,35 @@ def _columns(conn: psycopg.Connection[Any], schema: str, table: str) -> list[str
         (schema, table),
     ).fetchall()
     return [str(r[0]) for r in rows]
+
+
+#: Every table a move copies, in the order it inserts them.
+_TABLES: tuple[LiteralString, ...] = (
+    "queue",
+    "spark_stream",
+    "spark_stream_batch",
+    "cron",
+    "spark_sink_commit",
+    *_BY_ID,
+)
+
+Columns = dict[str, list[str]]
+
+
+def _plan(src: psycopg.Connection[Any], dst: psycopg.Connection[Any], schema: str) -> Columns:
+    """The columns of each moved table (the target's order), read before the fence; the
+    shards must agree on them."""
+    plan: Columns = {}
+    for table in _TABLES:
+        names = _columns(dst, schema, table)
+        if set(names) != set(_columns(src, schema, table)):
+            raise errors.InvalidArgument(
+                f"table {table} differs between the shards: run `lonnymq shard init`"
+            )
+        plan[table] = names
+    src.rollback()
+    dst.rollback()
+    return plan
 
 
 def _version(conn: psycopg.Connection[Any], s: sql.Identifier) -> int:
@@ -200,18 +231,24 @@ def move(
                     f"queue(s) {', '.join(elsewhere)} on shard {source} are routed elsewhere"
                     " (misplaced): lonnymq shard status"
                 )
+            plan = _plan(src, dst, schema)
             router.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
             blocked = ""
             for attempt in range(1, attempts + 1):
                 try:
                     rows, pause = _attempt(
-                        router, src, dst, schema, group, source, target, archive, timeout_ms, mask
+                        router, src, dst, schema, plan, group, source, target, archive, timeout_ms, mask
                     )
                 except (pg_errors.LockNotAvailable, pg_errors.SerializationFailure) as e:
                     blocked = " ".join(str(e).split())
                     if attempt < attempts:
                         time.sleep(retry_delay)
                     continue
+                except pg_errors.ForeignKeyViolation as e:
+                    raise MoveError(
+                        f"a queue naming one of {', '.join(group)} as its dead-letter queue was created"
+                        " during the move: nothing was moved; run the move again (it moves them together)"
+                    ) from e
                 return MoveResult(group, source, target, rows, pause, attempt)
     raise MoveBlocked(
         f"moving queue {queue!r} gave up after {attempts} attempt(s): a lock stayed held longer than"
@@ -244,6 +281,7 @@ def _attempt(
     src: psycopg.Connection[Any],
     dst: psycopg.Connection[Any],
     schema: str,
+    plan: Columns,
     group: list[str],
     source: int,
     target: int,
@@ -260,8 +298,7 @@ def _attempt(
     try:
         for conn in (src, dst):
             conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
-        ids = _capture(src, schema, group, archive)
-        rows = _insert(src, dst, schema, group, ids)
+        rows = _copy(src, dst, schema, plan, group, archive)
         dst.commit()
         committed_target = True
         with router.transaction():
@@ -345,78 +382,32 @@ def _delete_rows(
     conn.execute(sql.SQL("DELETE FROM {}.queue WHERE id = ANY(%s)").format(s), (list(ids),))
 
 
-def _tmp(table: str) -> sql.Identifier:
-    return sql.Identifier(f"lonnymq_move_{table}")
-
-
-def _capture(src: psycopg.Connection[Any], schema: str, group: list[str], archive: bool) -> list[int]:
-    """On the source, in its open transaction: lock the queues' rows and delete everything they
-    hold into temporary tables (dropped at commit). Returns the queues' ids on the source."""
+def _copy(
+    src: psycopg.Connection[Any],
+    dst: psycopg.Connection[Any],
+    schema: str,
+    plan: Columns,
+    group: list[str],
+    archive: bool,
+) -> dict[str, int]:
+    """In the open transactions of both shards: lock the queues on the source, create them on
+    the target, then stream each table's rows with ``COPY (DELETE ... RETURNING ...)`` from the
+    source into the target's table (binary COPY; queue ids mapped, messages put in the target's
+    current generation): what is inserted is exactly what is deleted. Returns rows per table."""
     s = sql.Identifier(schema)
-    ids = [
-        int(r[0])
+    queues = [
+        r[0]
         for r in src.execute(
-            sql.SQL("SELECT id FROM {}.queue WHERE name = ANY(%s) ORDER BY id FOR UPDATE").format(s), (group,)
+            sql.SQL(
+                "SELECT to_jsonb(q) FROM {}.queue q WHERE q.name = ANY(%s) ORDER BY q.id FOR UPDATE"
+            ).format(s),
+            (group,),
         )
     ]
-    if len(ids) != len(group):
+    if len(queues) != len(group):
         raise MoveError(f"queue(s) of {', '.join(group)} were dropped meanwhile: nothing was moved")
+    old_ids = [int(q["id"]) for q in queues]
 
-    def take(table: LiteralString, where: sql.Composable, params: Sequence[Any]) -> None:
-        cols = sql.SQL(", ").join(sql.Identifier(c) for c in _columns(src, schema, table))
-        src.execute(
-            sql.SQL(
-                "CREATE TEMP TABLE {tmp} ON COMMIT DROP AS SELECT {cols} FROM {s}.{t} WITH NO DATA"
-            ).format(tmp=_tmp(table), cols=cols, s=s, t=sql.Identifier(table))
-        )
-        src.execute(
-            sql.SQL(
-                "WITH d AS (DELETE FROM {s}.{t} WHERE {w} RETURNING {cols}) INSERT INTO {tmp} SELECT * FROM d"
-            ).format(s=s, t=sql.Identifier(table), w=where, cols=cols, tmp=_tmp(table)),
-            params,
-        )
-
-    src.execute(
-        sql.SQL(
-            "CREATE TEMP TABLE {tmp} ON COMMIT DROP AS SELECT * FROM {s}.queue WHERE id = ANY(%s)"
-        ).format(tmp=_tmp("queue"), s=s),
-        (ids,),
-    )
-    take(
-        "spark_stream_batch",
-        sql.SQL("stream_id IN (SELECT t.stream_id FROM {}.spark_stream t WHERE t.queue = ANY(%s))").format(s),
-        (group,),
-    )
-    for table in _BY_NAME:
-        take(table, sql.SQL("queue = ANY(%s)"), (group,))
-    for table in _BY_ID:
-        if table == "archive" and not archive:
-            take(table, sql.SQL("queue_id = ANY(%s) AND status = 'dead'"), (ids,))
-            src.execute(sql.SQL("DELETE FROM {}.archive WHERE queue_id = ANY(%s)").format(s), (ids,))
-        else:
-            take(table, sql.SQL("queue_id = ANY(%s)"), (ids,))
-    src.execute(
-        sql.SQL("UPDATE {}.queue SET dead_letter_queue_id = NULL WHERE id = ANY(%s)").format(s), (ids,)
-    )
-    src.execute(sql.SQL("DELETE FROM {}.queue WHERE id = ANY(%s)").format(s), (ids,))
-    # A write that reached the source without the router (not fenced) would be left behind.
-    late = src.execute(
-        sql.SQL("SELECT EXISTS (SELECT FROM {}.message WHERE queue_id = ANY(%s))").format(s), (ids,)
-    ).fetchone()
-    if late and late[0]:
-        raise MoveError(
-            f"a message was written to {', '.join(group)} on the source shard directly (not through the"
-            " router) during the move: nothing was moved; move while its clients use the router"
-        )
-    return ids
-
-
-def _insert(
-    src: psycopg.Connection[Any], dst: psycopg.Connection[Any], schema: str, group: list[str], ids: list[int]
-) -> dict[str, int]:
-    """On the target, in its open transaction: create the queues and insert the rows captured on
-    the source (streamed with binary COPY), mapping queue ids. Returns rows per table."""
-    s = sql.Identifier(schema)
     for q in group:  # queue_create's lock on the name: serialises with a create or drop there
         dst.execute("SELECT pg_advisory_xact_lock(hashtext(%s), hashtext(%s))", (schema, q))
     taken = [
@@ -429,108 +420,146 @@ def _insert(
             " interrupted move, or another queue of that name: misplaced in lonnymq shard status):"
             " drop it there first"
         )
-    rows: dict[str, int] = {}
-    for table in ("queue", "spark_stream_batch", *_BY_NAME, *_BY_ID):
-        names = _columns(dst, schema, table)
-        if set(names) != set(_columns(src, schema, table)):
-            raise errors.InvalidArgument(
-                f"table {table} differs between the shards: run `lonnymq shard init`"
-            )
-        cols = sql.SQL(", ").join(sql.Identifier(c) for c in names)
+    # The queues: new local ids (an unlogged queue numbers downwards, as queue_create does), the
+    # dead-letter links mapped to them.
+    qcols = [c for c in plan["queue"] if c not in ("id", "dead_letter_queue_id")]
+    new = dict(
         dst.execute(
             sql.SQL(
-                "CREATE TEMP TABLE {tmp} ON COMMIT DROP AS SELECT {cols} FROM {s}.{t} WITH NO DATA"
-            ).format(tmp=_tmp(table), cols=cols, s=s, t=sql.Identifier(table))
-        )
-        with (
-            src.cursor().copy(
-                sql.SQL("COPY (SELECT {cols} FROM {tmp}) TO STDOUT (FORMAT BINARY)").format(
-                    cols=cols, tmp=_tmp(table)
-                )
-            ) as out,
-            dst.cursor().copy(
-                sql.SQL("COPY {tmp} ({cols}) FROM STDIN (FORMAT BINARY)").format(cols=cols, tmp=_tmp(table))
-            ) as into,
-        ):
-            for block in out:
-                into.write(block)
-        n = dst.execute(sql.SQL("SELECT count(*) FROM {}").format(_tmp(table))).fetchone()
-        rows[table] = int(n[0]) if n else 0
-
-    # The queues: new local ids (an unlogged queue numbers downwards, as queue_create does).
-    qcols = [c for c in _columns(dst, schema, "queue") if c not in ("id", "dead_letter_queue_id")]
-    qc = sql.SQL(", ").join(sql.Identifier(c) for c in qcols)
-    dst.execute(
-        sql.SQL(
-            "INSERT INTO {s}.queue (id, {qc}) OVERRIDING SYSTEM VALUE"
-            " SELECT CASE WHEN t.unlogged THEN nextval(format('%%I.queue_unlogged_id_seq', %s::text))"
-            "             ELSE nextval(pg_get_serial_sequence(format('%%I.queue', %s::text), 'id')) END,"
-            "        {tc}"
-            "   FROM {tmp} t ORDER BY t.id"
-        ).format(s=s, qc=qc, tc=sql.SQL(", ").join(sql.Identifier("t", c) for c in qcols), tmp=_tmp("queue")),
-        (schema, schema),
+                "INSERT INTO {s}.queue (id, {qc}) OVERRIDING SYSTEM VALUE"
+                " SELECT CASE WHEN r.unlogged THEN nextval(format('%%I.queue_unlogged_id_seq', %s::text))"
+                "             ELSE nextval(pg_get_serial_sequence(format('%%I.queue', %s::text), 'id')) END,"
+                "        {rc}"
+                "   FROM jsonb_populate_recordset(NULL::{s}.queue, %s) r ORDER BY r.id"
+                " RETURNING name, id"
+            ).format(s=s, qc=_cols(qcols), rc=sql.SQL(", ").join(sql.Identifier("r", c) for c in qcols)),
+            (schema, schema, Jsonb(queues)),
+        ).fetchall()
     )
-    dst.execute(
-        sql.SQL(
-            "CREATE TEMP TABLE lonnymq_move_map ON COMMIT DROP AS"
-            " SELECT t.id AS old_id, q.id AS new_id FROM {tmp} t JOIN {s}.queue q ON q.name = t.name"
-        ).format(tmp=_tmp("queue"), s=s)
-    )
-    dst.execute(
-        sql.SQL(
-            "UPDATE {s}.queue q SET dead_letter_queue_id = d.new_id"
-            "  FROM {tmp} t JOIN lonnymq_move_map m ON m.old_id = t.id"
-            "  JOIN lonnymq_move_map d ON d.old_id = t.dead_letter_queue_id"
-            " WHERE q.id = m.new_id"
-        ).format(s=s, tmp=_tmp("queue"))
-    )
+    new_ids = [int(new[q["name"]]) for q in queues]
+    by_old = dict(zip(old_ids, new_ids, strict=True))
+    for q in queues:
+        if q["dead_letter_queue_id"] is not None:
+            dst.execute(
+                sql.SQL("UPDATE {}.queue SET dead_letter_queue_id = %s WHERE id = %s").format(s),
+                (by_old[int(q["dead_letter_queue_id"])], by_old[int(q["id"])]),
+            )
     # Writers put new messages in the current generation, holding it (generations.sql).
     row = dst.execute(sql.SQL("SELECT {}._gen_write()").format(s)).fetchone()
     assert row is not None
     gen = int(row[0])
-    for table in ("spark_stream", "spark_stream_batch", "cron", "spark_sink_commit", *_BY_ID):
-        names = _columns(dst, schema, table)
-        values: list[sql.Composable] = []
+
+    def stream(
+        table: LiteralString, rows_of: sql.Composable, params: Sequence[Any], delete: bool = True
+    ) -> int:
+        names = plan[table]
+        exprs: list[sql.Composable] = []
         for c in names:
             if c == "queue_id":
-                values.append(sql.SQL("m.new_id"))
+                exprs.append(sql.SQL("(%s::integer[])[array_position(%s::integer[], queue_id)]"))
             elif table == "message" and c == "gen":
-                values.append(sql.Literal(gen))
-            elif table == "channel" and c == "turn":
-                values.append(sql.SQL("nextval(format('%%I.channel_turn_seq', %s::text))"))
+                exprs.append(sql.SQL("%s::bigint"))
             else:
-                values.append(sql.Identifier("t", c))
-        by_id = "queue_id" in names
-        join = sql.SQL(" JOIN lonnymq_move_map m ON m.old_id = t.queue_id" if by_id else "")
-        order = sql.SQL(" ORDER BY t.turn" if table == "channel" else "")
-        dst.execute(
-            sql.SQL("INSERT INTO {s}.{t} ({cols}) SELECT {vals} FROM {tmp} t{join}{order}").format(
-                s=s,
-                t=sql.Identifier(table),
-                cols=sql.SQL(", ").join(sql.Identifier(c) for c in names),
-                vals=sql.SQL(", ").join(values),
-                tmp=_tmp(table),
-                join=join,
-                order=order,
-            ),
-            (schema,) if table == "channel" else None,
+                exprs.append(sql.Identifier(c))
+        args: list[Any] = []
+        for c in names:
+            if c == "queue_id":
+                args += [new_ids, old_ids]
+            elif table == "message" and c == "gen":
+                args.append(gen)
+        query = (
+            sql.SQL("DELETE FROM {s}.{t} WHERE {w} RETURNING {e}")
+            if delete
+            else sql.SQL("SELECT {e} FROM {s}.{t} WHERE {w} FOR UPDATE")
+        ).format(s=s, t=sql.Identifier(table), w=rows_of, e=sql.SQL(", ").join(exprs))
+        into = dst.cursor()
+        with (
+            src.cursor().copy(
+                sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query),
+                # In the order of the text: DELETE's WHERE comes before its RETURNING.
+                [*params, *args] if delete else [*args, *params],
+            ) as out,
+            into.copy(
+                sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT BINARY)").format(
+                    s, sql.Identifier(table), _cols(names)
+                )
+            ) as cp,
+        ):
+            for block in out:
+                cp.write(block)
+        return into.rowcount
+
+    by_name = sql.SQL("queue = ANY(%s)")
+    by_id = sql.SQL("queue_id = ANY(%s)")
+    rows = {"queue": len(queues)}
+    # A stream's batches reference it: the stream first (read, locked), its batches, then it goes.
+    rows["spark_stream"] = stream("spark_stream", by_name, (group,), delete=False)
+    rows["spark_stream_batch"] = stream(
+        "spark_stream_batch",
+        sql.SQL("stream_id IN (SELECT t.stream_id FROM {}.spark_stream t WHERE t.queue = ANY(%s))").format(s),
+        (group,),
+    )
+    src.execute(sql.SQL("DELETE FROM {}.spark_stream WHERE queue = ANY(%s)").format(s), (group,))
+    for table in ("cron", "spark_sink_commit"):
+        rows[table] = stream(table, by_name, (group,))
+    for table in _BY_ID:
+        if table == "archive" and not archive:
+            rows[table] = stream(table, sql.SQL("queue_id = ANY(%s) AND status = 'dead'"), (old_ids,))
+        else:
+            rows[table] = stream(table, by_id, (old_ids,))
+    with src.pipeline():
+        src.execute(sql.SQL("DELETE FROM {}.archive WHERE queue_id = ANY(%s)").format(s), (old_ids,))
+        src.execute(
+            sql.SQL("UPDATE {}.queue SET dead_letter_queue_id = NULL WHERE id = ANY(%s)").format(s),
+            (old_ids,),
         )
-    _advance_ids(dst, schema)
+        src.execute(sql.SQL("DELETE FROM {}.queue WHERE id = ANY(%s)").format(s), (old_ids,))
+    # A write that reached the source without the router (not fenced) would be left behind.
+    late = src.execute(
+        sql.SQL("SELECT EXISTS (SELECT FROM {}.message WHERE queue_id = ANY(%s))").format(s), (old_ids,)
+    ).fetchone()
+    if late and late[0]:
+        raise MoveError(
+            f"a message was written to {', '.join(group)} on the source shard directly (not through the"
+            " router) during the move: nothing was moved; move while its clients use the router"
+        )
+    _advance(dst, schema, "message", "id", new_ids)
+    if rows["channel"]:
+        _advance(dst, schema, "channel", "turn", new_ids)
     return rows
 
 
-def _advance_ids(dst: psycopg.Connection[Any], schema: str) -> None:
-    """Move the target's message id sequence past every moved id, so new messages of the moved
-    queue never take an id it holds. Never backwards: nextval first, and only when the moved ids
-    reach past it, setval beyond them by ID_MARGIN (a sequence cannot be compared-and-set; the
-    margin is more ids than other sends could draw between the two calls)."""
+def _cols(names: Sequence[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(c) for c in names)
+
+
+def _advance(
+    dst: psycopg.Connection[Any], schema: str, table: LiteralString, column: LiteralString, ids: list[int]
+) -> None:
+    """Move the target's sequence of ``table.column`` (message ids, channel turns) past every
+    value moved in, so new rows of the moved queues never take one they hold. Never backwards:
+    nextval first, and only when the moved values reach past it, setval beyond them by
+    ID_MARGIN (a sequence cannot be compared-and-set; the margin is more values than other
+    writers could draw between the two calls)."""
+    s = sql.Identifier(schema)
+    if table == "message":
+        seq = sql.SQL("pg_get_serial_sequence(format('%%I.message', %s::text), 'id')::regclass")
+        top = sql.SQL(
+            "greatest((SELECT max(greatest(m.id, m.superseded_by)) FROM {s}.message m WHERE m.queue_id = ANY(%s)),"
+            " (SELECT max(a.id) FROM {s}.archive a WHERE a.queue_id = ANY(%s)),"
+            " (SELECT max(t.id) FROM {s}.settled t WHERE t.queue_id = ANY(%s)), 0)"
+        ).format(s=s)
+        top_params: list[Any] = [ids, ids, ids]
+    else:
+        seq = sql.SQL("format('%%I.channel_turn_seq', %s::text)::regclass")
+        top = sql.SQL(
+            "coalesce((SELECT max(c.turn) FROM {s}.channel c WHERE c.queue_id = ANY(%s)), 0)"
+        ).format(s=s)
+        top_params = [ids]
     dst.execute(
         sql.SQL(
             "SELECT CASE WHEN x.nv > x.top THEN x.nv ELSE setval(x.seq, x.top + %s) END"
-            "  FROM (SELECT seq, nextval(seq) AS nv,"
-            "               greatest((SELECT max(greatest(id, superseded_by)) FROM {m}),"
-            "                        (SELECT max(id) FROM {a}), (SELECT max(id) FROM {st}), 0) AS top"
-            "          FROM (SELECT pg_get_serial_sequence(format('%%I.message', %s::text), 'id')::regclass AS seq) q) x"
-        ).format(m=_tmp("message"), a=_tmp("archive"), st=_tmp("settled")),
-        (ID_MARGIN, schema),
+            "  FROM (SELECT q.seq, nextval(q.seq) AS nv, {top} AS top FROM (SELECT {seq} AS seq) q) x"
+        ).format(top=top, seq=seq),
+        [ID_MARGIN, *top_params, schema],
     )
