@@ -1,4 +1,4 @@
-"""``lonnymq shard init|status|move``: a PL/Proxy router over several LonnyMQ servers
+"""``lonnymq shard init|status|move|add``: a PL/Proxy router over several LonnyMQ servers
 (docs/sharding.md)."""
 
 from __future__ import annotations
@@ -58,6 +58,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     m.add_argument("--attempts", type=int, default=5, help="attempts before giving up (default 5)")
     m.set_defaults(func=move)
 
+    a = ss.add_parser(
+        "add",
+        help="double the shard count and move the queues whose hash moves, while in use",
+        description="Migrates the new shards (as many as the router has, empty), adds them to"
+        " the router's shard map (queues whose hash moves stay reachable where they are) and"
+        " moves those queues to their new shard one by one (as `shard move`). Run it again with"
+        " the same shards to retry queues that could not move. The router is --dsn / $LONNYMQ_DSN.",
+    )
+    common(a)
+    a.add_argument("shards", metavar="SHARD_DSN", nargs="+", help="the new shards' databases, in order")
+    a.add_argument(
+        "--lock-timeout", type=float, default=1.0, metavar="SECONDS", help="as for move (default 1)"
+    )
+    a.add_argument("--attempts", type=int, default=5, help="attempts per lock, as for move (default 5)")
+    a.set_defaults(func=add)
+
 
 def init(args: argparse.Namespace) -> int:
     result = shard.init(args.router, args.shards, schema=_util.schema(args))
@@ -93,6 +109,29 @@ def move(args: argparse.Namespace) -> int:
         f" (attempt {r.attempts})"
     )
     return 0
+
+
+def add(args: argparse.Namespace) -> int:
+    router = _util.resolve(args)
+    r = shard.add(
+        router,
+        args.shards,
+        schema=_util.schema(args),
+        lock_timeout=args.lock_timeout,
+        attempts=args.attempts,
+    )
+    if args.json:
+        _util.print_json(r)
+        return 0 if not r.failed else 1
+    print(f"router {shard.admin.where(router)}: {r.before} -> {r.after} shards")
+    for m in r.moved:
+        print(
+            f"  moved {', '.join(m.queues)}: shard {m.source} -> {m.target},"
+            f" {m.rows.get('message', 0)} message(s), paused {m.pause_ms:.0f} ms"
+        )
+    for q, e in sorted(r.failed.items()):
+        print(f"  NOT MOVED {q} (still served from its old shard): {e}")
+    return 0 if not r.failed else 1
 
 
 def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> None:
