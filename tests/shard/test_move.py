@@ -4,10 +4,12 @@ source makes the move give up after its lock_timeout instead of stalling the que
 
 from __future__ import annotations
 
+import json
 import time
 
 import psycopg
 import pytest
+from psycopg import sql
 from shard_helpers import Traffic, drain
 from shard_helpers import home as hash_home
 
@@ -139,6 +141,11 @@ def test_refusals(sharded, capsys) -> None:  # type: ignore[no-untyped-def]
     assert f"to shard {1 - here}" in capsys.readouterr().out
     assert main(["shard", "status", "--dsn", r]) == 0
     assert "moved here (routed by override): " in capsys.readouterr().out
+    assert main(["shard", "status", "--dsn", r, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overrides"]["mv_ref"] == 1 - here
+    assert main(["shard", "move", "mv_ref", str(here), "--dsn", r, "--json"]) == 0
+    back = json.loads(capsys.readouterr().out)
+    assert (back["queues"], back["source"], back["target"]) == (["mv_ref"], 1 - here, here)
 
 
 def test_move_under_load_loses_duplicates_and_resurrects_nothing(sharded) -> None:  # type: ignore[no-untyped-def]
@@ -242,3 +249,30 @@ def test_an_unlogged_queue_with_channels_moves(sharded) -> None:  # type: ignore
     with psycopg.connect(sharded.shard_dsns[1]) as conn:
         row = conn.execute("SELECT id, unlogged FROM lonnymq.queue WHERE name = %s", (q,)).fetchone()
     assert row is not None and row[0] < 0 and row[1]  # an unlogged queue's id, as queue_create gives
+
+
+def test_a_route_that_cannot_be_recorded_leaves_the_queue_where_it_was(sharded) -> None:  # type: ignore[no-untyped-def]
+    """A failure after the target committed its copy (here: the router refuses the route, a
+    CHECK constraint added for the test) removes that copy; the queue stays whole on its shard."""
+    r = sharded.dsn
+    q = name_on(r, "mv_flip", 0)
+    with Client(r) as c:
+        c.create_queue(q)
+        c.send_batch(q, [1, 2, 3])
+        [m] = c.take(q)
+    with psycopg.connect(r, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE lonnymq.shard_route ADD CONSTRAINT mv_test_no_flip CHECK (queue <> {})"
+            ).format(sql.Literal(q))
+        )
+        try:
+            with pytest.raises(psycopg.errors.CheckViolation):
+                shard.move(r, q, 1)
+        finally:
+            conn.execute("ALTER TABLE lonnymq.shard_route DROP CONSTRAINT mv_test_no_flip")
+    assert where_is(r, q) == 0 and rows_on(sharded.shard_dsns[1], q) == 0
+    assert shard.status(r).healthy
+    with Client(r) as c:
+        assert c.ack(m) == {m.id}
+        assert sorted(x.payload for x in c.take(q, 10)) == [2, 3]
