@@ -276,3 +276,27 @@ def test_a_route_that_cannot_be_recorded_leaves_the_queue_where_it_was(sharded) 
     with Client(r) as c:
         assert c.ack(m) == {m.id}
         assert sorted(x.payload for x in c.take(q, 10)) == [2, 3]
+
+
+def test_producer_and_consumer_roles_route_through_overrides(sharded) -> None:  # type: ignore[no-untyped-def]
+    """The routing function and table are granted like the proxies: a producer and a consumer
+    role (created on the router too, as docs/sharding.md says) reach a moved queue."""
+    r = sharded.dsn
+    with psycopg.connect(r, autocommit=True) as conn:
+        for role in ("lonnymq_producer", "lonnymq_consumer"):
+            if not conn.execute("SELECT FROM pg_roles WHERE rolname = %s", (role,)).fetchall():
+                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    shard.init(r, sharded.shard_dsns)  # grants for the roles that now exist on the router
+    q = name_on(r, "mv_roles", 0)
+    with Client(r) as c:
+        c.create_queue(q)
+    shard.move(r, q, 1)
+    with psycopg.connect(r, autocommit=True) as conn, Client(r) as c:
+        conn.execute("SET ROLE lonnymq_producer")
+        c.send(q, "by a producer", conn=conn)
+        conn.execute("SET ROLE lonnymq_consumer")
+        got = c.take(q, conn=conn)
+        assert [m.payload for m in got] == ["by a producer"]
+        assert c.ack(got, conn=conn) == {got[0].id}
+        conn.execute("RESET ROLE")
+    assert where_is(r, q) == 1
