@@ -13,7 +13,7 @@ from psycopg import sql
 from shard_helpers import Traffic, drain
 from shard_helpers import home as hash_home
 
-from lonnymq import Client, Envelope, errors, shard
+from lonnymq import Client, Envelope, Message, errors, shard
 from lonnymq.cli import main
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
@@ -154,18 +154,27 @@ def test_move_under_load_loses_duplicates_and_resurrects_nothing(sharded) -> Non
     with Client(r) as c:
         c.create_queue(q)
     moves: list[tuple[float, float, shard.MoveResult]] = []
-    with Traffic(r, q) as traffic:
+    held: list[int] = []  # taken from the source by this thread, acked after the move
+    mine: list[int] = []  # sent by this thread
+    with Traffic(r, q) as traffic, Client(r) as c:
         time.sleep(0.4)
         for target in (1, 0, 1):  # there, back, and there again
+            lease: list[Message] = []
+            while not lease:  # the consumer may have emptied the queue: add one of ours
+                mine.append(-len(mine) - 1)
+                c.send(q, {"n": mine[-1]})
+                lease = c.take(q, 3)
             t0 = time.monotonic()
-            moves.append((t0, 0.0, shard.move(r, q, target)))
-            moves[-1] = (t0, time.monotonic(), moves[-1][2])
+            result = shard.move(r, q, target)
+            moves.append((t0, time.monotonic(), result))
+            assert c.ack(lease) == {m.id for m in lease}  # same id and token on the target
+            held += [m.payload["n"] for m in lease]
             time.sleep(0.4)
     assert not traffic.errors, traffic.errors[:3]
     assert where_is(r, q) == 1
     rest = drain(r, q)
-    delivered = [n for n, _ in traffic.delivered] + rest
-    sent = set(traffic.sent)
+    delivered = [n for n, _ in traffic.delivered] + held + rest
+    sent = set(traffic.sent) | set(mine)
     # Every message committed was delivered (0 lost), exactly once (0 duplicated); an ack
     # before a move is never followed by a delivery after it (0 resurrected).
     assert not sent - set(delivered), f"lost: {sorted(sent - set(delivered))[:10]}"
