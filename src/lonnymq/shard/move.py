@@ -21,6 +21,7 @@ by :func:`status`), after 3 the target's (the source's rolls back and is reporte
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -259,7 +260,18 @@ def move(
             for attempt in range(1, attempts + 1):
                 try:
                     rows, pause = _attempt(
-                        router, src, dst, schema, plan, group, source, target, archive, timeout_ms, mask
+                        router_dsn,
+                        router,
+                        src,
+                        dst,
+                        schema,
+                        plan,
+                        group,
+                        source,
+                        target,
+                        archive,
+                        timeout_ms,
+                        mask,
                     )
                 except (pg_errors.LockNotAvailable, pg_errors.SerializationFailure) as e:
                     blocked = " ".join(str(e).split())
@@ -299,6 +311,7 @@ def _unlock_route(router: psycopg.Connection[Any], schema: str, held: Sequence[s
 
 
 def _attempt(
+    router_dsn: str,
     router: psycopg.Connection[Any],
     src: psycopg.Connection[Any],
     dst: psycopg.Connection[Any],
@@ -316,45 +329,84 @@ def _attempt(
     s = sql.Identifier(schema)
     t0 = time.monotonic()
     held = _lock_route(router, schema, group)
-    committed_target = False
     try:
-        for conn in (src, dst):
-            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
-        rows = _copy(src, dst, schema, plan, group, archive)
-        dst.commit()
-        committed_target = True
-        with router.transaction():
-            router.execute(
-                sql.SQL(
-                    "INSERT INTO {s}.shard_route (queue, shard) SELECT unnest(%s::text[]), %s"
-                    " ON CONFLICT (queue) DO UPDATE SET shard = excluded.shard, moved_at = now()"
-                ).format(s=s),
-                (group, target),
-            )
-            # Back where its hash says: no override needed.
-            router.execute(
-                sql.SQL(
-                    "DELETE FROM {s}.shard_route WHERE queue = ANY(%s) AND hashtext(queue) & %s = shard"
-                ).format(s=s),
-                (group, mask),
-            )
+        try:
+            for conn in (src, dst):
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
+            rows = _copy(src, dst, schema, plan, group, archive)
+            dst.commit()
+        except BaseException:
+            _rollback(src, dst)
+            raise
+        # The target holds a committed copy: now the route.
+        try:
+            with router.transaction():
+                router.execute(
+                    sql.SQL(
+                        "INSERT INTO {s}.shard_route (queue, shard) SELECT unnest(%s::text[]), %s"
+                        " ON CONFLICT (queue) DO UPDATE SET shard = excluded.shard, moved_at = now()"
+                    ).format(s=s),
+                    (group, target),
+                )
+                # Back where its hash says: no override needed.
+                router.execute(
+                    sql.SQL(
+                        "DELETE FROM {s}.shard_route WHERE queue = ANY(%s) AND hashtext(queue) & %s = shard"
+                    ).format(s=s),
+                    (group, mask),
+                )
+        except BaseException as e:
+            # Did the route change after all (a commit whose reply was lost)? Then carry on.
+            # Otherwise keep the source's rows (a stale copy is only unreachable, never lost);
+            # the target's copy goes only when the route certainly did not change.
+            now = _route_now(router_dsn, schema, group[0], mask)
+            if now != target:
+                _rollback(src)
+                if now is not None:
+                    _drop_copy(dst, schema, group, target, e)
+                    raise
+                raise MoveError(
+                    f"recording the route of {', '.join(group)} failed ({' '.join(str(e).split())}) and"
+                    f" the router cannot tell whether it changed: shards {source} and {target} both hold"
+                    " a copy; lonnymq shard status shows the one the router does not use as misplaced:"
+                    " drop that one on its shard"
+                ) from e
         try:
             src.commit()
         except psycopg.Error as e:
             raise MoveError(
                 f"queue(s) {', '.join(group)} now run on shard {target}, but deleting them on shard"
-                f" {source} failed ({' '.join(str(e).split())}): that copy is unreachable (misplaced in"
-                " lonnymq shard status); drop it there with queue_drop on that shard"
+                f" {source} may have failed ({' '.join(str(e).split())}): a copy left there is unreachable"
+                " (misplaced in lonnymq shard status); drop it there with queue_drop on that shard"
             ) from e
-    except BaseException as e:
-        src.rollback()
-        dst.rollback()
-        if committed_target and not isinstance(e, MoveError):
-            _drop_copy(dst, schema, group, target, e)
-        raise
     finally:
-        _unlock_route(router, schema, held)
+        with contextlib.suppress(psycopg.Error):  # a broken session has released its locks
+            _unlock_route(router, schema, held)
     return rows, (time.monotonic() - t0) * 1000
+
+
+def _rollback(*conns: psycopg.Connection[Any]) -> None:
+    for conn in conns:
+        with contextlib.suppress(psycopg.Error):  # a broken connection has rolled back
+            conn.rollback()
+
+
+def _route_now(router_dsn: str, schema: str, queue: str, mask: int) -> int | None:
+    """The shard the router sends ``queue`` to, read on a new connection (None if it cannot be
+    asked)."""
+    try:
+        with psycopg.connect(
+            router_dsn, autocommit=True, connect_timeout=admin.STATUS_CONNECT_TIMEOUT
+        ) as conn:
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT coalesce((SELECT shard FROM {}.shard_route WHERE queue = %s), hashtext(%s) & %s)"
+                ).format(sql.Identifier(schema)),
+                (queue, queue, mask),
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else int(row[0])
 
 
 def _drop_copy(
