@@ -838,6 +838,14 @@ def _rehome(
                 attempts=attempts,
                 retry_delay=retry_delay,
             )
+        except errors.QueueNotFound:
+            # Dropped since it was pinned: its override has nothing left to route.
+            with admin._connect(router_dsn, "router", autocommit=True) as router:
+                router.execute(
+                    sql.SQL("DELETE FROM {}.shard_route WHERE queue = %s").format(sql.Identifier(schema)),
+                    (q,),
+                )
+            continue
         except errors.LonnyMQError as e:
             failed[q] = str(e)
             continue
