@@ -12,9 +12,10 @@ router as to any LonnyMQ database; a call runs in the shard's own transaction, n
     shard.add(router_dsn, [shard2_dsn, shard3_dsn])   # 2 -> 4 shards, queues rehomed
 """
 
+from .add import AddResult, add
 from .admin import RouterStatus, ShardStatus, init, shard_dsns, status
 from .catalog import ROUTER_MARKER, NoRoute
-from .move import AddResult, MoveBlocked, MoveError, MoveResult, add, move
+from .move import MoveBlocked, MoveError, MoveResult, move
 
 __all__ = [
     "ROUTER_MARKER",
