@@ -8,7 +8,10 @@ router while the queue moves to shard 1. Reported: the pause (``MoveResult.pause
 asking for the queue's fence to releasing it), the longest call of the producer and consumer
 that overlapped the move, and the rows moved. Also the router's routing cost per call:
 ``_shard_of(queue)`` (override lookup and fence) against the bare ``hashtext(queue)`` it
-replaced, in a server-side loop.
+replaced, in a server-side loop. Last, ``shard add`` from two shards to four (new databases on
+the same two clusters) with ``--queues`` queues of ``--add-backlog`` messages each, a producer
+and a consumer on one queue that moves: total time, queues moved, the longest pause of one
+queue and the longest call of that queue's clients.
 
     .venv/bin/python benchmarks/shard_move.py                 # about half a minute
     .venv/bin/python benchmarks/shard_move.py --backlogs 0 1000 --json out.json
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from lonnymq import Client, shard
 
@@ -122,6 +127,47 @@ def one_move(router: str, backlog: int) -> dict[str, Any]:
     }
 
 
+def grow(router: str, shard_dsns: list[str], queues: int, backlog: int) -> dict[str, Any]:
+    """``shard add`` 2 -> 4 under traffic on one moving queue."""
+    new = []
+    for i, dsn in enumerate(shard_dsns):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(f"bench_grow_{i}")))
+        new.append(make_conninfo(dsn, dbname=f"bench_grow_{i}"))
+    names = [f"bench_grow_q{i}" for i in range(queues)]
+    with Client(router) as c:
+        for n in names:
+            c.create_queue(n)
+            for i in range(0, backlog, 1000):
+                c.send_batch(n, [{"b": j} for j in range(i, min(backlog, i + 1000))])
+    with psycopg.connect(router) as conn:
+        busy = next(
+            n for n in names if conn.execute("SELECT hashtext(%s) & 3 >= 2", (n,)).fetchone() == (True,)
+        )
+    traffic = Traffic(router, busy)
+    for t in traffic.threads:
+        t.start()
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    result = shard.add(router, new)
+    t1 = time.monotonic()
+    time.sleep(0.5)
+    traffic.stop.set()
+    for t in traffic.threads:
+        t.join(30)
+    if traffic.errors:
+        raise traffic.errors[0]
+    return {
+        "queues": queues,
+        "backlog_each": backlog,
+        "queues_moved": sum(len(m.queues) for m in result.moved),
+        "failed": len(result.failed),
+        "add_seconds": round(t1 - t0, 2),
+        "longest_pause_ms": round(max((m.pause_ms for m in result.moved), default=0.0), 1),
+        "longest_call_of_moving_queue_ms": round(traffic.longest(t0, t1) * 1000, 1),
+    }
+
+
 def routing_cost(router: str, n: int = 100_000) -> dict[str, float]:
     """µs per call of the RUN ON expression, old (hashtext) and new (_shard_of), in a loop."""
     out = {}
@@ -138,6 +184,8 @@ def routing_cost(router: str, n: int = 100_000) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backlogs", type=int, nargs="+", default=[0, 1_000, 10_000, 100_000])
+    p.add_argument("--queues", type=int, default=20, help="queues for the shard add run")
+    p.add_argument("--add-backlog", type=int, default=1000, help="messages per queue for the shard add run")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     pgcluster.ensure_plproxy()
@@ -148,13 +196,15 @@ def main() -> int:
         shard.init(router.dsn, [a.dsn, b.dsn])
         rows = [one_move(router.dsn, n) for n in args.backlogs]
         cost = routing_cost(router.dsn)
+        added = grow(router.dsn, [a.dsn, b.dsn], args.queues, args.add_backlog)
     cols = list(rows[0])
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r[c]) for c in cols))
     print(f"routing expression per call (µs): {cost}")
+    print(f"shard add 2 -> 4: {added}")
     if args.json:
-        args.json.write_text(json.dumps({"moves": rows, "routing_us": cost}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"moves": rows, "routing_us": cost, "add": added}, indent=2) + "\n")
     return 0
 
 
