@@ -80,6 +80,8 @@ def test_move_keeps_every_kind_of_message(sharded) -> None:  # type: ignore[no-u
         assert rows_on(sharded.shard_dsns[home], q) == 0
         assert {k: v for k, v in shard.status(r).overrides.items() if k in (q, dlq)} == {q: other, dlq: other}
         assert shard.status(r).healthy  # nothing misplaced
+        shard.init(r, sharded.shard_dsns)  # regenerating the router keeps the routes
+        assert shard.status(r).overrides.get(q) == other
 
         after = c.metrics(q)
         assert (after.ready, after.scheduled, after.leased) == (before.ready, before.scheduled, before.leased)
