@@ -69,6 +69,20 @@ def test_move_keeps_every_kind_of_message(sharded) -> None:  # type: ignore[no-u
         c.send("mv_arch", "x")
         [a] = c.take("mv_arch")
         c.ack(a)  # archived
+        # A cron schedule of the queue (through the router) and a Spark stream log (written on
+        # the shard, as the Spark source does) go with it.
+        with psycopg.connect(r, autocommit=True) as conn:
+            conn.execute("SELECT lonnymq.cron_upsert('mv_cron', '* * * * *', %s, '\\x00'::bytea)", (q,))
+        with psycopg.connect(sharded.shard_dsns[home]) as conn:
+            conn.execute(
+                "INSERT INTO lonnymq.spark_stream (stream_id, queue, created_at, seen_at)"
+                " VALUES ('00000000-0000-0000-0000-00000000000a', %s, 1, 1)",
+                (q,),
+            )
+            conn.execute(
+                "INSERT INTO lonnymq.spark_stream_batch VALUES"
+                " ('00000000-0000-0000-0000-00000000000a', 1, 0, '{7,8}', '{1,2}', 99)"
+            )
         before = c.metrics(q)
         n_before = rows_on(sharded.shard_dsns[home], q) + rows_on(sharded.shard_dsns[home], dlq)
 
@@ -78,6 +92,19 @@ def test_move_keeps_every_kind_of_message(sharded) -> None:  # type: ignore[no-u
         assert result.rows["message"] == n_before and result.pause_ms > 0
         assert where_is(r, q) == where_is(r, dlq) == other
         assert rows_on(sharded.shard_dsns[home], q) == 0
+        assert (result.rows["cron"], result.rows["spark_stream"], result.rows["spark_stream_batch"]) == (
+            1,
+            1,
+            1,
+        )
+        for dsn, expected in ((sharded.shard_dsns[home], []), (sharded.shard_dsns[other], [(q, 1, [7, 8])])):
+            with psycopg.connect(dsn) as conn:
+                got = conn.execute(
+                    "SELECT c.queue, b.batch_id, b.ids FROM lonnymq.cron c"
+                    " JOIN lonnymq.spark_stream s ON s.queue = c.queue"
+                    " JOIN lonnymq.spark_stream_batch b ON b.stream_id = s.stream_id WHERE c.name = 'mv_cron'"
+                ).fetchall()
+            assert got == expected
         assert {k: v for k, v in shard.status(r).overrides.items() if k in (q, dlq)} == {q: other, dlq: other}
         assert shard.status(r).healthy  # nothing misplaced
         shard.init(r, sharded.shard_dsns)  # regenerating the router keeps the routes
