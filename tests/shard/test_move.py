@@ -338,3 +338,20 @@ def test_producer_and_consumer_roles_route_through_overrides(sharded) -> None:  
         assert c.ack(got, conn=conn) == {got[0].id}
         conn.execute("RESET ROLE")
     assert where_is(r, q) == 1
+
+
+def test_a_router_made_before_routes_is_refused(sharded) -> None:  # type: ignore[no-untyped-def]
+    r = sharded.dsn
+    with Client(r) as c:
+        c.create_queue("mv_old", if_not_exists=True)
+    with psycopg.connect(r, autocommit=True) as conn:  # what an older shard init left: no fence
+        conn.execute("DROP FUNCTION lonnymq._shard_of_new(text), lonnymq._shard_of(text)")
+    try:
+        with pytest.raises(errors.InvalidArgument, match="older lonnymq without queue routes"):
+            shard.move(r, "mv_old", 1 - where_is(r, "mv_old"))
+        with pytest.raises(errors.InvalidArgument, match="shard init"):
+            shard.add(r, sharded.shard_dsns)
+    finally:
+        shard.init(r, sharded.shard_dsns)
+    with Client(r) as c:
+        c.send("mv_old", "routed again")

@@ -59,6 +59,8 @@ def add(
     those (it only moves)."""
     check_schema(schema)
     dsns = admin.shard_dsns(router_dsn, schema=schema)
+    with admin._connect(router_dsn, "router", autocommit=True) as router:
+        admin.check_movable(router, schema)
     n = len(dsns)
     fresh = list(new_shard_dsns)
     if not fresh:

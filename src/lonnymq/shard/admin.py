@@ -262,6 +262,18 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
         conn.execute(sql.SQL("GRANT USAGE ON FOREIGN SERVER {} TO {}").format(server, r))
 
 
+def check_movable(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Refuse a router made before queues could move (no routing table, no fence)."""
+    row = conn.execute(
+        "SELECT to_regprocedure(format('%%I._shard_of(text)', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not row or not row[0]:
+        raise errors.InvalidArgument(
+            f"the router {schema!r} was made by an older lonnymq without queue routes: run"
+            " `lonnymq shard init` with the same shards again first"
+        )
+
+
 def routes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
     """The router's overrides: queue -> shard index, for the queues not where their hash says
     (moved). Empty for a router made before overrides existed."""

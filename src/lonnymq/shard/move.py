@@ -219,6 +219,7 @@ def move(
     mask = len(dsns) - 1
     timeout_ms = max(1, int(lock_timeout * 1000))
     with admin._connect(router_dsn, "router", autocommit=True) as router:
+        admin.check_movable(router, schema)
         overrides = admin.routes(router, schema)
         row = router.execute("SELECT hashtext(%s) & %s", (queue, mask)).fetchone()
         assert row is not None
