@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import psycopg
 import pytest
+
+from lonnymq import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import pgcluster
@@ -35,3 +39,80 @@ def home(router_dsn: str, queue: str, shards: int = 2) -> int:
         row = conn.execute("SELECT hashtext(%s) & %s", (queue, shards - 1)).fetchone()
     assert row is not None
     return int(row[0])
+
+
+class Traffic:
+    """A producer and a consumer of one queue through the router, in threads: the producer sends
+    numbered messages one by one, the consumer takes up to 10, holds them briefly (so leases
+    are in flight when the queue moves) and acks them. Records what committed and each call's
+    duration."""
+
+    def __init__(self, dsn: str, queue: str, first: int = 0) -> None:
+        self.dsn, self.queue, self.first = dsn, queue, first
+        self.stop = threading.Event()
+        self.sent: list[int] = []
+        self.delivered: list[tuple[int, float]] = []  # (n, monotonic time of the take)
+        self.acked: list[tuple[int, float]] = []
+        self.calls: list[tuple[float, float]] = []  # (start, seconds) of every call
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self.produce, self.consume)]
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def timed(self, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+        t0 = time.monotonic()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            self.calls.append((t0, time.monotonic() - t0))
+
+    def produce(self) -> None:
+        try:
+            with Client(self.dsn, pool_size=1) as c:
+                n = self.first
+                while not self.stop.is_set():
+                    self.timed(c.send, self.queue, {"n": n})
+                    self.sent.append(n)
+                    n += 1
+        except BaseException as e:
+            self.errors.append(e)
+
+    def consume(self) -> None:
+        try:
+            with Client(self.dsn, pool_size=1) as c:
+                while not self.stop.is_set():
+                    got = self.timed(c.take, self.queue, 10)
+                    now = time.monotonic()
+                    self.delivered.extend((m.payload["n"], now) for m in got)
+                    if not got:
+                        time.sleep(0.005)
+                        continue
+                    time.sleep(0.03)
+                    done = self.timed(c.ack, got)
+                    if done != {m.id for m in got}:
+                        raise AssertionError(f"ack refused for {sorted({m.id for m in got} - done)}")
+                    now = time.monotonic()
+                    self.acked.extend((m.payload["n"], now) for m in got)
+        except BaseException as e:
+            self.errors.append(e)
+
+    def stalls(self, start: float, end: float) -> float:
+        """The longest call that overlapped [start, end]."""
+        return max((d for t, d in self.calls if t <= end and t + d >= start), default=0.0)
+
+
+def drain(dsn: str, queue: str) -> list[int]:
+    got: list[int] = []
+    with Client(dsn) as c:
+        while batch := c.take(queue, 500):
+            got.extend(m.payload["n"] for m in batch)
+            c.ack(batch)
+    return got

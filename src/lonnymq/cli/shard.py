@@ -1,4 +1,4 @@
-"""``lonnymq shard init|status``: a PL/Proxy router over several LonnyMQ servers
+"""``lonnymq shard init|status|move|add``: a PL/Proxy router over several LonnyMQ servers
 (docs/sharding.md)."""
 
 from __future__ import annotations
@@ -32,6 +32,48 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     st.set_defaults(func=status)
 
+    m = ss.add_parser(
+        "move",
+        help="move a queue with all its messages to another shard, while it is in use",
+        description="Moves QUEUE (and the queues tied to it by dead-letter links) with its live"
+        " messages, leases, keys, channels and dead letters to SHARD, exactly once, while clients"
+        " keep calling through the router: the queue's calls pause for the copy. The router is"
+        " --dsn / $LONNYMQ_DSN.",
+    )
+    common(m)
+    m.add_argument("queue", metavar="QUEUE")
+    m.add_argument("shard", metavar="SHARD", help="the target: its index in `shard status` or its DSN")
+    m.add_argument(
+        "--archive",
+        action="store_true",
+        help="move the archive of acked/cancelled messages too (else dropped)",
+    )
+    m.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="longest wait for any lock per attempt, so the longest pause of the queue (default 1)",
+    )
+    m.add_argument("--attempts", type=int, default=5, help="attempts before giving up (default 5)")
+    m.set_defaults(func=move)
+
+    a = ss.add_parser(
+        "add",
+        help="double the shard count and move the queues whose hash moves, while in use",
+        description="Migrates the new shards (as many as the router has, empty), adds them to"
+        " the router's shard map (queues whose hash moves stay reachable where they are) and"
+        " moves those queues to their new shard one by one (as `shard move`). Run it again with"
+        " the same shards to retry queues that could not move. The router is --dsn / $LONNYMQ_DSN.",
+    )
+    common(a)
+    a.add_argument("shards", metavar="SHARD_DSN", nargs="+", help="the new shards' databases, in order")
+    a.add_argument(
+        "--lock-timeout", type=float, default=1.0, metavar="SECONDS", help="as for move (default 1)"
+    )
+    a.add_argument("--attempts", type=int, default=5, help="attempts per lock, as for move (default 5)")
+    a.set_defaults(func=add)
+
 
 def init(args: argparse.Namespace) -> int:
     result = shard.init(args.router, args.shards, schema=_util.schema(args))
@@ -46,6 +88,52 @@ def status(args: argparse.Namespace) -> int:
     return 0 if result.healthy else 1
 
 
+def move(args: argparse.Namespace) -> int:
+    router = _util.resolve(args)
+    r = shard.move(
+        router,
+        args.queue,
+        args.shard,
+        schema=_util.schema(args),
+        archive=args.archive,
+        lock_timeout=args.lock_timeout,
+        attempts=args.attempts,
+    )
+    if args.json:
+        _util.print_json(r)
+        return 0
+    print(
+        f"moved {', '.join(r.queues)} from shard {r.source} to shard {r.target}:"
+        f" {r.rows.get('message', 0)} message(s), {r.rows.get('archive', 0)} archived/dead,"
+        f" {r.rows.get('channel', 0)} channel(s); paused {r.pause_ms:.0f} ms"
+        f" (attempt {r.attempts})"
+    )
+    return 0
+
+
+def add(args: argparse.Namespace) -> int:
+    router = _util.resolve(args)
+    r = shard.add(
+        router,
+        args.shards,
+        schema=_util.schema(args),
+        lock_timeout=args.lock_timeout,
+        attempts=args.attempts,
+    )
+    if args.json:
+        _util.print_json(r)
+        return 0 if not r.failed else 1
+    print(f"router {shard.admin.where(router)}: {r.before} -> {r.after} shards")
+    for m in r.moved:
+        print(
+            f"  moved {', '.join(m.queues)}: shard {m.source} -> {m.target},"
+            f" {m.rows.get('message', 0)} message(s), paused {m.pause_ms:.0f} ms"
+        )
+    for q, e in sorted(r.failed.items()):
+        print(f"  NOT MOVED {q} (still served from its old shard): {e}")
+    return 0 if not r.failed else 1
+
+
 def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> None:
     if args.json:
         _util.print_json(result)
@@ -56,5 +144,8 @@ def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> 
         print(f"  shard {s.index} {s.where}: {health}; {len(s.queues)} queue(s)")
         if s.queues:
             print(f"    queues: {', '.join(s.queues)}")
+        moved = sorted(q for q, i in result.overrides.items() if i == s.index)
+        if moved:
+            print(f"    moved here (routed by override): {', '.join(moved)}")
         if s.misplaced:
             print(f"    misplaced (the router sends their calls elsewhere): {', '.join(s.misplaced)}")

@@ -8,9 +8,27 @@ router as to any LonnyMQ database; a call runs in the shard's own transaction, n
     from lonnymq import shard
     shard.init(router_dsn, [shard0_dsn, shard1_dsn])
     print(shard.status(router_dsn))
+    shard.move(router_dsn, "orders", 1)   # the queue, with its messages, to shard 1
+    shard.add(router_dsn, [shard2_dsn, shard3_dsn])   # 2 -> 4 shards, queues rehomed
 """
 
+from .add import AddResult, add
 from .admin import RouterStatus, ShardStatus, init, shard_dsns, status
 from .catalog import ROUTER_MARKER, NoRoute
+from .move import MoveBlocked, MoveError, MoveResult, move
 
-__all__ = ["ROUTER_MARKER", "NoRoute", "RouterStatus", "ShardStatus", "init", "shard_dsns", "status"]
+__all__ = [
+    "ROUTER_MARKER",
+    "AddResult",
+    "MoveBlocked",
+    "MoveError",
+    "MoveResult",
+    "NoRoute",
+    "RouterStatus",
+    "ShardStatus",
+    "add",
+    "init",
+    "move",
+    "shard_dsns",
+    "status",
+]

@@ -39,9 +39,13 @@ class ShardStatus:
 
 @dataclass(frozen=True, slots=True)
 class RouterStatus:
+    """A router: its schema version, its shards, and ``overrides``, the queues routed to a
+    shard other than their hash's (moved with :func:`lonnymq.shard.move`): queue -> shard."""
+
     schema: str
     version: int
     shards: list[ShardStatus]
+    overrides: dict[str, int] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -166,6 +170,9 @@ def init(
     s = sql.Identifier(schema)
     server = sql.Identifier(catalog.cluster_name(schema))
     with _connect(router_dsn, "router") as router, router.transaction():
+        # The routes of moved queues outlive a regeneration (those naming a shard that is gone
+        # are dropped: status() then reports the queue as misplaced where it is).
+        overrides = routes(router, schema)
         router.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
         router.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
         router.execute(sql.SQL("DROP SERVER IF EXISTS {} CASCADE").format(server))
@@ -207,6 +214,13 @@ def init(
             )
         for stmt in catalog.type_statements(schema, types):
             router.execute(stmt)
+        for stmt in catalog.route_statements(schema):
+            router.execute(stmt)
+        with router.cursor() as cur:
+            cur.executemany(
+                sql.SQL("INSERT INTO {}.shard_route (queue, shard) VALUES (%s, %s)").format(s),
+                [(q, i) for q, i in overrides.items() if i < len(partitions)],
+            )
         for stmt in statements:
             router.execute(stmt)
         _grant(router, schema, fns)
@@ -239,7 +253,39 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
         r = sql.Identifier(role)
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
         conn.execute(sql.SQL("GRANT SELECT ON {}.migration TO {}").format(s, r))
+        # The routing functions run in the caller's role (PL/Proxy calls them as given).
+        conn.execute(sql.SQL("GRANT SELECT ON {}.shard_route TO {}").format(s, r))
+        for fn_name in (catalog.SHARD_OF, catalog.SHARD_OF_NEW):
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {}.{}(text) TO {}").format(s, sql.Identifier(fn_name), r)
+            )
         conn.execute(sql.SQL("GRANT USAGE ON FOREIGN SERVER {} TO {}").format(server, r))
+
+
+def check_movable(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Refuse a router made before queues could move (no routing table, no fence)."""
+    row = conn.execute(
+        "SELECT to_regprocedure(format('%%I._shard_of(text)', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not row or not row[0]:
+        raise errors.InvalidArgument(
+            f"the router {schema!r} was made by an older lonnymq without queue routes: run"
+            " `lonnymq shard init` with the same shards again first"
+        )
+
+
+def routes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
+    """The router's overrides: queue -> shard index, for the queues not where their hash says
+    (moved). Empty for a router made before overrides existed."""
+    exists = conn.execute(
+        "SELECT to_regclass(format('%%I.shard_route', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return {}
+    rows = conn.execute(
+        sql.SQL("SELECT queue, shard FROM {}.shard_route ORDER BY queue").format(sql.Identifier(schema))
+    ).fetchall()
+    return {str(q): int(i) for q, i in rows}
 
 
 def shard_dsns(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
@@ -282,6 +328,7 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
             sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migration").format(s)
         ).fetchone()
         version = int(row[0]) if row else 0
+        overrides = routes(router, schema)
         shards = []
         for i, dsn in enumerate(dsns):
             try:
@@ -301,7 +348,7 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
             homes = router.execute(
                 "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (mask, names)
             ).fetchall()
-            misplaced = sorted(n for n, home in homes if home != i)
+            misplaced = sorted(n for n, home in homes if overrides.get(n, home) != i)
             error = (
                 None
                 if shard_version == version
@@ -310,4 +357,4 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
             shards.append(
                 ShardStatus(i, where(dsn), error is None, error, shard_version, sorted(names), misplaced)
             )
-    return RouterStatus(schema, version, shards)
+    return RouterStatus(schema, version, shards, overrides)

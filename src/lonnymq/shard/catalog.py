@@ -106,6 +106,64 @@ NO_QUEUE_ROUTES: dict[str, Route] = {
 }
 
 
+#: The arguments that name a queue: calls keyed by them go through the queue's route.
+QUEUE_KEYS = ("p_queue", "p_name")
+
+#: The router's function that says which shard holds a queue (see ROUTE_STATEMENTS).
+SHARD_OF = "_shard_of"
+#: The same for queue_create, which also waits while ``shard add`` changes the shard count.
+SHARD_OF_NEW = "_shard_of_new"
+
+#: The router's routing state, created by ``shard init`` next to the proxies. ``shard_route``
+#: holds the queues that do not live where their hash says (moved by ``shard move``); a queue
+#: without a row lives on ``hashtext(name) & (shards - 1)``, PL/Proxy's own rule.
+#:
+#: The fence: every queue-scoped call holds, while it runs (its transaction on the router, which
+#: ends when the shard's reply is in), a shared advisory lock keyed by its queue, class
+#: ``hashtext(schema || '/route')``; a move holds it exclusively while it copies the queue and
+#: flips its route, so no call of that queue runs during the copy and every call after it reads
+#: the new route. ``queue_create`` also holds key 0 of class ``hashtext(schema || '/map')``
+#: shared, which ``shard add`` holds exclusively while it pins the existing queues and changes
+#: the shard count. ``{s}`` is the schema identifier, ``{name}`` its name as a literal.
+ROUTE_STATEMENTS: tuple[LiteralString, ...] = (
+    """CREATE TABLE {s}.shard_route (
+    queue    text PRIMARY KEY,
+    shard    integer NOT NULL CHECK (shard >= 0),
+    moved_at timestamptz NOT NULL DEFAULT now()
+)""",
+    """-- The shard of queue p_queue for PL/Proxy's RUN ON: its override in shard_route, else its
+-- hash (PL/Proxy masks it to the shard count). Waits while a move of the queue holds its fence.
+-- Reads shard_route. Locks: advisory (transaction, shared) on (hashtext(schema || '/route'),
+-- hashtext(p_queue)).
+CREATE FUNCTION {s}._shard_of(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_shard integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
+    -- A statement after the lock: it sees the route that the move committed before releasing it.
+    SELECT r.shard INTO v_shard FROM {s}.shard_route r WHERE r.queue = p_queue;
+    RETURN coalesce(v_shard, hashtext(p_queue));
+END $fn$""",
+    """-- _shard_of for queue_create: also waits while `shard add` changes the shard count (so no
+-- queue is created on a shard its hash no longer names). Locks: advisory (transaction, shared)
+-- on (hashtext(schema || '/map'), 0), then _shard_of's.
+CREATE FUNCTION {s}._shard_of_new(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/map'), 0);
+    RETURN {s}._shard_of(p_queue);
+END $fn$""",
+)
+
+
+def route_statements(schema: str) -> list[sql.Composed]:
+    """The statements of :data:`ROUTE_STATEMENTS` for ``schema``."""
+    return [
+        sql.SQL(stmt).format(s=sql.Identifier(schema), name=sql.Literal(schema)) for stmt in ROUTE_STATEMENTS
+    ]
+
+
 def route(fn: CoreFunction) -> Route:
     """Where a call of ``fn`` runs (raises NoRoute when the generator has no rule for it)."""
     if "p_queue" in fn.argnames:
@@ -202,7 +260,17 @@ def proxy_statements(schema: str, fns: Sequence[CoreFunction]) -> list[sql.Compo
             assert r.key is not None
             if not _PLAIN.match(r.key):  # PL/Proxy knows arguments by their bare names only
                 raise NoRoute(f"cannot name argument {r.key!r} of {fn.name} in PL/Proxy")
-            body = sql.SQL("CLUSTER {c}; RUN ON hashtext({k});").format(c=cluster, k=sql.SQL(r.key))
+            if r.key in QUEUE_KEYS:
+                # The queue's shard: its override (a moved queue) or its hash, behind the fence
+                # that a move holds (see ROUTE_STATEMENTS).
+                if not _PLAIN.match(schema):
+                    raise NoRoute(f"cannot name {schema}.{SHARD_OF} in PL/Proxy")
+                of = SHARD_OF_NEW if fn.name == "queue_create" else SHARD_OF
+                body = sql.SQL("CLUSTER {c}; RUN ON {f}({k});").format(
+                    c=cluster, f=sql.SQL(f"{schema}.{of}"), k=sql.SQL(r.key)
+                )
+            else:
+                body = sql.SQL("CLUSTER {c}; RUN ON hashtext({k});").format(c=cluster, k=sql.SQL(r.key))
         elif r.run == "one":
             body = sql.SQL("CLUSTER {c}; RUN ON 0;").format(c=cluster)
         elif r.merge is None:
