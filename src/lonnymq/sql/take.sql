@@ -352,7 +352,8 @@ CREATE OR REPLACE FUNCTION {schema}.take(
     p_ack_tokens integer[] DEFAULT NULL,
     p_now        bigint  DEFAULT NULL
 ) RETURNS SETOF {schema}.delivery
-LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_sort = off SET jit = off AS $$
 DECLARE
     q       {schema}.queue;
     v_now   bigint;
@@ -456,7 +457,8 @@ CREATE OR REPLACE FUNCTION {schema}.take_tx(
     p_archive boolean DEFAULT NULL,
     p_now     bigint  DEFAULT NULL
 ) RETURNS SETOF {schema}.delivery
-LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_sort = off SET jit = off AS $$
 DECLARE
     q         {schema}.queue := {schema}._queue(p_queue);
     v_now     bigint := {schema}._now(p_now);
