@@ -344,6 +344,12 @@ END $$;
 -- leased by two statements of its own (830-890 us per call through seven nested plpgsql calls,
 -- 410-455 us this way, PostgreSQL 15). Batches, channel queues, explicit clocks and messages at
 -- their last attempt take the general path (_lock_ready, _deliver), with the same semantics.
+-- Pinned plans (also take_tx): generic ones (see settle.sql's header), and no sort where an
+-- index gives the order (enable_sort = off; jit = off, which the cost of an unavoidable sort
+-- would otherwise trigger): with statistics taken while a snapshot was held, the generic plan
+-- of the candidate query appended both partitions of the message table and sorted every ready
+-- message of the window (172,510 of them, a 14 MB external sort, 234 ms per take) instead of
+-- reading the dequeue index in order (4 ms there).
 CREATE OR REPLACE FUNCTION {schema}.take(
     p_queue      text,
     p_limit      integer DEFAULT 1,
