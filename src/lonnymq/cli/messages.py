@@ -96,6 +96,7 @@ class _Input:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # Kept open past __init__ (read lazily, closed by close()): no context manager here.
         self.stream: IO[str] = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
         self.size = None if path == "-" else os.fstat(self.stream.fileno()).st_size
         self.read = 0
