@@ -68,9 +68,12 @@ def pg_bin_dir() -> Path:
     raise EmbeddedServerError(MISSING_BINARIES)
 
 
-@functools.cache
 def service_account() -> Account | None:
-    """None when not root; else the unprivileged account, created and enabled once."""
+    """None when not root; else the unprivileged account, created if missing.
+
+    Looked up on every call, not once per process: should the account be deleted and created
+    again meanwhile (with another uid), a server started later runs as the one that exists.
+    """
     if os.geteuid() != 0:
         return None
     bin_dir = pg_bin_dir()
@@ -79,7 +82,7 @@ def service_account() -> Account | None:
         # asks platformdirs for a runtime dir and may warn about XDG_RUNTIME_DIR.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from pgserver.utils import ensure_folder_permissions, ensure_user_exists
+            from pgserver.utils import ensure_user_exists
     except ImportError as exc:
         raise EmbeddedServerError(f"{MISSING_BINARIES} ({exc})") from exc
     try:
@@ -96,8 +99,16 @@ def service_account() -> Account | None:
             ) from exc
     entry = pwd.getpwnam(_SYSTEM_USER)
     account = Account(_SYSTEM_USER, entry.pw_uid, entry.pw_gid)
-    # The wheel may be installed root-only (e.g. a venv under /root): let the account
-    # traverse to and read/execute the binaries, libraries and share files.
+    _enable(bin_dir, account)
+    return account
+
+
+@functools.cache
+def _enable(bin_dir: Path, account: Account) -> None:
+    """Once per account: let it reach and read the binaries, libraries and share files (the wheel
+    may be installed root-only, e.g. in a venv under /root)."""
+    from pgserver.utils import ensure_folder_permissions
+
     readable = stat.S_IRGRP | stat.S_IROTH
     executable = stat.S_IXGRP | stat.S_IXOTH
     grant_traverse(bin_dir, account)
@@ -105,7 +116,6 @@ def service_account() -> Account | None:
     for sub in ("lib", "share"):
         if (bin_dir.parent / sub).is_dir():
             ensure_folder_permissions(bin_dir.parent / sub, readable)
-    return account
 
 
 def grant_traverse(path: Path, account: Account | None) -> None:
