@@ -37,9 +37,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A Spark module's tests share its JVM (the session, or the Spark Connect server): under
-    # xdist (--dist loadgroup) each such module runs on one worker, not a JVM on every worker.
+    # xdist (--dist loadgroup) each such module runs on one worker, not a JVM on every worker
+    # (a test that names its own group runs with that group: a long module split over two).
     for item in items:
-        if item.get_closest_marker("spark"):
+        if item.get_closest_marker("spark") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 

@@ -258,6 +258,11 @@ class BatchLog:
             ).fetchall()
 
 
+#: The streaming tests and the documentation's examples: a second JVM on another test process
+#: (the module's other tests take as long again).
+STREAMING = pytest.mark.xdist_group("test_spark_streaming")
+
+
 def run_stream(spark: Any, options: dict[str, str], sink: BatchLog, checkpoint: Path) -> Any:
     q = (
         spark.readStream.format("lonnymq")
@@ -275,6 +280,7 @@ def run_stream(spark: Any, options: dict[str, str], sink: BatchLog, checkpoint: 
     return q
 
 
+@STREAMING
 def test_stream_read_admission_control_available_now_and_archive(
     spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path
 ) -> None:
@@ -297,6 +303,7 @@ def test_stream_read_admission_control_available_now_and_archive(
     assert sum(p["numInputRows"] for p in q.recentProgress) == 0
 
 
+@STREAMING
 @pytest.mark.slow
 def test_stream_read_crash_and_restart_loses_and_skips_nothing(
     spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path
@@ -324,6 +331,7 @@ def test_stream_read_crash_and_restart_loses_and_skips_nothing(
     assert (m.ready, m.leased) == (0, 0)
 
 
+@STREAMING
 def test_stream_read_does_not_skip_a_late_committing_transaction(
     spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path
 ) -> None:
@@ -350,6 +358,7 @@ def test_stream_read_does_not_skip_a_late_committing_transaction(
 # -- streaming write --------------------------------------------------------------------------
 
 
+@STREAMING
 @pytest.mark.slow
 def test_stream_write_restart_after_commit_writes_each_batch_once(
     spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path, conn: psycopg.Connection[Any]
@@ -405,6 +414,7 @@ def test_stream_write_restart_after_commit_writes_each_batch_once(
     assert commits == [(0, 10), (1, 10), (2, 10), (3, 5)]
 
 
+@STREAMING
 def test_stream_write_sink_id_and_timestamps(
     spark: Any, dsn: str, schema: str, client: Client, tmp_path: Path
 ) -> None:
@@ -437,6 +447,7 @@ def test_stream_write_sink_id_and_timestamps(
 # -- the documentation --------------------------------------------------------------------------
 
 
+@STREAMING
 def test_docs_spark_examples_run(
     spark: Any, dsn: str, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
