@@ -72,6 +72,7 @@ def create_app(
     base_path: str = "/",
     client: AsyncClient | None = None,
     pool_size: int = 4,
+    refresh_seconds: float = REFRESH_SECONDS,
 ) -> Starlette:
     """The dashboard's ASGI app for the LonnyMQ schema ``schema`` of ``dsn`` (default: like every
     client, ``$LONNYMQ_DSN``, ``$DATABASE_URL``, libpq's ``PG*``), or of an existing ``client``.
@@ -82,11 +83,13 @@ def create_app(
     another application, that application's ``authorize(request)`` returning True; with
     neither, every mutation is refused. ``base_path``: serve under this prefix (not needed
     when mounted: the mount's own prefix is used). The connection pool (``pool_size``) is
-    opened on the first request and closed with the app's lifespan."""
+    opened on the first request and closed with the app's lifespan. ``refresh_seconds``: how
+    often the live pages (overview, queue, workers) refresh themselves."""
     if token is None:
         token = os.environ.get("LONNYMQ_WEB_TOKEN") or None
     guard = Guard(read_only=read_only, token=token, authorize=authorize)
     dash = _Dashboard(dsn, schema, client, pool_size, guard)
+    dash.refresh = refresh_seconds
     routes = dash.routes()
     base = "/" + base_path.strip("/")
     if base != "/":
@@ -234,6 +237,7 @@ class _Dashboard:
         self._owns_client = client is None
         self._lock = asyncio.Lock()
         self.templates = _templates()
+        self.refresh: float = REFRESH_SECONDS
 
     async def client(self) -> AsyncClient:
         if self._client is None:
@@ -366,6 +370,10 @@ class _Dashboard:
             "csrf": csrf,
             "flash": unquote(flash) if flash else None,
             "refresh": None,
+            # The query string a "next page" link keeps (filters, page size), "after" aside.
+            "keep": "".join(
+                f"&{quote(k)}={quote(v)}" for k, v in request.query_params.multi_items() if k != "after"
+            ),
             **context,
         }
         response = self.templates.TemplateResponse(request, template, ctx, status_code=status_code)
@@ -416,11 +424,11 @@ class _Dashboard:
 
     async def overview_page(self, request: Request, c: AsyncClient) -> Response:
         data = await self.api_queues(request, c)
-        return await self.render(request, "overview.html", {**data, "refresh": REFRESH_SECONDS})
+        return await self.render(request, "overview.html", {**data, "refresh": self.refresh})
 
     async def queue_page(self, request: Request, c: AsyncClient) -> Response:
         data = await self.api_queue(request, c)
-        return await self.render(request, "queue.html", {**data, "refresh": REFRESH_SECONDS})
+        return await self.render(request, "queue.html", {**data, "refresh": self.refresh})
 
     async def messages_page(self, request: Request, c: AsyncClient) -> Response:
         queue = _queue(request)
@@ -467,7 +475,7 @@ class _Dashboard:
 
     async def workers_page(self, request: Request, c: AsyncClient) -> Response:
         data = await self.api_workers(request, c)
-        return await self.render(request, "workers.html", {**data, "refresh": REFRESH_SECONDS})
+        return await self.render(request, "workers.html", {**data, "refresh": self.refresh})
 
     async def login_page(self, request: Request) -> Response:
         if not self.guard.can_log_in:
