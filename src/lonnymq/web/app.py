@@ -14,6 +14,7 @@ from urllib.parse import quote, unquote
 
 import jinja2
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,6 +25,7 @@ from starlette.templating import Jinja2Templates
 
 from .. import errors
 from ..client import AsyncClient
+from ..client.config import resolve_conninfo
 from ..client.ops import check_queue
 from ..migrations import DEFAULT_SCHEMA
 from ..models import MessageStatus
@@ -112,6 +114,19 @@ def create_app(
     )
     app.state.lonnymq_dashboard = dash
     return app
+
+
+def reader_conninfo(dsn: str | None = None) -> str:
+    """The conninfo of the dashboard's own connections: ``dsn`` (default: like every client)
+    with sequential scans off for its sessions. Its reads are index ranges and capped counts;
+    left to itself the planner may still pick a sequential scan that stops after a LIMIT's
+    worth of rows (e.g. a capped count on a queue holding most of the table), which is fast
+    only while those rows happen to come first in the table: on a big table it reads millions
+    of rows. Tables without a usable index (the small ones) are still scanned."""
+    params = conninfo_to_dict(resolve_conninfo(dsn))
+    options = str(params.get("options") or "")
+    params["options"] = (options + " -c enable_seqscan=off").strip()
+    return make_conninfo("", **params)
 
 
 def _redirect_to(target: str) -> Callable[[Request], Awaitable[Response]]:
@@ -243,7 +258,9 @@ class _Dashboard:
         if self._client is None:
             async with self._lock:
                 if self._client is None:
-                    self._client = AsyncClient(self.dsn, schema=self.schema, pool_size=self.pool_size)
+                    self._client = AsyncClient(
+                        reader_conninfo(self.dsn), schema=self.schema, pool_size=self.pool_size
+                    )
         return self._client
 
     async def close(self) -> None:
