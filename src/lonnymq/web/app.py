@@ -75,6 +75,8 @@ def create_app(
     client: AsyncClient | None = None,
     pool_size: int = 4,
     refresh_seconds: float = REFRESH_SECONDS,
+    overview_cap: int = queries.OVERVIEW_CAP,
+    queue_cap: int = queries.QUEUE_CAP,
 ) -> Starlette:
     """The dashboard's ASGI app for the LonnyMQ schema ``schema`` of ``dsn`` (default: like every
     client, ``$LONNYMQ_DSN``, ``$DATABASE_URL``, libpq's ``PG*``), or of an existing ``client``.
@@ -86,12 +88,19 @@ def create_app(
     neither, every mutation is refused. ``base_path``: serve under this prefix (not needed
     when mounted: the mount's own prefix is used). The connection pool (``pool_size``) is
     opened on the first request and closed with the app's lifespan. ``refresh_seconds``: how
-    often the live pages (overview, queue, workers) refresh themselves."""
+    often the live pages (overview, queue, workers) refresh themselves. ``overview_cap`` and
+    ``queue_cap``: the counts by state stop there on the overview and on a queue's page (shown
+    as "1,000+"): each page then reads a bounded number of index entries however big the
+    queue."""
+    for what, cap in (("overview_cap", overview_cap), ("queue_cap", queue_cap)):
+        if not 1 <= cap <= 100_000:
+            raise errors.InvalidArgument(f"{what} must be between 1 and 100000, got {cap!r}")
     if token is None:
         token = os.environ.get("LONNYMQ_WEB_TOKEN") or None
     guard = Guard(read_only=read_only, token=token, authorize=authorize)
     dash = _Dashboard(dsn, schema, client, pool_size, guard)
     dash.refresh = refresh_seconds
+    dash.overview_cap, dash.queue_cap = overview_cap, queue_cap
     routes = dash.routes()
     base = "/" + base_path.strip("/")
     if base != "/":
@@ -118,14 +127,16 @@ def create_app(
 
 def reader_conninfo(dsn: str | None = None) -> str:
     """The conninfo of the dashboard's own connections: ``dsn`` (default: like every client)
-    with sequential scans off for its sessions. Its reads are index ranges and capped counts;
+    with sequential scans (and JIT) off for its sessions. Its reads are index ranges and capped counts;
     left to itself the planner may still pick a sequential scan that stops after a LIMIT's
     worth of rows (e.g. a capped count on a queue holding most of the table), which is fast
     only while those rows happen to come first in the table: on a big table it reads millions
     of rows. Tables without a usable index (the small ones) are still scanned."""
     params = conninfo_to_dict(resolve_conninfo(dsn))
     options = str(params.get("options") or "")
-    params["options"] = (options + " -c enable_seqscan=off").strip()
+    # jit off too: the penalty enable_seqscan=off puts on the plans of tiny tables (a sequence,
+    # the queue table) would push their cost over jit_above_cost, and compiling costs ms.
+    params["options"] = (options + " -c enable_seqscan=off -c jit=off").strip()
     return make_conninfo("", **params)
 
 
@@ -253,6 +264,8 @@ class _Dashboard:
         self._lock = asyncio.Lock()
         self.templates = _templates()
         self.refresh: float = REFRESH_SECONDS
+        self.overview_cap = queries.OVERVIEW_CAP
+        self.queue_cap = queries.QUEUE_CAP
 
     async def client(self) -> AsyncClient:
         if self._client is None:
@@ -541,10 +554,12 @@ class _Dashboard:
         after = request.query_params.get("after") or None
         if after is not None:
             after = after[:80]
-        return await queries.queue_rows(c, after=after, limit=_limit(request))
+        return await queries.queue_rows(
+            c, after=after, limit=_limit(request), cap=self.overview_cap, parallel=self.pool_size
+        )
 
     async def api_queue(self, request: Request, c: AsyncClient) -> dict[str, Any]:
-        return {"queue": _queue(request), **await queries.queue_page(c, _queue(request))}
+        return {"queue": _queue(request), **await queries.queue_page(c, _queue(request), cap=self.queue_cap)}
 
     async def api_messages(self, request: Request, c: AsyncClient) -> dict[str, Any]:
         queue = _queue(request)

@@ -7,6 +7,7 @@ million messages as on an empty one (tests/web/test_plans.py checks the plans).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -78,9 +79,12 @@ def now_ms() -> int:
 # -- pages -------------------------------------------------------------------------------------
 
 
-async def queue_rows(c: AsyncClient, *, after: str | None, limit: int) -> dict[str, Any]:
-    """The overview: a page of queues by name with their counts by state (capped at
-    OVERVIEW_CAP), oldest ready age, throughput per minute and the last hour minute by minute."""
+async def queue_rows(
+    c: AsyncClient, *, after: str | None, limit: int, cap: int = OVERVIEW_CAP, parallel: int = 4
+) -> dict[str, Any]:
+    """The overview: a page of queues by name with their counts by state (capped at ``cap``),
+    oldest ready age, throughput per minute and the last hour minute by minute. The counts are
+    read in ``parallel`` slices at once (each on its own connection of the client's pool)."""
     queues = await c.list_queues(limit=limit + 1, after=after)
     more = len(queues) > limit
     queues = queues[:limit]
@@ -89,13 +93,19 @@ async def queue_rows(c: AsyncClient, *, after: str | None, limit: int) -> dict[s
     minutes: list[QueueCounts] = []
     now = now_ms()
     if names:
+        size = -(-len(names) // max(1, parallel))
+        slices = [names[i : i + size] for i in range(0, len(names), size)]
+        ops = web_ops(c.schema)
         try:
-            metrics = await c.run(web_ops(c.schema).metrics(names, OVERVIEW_CAP))
-        except errors.QueueNotFound:  # dropped meanwhile: list again, once
+            parts, minutes = await asyncio.gather(
+                asyncio.gather(*(c.run(ops.metrics(part, cap)) for part in slices)),
+                c.run(c.ops.stats_minutes(names, since=now - HOUR_MS)),
+            )
+        except errors.QueueNotFound:  # one was dropped meanwhile: list again, once
             queues = [q for q in await c.list_queues(limit=limit, after=after) if q.name in names]
             names = [q.name for q in queues]
-            metrics = await c.run(web_ops(c.schema).metrics(names, OVERVIEW_CAP))
-        minutes = await c.run(c.ops.stats_minutes(names, since=now - HOUR_MS))
+            parts = [await c.run(ops.metrics(names, cap))]
+        metrics = [m for part in parts for m in part]
     by_queue: dict[str, list[QueueCounts]] = {}
     for x in minutes:
         by_queue.setdefault(x.queue, []).append(x)
@@ -109,22 +119,24 @@ async def queue_rows(c: AsyncClient, *, after: str | None, limit: int) -> dict[s
                 "minutes": [minute(x) for x in by_queue.get(q.name, [])],
             }
         )
-    return {"queues": rows, "next_after": names[-1] if more else None, "cap": OVERVIEW_CAP, "now": now}
+    return {"queues": rows, "next_after": names[-1] if more else None, "cap": cap, "now": now}
 
 
-async def queue_page(c: AsyncClient, name: str) -> dict[str, Any]:
-    """One queue: its settings, its counts (capped at QUEUE_CAP), throughput, the last hour."""
-    info = await c.run(web_ops(c.schema).queue(name))
+async def queue_page(c: AsyncClient, name: str, *, cap: int = QUEUE_CAP) -> dict[str, Any]:
+    """One queue: its settings, its counts (capped at ``cap``), throughput, the last hour."""
+    now = now_ms()
+    info, m, minutes, totals = await asyncio.gather(
+        c.run(web_ops(c.schema).queue(name)),
+        c.metrics(name, cap=cap),
+        c.run(c.ops.stats_minutes([name], since=now - HOUR_MS)),
+        c.run(c.ops.stats_totals([name])),
+    )
     if info is None:
         raise errors.QueueNotFound(f"queue {name!r} does not exist")
-    m = await c.metrics(name, cap=QUEUE_CAP)
-    now = now_ms()
-    minutes = await c.run(c.ops.stats_minutes([name], since=now - HOUR_MS))
-    totals = await c.run(c.ops.stats_totals([name]))
     return {
         "settings": settings(info),
         "counts": counts(m),
-        "cap": QUEUE_CAP,
+        "cap": cap,
         "rates": rates(minutes, now),
         "minutes": [minute(x) for x in minutes],
         "totals": {k: getattr(totals[0], k) for k in _COUNTERS} if totals else None,
