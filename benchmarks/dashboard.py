@@ -1,7 +1,8 @@
 """How fast each page of the web dashboard (lonnymq.web, issue 16 item 6) answers on a big
 installation: 100 queues, one of them holding half of the messages, the rest spread over the
-others (ready, scheduled, leased, some keyed, some in channels), dead messages in the archive and
-an hour of per-minute counters; vacuumed and analysed. Each page is requested through the ASGI
+others (60 % ready, 40 % scheduled, one in 5,000 leased: leases are bounded by the consumers'
+concurrency; a tenth keyed, 2 % of the big queue's in 10 channels), dead messages in the
+archive and an hour of per-minute counters; vacuumed and analysed. Each page is requested through the ASGI
 app in-process (the dashboard's own connection pool, the real templates and queries; no network),
 once to warm up, then ``--runs`` times; the median and the slowest run are printed.
 
@@ -49,7 +50,6 @@ def load(dsn: str, schema: str, queues: int, messages: int, dead: int) -> None:
         now = conn.execute(sql.SQL("SELECT {}.now_ms()").format(s)).fetchone()[0]  # type: ignore[index]
         # Half of the messages in q000, the other half spread over the other queues.
         plan = [(ids[0], messages // 2)] + [(q, (messages - messages // 2) // (queues - 1)) for q in ids[1:]]
-        next_id = 1
         for qid, n in plan:
             for start in range(0, n, CHUNK):
                 size = min(CHUNK, n - start)
@@ -58,19 +58,18 @@ def load(dsn: str, schema: str, queues: int, messages: int, dead: int) -> None:
                         """INSERT INTO {}.message (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
                                                    attempts, deliveries, leased, key, channel, payload)
                            SELECT %(q)s, %(gen)s,
-                                  CASE i %% 4 WHEN 0 THEN %(now)s + 3600000 + i
-                                             WHEN 1 THEN %(now)s + 30000 + i
-                                             ELSE %(now)s - %(n)s + i END,
+                                  CASE WHEN i %% 5000 = 1 THEN %(now)s + 30000 + i   -- leased
+                                       WHEN i %% 5 < 2 THEN %(now)s + 3600000 + i     -- scheduled
+                                       ELSE %(now)s - %(n)s + i END,                  -- ready
                                   %(now)s - %(n)s + i, %(now)s - %(n)s + i,
-                                  (i %% 4 = 1)::int, (i %% 4 = 1)::int, i %% 4 = 1,
-                                  CASE WHEN i %% 10 = 0 THEN 'key-' || (%(first)s + i) END,
+                                  (i %% 5000 = 1)::int, (i %% 5000 = 1)::int, i %% 5000 = 1,
+                                  CASE WHEN i %% 10 = 0 THEN 'key-' || i END,
                                   CASE WHEN %(q)s = %(big)s AND i %% 50 = 7 THEN 'tenant-' || (i %% 10) END,
                                   convert_to('{{"order": ' || i || ', "note": "benchmark"}}', 'UTF8')
-                             FROM generate_series(1, %(size)s) i"""
+                             FROM generate_series(%(start)s + 1, %(start)s + %(size)s) i"""
                     ).format(s),
-                    {"q": qid, "first": next_id, "gen": GEN, "now": now, "n": n, "size": size, "big": ids[0]},
+                    {"q": qid, "start": start, "gen": GEN, "now": now, "n": n, "size": size, "big": ids[0]},
                 )
-                next_id += size
         # Archived ids above every live one (ids grow with time).
         next_id = conn.execute(sql.SQL("SELECT max(id) + 1 FROM {}.message").format(s)).fetchone()[0]  # type: ignore[index]
         per_queue = max(1, dead // queues)

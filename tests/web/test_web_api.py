@@ -4,8 +4,10 @@ data, the actions, the security rules (token, CSRF, read-only) and bad input (4x
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from web_helpers import add_schedule, beat, serve
 
+import lonnymq.web
 from lonnymq import Client
 from lonnymq.web import create_app
 
@@ -363,3 +366,67 @@ def test_base_path(dsn: str, schema: str, client: Client) -> None:
         page = web.get("/lonnymq/")
         assert page.status_code == 200 and 'href="/lonnymq/queues/jobs"' in page.text
         assert [q["name"] for q in web.get("/lonnymq/api/queues").json()["queues"]] == ["jobs"]
+
+
+def test_the_mount_example_of_the_docs(
+    dsn: str, schema: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/dashboard.md's "Mount it in your application" example, run as it is (its
+    create_app() pointed at the test's schema)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "Mount(" in b]
+    client.create_queue("jobs")
+    monkeypatch.setenv("LONNYMQ_DSN", dsn)
+    monkeypatch.setattr(lonnymq.web, "create_app", functools.partial(create_app, schema=schema))
+    namespace: dict[str, object] = {}
+    exec(compile(code, "docs/dashboard.md", "exec"), namespace)
+    with serve(namespace["app"]) as url, httpx.Client(base_url=url) as web:
+        assert web.get("/").text == "my service"
+        assert 'href="/lonnymq/queues/jobs"' in web.get("/lonnymq/").text
+        assert 'action="/lonnymq/queues/jobs/purge"' not in web.get("/lonnymq/queues/jobs").text
+        staff = web.get("/lonnymq/queues/jobs", headers={"x-staff-user": "ada"}).text
+        assert 'action="/lonnymq/queues/jobs/purge"' in staff
+
+
+def test_reschedule(client: Client, web: httpx.Client) -> None:
+    client.create_queue("jobs")
+    json_id = client.send(
+        "jobs", {"n": 1}, key="k1", headers={"h": 1}, kind="job", priority=3, channel="c"
+    ).id
+    text_id = client.send("jobs", "plain text").id
+    raw_id = client.send("jobs", b"\x00\xff").id
+    r = web.post(f"/api/queues/jobs/messages/{json_id}/reschedule", json={"delay": 3600}, headers=BEARER)
+    assert r.status_code == 200, r.text
+    new_id = r.json()["id"]
+    assert client.get("jobs", id=json_id) is None
+    moved = client.get("jobs", id=new_id)
+    assert moved is not None and moved.status == "scheduled"
+    assert (moved.payload, moved.key, moved.headers, moved.kind, moved.priority, moved.channel) == (
+        {"n": 1},
+        "k1",
+        {"h": 1},
+        "job",
+        3,
+        "c",
+    )
+    assert abs(moved.scheduled_at - (r.json()["at"])) == 0
+    # Text and raw bytes come back byte for byte, content type kept; a time in the past is now.
+    for mid, body in ((text_id, "plain text"), (raw_id, b"\x00\xff")):
+        r = web.post(
+            f"/api/queues/jobs/messages/{mid}/reschedule", json={"at": "2020-01-01T00:00:00Z"}, headers=BEARER
+        )
+        got = client.get("jobs", id=r.json()["id"])
+        assert got is not None and got.payload == body and got.status == "ready"
+    # Refused: leased, not live, no time, a malformed time.
+    (leased,) = client.take("jobs", 1)
+    cases = [
+        (leased.id, {"delay": 5}, 409, "leased"),
+        (json_id, {"delay": 5}, 409, "not live"),
+        (new_id, {}, 400, "give at"),
+        (new_id, {"at": "tomorrow"}, 400, "ISO 8601"),
+        (new_id, {"delay": "-1"}, 400, "between 0"),
+    ]
+    for mid, body, status, text in cases:
+        r = web.post(f"/api/queues/jobs/messages/{mid}/reschedule", json=body, headers=BEARER)
+        assert r.status_code == status and text in r.json()["error"], (mid, body, r.text)
+    assert client.get("jobs", id=new_id) is not None

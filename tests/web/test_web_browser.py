@@ -152,6 +152,16 @@ def test_every_page_counts_and_actions(
         page.click("text=Cancel this message")  # confirm() accepted
         expect(page.locator(".flash")).to_contain_text(f"cancelled message {message_id}")
         assert client.get("emails", id=message_id) is None
+        # Reschedule another one an hour later: a new id, scheduled.
+        page.goto(f"{url}/queues/emails/messages?key=welcome-8")
+        page.fill("input[name=delay]", "3600")
+        page.click("button[name=reschedule]")
+        expect(page.locator(".flash")).to_contain_text("rescheduled")
+        expect(page.locator("h2 .st")).to_have_text("scheduled")
+        moved = client.get("emails", key="welcome-8")
+        assert (
+            moved is not None and moved.status == "scheduled" and moved.payload["to"] == "user8@example.com"
+        )
         page.goto(f"{url}/queues/emails/messages")
         _shot(page, shots, "messages")
 

@@ -239,6 +239,30 @@ def _confirmed(params: Params, expected: str) -> None:
         raise _bad(f"type the name {expected!r} in the confirm field to do this")
 
 
+def _when(params: Params) -> int:
+    """Epoch ms from ``at`` (ISO 8601, UTC unless it says otherwise; or epoch ms) or ``delay``
+    (seconds from now)."""
+    at, delay = params.get("at"), params.get("delay")
+    if at:
+        if at.isdigit():
+            ms = int(at)
+        else:
+            try:
+                when = datetime.fromisoformat(at.strip().replace("Z", "+00:00"))
+            except ValueError:
+                raise _bad(f"at must be an ISO 8601 time or epoch ms, got {at[:40]!r}") from None
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            ms = round(when.timestamp() * 1000)
+        if not 0 <= ms <= 2**53:
+            raise _bad("at is out of range")
+        return ms
+    seconds = _seconds(delay, "delay")
+    if seconds is None:
+        raise _bad("give at (a time) or delay (seconds from now)")
+    return queries.now_ms() + round(seconds * 1000)
+
+
 def _seconds(text: str | None, what: str) -> float | None:
     if text is None or text.strip() == "":
         return None
@@ -313,6 +337,7 @@ class _Dashboard:
         actions: list[tuple[str, Action]] = [
             ("/queues/{queue}/purge", self.purge_queue),
             ("/queues/{queue}/messages/{id}/cancel", self.cancel_message),
+            ("/queues/{queue}/messages/{id}/reschedule", self.reschedule_message),
             ("/queues/{queue}/dead/requeue", self.requeue_dead),
             ("/queues/{queue}/dead/purge", self.purge_dead),
             ("/queues/{queue}/channels", self.edit_channel),
@@ -436,7 +461,16 @@ class _Dashboard:
             status = 404
         elif isinstance(exc, errors.PermissionDenied):
             status = 403
-        elif isinstance(exc, (errors.QueueInUse, errors.DuplicateKey, errors.ChannelFull, errors.LeaseLost)):
+        elif isinstance(
+            exc,
+            (
+                errors.QueueInUse,
+                errors.DuplicateKey,
+                errors.ChannelFull,
+                errors.LeaseLost,
+                queries.NotReschedulable,
+            ),
+        ):
             status = 409
         elif isinstance(exc, (errors.NotInstalled, errors.ConnectionLost, errors.ShardUnavailable)):
             status = 503
@@ -625,6 +659,19 @@ class _Dashboard:
         removed = await c.cancel(queue, id=mid)
         done = f"cancelled message {mid}" if removed else f"message {mid} was no longer live"
         return done, {"cancelled": removed}, f"/queues/{queue}/messages"
+
+    async def reschedule_message(
+        self, request: Request, c: AsyncClient, p: Params
+    ) -> tuple[str, dict[str, Any], str]:
+        queue = _queue(request)
+        mid = _message_id(request.path_params["id"])
+        at = _when(p)
+        new_id = await queries.reschedule(c, queue, mid, at)
+        return (
+            f"message {mid} rescheduled for {_ms_time(at)} as message {new_id}",
+            {"id": new_id, "at": at},
+            f"/queues/{queue}/messages/{new_id}",
+        )
 
     async def requeue_dead(
         self, request: Request, c: AsyncClient, p: Params

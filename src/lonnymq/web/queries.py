@@ -12,7 +12,7 @@ import base64
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -20,8 +20,8 @@ from psycopg import sql
 
 from .. import errors
 from ..client import AsyncClient
-from ..client.ops import Op, check_queue
-from ..models import JSON, TEXT, QueueCounts, QueueInfo, QueueMetrics
+from ..client.ops import Op, Ops, check_queue
+from ..models import JSON, TEXT, Envelope, QueueCounts, QueueInfo, QueueMetrics
 
 #: Counts stop here on the overview (one capped index-only count per state and queue); the
 #: queue page counts further.
@@ -291,6 +291,52 @@ async def worker_rows(c: AsyncClient) -> dict[str, Any]:
     """The running workers as their heartbeats registered them."""
     rows = await c.run(c.ops.worker_list())
     return {"workers": [asdict(w) for w in rows], "now": now_ms()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    body: bytes
+
+
+class _AsStored:
+    """A serializer writing a payload's stored bytes back unchanged, with its content type."""
+
+    def __init__(self, content_type: str) -> None:
+        self.content_type = content_type
+
+    def dumps(self, value: Any) -> bytes:
+        assert isinstance(value, _Stored)
+        return value.body
+
+    def loads(self, body: bytes) -> Any:
+        return body
+
+
+class NotReschedulable(errors.LonnyMQError):
+    """The message is not live, or leased (its worker holds it)."""
+
+
+async def reschedule(c: AsyncClient, queue: str, id: int, at_ms: int) -> int:
+    """Send live message ``id`` again to be delivered at ``at_ms``, in one transaction with its
+    cancellation: same payload (byte for byte, content type kept), kind, headers, priority, key
+    and channel; a new id, attempts counted from zero, its saved state dropped. Refused for a
+    leased message. Returns the new id."""
+    async with c.connection() as conn, conn.transaction():
+        m = await c.get(queue, id=id, conn=conn)
+        if m is None:
+            raise NotReschedulable(f"message {id} of queue {queue!r} is not live")
+        if m.status == "leased":
+            raise NotReschedulable(f"message {id} is leased by a worker: wait for it to settle")
+        # message_cancel locks the row; a take between get() and here would have leased it:
+        # the message is then sent again all the same (at least once, never lost).
+        if await c.cancel(queue, ids=[id], conn=conn) != [id]:
+            raise NotReschedulable(f"message {id} of queue {queue!r} is not live")
+        ops = c.ops if m.content_type is None else Ops(c.schema, _AsStored(m.content_type))
+        payload: Any = m.body if m.content_type is None else _Stored(m.body)
+        env = Envelope(payload, m.kind, m.headers, None, at_ms, m.priority, m.key, m.channel)
+        (sent,) = await c.run(ops.send_batch(queue, [env], on_conflict="error"), conn)
+        assert sent.id is not None
+        return sent.id
 
 
 async def _exists(c: AsyncClient, queue: str) -> None:
