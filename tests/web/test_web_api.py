@@ -59,6 +59,11 @@ def test_queues_api_counts_and_overview(client: Client, web: httpx.Client) -> No
     assert re.search(r'data-state="ready"><span class="num" data-count="5">', row.group(1))
     assert "<svg" in row.group(1)
     assert web.get("/healthz").json() == {"status": "ok"}
+    # Only its own scripts and styles, never in a frame (every response, API and errors too).
+    for r in (page, web.get("/api/queues"), web.get("/queues/nope")):
+        assert "script-src" not in r.headers["content-security-policy"]  # default-src 'self' covers it
+        assert "default-src 'self'" in r.headers["content-security-policy"]
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
     # Keyset paging by name.
     first = web.get("/api/queues", params={"limit": 1}).json()
     assert [q["name"] for q in first["queues"]] == ["emails"] and first["next_after"] == "emails"
@@ -169,6 +174,14 @@ def test_bad_mutation_input_gets_a_4xx(client: Client, web: httpx.Client) -> Non
         r = web.post(path, json=body, headers=BEARER)
         assert r.status_code == status, (path, r.text)
         assert text in r.json()["error"], (path, r.text)
+    too_big = web.post("/api/queues/emails/dead/requeue", json={"ids": [1] * 200_000}, headers=BEARER)
+    assert too_big.status_code == 413 and "larger than" in too_big.json()["error"]
+    deep = web.post(
+        "/api/queues/emails/dead/requeue",
+        content=b"[" * 100_000,
+        headers={**BEARER, "content-type": "application/json"},
+    )
+    assert deep.status_code == 400
     r = web.post(
         "/api/queues/emails/dead/requeue",
         content=b"[1,",

@@ -17,11 +17,13 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import errors
 from ..client import AsyncClient
@@ -43,6 +45,16 @@ from .security import (
 )
 
 FLASH_COOKIE = "lonnymq_flash"
+#: The largest request body a mutation reads (a form or JSON object of a few hundred ids).
+MAX_BODY = 256 * 1024
+#: On every response of the dashboard: only its own scripts and styles, never in a frame.
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none';"
+    " form-action 'self'; base-uri 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+}
 #: Seconds between the overview's refreshes.
 REFRESH_SECONDS = 5
 
@@ -114,6 +126,7 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(_SecurityHeaders)],
         exception_handlers={
             HTTPException: dash.http_error,
             errors.LonnyMQError: dash.lonnymq_error,
@@ -138,6 +151,30 @@ def reader_conninfo(dsn: str | None = None) -> str:
     # the queue table) would push their cost over jit_above_cost, and compiling costs ms.
     params["options"] = (options + " -c enable_seqscan=off -c jit=off").strip()
     return make_conninfo("", **params)
+
+
+class _SecurityHeaders:
+    """Adds SECURITY_HEADERS to every HTTP response the dashboard sends."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                for name, value in SECURITY_HEADERS.items():
+                    if name.encode() not in present:
+                        headers.append((name.encode(), value.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def _redirect_to(target: str) -> Callable[[Request], Awaitable[Response]]:
@@ -202,9 +239,9 @@ def _int(text: str | None, what: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _limit(request: Request) -> int:
+def _limit(request: Request, default: int = queries.DEFAULT_PAGE) -> int:
     v = _int(request.query_params.get("limit"), "limit", 1, queries.MAX_PAGE)
-    return queries.DEFAULT_PAGE if v is None else v
+    return default if v is None else v
 
 
 def _after_id(request: Request) -> int | None:
@@ -589,7 +626,11 @@ class _Dashboard:
         if after is not None:
             after = after[:80]
         return await queries.queue_rows(
-            c, after=after, limit=_limit(request), cap=self.overview_cap, parallel=self.pool_size
+            c,
+            after=after,
+            limit=_limit(request, queries.OVERVIEW_PAGE),
+            cap=self.overview_cap,
+            parallel=self.pool_size,
         )
 
     async def api_queue(self, request: Request, c: AsyncClient) -> dict[str, Any]:
@@ -762,10 +803,18 @@ def _jsonable(obj: Any) -> Any:
 
 async def _params(request: Request) -> Params:
     ctype = request.headers.get("content-type", "")
+    size = request.headers.get("content-length")
+    if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
+        raise HTTPException(413, f"the request body is larger than {MAX_BODY} bytes")
     if ctype.startswith("application/json"):
+        raw = bytearray()
+        async for chunk in request.stream():  # bounded even without a content-length
+            raw += chunk
+            if len(raw) > MAX_BODY:
+                raise HTTPException(413, f"the request body is larger than {MAX_BODY} bytes")
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
+            body = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise _bad("the body is not valid JSON") from None
         if body is None:
             body = {}

@@ -30,8 +30,12 @@ QUEUE_CAP = 100_000
 #: The largest page of any listing the dashboard serves.
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
-#: Payloads and headers are shown up to this many bytes.
+#: The overview lists this many queues a page unless asked otherwise.
+OVERVIEW_PAGE = 100
+#: Payloads are shown up to this many bytes on a message's page, and in listings (dead letters,
+#: archive) up to PREVIEW bytes each.
 MAX_SHOWN = 64 * 1024
+PREVIEW = 2 * 1024
 HOUR_MS = 3_600_000
 #: Throughput is averaged over the last five whole minutes.
 RATE_MINUTES = 5
@@ -205,7 +209,7 @@ async def dead_rows(c: AsyncClient, queue: str, *, after: int | None, limit: int
                 "key": r.key,
                 "last_error": r.last_error,
                 "content_type": r.content_type,
-                "payload": shown(r.body, r.content_type),
+                "payload": shown(r.body, r.content_type, PREVIEW),
                 "headers_text": pretty(r.headers),
             }
             for r in rows
@@ -237,7 +241,7 @@ async def archive_rows(
                 "channel": r.channel,
                 "last_error": r.last_error,
                 "content_type": r.content_type,
-                "payload": shown(r.body, r.content_type),
+                "payload": shown(r.body, r.content_type, PREVIEW),
                 "headers_text": pretty(r.headers),
             }
             for r in rows
@@ -395,12 +399,12 @@ def pretty(value: Any) -> str | None:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
-def shown(body: bytes, content_type: str | None) -> dict[str, Any]:
+def shown(body: bytes, content_type: str | None, limit: int = MAX_SHOWN) -> dict[str, Any]:
     """A payload as the dashboard shows it: JSON indented, text as it is, other bytes as base64;
-    cut at MAX_SHOWN bytes (``truncated``)."""
+    cut at ``limit`` bytes (``truncated``)."""
     size = len(body)
-    part = body[:MAX_SHOWN]
-    truncated = size > MAX_SHOWN
+    part = body[:limit]
+    truncated = size > limit
     if content_type is None or content_type in (JSON, TEXT) or content_type.startswith("text/"):
         try:
             text = part.decode("utf-8")

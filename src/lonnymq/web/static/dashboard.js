@@ -9,6 +9,7 @@ document.addEventListener("submit", (e) => {
   if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) e.preventDefault();
 });
 document.addEventListener("change", (e) => {
+  if (e.target.matches("[data-autosubmit]")) { e.target.form.submit(); return; }
   const all = e.target.closest("[data-select-all]");
   if (!all) return;
   for (const box of document.querySelectorAll(`input[name="${all.dataset.selectAll}"]`)) box.checked = all.checked;
