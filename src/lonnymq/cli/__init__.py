@@ -38,6 +38,7 @@ _COMMANDS = [
     "worker",
     "completion",
     "shard",
+    "web",
 ]
 
 

@@ -1,0 +1,35 @@
+// LonnyMQ dashboard: confirmations, select-all, and refreshing live pages in place.
+"use strict";
+document.addEventListener("click", (e) => {
+  const el = e.target.closest("[data-confirm]");
+  if (el && el.tagName === "BUTTON" && !window.confirm(el.dataset.confirm)) e.preventDefault();
+});
+document.addEventListener("submit", (e) => {
+  const form = e.target;
+  if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) e.preventDefault();
+});
+document.addEventListener("change", (e) => {
+  if (e.target.matches("[data-autosubmit]")) { e.target.form.submit(); return; }
+  const all = e.target.closest("[data-select-all]");
+  if (!all) return;
+  for (const box of document.querySelectorAll(`input[name="${all.dataset.selectAll}"]`)) box.checked = all.checked;
+});
+// Live pages (data-refresh="seconds") reload their content, unless the user is busy with a form.
+(function refresh() {
+  const main = document.getElementById("content");
+  const every = main && Number(main.dataset.refresh);
+  if (!every) return;
+  setInterval(async () => {
+    if (document.hidden) return;
+    const active = document.activeElement;
+    if (active && ["INPUT", "SELECT", "TEXTAREA"].includes(active.tagName)) return;
+    if (document.querySelector("input[type=checkbox]:checked")) return;
+    try {
+      const r = await fetch(location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+      if (!r.ok) return;
+      const doc = new DOMParser().parseFromString(await r.text(), "text/html");
+      const fresh = doc.getElementById("content");
+      if (fresh) { fresh.querySelector(".flash")?.remove(); main.innerHTML = fresh.innerHTML; }
+    } catch (_) { /* the next tick tries again */ }
+  }, every * 1000);
+})();
