@@ -35,6 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+# tryfirst: xdist's own hook reads the groups to pin the tests to processes.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A Spark module's tests share its JVM (the session, or the Spark Connect server): under
     # xdist (--dist loadgroup) each such module runs on one worker, not a JVM on every worker

@@ -29,6 +29,8 @@ class Sharded:
         return [c.dsn for c in self.shards]
 
 
+# tryfirst: xdist's own hook reads the groups to pin the tests to processes.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Under pytest-xdist (--dist loadgroup) these tests run on one worker: one set of clusters.
     here = Path(__file__).parent
