@@ -122,38 +122,38 @@ def test_each_page_and_its_data(client: Client, web: httpx.Client) -> None:
     assert missing.status_code == 200 and "no live message with id 999999" in missing.text
 
 
-@pytest.mark.parametrize(
-    ("path", "status", "text"),
-    [
-        ("/queues/nope", 404, "queue &#39;nope&#39; does not exist"),
-        ("/api/queues/nope", 404, "queue 'nope' does not exist"),
-        ("/api/queues/nope/dead", 404, "does not exist"),
-        ("/api/queues/nope/messages", 404, "does not exist"),
-        ("/queues/Bad%20Name/messages", 404, "invalid queue name"),
-        ("/queues/emails/messages/abc", 400, "message id must be an integer"),
-        ("/api/queues/emails/messages/0", 400, "message id must be between"),
-        ("/api/queues/emails/messages/99999999999999999999999", 400, "message id must be between"),
-        ("/api/queues/emails/messages/424242", 404, "no live message 424242"),
-        ("/api/queues?limit=1000000", 400, "limit must be between 1 and 500"),
-        ("/api/queues/emails/messages?limit=-1", 400, "limit must be between"),
-        ("/api/queues/emails/messages?after=x", 400, "after must be an integer"),
-        ("/api/queues/emails/messages?status=dead", 400, "status must be one of"),
-        ("/api/queues/emails/archive?status=bogus", 400, "status must be one of"),
-        ("/api/nothing", 404, "Not Found"),
-    ],
-)
-def test_bad_input_gets_a_clear_4xx(
-    client: Client, web: httpx.Client, path: str, status: int, text: str
-) -> None:
+BAD_GETS = [
+    ("/queues/nope", 404, "queue &#39;nope&#39; does not exist"),
+    ("/api/queues/nope", 404, "queue 'nope' does not exist"),
+    ("/api/queues/nope/dead", 404, "does not exist"),
+    ("/api/queues/nope/messages", 404, "does not exist"),
+    ("/queues/Bad%20Name/messages", 404, "invalid queue name"),
+    ("/queues/emails/messages/abc", 400, "message id must be an integer"),
+    ("/api/queues/emails/messages/0", 400, "message id must be between"),
+    ("/api/queues/emails/messages/99999999999999999999999", 400, "message id must be between"),
+    ("/api/queues/emails/messages/424242", 404, "no live message 424242"),
+    ("/api/queues?limit=1000000", 400, "limit must be between 1 and 500"),
+    ("/api/queues/emails/messages?limit=-1", 400, "limit must be between"),
+    ("/api/queues/emails/messages?after=x", 400, "after must be an integer"),
+    ("/api/queues/emails/messages?status=dead", 400, "status must be one of"),
+    ("/api/queues/emails/archive?status=bogus", 400, "status must be one of"),
+    ("/queues/emails/messages?id=abc", 400, "message id must be an integer"),
+    ("/api/queues/emails/dead?after=-5", 400, "after must be between"),
+    ("/api/nothing", 404, "Not Found"),
+]
+
+
+def test_bad_input_gets_a_clear_4xx(client: Client, web: httpx.Client) -> None:
     client.create_queue("emails")
-    r = web.get(path, headers={"Accept": "text/html"})
-    assert r.status_code == status, r.text
-    assert text in r.text
-    assert "Traceback" not in r.text
-    if path.startswith("/api/"):
-        assert r.json()["status"] == status
-    else:
-        assert r.headers["content-type"].startswith("text/html")
+    for path, status, text in BAD_GETS:
+        r = web.get(path, headers={"Accept": "text/html"})
+        assert r.status_code == status, (path, r.text)
+        assert text in r.text, path
+        assert "Traceback" not in r.text
+        if path.startswith("/api/"):
+            assert r.json()["status"] == status
+        else:
+            assert r.headers["content-type"].startswith("text/html"), path
 
 
 def test_bad_mutation_input_gets_a_4xx(client: Client, web: httpx.Client) -> None:

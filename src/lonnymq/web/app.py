@@ -544,7 +544,6 @@ class _Dashboard:
                     f"{_root(request)}/queues/{queue}/messages/{found.id}",
                     status_code=303,
                 )
-            await queries._exists(c, queue)
             notice = f"no live message with {'id ' + str(mid) if mid is not None else 'key ' + repr(key)}"
         data = await self.api_messages(request, c)
         return await self.render(
@@ -555,7 +554,6 @@ class _Dashboard:
         queue = _queue(request)
         m = await queries.message_one(c, queue, id=_message_id(request.path_params["id"]), key=None)
         if m is None:
-            await queries._exists(c, queue)
             raise HTTPException(404, f"no live message {request.path_params['id']} in queue {queue!r}")
         return await self.render(request, "message.html", {"queue": queue, "m": m})
 
@@ -641,8 +639,6 @@ class _Dashboard:
         qp = request.query_params
         if qp.get("key"):
             m = await queries.message_one(c, queue, id=None, key=qp["key"][:512])
-            if m is None:
-                await queries._exists(c, queue)
             return {"queue": queue, "messages": [] if m is None else [m], "next_after": None}
         status = _status(qp.get("status"), ("ready", "scheduled", "leased"))
         return await queries.message_rows(
@@ -657,7 +653,6 @@ class _Dashboard:
         queue = _queue(request)
         m = await queries.message_one(c, queue, id=_message_id(request.path_params["id"]), key=None)
         if m is None:
-            await queries._exists(c, queue)
             raise HTTPException(404, f"no live message {request.path_params['id']} in queue {queue!r}")
         return m
 

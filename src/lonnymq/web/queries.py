@@ -152,7 +152,6 @@ async def message_rows(
     c: AsyncClient, queue: str, *, status: str | None, after: int | None, limit: int
 ) -> dict[str, Any]:
     """A page of live messages by id, of one status or all, without payloads."""
-    await _exists(c, queue)
     rows = await c.run(c.ops.message_list(queue, status=status, after_id=after, limit=limit + 1))  # type: ignore[arg-type]
     more = len(rows) > limit
     rows = rows[:limit]
@@ -341,11 +340,6 @@ async def reschedule(c: AsyncClient, queue: str, id: int, at_ms: int) -> int:
         (sent,) = await c.run(ops.send_batch(queue, [env], on_conflict="error"), conn)
         assert sent.id is not None
         return sent.id
-
-
-async def _exists(c: AsyncClient, queue: str) -> None:
-    if await c.run(web_ops(c.schema).queue(queue)) is None:
-        raise errors.QueueNotFound(f"queue {queue!r} does not exist")
 
 
 # -- shaping -----------------------------------------------------------------------------------
