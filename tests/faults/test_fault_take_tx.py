@@ -48,7 +48,9 @@ def test_eight_take_tx_processes_never_share_a_message(
     # A rolled-back take_tx leaves no trace: every committed take was the message's first delivery.
     assert {t for _, t in rows} == {1}
     rolled_back = sum(s["rolled_back"] for s in stats)
-    assert rolled_back > 0 and all(s["messages"] > 0 for s in stats), stats
+    # Several processes took messages at once (on a loaded machine one that starts last may find
+    # the queue drained already: taking nothing is no failure of take_tx).
+    assert rolled_back > 0 and sum(1 for s in stats if s["messages"] > 0) >= 4, stats
     print(
         f"\ntake_tx: {MESSAGES} messages, {PROCESSES} processes, {elapsed:.1f}s "
         f"({MESSAGES / elapsed:,.0f} msg/s), {rolled_back} batches rolled back and retaken; {stats}"
