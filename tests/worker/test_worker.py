@@ -562,7 +562,9 @@ def test_survives_losing_its_database_connections(
 
     def kill_worker_backends() -> int:
         row = conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            # This test's database only: other tests' workers may share the server.
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
             ["lonnymq-worker"],
         ).fetchone()
         return int(row[0]) if row else 0
