@@ -44,10 +44,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("spark") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
-    # The groups are the long units of work (a JVM, a browser, a set of clusters): handed out
-    # first, they start at once on their processes while the others share out the short tests,
-    # instead of one starting last and running on alone.
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 @pytest.fixture(scope="session")
