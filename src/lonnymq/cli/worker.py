@@ -208,17 +208,12 @@ def _iso(ms: int | None) -> str | None:
 
 
 def cron_list(args: argparse.Namespace) -> int:
-    from ..worker import parse_schedule
     from ..worker.ops import worker_ops
 
     with _util.client(args) as c:
         rows = c.run(worker_ops(c.schema).cron_list())
     out = []
     for r in rows:
-        try:
-            nxt = parse_schedule(r.schedule).next_after(max(r.last_tick_ms, r.db_now_ms))
-        except errors.InvalidArgument:
-            nxt = None
         out.append(
             {
                 "name": r.name,
@@ -228,7 +223,7 @@ def cron_list(args: argparse.Namespace) -> int:
                 "enabled": r.enabled,
                 "source": r.source,
                 "last_tick": _iso(r.last_tick_ms),
-                "next_tick": _iso(nxt) if r.enabled else None,
+                "next_tick": _iso(r.next_tick_ms()) if r.enabled else None,
                 "last_message_id": r.last_message_id,
             }
         )

@@ -264,15 +264,10 @@ async def channel_rows(c: AsyncClient, queue: str, *, after: str | None, limit: 
 async def cron_rows(c: AsyncClient) -> dict[str, Any]:
     """Every periodic message schedule with its last and next run."""
     from ..worker.ops import worker_ops
-    from ..worker.schedule import parse_schedule
 
     rows = await c.run(worker_ops(c.schema).cron_list())
     out = []
     for r in rows:
-        try:
-            nxt = parse_schedule(r.schedule).next_after(max(r.last_tick_ms, r.db_now_ms))
-        except errors.InvalidArgument:
-            nxt = None
         out.append(
             {
                 "name": r.name,
@@ -284,7 +279,7 @@ async def cron_rows(c: AsyncClient) -> dict[str, Any]:
                 "last_tick_ms": r.last_tick_ms,
                 "last_fired_ms": r.last_fired_ms,
                 "last_message_id": r.last_message_id,
-                "next_tick_ms": nxt if r.enabled else None,
+                "next_tick_ms": r.next_tick_ms() if r.enabled else None,
             }
         )
     return {"schedules": out}

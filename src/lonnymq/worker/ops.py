@@ -10,6 +10,7 @@ from typing import Any
 
 from psycopg import sql
 
+from .. import errors
 from ..client.ops import (
     Op,
     check_queue,
@@ -23,6 +24,7 @@ from ..client.ops import (
     to_ms,
 )
 from ..models import Message
+from .schedule import parse_schedule
 
 #: The migration that created the tables below (0001_baseline; the functions are in sql/cron.sql
 #: and sql/settle.sql, applied by the same migrate).
@@ -42,6 +44,14 @@ class CronRow:
     last_fired_ms: int | None
     last_message_id: int | None
     db_now_ms: int
+
+    def next_tick_ms(self) -> int | None:
+        """The schedule's next tick after its last one (or the database's now, if later): when it
+        fires next if enabled. None if the schedule no longer parses or has no tick left."""
+        try:
+            return parse_schedule(self.schedule).next_after(max(self.last_tick_ms, self.db_now_ms))
+        except errors.InvalidArgument:
+            return None
 
 
 class WorkerOps:
