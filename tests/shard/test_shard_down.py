@@ -11,7 +11,7 @@ import time
 from contextlib import ExitStack
 
 import pytest
-from shard_helpers import home, start_clusters
+from shard_helpers import drain, home, start_clusters
 
 from lonnymq import Client, errors, shard
 
@@ -41,15 +41,6 @@ class Producer(threading.Thread):
                     self.failed.append((n, t0, time.monotonic() - t0, e))
                     time.sleep(0.01)
                 n += 1
-
-
-def drain(dsn: str, queue: str) -> list[int]:
-    got: list[int] = []
-    with Client(dsn) as c:
-        while batch := c.take(queue, 500):
-            got.extend(m.payload["n"] for m in batch)
-            c.ack(batch)
-    return got
 
 
 def test_kill_9_of_a_shard() -> None:
