@@ -30,7 +30,7 @@ from ..client import AsyncClient
 from ..client.config import resolve_conninfo
 from ..client.ops import check_queue
 from ..migrations import DEFAULT_SCHEMA
-from ..models import MessageStatus
+from ..models import ArchiveStatus, MessageStatus
 from . import queries
 from .charts import chart
 from .security import (
@@ -662,7 +662,11 @@ class _Dashboard:
     async def api_archive(self, request: Request, c: AsyncClient) -> dict[str, Any]:
         status = _status(request.query_params.get("status"), ("acked", "dead", "cancelled"))
         return await queries.archive_rows(
-            c, _queue(request), status=status, after=_after_id(request), limit=_limit(request)
+            c,
+            _queue(request),
+            status=cast(ArchiveStatus | None, status),
+            after=_after_id(request),
+            limit=_limit(request),
         )
 
     async def api_channels(self, request: Request, c: AsyncClient) -> dict[str, Any]:

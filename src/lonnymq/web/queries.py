@@ -14,14 +14,33 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import sql
 
 from .. import errors
 from ..client import AsyncClient
 from ..client.ops import Op, Ops, check_queue
-from ..models import JSON, TEXT, Envelope, QueueCounts, QueueInfo, QueueMetrics
+from ..models import (
+    JSON,
+    TEXT,
+    ArchiveStatus,
+    Envelope,
+    MessageStatus,
+    QueueCounts,
+    QueueInfo,
+    QueueMetrics,
+)
+
+T = TypeVar("T")
+
+
+def _page(rows: Sequence[T], limit: int) -> tuple[list[T], T | None]:
+    """A page from ``rows`` fetched as ``limit + 1``: its first ``limit`` rows, and the last of
+    them when more follow (the next page's cursor), else None."""
+    page = list(rows[:limit])
+    return page, (page[-1] if len(rows) > limit else None)
+
 
 #: Counts stop here on the overview (one capped index-only count per state and queue); the
 #: queue page counts further.
@@ -89,9 +108,7 @@ async def queue_rows(
     """The overview: a page of queues by name with their counts by state (capped at ``cap``),
     oldest ready age, throughput per minute and the last hour minute by minute. The counts are
     read in ``parallel`` slices at once (each on its own connection of the client's pool)."""
-    queues = await c.list_queues(limit=limit + 1, after=after)
-    more = len(queues) > limit
-    queues = queues[:limit]
+    queues, last = _page(await c.list_queues(limit=limit + 1, after=after), limit)
     names = [q.name for q in queues]
     metrics: list[QueueMetrics] = []
     minutes: list[QueueCounts] = []
@@ -123,7 +140,7 @@ async def queue_rows(
                 "minutes": [minute(x) for x in by_queue.get(q.name, [])],
             }
         )
-    return {"queues": rows, "next_after": names[-1] if more else None, "cap": cap, "now": now}
+    return {"queues": rows, "next_after": last.name if last else None, "cap": cap, "now": now}
 
 
 async def queue_page(c: AsyncClient, name: str, *, cap: int = QUEUE_CAP) -> dict[str, Any]:
@@ -149,17 +166,16 @@ async def queue_page(c: AsyncClient, name: str, *, cap: int = QUEUE_CAP) -> dict
 
 
 async def message_rows(
-    c: AsyncClient, queue: str, *, status: str | None, after: int | None, limit: int
+    c: AsyncClient, queue: str, *, status: MessageStatus | None, after: int | None, limit: int
 ) -> dict[str, Any]:
     """A page of live messages by id, of one status or all, without payloads."""
-    rows = await c.run(c.ops.message_list(queue, status=status, after_id=after, limit=limit + 1))  # type: ignore[arg-type]
-    more = len(rows) > limit
-    rows = rows[:limit]
+    found = await c.run(c.ops.message_list(queue, status=status, after_id=after, limit=limit + 1))
+    rows, last = _page(found, limit)
     return {
         "queue": queue,
         "status": status,
         "messages": [asdict(r) for r in rows],
-        "next_after": rows[-1].id if more else None,
+        "next_after": last.id if last else None,
     }
 
 
@@ -194,9 +210,7 @@ async def message_one(
 
 async def dead_rows(c: AsyncClient, queue: str, *, after: int | None, limit: int) -> dict[str, Any]:
     """A page of the queue's dead messages in the archive, by id, with their last error."""
-    rows = await c.dead_letters(queue, limit + 1, after_id=after or 0)
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, last = _page(await c.dead_letters(queue, limit + 1, after_id=after or 0), limit)
     return {
         "queue": queue,
         "messages": [
@@ -213,17 +227,15 @@ async def dead_rows(c: AsyncClient, queue: str, *, after: int | None, limit: int
             }
             for r in rows
         ],
-        "next_after": rows[-1].id if more else None,
+        "next_after": last.id if last else None,
     }
 
 
 async def archive_rows(
-    c: AsyncClient, queue: str, *, status: str | None, after: int | None, limit: int
+    c: AsyncClient, queue: str, *, status: ArchiveStatus | None, after: int | None, limit: int
 ) -> dict[str, Any]:
     """A page of the queue's archive (acked, dead, cancelled; or one status), by id."""
-    rows = await c.archived(queue, after_id=after, limit=limit + 1, status=status)  # type: ignore[arg-type]
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, last = _page(await c.archived(queue, after_id=after, limit=limit + 1, status=status), limit)
     return {
         "queue": queue,
         "status": status,
@@ -245,19 +257,17 @@ async def archive_rows(
             }
             for r in rows
         ],
-        "next_after": rows[-1].id if more else None,
+        "next_after": last.id if last else None,
     }
 
 
 async def channel_rows(c: AsyncClient, queue: str, *, after: str | None, limit: int) -> dict[str, Any]:
     """A page of the queue's channels by name: limits, size, in flight, last served."""
-    rows = await c.channels(queue, limit=limit + 1, after=after)
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, last = _page(await c.channels(queue, limit=limit + 1, after=after), limit)
     return {
         "queue": queue,
         "channels": [asdict(r) for r in rows],
-        "next_after": rows[-1].name if more else None,
+        "next_after": last.name if last else None,
     }
 
 
