@@ -122,6 +122,10 @@ def done_count(db: Callable[..., list[Any]]) -> int:
     return int(db("SELECT count(DISTINCT n) FROM {s}.results WHERE phase = 'done'")[0][0])
 
 
+def started_by(db: Callable[..., list[Any]], pid: int) -> int:
+    return int(db("SELECT count(*) FROM {s}.results WHERE phase = 'start' AND pid = %s", pid)[0][0])
+
+
 def test_sigterm_mid_load_finishes_in_flight_and_loses_nothing(
     client: Client, workers: Workers, db: Callable[..., list[Any]]
 ) -> None:
@@ -154,9 +158,16 @@ def test_kill_9_mid_load_processes_everything_at_least_once(
     client.create_queue("work", lease=2)
     for start in range(0, N, 500):
         client.send_batch("work", list(range(start, start + 500)))
-    a = workers.spawn("accept_app:app", "--concurrency", "8", sleep=0.02)
-    b = workers.spawn("accept_app:app", "--concurrency", "8", sleep=0.02)
-    wait_for(lambda: done_count(db) >= N // 4, 120, "a quarter of the messages", [a, b])
+    a = workers.spawn("accept_app:app", "--concurrency", "8", sleep=0.05)
+    b = workers.spawn("accept_app:app", "--concurrency", "8", sleep=0.05)
+    # Kill A mid-load, once both are processing: on a loaded machine one worker can start
+    # seconds after the other, and a kill before A has taken anything would test nothing.
+    wait_for(
+        lambda: min(started_by(db, a.pid), started_by(db, b.pid)) >= 20 and done_count(db) >= N // 8,
+        120,
+        "both workers to be processing",
+        [a, b],
+    )
 
     a.kill()
     a.wait()
