@@ -594,6 +594,9 @@ _VARS = {
     r"\bv_turns\b": "$9",
     r"\bv_limited\b": "$10",
     r"\bv_gen\b": "1",  # the current generation (generations.sql)
+    r"\bv_old\b": "0",  # a frozen generation
+    r"\bv_more\b": "10",
+    r"\bv_held\b": "ARRAY[]::bigint[]",  # the frozen rows locked
 }
 _PARAMS = "(int, bigint, text[], text, bigint, bigint, text[], bigint[], bigint[], boolean[])"
 
@@ -681,7 +684,7 @@ def crowded(dsn: str) -> Iterator[tuple[str, int, int]]:
 
 def test_hot_queries_are_found() -> None:
     # plain candidates (shared with take()); the pick, the heads; the two head lookups of ready_at
-    assert Counter(hot_queries().values()) == {"_lock_ready": 1, "_take_channels": 2, "_channel_ready_at": 2}
+    assert Counter(hot_queries().values()) == {"_lock_ready": 2, "_take_channels": 2, "_channel_ready_at": 2}
     assert "{schema}._lock_ready(q, p_limit, p_now)" in function_text("_take_channels")
 
 

@@ -36,12 +36,19 @@ def candidate_queries(function: str) -> list[str]:
         text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
         text = re.sub(r"\bq\.id\b", "$1", text)
         text = re.sub(r"\b(?:v_now|p_now)\b", "$2", text)
-        text = re.sub(r"\b(?:p_limit|v_want)\b", "$3", text)
-        text = re.sub(r"\bg\.gen\b", "$4", text)
+        text = re.sub(r"\b(?:p_limit|v_want|v_more)\b", "$3", text)
+        text = re.sub(r"\b(?:g\.gen|v_old)\b", "$4", text)  # v_old: a frozen generation
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
         assert not unknown, f"{function}() candidate query uses {unknown}: teach this test about them"
         queries.append(text)
     return queries
+
+
+def window_query(function: str) -> str:
+    """The candidate query of the window (_lock_ready also has one per frozen generation of a
+    queue with a backlog, which the loaded queue has not: it selects fewer columns)."""
+    [query] = [q for q in candidate_queries(function) if "superseded_by" in q]
+    return query
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +160,7 @@ def test_candidate_query_reads_a_handful_of_buffers(
 ) -> None:
     schema, qid, now = loaded
     with psycopg.connect(dsn) as conn:
-        [query] = candidate_queries(function)
+        query = window_query(function)
         for mode in ("force_custom_plan", "force_generic_plan"):
             result = _explain(conn, schema, query, mode, (qid, now, LIMIT, GEN), analyze=True)
             plan = result["Plan"]
@@ -174,7 +181,7 @@ def test_the_extracted_query_is_the_one_take_runs(
     """Guard against the regex drifting: the extracted SELECT picks exactly what take() leases
     (take(n) for n > 1 locks through _lock_ready, take(1) through its own lean path)."""
     schema, qid, now = loaded
-    [query] = candidate_queries(function)
+    query = window_query(function)
     with psycopg.connect(dsn) as conn:
         text = query.replace("{schema}", sql.Identifier(schema).as_string(conn))
         text = text.replace("$1", "%(q)s").replace("$2", "%(now)s").replace("$3", "%(limit)s")

@@ -20,6 +20,13 @@
 --     record of what it pushed out), and sweeps each recorded generation until it is finished.
 -- A row moved or committed late by a long transaction waits at most one rotation to be seen.
 --
+-- A backlog is not rewritten: when a queue holds more than p_max_moves rows in the generation
+-- leaving the window, they stay there and the generation joins the queue's frozen list
+-- (message_gen_frozen), which its takes read, oldest first, before the window. Consumption walks
+-- the dead entries of one frozen generation at a time (a few seconds of sends), never those of
+-- the whole backlog; rotate() drops a generation from the list once the queue's rows there are
+-- down to p_max_moves and moved forward. Rotation itself never stops.
+--
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
 -- identifier, {schema_name} its string literal; literal braces are doubled. Time is epoch
@@ -46,56 +53,130 @@ BEGIN
     RETURN v_gen;
 END $$;
 
--- The generations that may hold plain messages: the window (G-1, G) and the pending ones
--- (stragglers of long transactions, rows a sweep had to skip). Metrics and peek read these;
--- take reads the window only. Reads message_gen_seq, message_gen_pending; takes no lock.
-CREATE OR REPLACE FUNCTION {schema}._gens_live() RETURNS bigint[]
+-- The generations that may hold plain messages of queue p_queue_id: the pending ones (stragglers
+-- of long transactions, rows a sweep had to skip), the queue's frozen ones and the window (G-1,
+-- G). Metrics and peek read these; take reads the frozen ones and the window. Reads
+-- message_gen_seq, message_gen_pending, message_gen_frozen; takes no lock.
+CREATE OR REPLACE FUNCTION {schema}._gens_of(p_queue_id integer) RETURNS bigint[]
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_gen bigint;
 BEGIN
     SELECT s.last_value INTO v_gen FROM {schema}.message_gen_seq s;
     RETURN ARRAY(SELECT p.gen FROM {schema}.message_gen_pending p WHERE p.gen < v_gen - 1
+                 UNION SELECT unnest(f.gens) FROM {schema}.message_gen_frozen f
+                        WHERE f.queue_id = p_queue_id
                  UNION SELECT v_gen - 1 UNION SELECT v_gen ORDER BY 1);
 END $$;
 
+-- Whether no writer can still commit rows into generation p_gen (writers hold its advisory lock,
+-- shared, until they end: _gen_write). Check it before moving rows out: a writer that commits
+-- after a free lock cannot exist. Locks: tries the generation's advisory lock (never waits).
+CREATE OR REPLACE FUNCTION {schema}._gen_writers_gone(p_gen bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_class integer := hashtext({schema_name} || '/gen') & 2147483647;
+    v_key   integer := (p_gen % 2147483647)::integer;
+BEGIN
+    IF pg_try_advisory_lock(v_class, v_key) THEN
+        PERFORM pg_advisory_unlock(v_class, v_key);
+        RETURN true;
+    END IF;
+    RETURN false;
+END $$;
+
 -- Move the plain messages of generation p_gen (outside the window) into p_target, skipping rows
--- others hold. Returns true when p_gen is finished: no writer can still commit rows there (its
--- advisory lock was free before the move) and no row was left behind. Writes message (gen).
--- Locks: the rows it moves (SKIP LOCKED); tries the generation's advisory lock (never waits).
+-- others hold and the rows of queues that keep p_gen frozen. Returns true when p_gen is
+-- finished: no writer can still commit rows there and no row was left behind but frozen ones.
+-- Writes message (gen). Locks: the rows it moves (SKIP LOCKED); tries the generation's advisory
+-- lock (never waits).
 CREATE OR REPLACE FUNCTION {schema}._gen_sweep(p_gen bigint, p_target bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_class   integer := hashtext({schema_name} || '/gen') & 2147483647;
-    v_key     integer := (p_gen % 2147483647)::integer;
-    v_no_more boolean;
+    v_frozen  integer[] := ARRAY(SELECT f.queue_id FROM {schema}.message_gen_frozen f
+                                  WHERE p_gen = ANY (f.gens));
+    v_no_more boolean   := {schema}._gen_writers_gone(p_gen);
 BEGIN
-    -- First the lock, then the move: a writer that commits after a free lock cannot exist.
-    v_no_more := pg_try_advisory_lock(v_class, v_key);
-    IF v_no_more THEN
-        PERFORM pg_advisory_unlock(v_class, v_key);
-    END IF;
     UPDATE {schema}.message m SET gen = p_target
       FROM (SELECT x.queue_id, x.id FROM {schema}.message x
-             WHERE x.gen = p_gen AND x.channel IS NULL
+             WHERE x.gen = p_gen AND x.channel IS NULL AND x.queue_id <> ALL (v_frozen)
                FOR UPDATE SKIP LOCKED) c
      WHERE m.queue_id = c.queue_id AND m.id = c.id;
     RETURN v_no_more AND NOT EXISTS (SELECT FROM {schema}.message x
-                                      WHERE x.gen = p_gen AND x.channel IS NULL);
+                                      WHERE x.gen = p_gen AND x.channel IS NULL
+                                        AND x.queue_id <> ALL (v_frozen));
 END $$;
 
--- Open a new generation when the current one is p_period_ms old (or p_force), and move the live
--- plain messages of the one that leaves the window forward; then sweep pending generations.
--- Skips the move (and tries again a period later) while the generation leaving the window holds
--- more than p_max_moves messages: a large backlog or many scheduled messages would cost more to
--- rewrite than its dead index entries cost takes. One rotator at a time: another caller returns
+-- Freeze generation p_gen (leaving the window) for every queue that holds more than p_max of
+-- its plain messages there: their rows stay, and p_gen joins the queue's frozen list. One walk
+-- of the generation. Writes message_gen_frozen.
+CREATE OR REPLACE FUNCTION {schema}._gen_freeze(p_gen bigint, p_max integer) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO {schema}.message_gen_frozen AS f (queue_id, gens)
+    SELECT x.queue_id, ARRAY[p_gen]
+      FROM {schema}.message x
+     WHERE x.gen = p_gen AND x.channel IS NULL
+     GROUP BY x.queue_id
+    HAVING count(*) > p_max
+    ON CONFLICT (queue_id) DO UPDATE SET gens = f.gens || p_gen
+     WHERE NOT p_gen = ANY (f.gens);
+END $$;
+
+-- Thaw, per frozen queue, its oldest frozen generations (up to four a call) where it holds
+-- p_max rows or fewer: move them into p_target, and drop the generation from the queue's list
+-- once no row of the queue is left there and no writer can add one. Forgets queues that are
+-- gone. Writes message (gen), message_gen_frozen. Locks: the rows it moves (SKIP LOCKED).
+CREATE OR REPLACE FUNCTION {schema}._gen_thaw(p_target bigint, p_max integer) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    f      {schema}.message_gen_frozen;
+    v_gen  bigint;
+    v_gens bigint[];
+    v_done boolean;
+BEGIN
+    FOR f IN SELECT * FROM {schema}.message_gen_frozen ORDER BY queue_id LOOP
+        IF NOT EXISTS (SELECT FROM {schema}.queue q WHERE q.id = f.queue_id) THEN
+            DELETE FROM {schema}.message_gen_frozen x WHERE x.queue_id = f.queue_id;
+            CONTINUE;
+        END IF;
+        v_gens := f.gens;
+        FOREACH v_gen IN ARRAY f.gens[1:4] LOOP
+            CONTINUE WHEN (SELECT count(*) FROM (SELECT FROM {schema}.message x
+                                                  WHERE x.gen = v_gen AND x.queue_id = f.queue_id
+                                                    AND x.channel IS NULL
+                                                  LIMIT p_max + 1) c) > p_max;
+            v_done := {schema}._gen_writers_gone(v_gen);
+            UPDATE {schema}.message m SET gen = p_target
+              FROM (SELECT x.id FROM {schema}.message x
+                     WHERE x.gen = v_gen AND x.queue_id = f.queue_id AND x.channel IS NULL
+                       FOR UPDATE SKIP LOCKED) c
+             WHERE m.queue_id = f.queue_id AND m.id = c.id;
+            IF v_done AND NOT EXISTS (SELECT FROM {schema}.message x
+                                       WHERE x.gen = v_gen AND x.queue_id = f.queue_id
+                                         AND x.channel IS NULL) THEN
+                v_gens := array_remove(v_gens, v_gen);
+            END IF;
+        END LOOP;
+        IF cardinality(v_gens) = 0 THEN
+            DELETE FROM {schema}.message_gen_frozen x WHERE x.queue_id = f.queue_id;
+        ELSIF v_gens <> f.gens THEN
+            UPDATE {schema}.message_gen_frozen x SET gens = v_gens WHERE x.queue_id = f.queue_id;
+        END IF;
+    END LOOP;
+END $$;
+
+-- Open a new generation when the current one is p_period_ms old (or p_force): the one that
+-- leaves the window is frozen for the queues that hold more than p_max_moves rows there (their
+-- backlog is not rewritten) and its other live plain messages move forward; then pending
+-- generations are swept and frozen ones thawed. One rotator at a time: another caller returns
 -- NULL at once. Returns the current generation. Called by take() when due, by maintain(), or
--- directly. Writes message (gen), message_gen_pending, the generation sequences. Locks: an
--- advisory transaction lock (try), the rows it moves (SKIP LOCKED).
+-- directly. Writes message (gen), message_gen_pending, message_gen_frozen, the generation
+-- sequences. Locks: an advisory transaction lock (try), the rows it moves (SKIP LOCKED).
 CREATE OR REPLACE FUNCTION {schema}.rotate(
     p_force     boolean DEFAULT false,
     p_period_ms bigint  DEFAULT 2000,
-    p_max_moves integer DEFAULT 10000,
+    p_max_moves integer DEFAULT 1000,
     p_now       bigint  DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
@@ -121,18 +202,15 @@ BEGIN
             DELETE FROM {schema}.message_gen_pending p WHERE p.gen = v_old;
         END IF;
     END LOOP;
+    PERFORM {schema}._gen_thaw(v_gen, p_max_moves);
     PERFORM setval('{schema}.message_gen_started_seq', v_now);
     -- G-1 leaves the window with the next generation: only once its record is committed.
     IF NOT EXISTS (SELECT FROM {schema}.message_gen_pending p WHERE p.gen = v_gen - 1) THEN
         INSERT INTO {schema}.message_gen_pending (gen) VALUES (v_gen - 1);
         RETURN v_gen;
     END IF;
-    IF (SELECT count(*) FROM (SELECT FROM {schema}.message m
-                               WHERE m.gen = v_gen - 1 AND m.channel IS NULL
-                               LIMIT p_max_moves + 1) x) > p_max_moves THEN
-        RETURN v_gen;
-    END IF;
     v_gen := nextval('{schema}.message_gen_seq');
+    PERFORM {schema}._gen_freeze(v_gen - 2, p_max_moves);
     IF {schema}._gen_sweep(v_gen - 2, v_gen) THEN
         DELETE FROM {schema}.message_gen_pending p WHERE p.gen = v_gen - 2;
     END IF;

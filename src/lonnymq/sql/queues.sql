@@ -187,7 +187,7 @@ CREATE OR REPLACE FUNCTION {schema}._count_messages(
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (SELECT count(*) FROM (
-        (SELECT 1 FROM unnest({schema}._gens_live()) AS g(gen)
+        (SELECT 1 FROM unnest({schema}._gens_of(p_queue_id)) AS g(gen)
            CROSS JOIN LATERAL (SELECT 1 FROM {schema}.message m
                                 WHERE m.gen = g.gen AND m.queue_id = p_queue_id AND m.channel IS NULL
                                   AND m.dequeue_at > p_after AND m.dequeue_at <= p_until
@@ -264,7 +264,7 @@ BEGIN
     -- The head of the index is what is delivered next; look a bounded way into it (and at the
     -- head of each channel).
     SELECT max(v_now - h.scheduled_at) INTO oldest_ready_age_ms FROM (
-        (SELECT x.scheduled_at FROM unnest({schema}._gens_live()) AS g(gen)
+        (SELECT x.scheduled_at FROM unnest({schema}._gens_of(q.id)) AS g(gen)
            CROSS JOIN LATERAL (SELECT m.scheduled_at FROM {schema}.message m
                                 WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
                                   AND m.dequeue_at <= v_now
@@ -277,7 +277,7 @@ BEGIN
                                 ORDER BY m.dequeue_at, m.id LIMIT 1) x
           WHERE c.queue_id = q.id)) h;
     SELECT min(h.dequeue_at) INTO next_scheduled_at FROM (
-        (SELECT x.dequeue_at FROM unnest({schema}._gens_live()) AS g(gen)
+        (SELECT x.dequeue_at FROM unnest({schema}._gens_of(q.id)) AS g(gen)
            CROSS JOIN LATERAL (SELECT m.dequeue_at FROM {schema}.message m
                                 WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
                                   AND m.dequeue_at > v_now AND NOT m.leased

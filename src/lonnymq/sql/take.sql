@@ -12,31 +12,58 @@
 -- allowed attempt are dead-lettered here, superseded versions whose lease expired (send_batch)
 -- are deleted (both in dead, which callers use only to know that rows left); the rest are
 -- returned in order (ids, with their dequeue_at in ats for the channel path's merge).
--- Reads the two generations of the window (generations.sql), each in index order, and merges
--- them; rows of the window beyond p_limit may stay locked until the transaction ends.
+-- Locks rows of the queue's frozen generations first, oldest first, until p_limit are held (a
+-- backlog: generations.sql), then reads the two generations of the window, each in index order,
+-- and merges them with the frozen rows it holds (each found again by its key); rows beyond
+-- p_limit may stay locked until the transaction ends.
 CREATE OR REPLACE FUNCTION {schema}._lock_ready(q {schema}.queue, p_limit integer, p_now bigint,
                                      OUT ids bigint[], OUT ats bigint[], OUT dead bigint[])
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_gone bigint[];
-    v_gen  bigint;
+    v_gone   bigint[];
+    v_gen    bigint;
+    v_frozen bigint[];
+    v_old    bigint;
+    v_held   bigint[] := ARRAY[]::bigint[];
+    v_more   integer;
 BEGIN
-    SELECT s.last_value INTO v_gen FROM {schema}.message_gen_seq s;
+    SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
+      INTO v_gen, v_frozen
+      FROM {schema}.message_gen_seq s;
+    FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
+        v_more := p_limit - coalesce(cardinality(v_held), 0);
+        EXIT WHEN v_more <= 0;
+        SELECT v_held || array_agg(x.id ORDER BY x.dequeue_at, x.id) INTO v_held
+          FROM (SELECT m.id, m.dequeue_at FROM {schema}.message m
+                 WHERE m.gen = v_old AND m.queue_id = q.id AND m.channel IS NULL
+                   AND m.dequeue_at <= p_now
+                 ORDER BY m.dequeue_at, m.id
+                 LIMIT v_more
+                   FOR UPDATE SKIP LOCKED) x;
+    END LOOP;
     SELECT array_agg(c.id ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.live AND c.attempts < q.max_attempts),
            array_agg(c.dequeue_at ORDER BY c.dequeue_at, c.id) FILTER (WHERE c.live AND c.attempts < q.max_attempts),
            array_agg(c.id) FILTER (WHERE c.live AND c.attempts >= q.max_attempts),
            array_agg(c.id) FILTER (WHERE NOT c.live)
       INTO ids, ats, dead, v_gone
       FROM (SELECT x.id, x.dequeue_at, x.attempts, x.live
-              FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
-             CROSS JOIN LATERAL (
-                   SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
-                     FROM {schema}.message m
-                    WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                      AND m.dequeue_at <= p_now
-                    ORDER BY m.dequeue_at, m.id
-                    LIMIT p_limit
-                      FOR UPDATE SKIP LOCKED) x
+              FROM ((SELECT w.*
+                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                      CROSS JOIN LATERAL (
+                            SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
+                              FROM {schema}.message m
+                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                               AND m.dequeue_at <= p_now
+                             ORDER BY m.dequeue_at, m.id
+                             LIMIT p_limit
+                               FOR UPDATE SKIP LOCKED) w)
+                    UNION ALL
+                    (SELECT k.*
+                       FROM unnest(v_held) AS h(id)
+                      CROSS JOIN LATERAL (
+                            SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
+                              FROM {schema}.message m
+                             WHERE m.queue_id = q.id AND m.id = h.id OFFSET 0) k)) x
              ORDER BY x.dequeue_at, x.id
              LIMIT p_limit) c;
     IF dead IS NOT NULL THEN
@@ -372,6 +399,7 @@ DECLARE
     v_ids   bigint[];
     v_dead  bigint[];
     v_gen   bigint;
+    v_frozen integer;
 BEGIN
     -- The checks of _queue, _check_limit, _check_positive and _now, called only when they are
     -- going to fail (each call is a statement).
@@ -408,9 +436,15 @@ BEGIN
         RETURN;
     END IF;
 
-    -- One message: _lock_ready's candidate query for one row, and _deliver's lease of it.
+    -- One message: _lock_ready's candidate query for one row, and _deliver's lease of it (a
+    -- queue with a backlog in frozen generations takes the general path).
     IF p_limit = 1 THEN
-        SELECT s.last_value INTO v_gen FROM {schema}.message_gen_seq s;
+        SELECT s.last_value, (SELECT f.queue_id FROM {schema}.message_gen_frozen f
+                               WHERE f.queue_id = q.id)
+          INTO v_gen, v_frozen
+          FROM {schema}.message_gen_seq s;
+    END IF;
+    IF p_limit = 1 AND v_frozen IS NULL THEN
         SELECT x.id, x.attempts, x.live INTO v_id, v_tries, v_live
           FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
          CROSS JOIN LATERAL (
@@ -515,7 +549,7 @@ BEGIN
     SELECT m.id, m.attempts, m.deliveries,
            CASE WHEN m.leased THEN m.dequeue_at END, m.scheduled_at, m.enqueued_at, m.priority,
            m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload
-      FROM ((SELECT p.* FROM unnest({schema}._gens_live()) AS g(gen)
+      FROM ((SELECT p.* FROM unnest({schema}._gens_of(q.id)) AS g(gen)
               CROSS JOIN LATERAL (SELECT x.* FROM {schema}.message x
                                    WHERE x.gen = g.gen AND x.queue_id = q.id AND x.channel IS NULL
                                    ORDER BY x.dequeue_at, x.id LIMIT p_limit) p)
@@ -540,7 +574,7 @@ BEGIN
     -- A channel is ready at its ready_at (its head, rate limit and concurrency limit permitting).
     -- (greatest() ignores NULLs: an empty queue must stay NULL, not 'ready now'.)
     RETURN (SELECT CASE WHEN min(x.at) IS NOT NULL THEN greatest(min(x.at) - v_now, 0) END
-              FROM ((SELECT h.dequeue_at FROM unnest({schema}._gens_live()) AS g(gen)
+              FROM ((SELECT h.dequeue_at FROM unnest({schema}._gens_of(q.id)) AS g(gen)
                       CROSS JOIN LATERAL (SELECT m.dequeue_at FROM {schema}.message m
                                            WHERE m.gen = g.gen AND m.queue_id = q.id
                                              AND m.channel IS NULL
