@@ -101,9 +101,7 @@ def test_a_rotation_rolled_back_after_opening_a_generation_loses_nothing(
 
 
 def frozen(db: Sql) -> dict[str, list[int]]:
-    rows = db.q(
-        "SELECT q.name, f.gens FROM {s}.message_gen_frozen f JOIN {s}.queue q ON q.id = f.queue_id"
-    )
+    rows = db.q("SELECT q.name, f.gens FROM {s}.message_gen_frozen f JOIN {s}.queue q ON q.id = f.queue_id")
     return {r["name"]: r["gens"] for r in rows}
 
 
@@ -152,7 +150,9 @@ def test_a_backlog_stays_in_its_generation_and_rotation_goes_on(db: Sql) -> None
     rest = db.take("q", 100, now + 1)
     assert ids(rest) == [d1["id"], *backlog[21:], *newer] or ids(rest) == [*backlog[21:], d1["id"], *newer]
     db.call("ack", p_queue="q", p_ids=ids(rest), p_tokens=[d["token"] for d in rest], p_now=now + 1)
-    db.call("ack", p_queue="q", p_ids=[d0["id"], one["id"]], p_tokens=[d0["token"], one["token"]], p_now=now + 1)
+    db.call(
+        "ack", p_queue="q", p_ids=[d0["id"], one["id"]], p_tokens=[d0["token"], one["token"]], p_now=now + 1
+    )
     # Down to one leased row (d2, its stale ack did nothing): the generation thaws, the lease
     # moves forward with its token, and expires on time.
     rotate_small(db, now + 1, 2)
