@@ -11,8 +11,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from core_helpers import Sql
+from lonnymq import Client
 
 
 @pytest.fixture
@@ -98,6 +100,27 @@ def test_a_rotation_rolled_back_after_opening_a_generation_loses_nothing(
     rotate(db, now)
     rotate(db, now)
     assert ids(db.take("q", 5, now)) == sent
+
+
+def test_take_through_a_driver_keeps_the_generations_moving(dsn: str, db: Sql, schema: str) -> None:
+    """take() rotates when a rotation is due, called the way drivers call it (the extended
+    protocol, with parameters), but not inside a caller's transaction that has written."""
+    db.call("queue_create", p_name="q")
+    client = Client(dsn, schema=schema, pool_size=1)
+    try:
+        for _ in range(2):  # the first rotation records G-1, the second opens G+1
+            db.q("SELECT setval('{s}.message_gen_started_seq', 1)")
+            before = gen(db)
+            client.take("q", 1)
+        assert gen(db) == before + 1
+        db.q("SELECT setval('{s}.message_gen_started_seq', 1)")
+        with psycopg.connect(dsn) as tx:  # a caller's transaction: send, then take
+            take = sql.SQL("SELECT * FROM {}.take(%s, 1)").format(sql.Identifier(schema))
+            Sql(tx, schema).send("q", [b"x"], db.now())
+            assert len(tx.execute(take, ["q"]).fetchall()) == 1
+        assert db.q("SELECT last_value AS v FROM {s}.message_gen_started_seq") == [{"v": 1}]
+    finally:
+        client.close()
 
 
 def frozen(db: Sql) -> dict[str, list[int]]:

@@ -420,10 +420,15 @@ BEGIN
     END IF;
     v_lease := coalesce(p_lease_ms, q.lease_ms);
 
-    -- Keep the generations moving (generations.sql) when one is due: not in a transaction that
-    -- started earlier, whose end would hold the rows moved.
+    -- Keep the generations moving (generations.sql) when one is due: not in a caller's
+    -- transaction, whose end would hold the rows moved: none that has written anything or
+    -- started more than 100 ms before this statement. (Not "statement_timestamp() =
+    -- transaction_timestamp()": over the extended protocol, which every driver with parameters
+    -- uses, the transaction starts at Bind and the statement at Execute, so that never held and
+    -- take never rotated.)
     IF v_now - (SELECT s.last_value FROM {schema}.message_gen_started_seq s) >= 2000
-       AND statement_timestamp() = transaction_timestamp() THEN
+       AND pg_current_xact_id_if_assigned() IS NULL
+       AND statement_timestamp() - transaction_timestamp() < interval '100 milliseconds' THEN
         PERFORM {schema}.rotate(p_now => v_now);
     END IF;
 
