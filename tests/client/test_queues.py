@@ -269,6 +269,7 @@ def test_metrics_by_state(client: Client, db: Sql) -> None:
         "scheduled_at_least": False,
         "leased_at_least": False,
         "dead_at_least": False,
+        "paused": False,
     }
     # Once the lease of m3 expires it is ready again; at t + 60000 s1 is ready too.
     [row] = db.call("queue_metrics", p_name="q", p_now=t + 60_000)
