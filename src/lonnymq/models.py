@@ -108,6 +108,8 @@ class QueueInfo:
     max_payload_bytes: int
     priority_step_ms: int
     created_at: datetime
+    #: Paused (``pause_queue``): sends are accepted, nothing is handed out.
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,8 @@ class QueueMetrics:
     ``total_sent``: messages ever sent to the queue (sends, dead letters moved in, requeued
     dead messages). ``oldest_age_ms``/``newest_age_ms``: age of the first and last live
     message (None when empty); ``oldest_ready_age_ms``: how overdue the most overdue ready
-    message is; ``next_scheduled_at``: epoch ms when the next scheduled one comes due."""
+    message is; ``next_scheduled_at``: epoch ms when the next scheduled one comes due. ``paused``: the queue hands out nothing
+    (``pause_queue``); its ready messages still count as ready."""
 
     queue: str
     ready: int
@@ -133,6 +136,7 @@ class QueueMetrics:
     scheduled_at_least: bool = False
     leased_at_least: bool = False
     dead_at_least: bool = False
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -292,3 +292,24 @@ def test_bash_completion(tmp_path: Path) -> None:
     )
     out = subprocess.run(["bash", "-c", check], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["purge", "--yes", "send server"]
+
+
+def test_pause_and_resume(tmp_path: Path, db: list[str], client: Client) -> None:
+    client.create_queue("jobs")
+    client.send("jobs", "a")
+    proc = run(tmp_path, "queue", "pause", "jobs", *db)
+    assert proc.returncode == 0 and "paused queue 'jobs'" in proc.stdout
+    assert client.take("jobs") == []
+    again = json.loads(run(tmp_path, "queue", "pause", "jobs", "--json", *db).stdout)
+    assert again == {"queue": "jobs", "paused": True, "changed": False}
+    [listed] = json.loads(run(tmp_path, "queue", "list", "--json", *db).stdout)
+    assert listed["paused"] is True
+    assert "paused" in run(tmp_path, "queue", "list", *db).stdout
+    [stats] = json.loads(run(tmp_path, "queue", "stats", "jobs", "--json", *db).stdout)
+    assert (stats["paused"], stats["ready"]) == (True, 1)
+    proc = run(tmp_path, "queue", "resume", "jobs", *db)
+    assert proc.returncode == 0 and "resumed queue 'jobs'" in proc.stdout
+    assert json.loads(run(tmp_path, "queue", "resume", "jobs", "--json", *db).stdout)["changed"] is False
+    assert [m.payload for m in client.take("jobs")] == ["a"]
+    line = one_line_failure(run(tmp_path, "queue", "pause", "nope", *db))
+    assert "nope" in line and "does not exist" in line

@@ -269,6 +269,7 @@ def test_metrics_by_state(client: Client, db: Sql) -> None:
         "scheduled_at_least": False,
         "leased_at_least": False,
         "dead_at_least": False,
+        "paused": False,
     }
     # Once the lease of m3 expires it is ready again; at t + 60000 s1 is ready too.
     [row] = db.call("queue_metrics", p_name="q", p_now=t + 60_000)
@@ -374,3 +375,70 @@ def test_list_queues_pages_by_name(client: Client) -> None:
     assert [q.name for q in client.list_queues(limit=2, after="q024")] == []
     with pytest.raises(errors.InvalidArgument):
         client.list_queues(limit=0)
+
+
+# -- pause and resume ------------------------------------------------------------------------------
+
+
+def test_a_paused_queue_accepts_sends_hands_out_nothing_and_settles(client: Client) -> None:
+    client.create_queue("jobs")
+    client.send_batch("jobs", ["a", "b"])
+    [m] = client.take("jobs")
+    assert client.pause_queue("jobs") is True
+    assert client.pause_queue("jobs") is False  # paused already
+    assert client.send("jobs", "c").outcome == "created"
+    assert client.take("jobs", 10) == []
+    with client.connection() as conn, conn.transaction():
+        assert client.take_tx("jobs", 10, conn=conn) == []
+    assert client.receive("jobs", timeout=0.2, poll=0.1) == []
+    assert set(client.extend([m], lease=60)) == {m.id}
+    assert client.ack(m) == {m.id}  # a message leased before the pause settles
+    [info] = client.list_queues()
+    metrics = client.metrics("jobs")
+    assert info.paused and metrics.paused and metrics.ready == 2
+    assert client.resume_queue("jobs") is True
+    assert client.resume_queue("jobs") is False
+    assert [x.payload for x in client.take("jobs", 10)] == ["b", "c"]
+    assert not client.list_queues()[0].paused and not client.metrics("jobs").paused
+    with pytest.raises(errors.QueueNotFound):
+        client.pause_queue("nope")
+    with pytest.raises(errors.InvalidQueueName):
+        client.resume_queue("Bad Name")
+
+
+def test_resume_wakes_a_receive_waiting_on_the_queue(client: Client) -> None:
+    client.create_queue("jobs")
+    client.pause_queue("jobs")
+    client.send("jobs", "x")
+    got: list[object] = []
+    with Client(client.conninfo, schema=client.schema) as consumer:
+        # poll=30: only the resume's wake-up can end the wait in time.
+        t = threading.Thread(target=lambda: got.extend(consumer.receive("jobs", timeout=25, poll=30)))
+        t.start()
+        time.sleep(0.5)
+        assert got == []
+        resumed = time.monotonic()
+        client.resume_queue("jobs")
+        t.join(25)
+        assert not t.is_alive()
+    assert [m.payload for m in got] == ["x"]  # type: ignore[attr-defined]
+    assert time.monotonic() - resumed < 5
+
+
+def test_pause_and_resume_async(dsn: str, schema: str, client: Client) -> None:
+    import asyncio
+
+    from lonnymq import AsyncClient
+
+    client.create_queue("jobs")
+    client.send("jobs", "x")
+
+    async def main() -> None:
+        async with AsyncClient(dsn, schema=schema) as c:
+            assert await c.pause_queue("jobs") is True
+            assert await c.take("jobs") == []
+            assert (await c.metrics("jobs")).paused
+            assert await c.resume_queue("jobs") is True
+            assert [m.payload for m in await c.take("jobs")] == ["x"]
+
+    asyncio.run(main())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -225,6 +226,104 @@ def test_admin_manages_queues_through_functions_only(setup: Client, schema: str,
             c.rollback()
 
 
+#: What lonnymq_monitor may call (migration 0011): the functions that only read.
+MONITOR_READS = {
+    "now_ms",
+    "queue_list",
+    "queue_metrics",
+    "worker_queues",
+    "next_ready_in",
+    "peek",
+    "channel_list",
+    "message_get",
+    "message_list",
+    "archive_list",
+    "dead_list",
+    "stats_minutes",
+    "stats_totals",
+    "worker_list",
+    "cron_list",
+    "spark_queue_check",
+    "spark_id_range",
+    "spark_read_messages",
+    "spark_read_archive",
+    "spark_write_status",
+}
+
+
+def test_monitor_reads_everything_and_changes_nothing(
+    setup: Client, schema: str, login: MakeLogin, conn: psycopg.Connection
+) -> None:
+    from lonnymq.worker.ops import worker_ops
+
+    setup.create_queue("once", max_attempts=1)
+    setup.send("once", b"doomed", channel="c1")
+    setup.nack(setup.take("once")[0], error="boom")
+    dsn = login("lonnymq_monitor")
+    with Client(dsn, schema=schema, pool_size=1) as c:
+        assert [q.name for q in c.list_queues()] == ["dlq", "once", "q"]
+        assert c.metrics("q").ready == 1 and c.metrics("once").dead == 1
+        [m] = c.peek("q")
+        assert c.get("q", id=m.id) is not None
+        assert [x.id for x in c.run(c.ops.message_list("q"))] == [m.id]
+        assert [d.last_error for d in c.dead_letters("once")] == ["boom"]
+        assert [a.status for a in c.archived("once")] == ["dead"]
+        assert c.channels("once") == []
+        assert c.run(c.ops.next_ready_in("q")) == 0
+        assert {x.queue for x in c.run(c.ops.stats_totals(["q", "once"]))} == {"q", "once"}
+        assert c.run(c.ops.stats_minutes(["q"], since=int(time.time() * 1000) - 600_000))
+        assert c.run(c.ops.worker_list()) == []
+        assert c.run(worker_ops(schema).cron_list()) == []
+        for name, fn in {
+            "send": lambda c: c.send("q", b"x"),
+            "take": lambda c: c.take("q"),
+            "pause_queue": lambda c: c.pause_queue("q"),
+            "purge_queue": lambda c: c.purge_queue("q"),
+            "requeue_dead": lambda c: c.requeue_dead("once"),
+            "cancel": lambda c: c.cancel("q", id=m.id),
+            "maintain": lambda c: c.maintain(),
+        }.items():
+            assert _denied(dsn, schema, fn), name
+    # Every other API function is refused before it runs, whatever its arguments.
+    functions = conn.execute(
+        "SELECT p.oid, p.proname, ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t)"
+        "  FROM pg_proc p WHERE p.pronamespace = %s::regnamespace AND NOT starts_with(p.proname, '_')"
+        "   AND p.prokind = 'f' AND p.prorettype <> 'trigger'::regtype ORDER BY p.proname",
+        (schema,),
+    ).fetchall()
+    assert {name for _, name, _ in functions} >= MONITOR_READS
+    refused = []
+    with psycopg.connect(dsn, autocommit=True) as m_conn:
+        for oid, name, types in functions:
+            [(granted,)] = conn.execute(
+                "SELECT has_function_privilege('lonnymq_monitor', %s, 'EXECUTE')", (oid,)
+            ).fetchall()
+            assert granted == (name in MONITOR_READS), name
+            if name in MONITOR_READS:
+                continue
+            # The arguments come from a subquery (OFFSET 0 keeps it one), not as constants: the
+            # planner folds a STRICT function of a NULL constant away without calling it.
+            args = [sql.Identifier(f"a{i}") for i in range(len(types))]
+            call = sql.SQL("SELECT {}.{}({}) FROM (SELECT {} OFFSET 0) s").format(
+                sql.Identifier(schema),
+                sql.Identifier(name),
+                sql.SQL(", ").join(args),
+                sql.SQL(", ").join(
+                    sql.SQL("NULL::{} AS {}").format(sql.SQL(t), a)  # type: ignore[arg-type]
+                    for t, a in zip(types, args, strict=True)
+                ),
+            )
+            try:
+                m_conn.execute(call)
+            except PRIVILEGE:
+                refused.append(name)
+    assert sorted(refused) == sorted(name for _, name, _ in functions if name not in MONITOR_READS)
+    assert {"queue_pause", "queue_resume", "send_batch", "take", "ack", "queue_drop"} <= set(refused)
+    assert _table_access(dsn, schema) == ["select migration"]
+    assert _count(conn, schema) == 1
+    assert setup.metrics("once").dead == 1
+
+
 def test_a_login_without_a_lonnymq_role_can_do_nothing(setup: Client, schema: str, login: MakeLogin) -> None:
     dsn = login()
     for fn in (
@@ -295,7 +394,7 @@ def test_roles_get_on_tables_exactly_what_security_grant_says(
         "  FROM pg_class c, pg_roles r, unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE',"
         "       'REFERENCES','TRIGGER']) AS p(privilege_type)"
         " WHERE c.relnamespace = %s::regnamespace AND c.relkind IN ('r', 'p', 'v', 'S')"
-        "   AND r.rolname IN ('lonnymq_producer', 'lonnymq_consumer', 'lonnymq_admin')"
+        "   AND r.rolname IN ('lonnymq_producer', 'lonnymq_consumer', 'lonnymq_admin', 'lonnymq_monitor')"
         "   AND has_table_privilege(r.oid, c.oid, p.privilege_type)",
         (schema,),
     ).fetchall()
@@ -562,7 +661,7 @@ def prefixed(dsn: str) -> Iterator[tuple[str, str]]:
 
 def _drop_roles(dsn: str, prefix: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
-        for kind in ("producer", "consumer", "admin"):
+        for kind in ("producer", "consumer", "admin", "monitor"):
             c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(f"{prefix}_{kind}")))
 
 
@@ -595,12 +694,12 @@ def test_an_owner_without_createrole_installs_then_grants_later(dsn: str, login:
     prefix, name = f"lmqt_{uuid.uuid4().hex[:8]}", fresh_schema_name()
     try:
         warnings = _migrate_with_prefix(owner, name, prefix)
-        assert len(warnings) == 3 and all("may not create roles" in w for w in warnings)
+        assert len(warnings) == 4 and all("may not create roles" in w for w in warnings)
         with psycopg.connect(dsn, autocommit=True) as su:
             assert su.execute(
                 "SELECT count(*) FROM pg_roles WHERE rolname LIKE %s", (prefix + "%",)
             ).fetchone() == (0,)
-            for kind in ("producer", "consumer", "admin"):
+            for kind in ("producer", "consumer", "admin", "monitor"):
                 su.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(f"{prefix}_{kind}")))
         producer, admin = login(f"{prefix}_producer"), login(f"{prefix}_admin")
         assert _denied(admin, name, lambda c: c.create_queue("q"))

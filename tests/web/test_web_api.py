@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import functools
 import re
+import secrets
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from web_helpers import add_schedule, beat, serve
@@ -317,6 +323,8 @@ def test_read_only_shows_and_accepts_no_change(dsn: str, schema: str, client: Cl
             (f"/api/queues/emails/messages/{msg_id}/cancel", {}),
             ("/api/cron/nightly/disable", {}),
             ("/queues/emails/dead/purge", {"confirm": "emails"}),
+            ("/api/queues/emails/pause", {}),
+            ("/api/queues/emails/resume", {}),
         ]:
             r = web.post(path, json=body, headers=BEARER)
             assert r.status_code == 403, path
@@ -324,6 +332,107 @@ def test_read_only_shows_and_accepts_no_change(dsn: str, schema: str, client: Cl
         assert web.get("/login").status_code == 404
     assert client.metrics("emails").dead == 1 and client.get("emails", id=msg_id) is not None
     assert dead_id
+
+
+def test_pause_and_resume_through_the_api(client: Client, web: httpx.Client) -> None:
+    _fill(client)
+    r = web.post("/api/queues/emails/pause", headers=BEARER)
+    assert r.json() == {"ok": True, "done": "paused queue emails", "paused": True, "changed": True}
+    again = web.post("/api/queues/emails/pause", headers=BEARER).json()
+    assert (again["done"], again["changed"]) == ("queue emails was paused already", False)
+    assert client.take("emails") == []
+    queues = {q["name"]: q for q in web.get("/api/queues").json()["queues"]}
+    assert (queues["emails"]["paused"], queues["reports"]["paused"]) == (True, False)
+    one = web.get("/api/queues/emails").json()
+    assert one["paused"] is True and one["settings"]["paused"] is True
+    page = web.get("/queues/emails").text
+    assert "data-paused" in page and 'action="/queues/emails/resume"' not in page  # not logged in
+    assert web.post("/api/queues/nope/pause", headers=BEARER).status_code == 404
+    assert web.post("/api/queues/emails/resume").status_code == 403  # no credential
+    r = web.post("/api/queues/emails/resume", headers=BEARER)
+    assert r.json() == {"ok": True, "done": "resumed queue emails", "paused": False, "changed": True}
+    assert web.get("/api/queues/emails").json()["paused"] is False
+    assert len(client.take("emails", 10)) == 5
+
+
+@contextmanager
+def _login_in(dsn: str, group: str) -> Iterator[str]:
+    """The DSN of a new LOGIN role that is a member of ``group``; dropped afterwards."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        if not row or not row[0]:
+            pytest.skip("the test DSN's user may not create roles")
+        name, password = f"lmq_web_{uuid.uuid4().hex[:10]}", secrets.token_hex(12)
+        c.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name), sql.Literal(password))
+        )
+    try:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(name)))
+        yield make_conninfo(dsn, user=name, password=password)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(sql.Identifier(name)))
+            c.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_read_only_dashboard_as_the_monitor_role(dsn: str, schema: str, client: Client) -> None:
+    """A login that is only a member of lonnymq_monitor serves every page and API route of the
+    read-only dashboard; as a dashboard with a token it still changes nothing: the database
+    refuses (403)."""
+    _fill(client)
+    add_schedule(client, "nightly", "emails")
+    client.set_channel("reports", "tenant-1", max_size=5)
+    beat(client, "worker-1", ["emails"])
+    msg_id = client.peek("emails", 1)[0].id
+    with _login_in(dsn, "lonnymq_monitor") as monitor:
+        with (
+            serve(create_app(monitor, schema=schema, read_only=True)) as url,
+            httpx.Client(base_url=url) as web,
+        ):
+            for path in [
+                "/",
+                "/queues/emails",
+                "/queues/emails/messages",
+                "/queues/emails/messages?status=leased",
+                f"/queues/emails/messages/{msg_id}",
+                "/api/queues/emails/messages?key=k3",
+                "/queues/emails/dead",
+                "/queues/emails/archive",
+                "/queues/reports/channels",
+                "/cron",
+                "/workers",
+                "/healthz",
+                "/api/queues",
+                "/api/queues/emails",
+                "/api/queues/emails/messages",
+                f"/api/queues/emails/messages/{msg_id}",
+                "/api/queues/emails/dead",
+                "/api/queues/emails/archive",
+                "/api/queues/reports/channels",
+                "/api/cron",
+                "/api/workers",
+            ]:
+                r = web.get(path)
+                assert r.status_code == 200, (path, r.text[:300])
+                assert 'method="post"' not in r.text, path
+            assert web.get("/api/workers").json()["workers"][0]["id"] == "worker-1"
+            assert web.get("/api/cron").json()["schedules"][0]["name"] == "nightly"
+        with serve(create_app(monitor, schema=schema, token=TOKEN)) as url, httpx.Client(base_url=url) as web:
+            for path, body in [
+                ("/api/queues/emails/pause", {}),
+                ("/api/queues/emails/dead/requeue", {"all": True}),
+                ("/api/queues/emails/purge", {"confirm": "emails"}),
+                (f"/api/queues/emails/messages/{msg_id}/cancel", {}),
+                ("/api/cron/nightly/disable", {}),
+            ]:
+                r = web.post(path, json=body, headers=BEARER)
+                assert r.status_code == 403, (path, r.text[:300])
+    m = client.metrics("emails")
+    assert (m.ready, m.dead, m.paused) == (5, 1, False)
+    assert client.get("emails", id=msg_id) is not None
 
 
 def test_without_a_token_changes_are_off(

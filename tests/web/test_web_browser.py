@@ -236,6 +236,35 @@ def test_requeue_from_the_dead_letter_page(page: Page, dsn: str, schema: str, cl
         assert len(client.take("jobs", 10)) == 5
 
 
+def test_pause_and_resume_from_the_queue_page(page: Page, dsn: str, schema: str, client: Client) -> None:
+    client.create_queue("jobs")
+    first = client.send("jobs", {"n": 1}).id
+    with serve(create_app(dsn, schema=schema, token=TOKEN)) as url:
+        _log_in(page, url)
+        page.goto(f"{url}/queues/jobs")
+        expect(page.locator('dd[data-setting="paused"]')).to_have_text("no")
+        assert page.locator("[data-paused]").count() == 0
+        page.click("button[name=pause]")
+        expect(page.locator(".flash")).to_contain_text("paused queue jobs")
+        expect(page.locator("p[data-paused]")).to_contain_text("paused")
+        expect(page.locator('dd[data-setting="paused"]')).to_have_text("yes")
+        assert page.locator("button[name=pause]").count() == 0
+        # Paused: sends are accepted, nothing is handed out; the overview says so.
+        client.send("jobs", {"n": 2})
+        assert client.take("jobs", 10) == []
+        assert client.list_queues()[0].paused
+        page.goto(f"{url}/")
+        expect(page.locator('tr[data-queue="jobs"] .badge[data-paused]')).to_have_text("paused")
+        expect(page.locator('tr[data-queue="jobs"] td[data-state="ready"] .num')).to_have_text("2")
+        page.click('tr[data-queue="jobs"] >> text=jobs')
+        page.click("button[name=resume]")
+        expect(page.locator(".flash")).to_contain_text("resumed queue jobs")
+        expect(page.locator('dd[data-setting="paused"]')).to_have_text("no")
+        assert page.locator("[data-paused]").count() == 0
+        assert page.locator("button[name=pause]").count() == 1
+    assert [m.id for m in client.take("jobs", 10)][:1] == [first]  # in order again
+
+
 def test_read_only_has_no_action(page: Page, dsn: str, schema: str, client: Client) -> None:
     client.create_queue("jobs", max_attempts=1)
     client.send("jobs", {"a": 1}, channel="c1")
@@ -268,8 +297,10 @@ def test_read_only_has_no_action(page: Page, dsn: str, schema: str, client: Clie
             ("/api/queues/jobs/purge", {"confirm": "jobs"}),
             (f"/api/queues/jobs/messages/{live}/cancel", {}),
             ("/api/cron/hourly/disable", {}),
+            ("/api/queues/jobs/pause", {}),
+            ("/api/queues/jobs/resume", {}),
         ]:
             r = page.request.post(url + path, data=body, headers={"Authorization": f"Bearer {TOKEN}"})
             assert r.status == 403 and "read-only" in r.json()["error"], path
     m = client.metrics("jobs")
-    assert (m.ready, m.dead) == (1, 1)
+    assert (m.ready, m.dead, m.paused) == (1, 1, False)

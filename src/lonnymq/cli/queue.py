@@ -1,4 +1,4 @@
-"""``lonnymq queue create|list|drop|purge|stats``."""
+"""``lonnymq queue create|list|drop|purge|pause|resume|stats``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pu.add_argument("name")
     pu.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     pu.set_defaults(func=purge)
+
+    pa = qs.add_parser(
+        "pause", help="stop handing out a queue's messages (sends are still accepted; workers idle)"
+    )
+    common(pa)
+    pa.add_argument("name")
+    pa.set_defaults(func=pause)
+
+    re_ = qs.add_parser("resume", help="hand out a paused queue's messages again (wakes its consumers)")
+    common(re_)
+    re_.add_argument("name")
+    re_.set_defaults(func=resume)
 
     st = qs.add_parser(
         "stats",
@@ -108,7 +120,34 @@ def list_(args: argparse.Namespace) -> int:
             "unlogged",
             "max_payload_bytes",
             "priority_step_ms",
+            "paused",
         ],
+    )
+    return 0
+
+
+def pause(args: argparse.Namespace) -> int:
+    with _util.client(args) as c:
+        changed = c.pause_queue(args.name)
+    _util.done(
+        args,
+        f"paused queue {args.name!r}" if changed else f"queue {args.name!r} was paused already",
+        queue=args.name,
+        paused=True,
+        changed=changed,
+    )
+    return 0
+
+
+def resume(args: argparse.Namespace) -> int:
+    with _util.client(args) as c:
+        changed = c.resume_queue(args.name)
+    _util.done(
+        args,
+        f"resumed queue {args.name!r}" if changed else f"queue {args.name!r} was not paused",
+        queue=args.name,
+        paused=False,
+        changed=changed,
     )
     return 0
 
@@ -181,6 +220,7 @@ def stats(args: argparse.Namespace) -> int:
             "sent_per_min",
             "acked_per_min",
             "failed_per_min",
+            "paused",
         ],
         times=("next_scheduled_at",),
     )

@@ -374,6 +374,19 @@ class AsyncClient:
         """Delete every message of the queue at once (the archive is kept)."""
         await self.run(self.ops.queue_purge(name), conn)
 
+    async def pause_queue(self, name: str, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Pause the queue: sends are still accepted, but take, take_tx and receive hand out
+        nothing (workers idle) until :meth:`resume_queue`. Messages already leased keep their
+        lease and can be acked, nacked and extended. A take already running when the pause
+        commits may still deliver. Returns False if it was paused already."""
+        return await self.run(self.ops.queue_pause(name), conn)
+
+    async def resume_queue(self, name: str, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Resume a paused queue: its ready messages are handed out again in the usual order,
+        and consumers waiting on it (receive, workers) are woken. Returns False if it was not
+        paused."""
+        return await self.run(self.ops.queue_resume(name), conn)
+
     async def list_queues(
         self, *, limit: int | None = None, after: str | None = None, conn: AsyncConnection[Any] | None = None
     ) -> list[QueueInfo]:

@@ -314,6 +314,8 @@ class Statements:
         )
         self.queue_drop = q("SELECT {s}.queue_drop(%s::text, %s::bool)")
         self.queue_purge = q("SELECT {s}.queue_purge(%s::text)")
+        self.queue_pause = q("SELECT {s}.queue_pause(%s::text)")
+        self.queue_resume = q("SELECT {s}.queue_resume(%s::text)")
         self.queue_list = q("SELECT * FROM {s}.queue_list(%s::int, %s::text)")
         self.queue_metrics = q("SELECT * FROM {s}.queue_metrics(%s::text, %s::int)")
         self.send_batch = q(
@@ -519,6 +521,12 @@ class Ops:
 
     def queue_purge(self, name: str) -> Op[None]:
         return Op(self.st.queue_purge, (check_queue(name),), _nothing)
+
+    def queue_pause(self, name: str) -> Op[bool]:
+        return Op(self.st.queue_pause, (check_queue(name),), _scalar, safe_to_retry=True)
+
+    def queue_resume(self, name: str) -> Op[bool]:
+        return Op(self.st.queue_resume, (check_queue(name),), _scalar, safe_to_retry=True)
 
     def queue_list(self, *, limit: int | None = None, after: str | None = None) -> Op[list[QueueInfo]]:
         if after is not None:

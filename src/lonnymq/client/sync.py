@@ -357,6 +357,19 @@ class Client:
         """Delete every message of the queue at once (the archive is kept)."""
         self.run(self.ops.queue_purge(name), conn)
 
+    def pause_queue(self, name: str, *, conn: Connection[Any] | None = None) -> bool:
+        """Pause the queue: sends are still accepted, but take, take_tx and receive hand out
+        nothing (workers idle) until :meth:`resume_queue`. Messages already leased keep their
+        lease and can be acked, nacked and extended. A take already running when the pause
+        commits may still deliver. Returns False if it was paused already."""
+        return self.run(self.ops.queue_pause(name), conn)
+
+    def resume_queue(self, name: str, *, conn: Connection[Any] | None = None) -> bool:
+        """Resume a paused queue: its ready messages are handed out again in the usual order,
+        and consumers waiting on it (receive, workers) are woken. Returns False if it was not
+        paused."""
+        return self.run(self.ops.queue_resume(name), conn)
+
     def list_queues(
         self, *, limit: int | None = None, after: str | None = None, conn: Connection[Any] | None = None
     ) -> list[QueueInfo]:

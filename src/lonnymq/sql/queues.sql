@@ -1,4 +1,4 @@
--- LonnyMQ queues: create, drop, purge, list, metrics, and the lookup every call starts with.
+-- LonnyMQ queues: create, drop, purge, pause and resume, list, metrics, and the lookup every call starts with.
 --
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
@@ -154,14 +154,45 @@ BEGIN
      WHERE c.queue_id = q.id;
 END $$;
 
+-- Pause queue p_queue: it still accepts sends, but take and take_tx hand out nothing (and
+-- next_ready_in reports nothing ready) until queue_resume. Messages already leased keep their
+-- lease and may be acked, nacked and extended. A take that read the queue row before the pause
+-- committed may still deliver. Returns true if this call paused it, false if it was paused
+-- already. Raises LQ001. Writes queue (its row lock, until commit).
+CREATE OR REPLACE FUNCTION {schema}.queue_pause(p_queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    q {schema}.queue := {schema}._queue(p_queue);
+BEGIN
+    UPDATE {schema}.queue SET paused = true WHERE id = q.id AND NOT paused;
+    RETURN FOUND;
+END $$;
+
+-- Resume queue p_queue: take hands out its ready messages again, in the usual order, and the
+-- consumers waiting on it are woken (as by a send: _wake). Returns true if this call resumed
+-- it, false if it was not paused. Raises LQ001. Writes queue (its row lock, until commit).
+-- Locks: the queue's send lock (shared, until commit; see wait.sql).
+CREATE OR REPLACE FUNCTION {schema}.queue_resume(p_queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    q {schema}.queue := {schema}._queue(p_queue);
+BEGIN
+    UPDATE {schema}.queue SET paused = false WHERE id = q.id AND paused;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM {schema}._wake(q.id, q.name);
+    RETURN true;
+END $$;
+
 -- The queues with their settings, by name: all of them, or p_limit at a time after the name
 -- p_after (keyset paging on the name's unique index, as fast at 10,000 queues as at 10).
--- Raises LQ002 for a p_limit below 1. Reads queue.
+-- paused: see queue_pause. Raises LQ002 for a p_limit below 1. Reads queue.
 CREATE OR REPLACE FUNCTION {schema}.queue_list(p_limit integer DEFAULT NULL, p_after text DEFAULT NULL)
 RETURNS TABLE (
     name text, lease_ms bigint, max_attempts integer, dead_letter_queue text, archive boolean,
     retention_ms bigint, unlogged boolean, max_payload_bytes integer, priority_step_ms bigint,
-    created_at timestamptz
+    created_at timestamptz, paused boolean
 )
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -170,7 +201,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT q.name, q.lease_ms, q.max_attempts, d.name, q.archive, q.retention_ms, q.unlogged,
-           q.max_payload_bytes, q.priority_step_ms, q.created_at
+           q.max_payload_bytes, q.priority_step_ms, q.created_at, q.paused
       FROM {schema}.queue q
       LEFT JOIN {schema}.queue d ON d.id = q.dead_letter_queue_id
      WHERE p_after IS NULL OR q.name > p_after
@@ -212,14 +243,15 @@ END $$;
 -- letters moved in, requeued dead messages; sent_count). oldest_age_ms / newest_age_ms: age of
 -- the first and the last live message by id (ids grow with enqueue time), NULL when empty.
 -- oldest_ready_age_ms: how late the most overdue ready message is (looks a bounded way into
--- the head); next_scheduled_at: when the next scheduled message comes due. Raises LQ001,
+-- the head); next_scheduled_at: when the next scheduled message comes due. paused: the queue
+-- hands out nothing (queue_pause; its ready messages still count as ready). Raises LQ001,
 -- LQ002 (bad cap). Reads message, channel, archive, sent_count; takes no lock.
 CREATE OR REPLACE FUNCTION {schema}.queue_metrics(p_name text, p_cap integer DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS TABLE (
     queue text, ready bigint, scheduled bigint, leased bigint, dead bigint,
     oldest_ready_age_ms bigint, next_scheduled_at bigint, total_sent bigint,
     oldest_age_ms bigint, newest_age_ms bigint, ready_at_least boolean,
-    scheduled_at_least boolean, leased_at_least boolean, dead_at_least boolean
+    scheduled_at_least boolean, leased_at_least boolean, dead_at_least boolean, paused boolean
 )
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -232,6 +264,7 @@ BEGIN
         PERFORM {schema}._check_limit(p_cap);
     END IF;
     queue := q.name;
+    paused := q.paused;
     -- LIMIT NULL is no limit: without a cap every count below is exact.
     ready := {schema}._count_messages(q.id, -9223372036854775807, v_now, false, p_cap);
     SELECT count(*) INTO leased FROM (

@@ -362,7 +362,8 @@ END $$;
 -- p_lease_ms, in (dequeue_at, id) order, skipping rows other transactions hold. Each delivery
 -- carries attempt (failures so far + 1) and token (the fencing token for ack/nack/extend).
 -- A message whose lease expired on its last allowed attempt is dead-lettered, not delivered.
--- p_ack_ids/p_ack_tokens: acknowledge earlier deliveries in the same transaction first.
+-- p_ack_ids/p_ack_tokens: acknowledge earlier deliveries in the same transaction first. A
+-- paused queue (queue_pause) hands out nothing: only the acks are done.
 -- Raises LQ001 (unknown queue), LQ002 (bad limit or lease). Writes message (and channel,
 -- archive through _ack/_dead_letter). Locks: the rows it leases, FOR UPDATE SKIP LOCKED.
 -- take(queue, 1, ack => previous) is what a one-at-a-time consumer runs for every message, so
@@ -435,6 +436,10 @@ BEGIN
     IF p_ack_ids IS NOT NULL THEN
         PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
     END IF;
+    -- A paused queue (queue_pause) hands out nothing; the acks above still count.
+    IF q.paused THEN
+        RETURN;
+    END IF;
 
     IF q.uses_channels THEN
         RETURN QUERY SELECT * FROM {schema}._take_channels(q, p_limit, v_lease, v_now, 'lease');
@@ -495,7 +500,8 @@ BEGIN
 END $$;
 
 -- Exactly-once with the caller's work: deletes (or archives) up to p_limit ready messages inside
--- the caller's transaction. Commit consumes them; rollback puts them back untouched.
+-- the caller's transaction. Commit consumes them; rollback puts them back untouched. A paused
+-- queue (queue_pause) returns nothing.
 CREATE OR REPLACE FUNCTION {schema}.take_tx(
     p_queue   text,
     p_limit   integer DEFAULT 1,
@@ -514,6 +520,9 @@ DECLARE
     v_dead    bigint[];
 BEGIN
     PERFORM {schema}._check_limit(p_limit);
+    IF q.paused THEN  -- queue_pause: nothing is handed out
+        RETURN;
+    END IF;
     IF q.uses_channels THEN
         -- The channel row stays locked until the caller's transaction ends: the channel's
         -- messages taken here count against its max_concurrency while in flight.
@@ -569,13 +578,17 @@ BEGIN
 END $$;
 
 -- Milliseconds until the next message becomes ready (0 if one is ready now, NULL if the queue
--- is empty), measured on the database clock when the statement started, for pollers.
+-- is empty or paused: queue_resume wakes its waiters), measured on the database clock when the
+-- statement started, for pollers.
 CREATE OR REPLACE FUNCTION {schema}.next_ready_in(p_queue text, p_now bigint DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q     {schema}.queue := {schema}._queue(p_queue);
     v_now bigint := {schema}._read_now(p_now);  -- STABLE: not the moving _now()
 BEGIN
+    IF q.paused THEN
+        RETURN NULL;
+    END IF;
     -- A channel is ready at its ready_at (its head, rate limit and concurrency limit permitting).
     -- (greatest() ignores NULLs: an empty queue must stay NULL, not 'ready now'.)
     RETURN (SELECT CASE WHEN min(x.at) IS NOT NULL THEN greatest(min(x.at) - v_now, 0) END

@@ -373,6 +373,8 @@ class _Dashboard:
         ]
         actions: list[tuple[str, Action]] = [
             ("/queues/{queue}/purge", self.purge_queue),
+            ("/queues/{queue}/pause", self.pause_queue),
+            ("/queues/{queue}/resume", self.resume_queue),
             ("/queues/{queue}/messages/{id}/cancel", self.cancel_message),
             ("/queues/{queue}/messages/{id}/reschedule", self.reschedule_message),
             ("/queues/{queue}/dead/requeue", self.requeue_dead),
@@ -690,6 +692,22 @@ class _Dashboard:
         _confirmed(p, queue)
         await c.purge_queue(queue)
         return f"purged queue {queue}", {}, f"/queues/{queue}"
+
+    async def pause_queue(
+        self, request: Request, c: AsyncClient, p: Params
+    ) -> tuple[str, dict[str, Any], str]:
+        queue = _queue(request)
+        changed = await c.pause_queue(queue)
+        done = f"paused queue {queue}" if changed else f"queue {queue} was paused already"
+        return done, {"paused": True, "changed": changed}, f"/queues/{queue}"
+
+    async def resume_queue(
+        self, request: Request, c: AsyncClient, p: Params
+    ) -> tuple[str, dict[str, Any], str]:
+        queue = _queue(request)
+        changed = await c.resume_queue(queue)
+        done = f"resumed queue {queue}" if changed else f"queue {queue} was not paused"
+        return done, {"paused": False, "changed": changed}, f"/queues/{queue}"
 
     async def cancel_message(
         self, request: Request, c: AsyncClient, p: Params

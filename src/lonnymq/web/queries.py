@@ -135,6 +135,7 @@ async def queue_rows(
         rows.append(
             {
                 "name": q.name,
+                "paused": q.paused,
                 **counts(m),
                 "rates": rates(by_queue.get(q.name, []), now),
                 "minutes": [minute(x) for x in by_queue.get(q.name, [])],
@@ -155,6 +156,7 @@ async def queue_page(c: AsyncClient, name: str, *, cap: int = QUEUE_CAP) -> dict
     if info is None:
         raise errors.QueueNotFound(f"queue {name!r} does not exist")
     return {
+        "paused": info.paused,
         "settings": settings(info),
         "counts": counts(m),
         "cap": cap,

@@ -87,12 +87,16 @@ class _Live(Collector):
             "How long the oldest ready message has waited.",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            "lonnymq_queue_paused", "1 while the queue is paused (hands out nothing).", labels=["queue"]
+        )
         for q in queues.values():
             depth.add_metric([q.queue], float(q.ready + q.scheduled + q.leased))
             for state in ("ready", "scheduled", "leased", "dead"):
                 by_state.add_metric([q.queue, state], float(getattr(q, state)))
             oldest.add_metric([q.queue], (q.oldest_ready_age_ms or 0) / 1000)
-        yield from (depth, by_state, oldest)
+            paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
+        yield from (depth, by_state, oldest, paused)
 
 
 class WorkerMeters:
