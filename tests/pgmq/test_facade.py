@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,55 +18,10 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import dict_row
 
 from lonnymq import Client
 
-PGMQueue = pytest.importorskip("pgmq").PGMQueue
-
-
-@pytest.fixture
-def db_dsn(dsn: str) -> Iterator[str]:
-    """A fresh database with LonnyMQ (schema lonnymq) and the pgmq facade installed."""
-    name = f"pgmq_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = make_conninfo(dsn, dbname=name)
-    try:
-        with Client(url, pool_size=1) as client:
-            client.migrate(pgmq=True)
-        yield url
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def pg(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as c:
-        yield c
-
-
-@pytest.fixture
-def lq(db_dsn: str) -> Iterator[Client]:
-    with Client(db_dsn, pool_size=1) as c:
-        yield c
-
-
-@pytest.fixture
-def pgmq_client(db_dsn: str) -> Iterator[Any]:
-    info = conninfo_to_dict(db_dsn)
-    q = PGMQueue(
-        host=str(info.get("host", "localhost")),
-        port=str(info.get("port", "5432")),
-        database=str(info["dbname"]),
-        username=str(info.get("user", "postgres")),
-        password=str(info.get("password", "")),
-        pool_size=2,
-        init_extension=False,
-    )
-    yield q
-    q.close()
+pytest.importorskip("pgmq")
 
 
 def test_result_types_have_pgmq_columns(pg: psycopg.Connection[dict[str, Any]]) -> None:

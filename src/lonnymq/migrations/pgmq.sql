@@ -187,8 +187,9 @@ END $$;
 -- the batch from the group with the oldest head, then the next), 'rr' (read_grouped_rr: the
 -- first message of every group, then the second, ...), 'head' (read_grouped_head: one per
 -- group). Reads every live plain message of the queue to find the heads (pgmq scans its table
--- the same way). As: take. Locks: the heads first (FOR UPDATE SKIP LOCKED: a group another
--- reader is taking is skipped), then the rest of the runs; a run ends at a row others hold.
+-- the same way), then the runs of the p_qty groups with the oldest visible heads. As: take.
+-- Locks: the messages picked (FOR UPDATE SKIP LOCKED), only those: a group another reader is
+-- taking is skipped, and the batch may then be short.
 CREATE FUNCTION pgmq._read_grouped(p_queue text, p_vt integer, p_qty integer, p_mode text)
 RETURNS SETOF pgmq.message_record
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -202,7 +203,7 @@ DECLARE
     v_got    bigint[];
 BEGIN
     PERFORM {schema}._check_limit(p_qty);
-    -- 1. Groups whose head is visible, oldest head first; at most p_qty, heads locked.
+    -- 1. Groups whose head is visible, oldest head first; at most p_qty.
     SELECT array_agg(h.id ORDER BY h.id), array_agg(h.grp ORDER BY h.id) INTO v_heads, v_groups
       FROM (SELECT m.id, g.grp
               FROM (SELECT DISTINCT ON (x.grp) x.grp, x.id
@@ -214,8 +215,7 @@ BEGIN
               JOIN {schema}.message m ON m.queue_id = q.id AND m.id = g.id
              WHERE m.dequeue_at <= v_now AND m.attempts < q.max_attempts
              ORDER BY m.id
-             LIMIT p_qty
-               FOR UPDATE OF m SKIP LOCKED) h;
+             LIMIT p_qty) h;
     IF v_heads IS NULL THEN
         RETURN;
     END IF;
@@ -238,8 +238,9 @@ BEGIN
                             LIMIT CASE WHEN p_mode = 'head' THEN 1 ELSE p_qty END) x) u
              WHERE u.open) r
      WHERE r.pick <= p_qty;
-    -- 3. Lock the picked messages (the heads are ours already); a run stops before a message
-    -- another transaction holds, so that no group is read out of order.
+    -- 3. Lock the picked messages, rechecking that they are still visible; a run stops before
+    -- a message another transaction holds or has just leased (a group whose head is being read
+    -- elsewhere drops out), so that no group is read out of order.
     SELECT array_agg(l.id) INTO v_got
       FROM (SELECT m.id FROM {schema}.message m
              WHERE m.queue_id = q.id AND m.id = ANY (v_ids) AND m.dequeue_at <= v_now
