@@ -38,7 +38,7 @@ def test_result_types_have_pgmq_columns(pg: psycopg.Connection[dict[str, Any]]) 
     assert cols("pgmq.queue_record") == ["queue_name", "is_partitioned", "is_unlogged", "created_at"]
     assert cols("pgmq.metrics_result") == [
         "queue_name", "queue_length", "newest_msg_age_sec", "oldest_msg_age_sec", "total_messages",
-        "scrape_time", "queue_visible_length",
+        "scrape_time", "queue_visible_length", "default_partition_length",
     ]  # fmt: skip
 
 

@@ -3,11 +3,18 @@
 -- request (`lonnymq migrate --pgmq`, `Client.migrate(pgmq=True)`); see docs/pgmq.md for how
 -- pgmq's semantics map onto LonnyMQ's.
 --
--- It is built on {schema}'s public API functions only (queue_create, send_batch, take, take_tx,
--- message_get, message_cancel, extend, nack, queue_metrics, queue_list, queue_purge,
--- queue_drop), never on its tables, so it follows whatever storage {schema} has. Every function
--- here is SECURITY INVOKER: a caller needs EXECUTE on the {schema} functions it ends up calling,
--- so the facade grants nothing that {schema}'s own policy (docs/security.md) does not.
+-- The message path is built on {schema}'s public API functions (queue_create, send_batch,
+-- take, take_tx, message_get, message_cancel, extend, nack, queue_metrics, queue_list,
+-- queue_purge, queue_drop) and these functions are SECURITY INVOKER: a caller needs EXECUTE on
+-- the {schema} functions it ends up calling. What that API has no function for (conditional
+-- and grouped reads, set_vt of a message that is not leased, the q_/a_ views, insert
+-- notifications, the wake-ups of the *_with_poll reads) is done on {schema}'s tables by a few
+-- SECURITY DEFINER functions ("Internal: on {schema}'s tables" below), each granted only to
+-- the roles that may execute the {schema} function it stands for: the facade lets no role do
+-- more than {schema}'s own policy (docs/security.md) allows.
+--
+-- State: the facade keeps pgmq's topic bindings and insert-notification settings in two
+-- tables of its own (notify_insert_throttle, topic_bindings); a reinstall carries them over.
 --
 -- The functions on the message path are plpgsql even when one statement would do: plpgsql keeps
 -- their plans for the session, while a VOLATILE SQL function (never inlined) is planned again on
@@ -21,7 +28,8 @@
 -- The schema's comment marks it as this facade ('LonnyMQ pgmq facade over schema <schema>;
 -- sha256 <checksum of this file>'): install refuses any other pgmq schema, migrate(pgmq=True)
 -- skips an install whose checksum is current, and reinstalling drops and recreates the whole
--- schema (it holds no data; objects of yours that depend on its types go with it). Template:
+-- schema (it holds no messages; its two state tables are carried over; objects of yours that
+-- depend on its types or views go with it). Template:
 -- {schema} is the quoted schema identifier, {schema_name} its string literal, {checksum} the
 -- file's checksum as a literal; literal braces are doubled.
 
@@ -86,7 +94,9 @@ CREATE TYPE pgmq.metrics_result AS (
     oldest_msg_age_sec   integer,
     total_messages       bigint,
     scrape_time          timestamptz,
-    queue_visible_length bigint
+    queue_visible_length bigint,
+    -- pgmq: messages in a partitioned queue's default partition; NULL (no partitions here).
+    default_partition_length bigint
 );
 
 -- State: the two tables of pgmq's that hold settings rather than messages. Read through the
@@ -1153,7 +1163,7 @@ END $$;
 CREATE FUNCTION pgmq.metrics(queue_name text) RETURNS pgmq.metrics_result
 LANGUAGE sql STABLE AS $$
     SELECT m.queue, m.ready + m.scheduled + m.leased, (m.newest_age_ms / 1000)::integer,
-           (m.oldest_age_ms / 1000)::integer, m.total_sent, now(), m.ready
+           (m.oldest_age_ms / 1000)::integer, m.total_sent, now(), m.ready, NULL::bigint
       FROM {schema}.queue_metrics($1) m
 $$;
 
