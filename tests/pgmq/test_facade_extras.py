@@ -265,6 +265,9 @@ def test_topics(pg: Conn, pgmq_client: Any) -> None:
     # dropping a queue through the facade drops its bindings
     q.drop_queue("errors")
     assert [b.queue_name for b in q.list_topic_bindings()] == ["all_logs"]
+    # one dropped through LonnyMQ's API routes nowhere
+    pg.execute("SELECT lonnymq.queue_drop('all_logs')")
+    assert q.send_topic("logs.x", {"e": 3}) == 0
 
 
 @pytest.mark.parametrize(

@@ -1050,11 +1050,14 @@ LANGUAGE sql STABLE AS $$
      WHERE b.queue_name = $1 ORDER BY b.bound_at DESC, b.pattern
 $$;
 
--- The queues a routing key goes to (each once, by name).
+-- The queues a routing key goes to (each once, by name); a binding whose queue was dropped
+-- through LonnyMQ's API routes nowhere (pgmq drops such bindings with the queue). As: send_batch.
 CREATE FUNCTION pgmq._routes(p_routing_key text) RETURNS SETOF text
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT DISTINCT b.queue_name FROM pgmq.topic_bindings b
-     WHERE p_routing_key ~ b.compiled_regex ORDER BY b.queue_name
+     WHERE p_routing_key ~ b.compiled_regex
+       AND EXISTS (SELECT FROM {schema}.queue q WHERE q.name = b.queue_name)
+     ORDER BY b.queue_name
 $$;
 
 -- Send msg to every queue bound to a pattern that routing_key matches, in one transaction
@@ -1196,7 +1199,7 @@ BEGIN
                    LEFT JOIN (VALUES ('_read_where', 'take'), ('_read_grouped', 'take'),
                                      ('_wait_key', 'take'), ('_last_id', 'take'),
                                      ('_set_vt', 'extend'), ('_views_create', 'queue_create'),
-                                     ('_queue_forget', 'queue_drop'),
+                                     ('_queue_forget', 'queue_drop'), ('_routes', 'send_batch'),
                                      ('enable_notify_insert', 'queue_create'),
                                      ('disable_notify_insert', 'queue_create'),
                                      ('update_notify_insert', 'queue_create'),
