@@ -265,8 +265,9 @@ def test_topics(pg: Conn, pgmq_client: Any) -> None:
     # dropping a queue through the facade drops its bindings
     q.drop_queue("errors")
     assert [b.queue_name for b in q.list_topic_bindings()] == ["all_logs"]
-    # one dropped through LonnyMQ's API routes nowhere
+    # so do queues dropped through LonnyMQ's API
     pg.execute("SELECT lonnymq.queue_drop('all_logs')")
+    assert q.list_topic_bindings() == []
     assert q.send_topic("logs.x", {"e": 3}) == 0
 
 
@@ -348,6 +349,15 @@ def test_notify_insert(db_dsn: str, pg: Conn, pgmq_client: Any) -> None:
         pg.execute("SELECT pgmq.enable_notify_insert('nope')")
 
 
+def test_dropping_a_queue_through_lonnymq_ends_its_notifications(pg: Conn, lq: Client) -> None:
+    lq.create_queue("gone")
+    pg.execute("SELECT pgmq.enable_notify_insert('gone', 0)")
+    lq.drop_queue("gone")
+    assert pg.execute("SELECT * FROM pgmq.list_notify_insert_throttles()").fetchall() == []
+    row = pg.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = 'pgmq_notify_insert'").fetchone()
+    assert row == {"n": 0}
+
+
 def test_facade_state_survives_a_reinstall(db_dsn: str, pg: Conn) -> None:
     pg.execute("SELECT pgmq.create('s')")
     pg.execute("SELECT pgmq.bind_topic('a.#', 's')")
@@ -362,7 +372,9 @@ def test_facade_state_survives_a_reinstall(db_dsn: str, pg: Conn) -> None:
     assert [n.channel for n in pg.notifies(timeout=1.0, stop_after=1)] == ["pgmq.q_s.INSERT"]
     with Client(db_dsn, pool_size=1) as c:
         c.uninstall_pgmq()
-    row = pg.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = 'pgmq_notify_insert'").fetchone()
+    row = pg.execute(
+        "SELECT count(*) AS n FROM pg_trigger WHERE tgname IN ('pgmq_notify_insert', 'pgmq_queue_changed')"
+    ).fetchone()
     assert row == {"n": 0}  # uninstall leaves nothing on LonnyMQ's tables
 
 
@@ -402,12 +414,14 @@ def test_queue_and_archive_views(pg: Conn, lq: Client) -> None:
     pg.execute("SELECT pgmq.archive('orders', %s::bigint)", (one,))
     [a] = pg.execute("SELECT * FROM pgmq.a_orders").fetchall()
     assert (a["msg_id"], a["message"]) == (one, {"o": 1}) and a["archived_at"] is not None
-    # a queue LonnyMQ created gets its views from pgmq.create (its messages stay)
+    # a queue LonnyMQ creates gets its views too, and loses them when LonnyMQ drops it
     lq.create_queue("native")
     lq.send("native", {"n": 1})
-    assert pg.execute("SELECT to_regclass('pgmq.q_native') AS r").fetchone() == {"r": None}
-    pg.execute("SELECT pgmq.create('native')")
     assert [r["message"] for r in pg.execute("SELECT * FROM pgmq.q_native")] == [{"n": 1}]
+    pg.execute("SELECT pgmq.create('native')")  # an existing queue: its messages stay
+    assert [r["message"] for r in pg.execute("SELECT * FROM pgmq.q_native")] == [{"n": 1}]
+    lq.drop_queue("native")
+    assert pg.execute("SELECT to_regclass('pgmq.q_native') AS r").fetchone() == {"r": None}
     # the consumer role may read the live messages, not the archive (archive_list is admin's)
     pg.execute("SET ROLE lonnymq_consumer")
     try:

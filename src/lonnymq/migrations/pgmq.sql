@@ -420,8 +420,8 @@ BEGIN
     END LOOP;
 END $$;
 
--- What the facade keeps about queue p_queue, removed when it is dropped: its views, topic
--- bindings and insert notifications. As: queue_drop.
+-- What the facade keeps about queue p_queue, removed when it is dropped (_queue_changed): its
+-- views, topic bindings and insert notifications.
 CREATE FUNCTION pgmq._queue_forget(p_queue text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -489,6 +489,24 @@ BEGIN
     PERFORM set_config('lock_timeout', v_timeout, true);
 END $$;
 
+-- Keeps the views, topic bindings and insert notifications in step with the queues, whichever
+-- API creates or drops them: after a row of {schema}.queue is inserted, the queue's views are
+-- created; after one is deleted, _queue_forget. Queues are created and dropped rarely; sends
+-- and reads do not touch the queue table's rows, so they never fire it.
+CREATE FUNCTION pgmq._queue_changed() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM pgmq._views_create(NEW.name);
+    ELSE
+        PERFORM pgmq._queue_forget(OLD.name);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER pgmq_queue_changed AFTER INSERT OR DELETE ON {schema}.queue
+    FOR EACH ROW EXECUTE FUNCTION pgmq._queue_changed();
+
 -- plpgsql_check (tools/sqlcheck.py) checks a trigger function against a table it is attached
 -- to, and _notify_insert is attached to {schema}.message only while a queue has notifications
 -- on. This trigger gives it a table with the same queue_id column at all times; WHEN (false):
@@ -512,9 +530,9 @@ BEGIN
 END $$;
 
 -- Create queue queue_name if it does not exist (pgmq's create is idempotent), with its views
--- pgmq.q_<queue_name> and pgmq.a_<queue_name> (_views_create). A pgmq queue has no attempt
--- limit, so the LonnyMQ queue gets the largest max_attempts; leases default to 30 s but each
--- read gives its own vt. On a queue LonnyMQ created, create only adds the views.
+-- pgmq.q_<queue_name> and pgmq.a_<queue_name> (_queue_changed; created again here, in case
+-- they were dropped by hand). A pgmq queue has no attempt limit, so the LonnyMQ queue gets the
+-- largest max_attempts; leases default to 30 s but each read gives its own vt.
 CREATE FUNCTION pgmq.create_non_partitioned(queue_name text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
@@ -557,14 +575,11 @@ BEGIN
 END $$;
 
 -- Drop queue queue_name with its messages and archive, its views, topic bindings and insert
--- notifications. Returns false if it did not exist.
+-- notifications (_queue_changed). Returns false if it did not exist.
 CREATE FUNCTION pgmq.drop_queue(queue_name text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    v_dropped boolean := {schema}.queue_drop(queue_name, p_if_exists => true);
 BEGIN
-    PERFORM pgmq._queue_forget(queue_name);
-    RETURN v_dropped;
+    RETURN {schema}.queue_drop(queue_name, p_if_exists => true);
 END $$;
 
 -- Deprecated in pgmq; the flag is ignored.
@@ -1179,8 +1194,9 @@ $$;
 -- EXECUTE on every SECURITY INVOKER function here: what they can then do is decided by their
 -- grants on the {schema} functions these call. A SECURITY DEFINER function goes only to the
 -- roles that may execute the {schema} function it stands for (its "As:" line, the list below);
--- the trigger function goes to none. Re-run on every install, so a change of the LonnyMQ
--- roles' grants reaches the facade with the next migrate(pgmq=True) after it.
+-- the others (the trigger functions, _queue_forget, _notify_sync) go to none. Re-run on every
+-- install, so a change of the LonnyMQ roles' grants reaches the facade with the next
+-- migrate(pgmq=True) after it.
 DO $grant$
 DECLARE
     v_role text;
@@ -1199,7 +1215,7 @@ BEGIN
                    LEFT JOIN (VALUES ('_read_where', 'take'), ('_read_grouped', 'take'),
                                      ('_wait_key', 'take'), ('_last_id', 'take'),
                                      ('_set_vt', 'extend'), ('_views_create', 'queue_create'),
-                                     ('_queue_forget', 'queue_drop'), ('_routes', 'send_batch'),
+                                     ('_routes', 'send_batch'),
                                      ('enable_notify_insert', 'queue_create'),
                                      ('disable_notify_insert', 'queue_create'),
                                      ('update_notify_insert', 'queue_create'),
