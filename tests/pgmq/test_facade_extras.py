@@ -430,6 +430,10 @@ def test_queue_and_archive_views(pg: Conn, lq: Client) -> None:
             pg.execute("SELECT * FROM pgmq.a_orders")
     finally:
         pg.execute("RESET ROLE")
+    meta = pg.execute("SELECT * FROM pgmq.meta ORDER BY queue_name").fetchall()
+    assert [(m["queue_name"], m["is_partitioned"], m["is_unlogged"]) for m in meta] == [
+        ("orders", False, False)
+    ]
     pg.execute("SELECT pgmq.drop_queue('orders')")
     assert pg.execute(
         "SELECT to_regclass('pgmq.q_orders') AS q, to_regclass('pgmq.a_orders') AS a"

@@ -1229,6 +1229,22 @@ BEGIN
     END LOOP;
 END $grant$;
 
+-- pgmq's queue catalogue, which tools query directly: every LonnyMQ queue, as list_queues.
+-- SELECT for the roles that may execute queue_list.
+CREATE VIEW pgmq.meta AS
+    SELECT q.name::varchar AS queue_name, false AS is_partitioned, q.unlogged AS is_unlogged,
+           q.created_at
+      FROM {schema}.queue q;
+REVOKE ALL ON pgmq.meta FROM PUBLIC;
+DO $meta$
+DECLARE
+    v_role text;
+BEGIN
+    FOR v_role IN SELECT pgmq._roles_allowed('queue_list') LOOP
+        EXECUTE pg_catalog.format('GRANT SELECT ON pgmq.meta TO %I', v_role);
+    END LOOP;
+END $meta$;
+
 -- The state a reinstall kept (see the top), and the views of every queue.
 DO $restore$
 DECLARE
