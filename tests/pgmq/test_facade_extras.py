@@ -228,6 +228,15 @@ def test_a_group_being_read_is_skipped_by_a_concurrent_reader(db_dsn: str, pg: C
         assert ids(second) == b
         one.rollback()  # a's messages were never leased
         two.commit()
+        # group a's head held elsewhere: a grouped read gets nothing and holds nothing of a
+        one.execute("SELECT * FROM lonnymq.message WHERE id = %s FOR UPDATE", (a[0],))
+        assert two.execute("SELECT * FROM pgmq.read_grouped('c', 30, 5)").fetchall() == []
+        # (NOWAIT raises if two holds a[1])
+        assert one.execute(
+            "SELECT id FROM lonnymq.message WHERE id = %s FOR UPDATE NOWAIT", (a[1],)
+        ).fetchall()
+        one.rollback()
+        two.rollback()
     assert ids(pg.execute("SELECT * FROM pgmq.read_grouped('c', 30, 5)").fetchall()) == a
 
 

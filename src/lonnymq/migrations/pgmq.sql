@@ -198,8 +198,8 @@ END $$;
 -- first message of every group, then the second, ...), 'head' (read_grouped_head: one per
 -- group). Reads every live plain message of the queue to find the heads (pgmq scans its table
 -- the same way), then the runs of the p_qty groups with the oldest visible heads. As: take.
--- Locks: the messages picked (FOR UPDATE SKIP LOCKED), only those: a group another reader is
--- taking is skipped, and the batch may then be short.
+-- Locks: the heads picked, then the rest of their runs (FOR UPDATE SKIP LOCKED), only those: a
+-- group another reader is taking is skipped, and the batch may then be short.
 CREATE FUNCTION pgmq._read_grouped(p_queue text, p_vt integer, p_qty integer, p_mode text)
 RETURNS SETOF pgmq.message_record
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -209,7 +209,7 @@ DECLARE
     v_heads  bigint[];
     v_groups text[];
     v_ids    bigint[];
-    v_gidx   bigint[];
+    v_gidx   integer[];
     v_got    bigint[];
 BEGIN
     PERFORM {schema}._check_limit(p_qty);
@@ -231,7 +231,7 @@ BEGIN
     END IF;
     -- 2. Each group's run from its head, in id order, up to the first message not visible;
     -- the batch picked from the runs in the mode's order.
-    SELECT array_agg(r.id ORDER BY r.pick), array_agg(r.gi ORDER BY r.pick) INTO v_ids, v_gidx
+    SELECT array_agg(r.id ORDER BY r.pick), array_agg(r.gi::integer ORDER BY r.pick) INTO v_ids, v_gidx
       FROM (SELECT u.id, u.gi,
                    row_number() OVER (ORDER BY CASE WHEN p_mode = 'rr' THEN u.rank ELSE 0 END,
                                                u.gi, u.rank) AS pick
@@ -251,9 +251,19 @@ BEGIN
     -- 3. Lock the picked messages, rechecking that they are still visible; a run stops before
     -- a message another transaction holds or has just leased (a group whose head is being read
     -- elsewhere drops out), so that no group is read out of order.
+    -- Heads first, then the rest of the runs of the groups whose head this call holds, so that
+    -- a call that gets nothing holds nothing while it polls on.
     SELECT array_agg(l.id) INTO v_got
       FROM (SELECT m.id FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.id = ANY (v_ids) AND m.dequeue_at <= v_now
+             WHERE m.queue_id = q.id AND m.id = ANY (v_ids) AND m.id = ANY (v_heads)
+               AND m.dequeue_at <= v_now
+             ORDER BY m.id
+               FOR UPDATE SKIP LOCKED) l;
+    SELECT v_got || array_agg(l.id) INTO v_got
+      FROM (SELECT m.id FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.dequeue_at <= v_now
+               AND m.id = ANY (ARRAY(SELECT u.id FROM unnest(v_ids, v_gidx) AS u(id, gi)
+                                      WHERE v_heads[u.gi] = ANY (v_got) AND u.id <> v_heads[u.gi]))
              ORDER BY m.id
                FOR UPDATE SKIP LOCKED) l;
     SELECT array_agg(t.id ORDER BY t.ord) INTO v_ids
