@@ -62,3 +62,9 @@ def pgmq_client(db_dsn: str) -> Iterator[Any]:
     q = pgmq_queue(**pgmq_kwargs(db_dsn), pool_size=2, init_extension=False)
     yield q
     q.close()
+
+
+@pytest.fixture
+def pgmq_args(db_dsn: str) -> dict[str, Any]:
+    """The connection arguments of pgmq's Python clients (sync and async) for the test's database."""
+    return pgmq_kwargs(db_dsn)

@@ -5,6 +5,7 @@ official ``pgmq`` Python client where it has the function."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -484,3 +485,34 @@ def test_table_level_functions_follow_lonnymq_roles(pg: Conn) -> None:
             pg.execute("SELECT pgmq.unbind_topic('p.#', 'p')")
     finally:
         pg.execute("RESET ROLE")
+
+
+# The official async client -------------------------------------------------------------------
+
+
+def test_official_async_client_on_the_table_level_functions(pgmq_args: dict[str, Any]) -> None:
+    from pgmq.async_queue import PGMQueue as AsyncPGMQueue
+
+    async def main() -> None:
+        q = AsyncPGMQueue(**pgmq_args, init_extension=False)
+        await q.init()
+        try:
+            await q.create_queue("aq")
+            await q.bind_topic("jobs.#", "aq")
+            assert await q.send_topic("jobs.a", {"kind": "a"}, headers={"x-pgmq-group": "g"}) == 1
+            sent = await q.send_batch_topic("jobs.b", [{"kind": "b"}, {"kind": "c"}])
+            assert [r.queue_name for r in sent] == ["aq", "aq"]
+            [m] = await q.read("aq", vt=30, qty=5, conditional={"kind": "b"})
+            assert m.message == {"kind": "b"}
+            [back] = await q.set_vt("aq", [m.msg_id], 0)
+            assert back.msg_id == m.msg_id
+            rr = await q.read_grouped_rr("aq", vt=30, qty=5)
+            # group g: one message; the default group: b (released again) then c
+            assert [x.message["kind"] for x in rr] == ["a", "b", "c"]
+            await q.enable_notify("aq", throttle_interval_ms=0)
+            assert [t.queue_name for t in await q.list_notify_throttles()] == ["aq"]
+            assert await q.read_with_poll("aq", vt=30, qty=1, max_poll_seconds=1, poll_interval_ms=50) == []
+        finally:
+            await q.close()
+
+    asyncio.run(main())
