@@ -516,3 +516,39 @@ def test_official_async_client_on_the_table_level_functions(pgmq_args: dict[str,
             await q.close()
 
     asyncio.run(main())
+
+
+def test_enabling_notifications_never_stalls_sends_behind_a_long_transaction(db_dsn: str, pg: Conn) -> None:
+    """enable_notify_insert re-creates a trigger on the message table. While a transaction that
+    has written to it is open (a long producer, a take_tx), that DDL cannot get its lock;
+    every send and take would queue behind its waiting request, so it waits 100 ms at a time
+    and gives way in between: sends carry on, and the DDL lands once the transaction ends."""
+    pg.execute("SELECT pgmq.create('busy')")
+    with psycopg.connect(db_dsn) as holder:
+        holder.execute("SELECT pgmq.send('busy', '0'::jsonb)")  # ROW EXCLUSIVE until it ends
+        enabled: list[BaseException | None] = []
+
+        def enable() -> None:
+            try:
+                with psycopg.connect(db_dsn, autocommit=True) as c:
+                    c.execute("SELECT pgmq.enable_notify_insert('busy', 0)")
+                enabled.append(None)
+            except BaseException as e:  # pragma: no cover - reported below
+                enabled.append(e)
+
+        t = threading.Thread(target=enable)
+        t.start()
+        slowest = 0.0
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            send(pg, "busy", "1")
+            pg.execute("SELECT * FROM pgmq.pop('busy')")
+            slowest = max(slowest, time.monotonic() - started)
+        assert enabled == []  # still waiting for the holder
+        holder.rollback()
+        t.join(10)
+    assert enabled == [None]
+    assert slowest < 1.0, slowest  # a 1.5 s wait behind the DDL's lock request would show here
+    row = pg.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = 'pgmq_notify_insert'").fetchone()
+    assert row is not None and row["n"] > 0

@@ -475,27 +475,39 @@ END $$;
 -- (Re)create the trigger pgmq_notify_insert on {schema}.message for exactly the queues in
 -- notify_insert_throttle, or drop it when there is none. Its WHEN clause lists their ids as
 -- constants: a send to any other queue pays one integer comparison per message and calls
--- nothing; with no queue enabled there is no trigger at all. DDL on the message table: waits
--- (at most 5 s, lock_timeout; then SQLSTATE 55P03) for the transactions using it, and sends
--- wait for it meanwhile.
+-- nothing; with no queue enabled there is no trigger at all. DDL on the message table: every
+-- take and send queues behind a waiting lock request, so each attempt waits at most 100 ms
+-- (lock_timeout) and gives way; up to 50 attempts, 100 ms apart, then SQLSTATE 55P03 (a long
+-- transaction that has read the message table, such as a forgotten BEGIN, holds it off).
 CREATE FUNCTION pgmq._notify_sync() RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_ids     integer[];
+    v_try     integer;
     v_timeout text := current_setting('lock_timeout');
 BEGIN
     SELECT array_agg(t.queue_id ORDER BY t.queue_id) INTO v_ids FROM pgmq.notify_insert_throttle t;
-    PERFORM set_config('lock_timeout', '5s', true);
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                WHERE t.tgname = 'pgmq_notify_insert'
-                  AND t.tgrelid = format('%I.message', {schema_name})::regclass) THEN
-        EXECUTE format('DROP TRIGGER pgmq_notify_insert ON %I.message', {schema_name});
-    END IF;
-    IF v_ids IS NOT NULL THEN
-        EXECUTE format('CREATE TRIGGER pgmq_notify_insert AFTER INSERT ON %I.message FOR EACH ROW'
-                       ' WHEN (NEW.queue_id = ANY (%L::integer[])) EXECUTE FUNCTION pgmq._notify_insert()',
-                       {schema_name}, v_ids);
-    END IF;
+    PERFORM set_config('lock_timeout', '100ms', true);
+    FOR v_try IN 1..50 LOOP
+        BEGIN
+            IF EXISTS (SELECT FROM pg_catalog.pg_trigger t
+                        WHERE t.tgname = 'pgmq_notify_insert'
+                          AND t.tgrelid = format('%I.message', {schema_name})::regclass) THEN
+                EXECUTE format('DROP TRIGGER pgmq_notify_insert ON %I.message', {schema_name});
+            END IF;
+            IF v_ids IS NOT NULL THEN
+                EXECUTE format('CREATE TRIGGER pgmq_notify_insert AFTER INSERT ON %I.message FOR EACH ROW'
+                               ' WHEN (NEW.queue_id = ANY (%L::integer[])) EXECUTE FUNCTION pgmq._notify_insert()',
+                               {schema_name}, v_ids);
+            END IF;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            IF v_try = 50 THEN
+                RAISE;
+            END IF;
+            PERFORM pg_sleep(0.1);
+        END;
+    END LOOP;
     PERFORM set_config('lock_timeout', v_timeout, true);
 END $$;
 
