@@ -400,7 +400,9 @@ DECLARE
     v_ids   bigint[];
     v_dead  bigint[];
     v_gen   bigint;
-    v_frozen integer;
+    v_frozen bigint[];
+    v_old   bigint;
+    v_held  bigint;
 BEGIN
     -- The checks of _queue, _check_limit, _check_positive and _now, called only when they are
     -- going to fail (each call is a statement).
@@ -446,25 +448,38 @@ BEGIN
         RETURN;
     END IF;
 
-    -- One message: _lock_ready's candidate query for one row, and _deliver's lease of it (a
-    -- queue with a backlog in frozen generations takes the general path).
+    -- One message: _lock_ready's candidate queries for one row, and _deliver's lease of it: the
+    -- first ready row of the queue's frozen generations, oldest first (a backlog), merged with
+    -- the first of each generation of the window.
     IF p_limit = 1 THEN
-        SELECT s.last_value, (SELECT f.queue_id FROM {schema}.message_gen_frozen f
-                               WHERE f.queue_id = q.id)
+        SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
           INTO v_gen, v_frozen
           FROM {schema}.message_gen_seq s;
-    END IF;
-    IF p_limit = 1 AND v_frozen IS NULL THEN
+        FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
+            SELECT x.id INTO v_held
+              FROM (SELECT m.id FROM {schema}.message m
+                     WHERE m.gen = v_old AND m.queue_id = q.id AND m.channel IS NULL
+                       AND m.dequeue_at <= v_now
+                     ORDER BY m.dequeue_at, m.id
+                     LIMIT 1
+                       FOR UPDATE SKIP LOCKED) x;
+            EXIT WHEN v_held IS NOT NULL;
+        END LOOP;
         SELECT x.id, x.attempts, x.live INTO v_id, v_tries, v_live
-          FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
-         CROSS JOIN LATERAL (
-               SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
-                 FROM {schema}.message m
-                WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                  AND m.dequeue_at <= v_now
-                ORDER BY m.dequeue_at, m.id
-                LIMIT 1
-                  FOR UPDATE SKIP LOCKED) x
+          FROM ((SELECT w.*
+                   FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                  CROSS JOIN LATERAL (
+                        SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
+                          FROM {schema}.message m
+                         WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                           AND m.dequeue_at <= v_now
+                         ORDER BY m.dequeue_at, m.id
+                         LIMIT 1
+                           FOR UPDATE SKIP LOCKED) w)
+                UNION ALL
+                (SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
+                   FROM {schema}.message m
+                  WHERE m.queue_id = q.id AND m.id = v_held)) x
          ORDER BY x.dequeue_at, x.id
          LIMIT 1;
         IF NOT FOUND THEN
