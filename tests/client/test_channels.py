@@ -596,7 +596,10 @@ _VARS = {
     r"\bv_gen\b": "1",  # the current generation (generations.sql)
     r"\bv_old\b": "0",  # a frozen generation
     r"\bv_more\b": "10",
-    r"\bv_held\b": "ARRAY[]::bigint[]",  # the frozen rows locked
+    r"\bv_held\b": "ARRAY[]::bigint[]",  # the frozen rows locked, and their columns
+    r"\bv_held_ats\b": "ARRAY[]::bigint[]",
+    r"\bv_held_tries\b": "ARRAY[]::integer[]",
+    r"\bv_held_live\b": "ARRAY[]::boolean[]",
 }
 _PARAMS = "(int, bigint, text[], text, bigint, bigint, text[], bigint[], bigint[], boolean[])"
 

@@ -45,10 +45,11 @@ def candidate_queries(function: str) -> list[str]:
 
 
 def window_query(function: str) -> str:
-    """The candidate query of the window (_lock_ready also has one per frozen generation of a
-    queue with a backlog, which the loaded queue has not: it selects fewer columns)."""
-    [query] = [q for q in candidate_queries(function) if "superseded_by" in q]
-    return query
+    """The candidate query of the window: the last of the two (the first locks rows of the
+    queue's frozen generations when it has a backlog, which the loaded queue has not)."""
+    frozen, window = candidate_queries(function)
+    assert frozen != window
+    return window
 
 
 @pytest.fixture(scope="module")

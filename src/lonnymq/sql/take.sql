@@ -14,8 +14,8 @@
 -- returned in order (ids, with their dequeue_at in ats for the channel path's merge).
 -- Locks rows of the queue's frozen generations first, oldest first, until p_limit are held (a
 -- backlog: generations.sql), then reads the two generations of the window, each in index order,
--- and merges them with the frozen rows it holds (each found again by its key); rows beyond
--- p_limit may stay locked until the transaction ends.
+-- and merges them with the frozen rows it holds; rows beyond p_limit may stay locked until the
+-- transaction ends.
 CREATE OR REPLACE FUNCTION {schema}._lock_ready(q {schema}.queue, p_limit integer, p_now bigint,
                                      OUT ids bigint[], OUT ats bigint[], OUT dead bigint[])
 LANGUAGE plpgsql VOLATILE AS $$
@@ -24,8 +24,11 @@ DECLARE
     v_gen    bigint;
     v_frozen bigint[];
     v_old    bigint;
-    v_held   bigint[] := ARRAY[]::bigint[];
-    v_more   integer;
+    v_held       bigint[]  := ARRAY[]::bigint[];  -- the frozen rows locked, and their columns
+    v_held_ats   bigint[]  := ARRAY[]::bigint[];
+    v_held_tries integer[] := ARRAY[]::integer[];
+    v_held_live  boolean[] := ARRAY[]::boolean[];
+    v_more       integer;
 BEGIN
     SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
       INTO v_gen, v_frozen
@@ -33,8 +36,11 @@ BEGIN
     FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
         v_more := p_limit - coalesce(cardinality(v_held), 0);
         EXIT WHEN v_more <= 0;
-        SELECT v_held || array_agg(x.id ORDER BY x.dequeue_at, x.id) INTO v_held
-          FROM (SELECT m.id, m.dequeue_at FROM {schema}.message m
+        SELECT v_held || array_agg(x.id), v_held_ats || array_agg(x.dequeue_at),
+               v_held_tries || array_agg(x.attempts), v_held_live || array_agg(x.live)
+          INTO v_held, v_held_ats, v_held_tries, v_held_live
+          FROM (SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
+                  FROM {schema}.message m
                  WHERE m.gen = v_old AND m.queue_id = q.id AND m.channel IS NULL
                    AND m.dequeue_at <= p_now
                  ORDER BY m.dequeue_at, m.id
@@ -58,12 +64,7 @@ BEGIN
                              LIMIT p_limit
                                FOR UPDATE SKIP LOCKED) w)
                     UNION ALL
-                    (SELECT k.*
-                       FROM unnest(v_held) AS h(id)
-                      CROSS JOIN LATERAL (
-                            SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
-                              FROM {schema}.message m
-                             WHERE m.queue_id = q.id AND m.id = h.id OFFSET 0) k)) x
+                    (SELECT * FROM unnest(v_held, v_held_ats, v_held_tries, v_held_live))) x
              ORDER BY x.dequeue_at, x.id
              LIMIT p_limit) c;
     IF dead IS NOT NULL THEN
