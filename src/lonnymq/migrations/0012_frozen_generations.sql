@@ -15,3 +15,9 @@ CREATE TABLE {schema}.message_gen_frozen (
 
 -- Metrics, peek and next_ready_in read the generations of one queue (_gens_of).
 DROP FUNCTION IF EXISTS {schema}._gens_live();
+
+-- rotate() now keeps both generations of the window on record (a crash or failover can move the
+-- generation sequence up to 32 ahead): those of an existing database, now.
+INSERT INTO {schema}.message_gen_pending (gen)
+SELECT g FROM {schema}.message_gen_seq s, LATERAL (VALUES (s.last_value - 1), (s.last_value)) v(g)
+ON CONFLICT DO NOTHING;

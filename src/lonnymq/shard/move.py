@@ -114,8 +114,10 @@ Columns = dict[str, list[str]]
 
 #: Tables with a queue column that a move leaves behind on purpose: a Spark write's staged
 #: parts (scratch of a job in flight; its commit, routed to the new shard, fails and Spark
-#: runs the job again).
-_LEFT: tuple[str, ...] = ("spark_stage_part",)
+#: runs the job again), and a backlog's frozen generations (generations are per shard: the
+#: moved messages land in the target's current generation, and the source's next rotation
+#: forgets the queue once it is gone).
+_LEFT: tuple[str, ...] = ("spark_stage_part", "message_gen_frozen")
 
 _PER_QUEUE_TABLES: LiteralString = """
 SELECT DISTINCT c.relname::text FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid

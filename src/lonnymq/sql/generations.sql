@@ -14,10 +14,12 @@
 --     which holds a shared advisory lock on it until their transaction ends; a generation is
 --     finished only when rotate() can take that lock exclusively (no writer left) and has moved
 --     every row (none skipped because a take or ack held it);
---   * message_gen_pending records, transactionally, every generation outside the window that may
---     still hold rows; rotate() records G-1 there in one call and moves G only in a later one
---     (sequences are not transactional: a rotate that fails after nextval must still leave a
---     record of what it pushed out), and sweeps each recorded generation until it is finished.
+--   * message_gen_pending records, transactionally, every generation that may still hold rows:
+--     both of the window before rotate() moves it, in an earlier committed call (sequences are
+--     not transactional: a rotate that fails after nextval must still leave a record of what it
+--     pushed out; nor crash-safe in value: after a crash a sequence resumes up to 32 past its
+--     last nextval), and rotate() sweeps each recorded generation outside the window until it
+--     is finished.
 -- A row moved or committed late by a long transaction waits at most one rotation to be seen.
 --
 -- A backlog is not rewritten: when a queue holds more than p_max_moves rows in the generation
@@ -195,26 +197,33 @@ BEGIN
     IF NOT coalesce(p_force, false) AND v_now - v_started < p_period_ms THEN
         RETURN v_gen;
     END IF;
-    -- Generations pushed out earlier that may still hold rows.
+    -- Generations pushed out earlier that may still hold rows (a backlog there stays frozen).
     FOR v_old IN SELECT p.gen FROM {schema}.message_gen_pending p WHERE p.gen < v_gen - 1
                   ORDER BY p.gen LOOP
+        PERFORM {schema}._gen_freeze(v_old, p_max_moves);
         IF {schema}._gen_sweep(v_old, v_gen) THEN
             DELETE FROM {schema}.message_gen_pending p WHERE p.gen = v_old;
         END IF;
     END LOOP;
     PERFORM {schema}._gen_thaw(v_gen, p_max_moves);
     PERFORM setval('{schema}.message_gen_started_seq', v_now);
-    -- G-1 leaves the window with the next generation: only once its record is committed.
-    IF NOT EXISTS (SELECT FROM {schema}.message_gen_pending p WHERE p.gen = v_gen - 1) THEN
-        INSERT INTO {schema}.message_gen_pending (gen) VALUES (v_gen - 1);
+    -- Both generations of the window are on record before the window moves, in an earlier,
+    -- committed call: a generation leaves the window only once its record is committed (a
+    -- rotation that rolls back after nextval has still moved the window), and the current one
+    -- is on record too because a sequence is not crash-safe in value: after a crash or a
+    -- failover it resumes up to 32 values past its last nextval (it WAL-logs ahead), which
+    -- pushes the whole window out at once; the recorded generations are then swept forward.
+    IF NOT EXISTS (SELECT FROM {schema}.message_gen_pending p WHERE p.gen = v_gen - 1)
+       OR NOT EXISTS (SELECT FROM {schema}.message_gen_pending p WHERE p.gen = v_gen) THEN
+        INSERT INTO {schema}.message_gen_pending (gen) VALUES (v_gen - 1), (v_gen)
+            ON CONFLICT DO NOTHING;
         RETURN v_gen;
     END IF;
     v_gen := nextval('{schema}.message_gen_seq');
+    INSERT INTO {schema}.message_gen_pending (gen) VALUES (v_gen) ON CONFLICT DO NOTHING;
     PERFORM {schema}._gen_freeze(v_gen - 2, p_max_moves);
     IF {schema}._gen_sweep(v_gen - 2, v_gen) THEN
         DELETE FROM {schema}.message_gen_pending p WHERE p.gen = v_gen - 2;
     END IF;
-    -- The next generation to leave the window, recorded for a later call.
-    INSERT INTO {schema}.message_gen_pending (gen) VALUES (v_gen - 1) ON CONFLICT DO NOTHING;
     RETURN v_gen;
 END $$;
