@@ -483,7 +483,6 @@ CREATE FUNCTION pgmq._notify_sync() RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_ids     integer[];
-    v_try     integer;
     v_timeout text := current_setting('lock_timeout');
 BEGIN
     SELECT array_agg(t.queue_id ORDER BY t.queue_id) INTO v_ids FROM pgmq.notify_insert_throttle t;
