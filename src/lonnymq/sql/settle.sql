@@ -21,7 +21,13 @@
 -- statement whose generic plan it prices above a custom one, which for an array parameter (the
 -- generic plan assumes 10 elements, a custom plan sees the 1 of a single ack) is always the case:
 -- measured on PostgreSQL 15 per call, ack 757 -> 600 us, nack 1,120 -> 683 us, extend 668 -> 565
--- us, take(1) 656 -> 590 us. The generic plans are the ones the plan tests check.
+-- us, take(1) 656 -> 590 us. The generic plans are the ones the plan tests check. A session
+-- keeps its generic plan, made at its first call: one made while the table was empty (a consumer
+-- started before the producers; statistics not yet taken) scanned the whole message table on
+-- every call for as long as the session lived (held-snapshot run: a take went from 8 ms to 4 s).
+-- So they also run with enable_seqscan = off (every statement here has an index for its rows),
+-- and jit = off, which the cost of a sequence's or an empty partition's unavoidable scan would
+-- otherwise trigger.
 --
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
@@ -115,7 +121,8 @@ CREATE OR REPLACE FUNCTION {schema}.ack(
     p_archive boolean DEFAULT NULL,
     p_now     bigint  DEFAULT NULL
 ) RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
     v_done bigint[];
@@ -184,7 +191,8 @@ CREATE OR REPLACE FUNCTION {schema}.nack(
     p_count_attempt boolean   DEFAULT true,
     p_now           bigint    DEFAULT NULL
 ) RETURNS TABLE (id bigint, outcome text)
-LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
     v_now  bigint := {schema}._now(p_now);
@@ -319,7 +327,8 @@ CREATE OR REPLACE FUNCTION {schema}.extend(
     p_lease_ms bigint DEFAULT NULL,
     p_now      bigint DEFAULT NULL
 ) RETURNS TABLE (id bigint, lease_until bigint)
-LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     q       {schema}.queue := {schema}._queue(p_queue);
     v_lease bigint := coalesce(p_lease_ms, q.lease_ms);
@@ -358,7 +367,8 @@ CREATE OR REPLACE FUNCTION {schema}.give_up(
     p_errors text[]  DEFAULT NULL,
     p_now    bigint  DEFAULT NULL
 ) RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     q      {schema}.queue := {schema}._queue(p_queue);
     v_now  bigint := {schema}._now(p_now);

@@ -388,7 +388,7 @@ CREATE OR REPLACE FUNCTION {schema}.take(
     p_now        bigint  DEFAULT NULL
 ) RETURNS SETOF {schema}.delivery
 LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan SET enable_sort = off SET jit = off AS $$
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_sort = off SET jit = off AS $$
 DECLARE
     q       {schema}.queue;
     v_now   bigint;
@@ -525,7 +525,7 @@ CREATE OR REPLACE FUNCTION {schema}.take_tx(
     p_now     bigint  DEFAULT NULL
 ) RETURNS SETOF {schema}.delivery
 LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan SET enable_sort = off SET jit = off AS $$
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_sort = off SET jit = off AS $$
 DECLARE
     q         {schema}.queue := {schema}._queue(p_queue);
     v_now     bigint := {schema}._now(p_now);
