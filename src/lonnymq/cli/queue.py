@@ -127,28 +127,21 @@ def list_(args: argparse.Namespace) -> int:
 
 
 def pause(args: argparse.Namespace) -> int:
-    with _util.client(args) as c:
-        changed = c.pause_queue(args.name)
-    _util.done(
-        args,
-        f"paused queue {args.name!r}" if changed else f"queue {args.name!r} was paused already",
-        queue=args.name,
-        paused=True,
-        changed=changed,
-    )
-    return 0
+    return _set_paused(args, True)
 
 
 def resume(args: argparse.Namespace) -> int:
+    return _set_paused(args, False)
+
+
+def _set_paused(args: argparse.Namespace, paused: bool) -> int:
     with _util.client(args) as c:
-        changed = c.resume_queue(args.name)
-    _util.done(
-        args,
-        f"resumed queue {args.name!r}" if changed else f"queue {args.name!r} was not paused",
-        queue=args.name,
-        paused=False,
-        changed=changed,
-    )
+        changed = c.pause_queue(args.name) if paused else c.resume_queue(args.name)
+    if paused:
+        said = f"paused queue {args.name!r}" if changed else f"queue {args.name!r} was paused already"
+    else:
+        said = f"resumed queue {args.name!r}" if changed else f"queue {args.name!r} was not paused"
+    _util.done(args, said, queue=args.name, paused=paused, changed=changed)
     return 0
 
 

@@ -696,18 +696,23 @@ class _Dashboard:
     async def pause_queue(
         self, request: Request, c: AsyncClient, p: Params
     ) -> tuple[str, dict[str, Any], str]:
-        queue = _queue(request)
-        changed = await c.pause_queue(queue)
-        done = f"paused queue {queue}" if changed else f"queue {queue} was paused already"
-        return done, {"paused": True, "changed": changed}, f"/queues/{queue}"
+        return await self._set_paused(request, c, True)
 
     async def resume_queue(
         self, request: Request, c: AsyncClient, p: Params
     ) -> tuple[str, dict[str, Any], str]:
+        return await self._set_paused(request, c, False)
+
+    @staticmethod
+    async def _set_paused(request: Request, c: AsyncClient, paused: bool) -> tuple[str, dict[str, Any], str]:
         queue = _queue(request)
-        changed = await c.resume_queue(queue)
-        done = f"resumed queue {queue}" if changed else f"queue {queue} was not paused"
-        return done, {"paused": False, "changed": changed}, f"/queues/{queue}"
+        if paused:
+            changed = await c.pause_queue(queue)
+            done = f"paused queue {queue}" if changed else f"queue {queue} was paused already"
+        else:
+            changed = await c.resume_queue(queue)
+            done = f"resumed queue {queue}" if changed else f"queue {queue} was not paused"
+        return done, {"paused": paused, "changed": changed}, f"/queues/{queue}"
 
     async def cancel_message(
         self, request: Request, c: AsyncClient, p: Params
