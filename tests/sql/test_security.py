@@ -565,7 +565,7 @@ def _objects(conn: psycopg.Connection) -> tuple[Any, ...]:
         # Roles are cluster-wide: leave out the logins other tests (other xdist workers) make.
         conn.execute(
             "SELECT array_agg(rolname::text ORDER BY rolname) FROM pg_roles"
-            " WHERE rolname !~ '^(lmq_login_|lmq_worker_|lq_reader_|lmqt_)'"
+            " WHERE rolname !~ '^(lmq_login_|lmq_worker_|lmq_web_|lq_reader_|lmqt_)'"
         ).fetchone(),
         conn.execute("SELECT array_agg(nspname::text ORDER BY nspname) FROM pg_namespace").fetchone(),
     )
