@@ -10,9 +10,12 @@ import time
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 from shard_helpers import Traffic, drain, home
 
 from lonnymq import AsyncClient, Client, errors, shard
+from lonnymq.client.direct import DIRECT, ShardMap
+from lonnymq.client.ops import Op, Ops
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -176,3 +179,28 @@ def test_a_call_during_the_move_waits_for_it_and_follows(sharded) -> None:  # ty
         assert isinstance(acked[0], dict) and list(acked[0]) == [m.id], acked
         assert sorted(x.payload for x in c.take(q, 10)) == ["b", "c"]
         shard.move(r, q, 0)
+
+
+def test_what_goes_direct_and_how_a_shard_is_logged_into() -> None:
+    ops = Ops("lonnymq")
+    m = ShardMap("lonnymq", ops.st)
+    for name in DIRECT:
+        fenced = m.fenced(Op(getattr(ops.st, name), ("q",), list)).query.as_string(None)
+        assert fenced.count("pg_advisory_xact_lock_shared") == 1 and f".{name}((SELECT l.q" in fenced
+    assert m.queue_of(ops.take("orders")) == "orders"
+    assert m.queue_of(ops.send_batch("orders", ["x"])) == "orders"
+    for op in (ops.queue_create("orders"), ops.queue_drop("orders"), ops.take_tx("orders"), ops.queue_list()):
+        assert m.queue_of(op) is None  # through the router
+    m.load(3, ["host=h1 port=6000 dbname=d1 connect_timeout=5", "host=h2 port=6001 dbname=d2"])
+    got = conninfo_to_dict(m.conninfo(1, "postgresql://app:s3cret@router:5432/r?sslmode=require"))
+    assert got == {
+        "host": "h2",
+        "port": "6001",
+        "dbname": "d2",
+        "user": "app",
+        "password": "s3cret",
+        "sslmode": "require",
+    }
+    assert m.remember("orders", -7) == 1 and m.route("orders") == 1  # a hash, masked
+    assert not m.load(3, m.shards) and m.route("orders") == 1
+    assert m.load(4, m.shards) and m.route("orders") is None  # a new version forgets routes

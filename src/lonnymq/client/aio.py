@@ -213,11 +213,9 @@ class AsyncClient:
                 await self._refuse_on_router(c)
         return await self._run_pooled(pool, op, retry)
 
-    async def _run_pooled(
-        self, pool: AsyncConnectionPool[Any], op: Op[T], retry: bool, fence: str | None = None
-    ) -> T:
-        """``op`` on a connection of ``pool`` under the retry policy (see :meth:`run`); on a
-        shard of a direct client, behind the shard's move fence of queue ``fence``."""
+    async def _run_pooled(self, pool: AsyncConnectionPool[Any], op: Op[T], retry: bool) -> T:
+        """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
+        under the retry policy (see :meth:`run`)."""
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False  # an attempt reached the server: it may have committed
         while True:
@@ -236,8 +234,6 @@ class AsyncClient:
             else:
                 try:
                     sent = ran = True
-                    if fence is not None:
-                        return await self._execute_fenced(c, op, fence)
                     return await self._execute(c, op)
                 except psycopg.OperationalError as e:
                     if not (c.broken or c.closed):
@@ -282,6 +278,7 @@ class AsyncClient:
         the shard the re-read map names."""
         m = self._map
         assert m is not None
+        fenced = m.fenced(op)
         for attempt in range(1, ATTEMPTS + 1):
             if m.stale():
                 m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
@@ -291,7 +288,7 @@ class AsyncClient:
                 shard = m.remember(queue, found)
             pool = await self._shard_pool(shard)
             try:
-                return await self._run_pooled(pool, op, retry, fence=queue)
+                return await self._run_pooled(pool, fenced, retry)
             except errors.QueueNotFound:
                 m.forget(queue)
                 m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
@@ -326,22 +323,6 @@ class AsyncClient:
             await pool.open(wait=False)
             self._shard_pools[key] = pool
         return pool
-
-    async def _execute_fenced(self, c: AsyncConnection[Any], op: Op[T], queue: str) -> T:
-        """``op`` after the shard's move fence of ``queue``, in one transaction and round trip."""
-        assert self._map is not None
-        try:
-            async with c.pipeline():
-                await c.execute(self._map.fence, (self.schema, queue))
-                cur = await c.execute(op.query, op.params, binary=True)
-            cur.row_factory = ROW_FACTORY
-            rows = await cur.fetchall() if cur.rownumber is not None else []
-        except psycopg.Error as e:
-            mapped = map_error(e)
-            if mapped is e:
-                raise
-            raise mapped from e
-        return op.decode(rows)
 
     async def _execute(self, c: AsyncConnection[Any], op: Op[T]) -> T:
         try:

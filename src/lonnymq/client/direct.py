@@ -18,19 +18,22 @@ The client (``client/aio.py`` and its sync twin) does the I/O; this module decid
   superusers): the client's role must exist on the shards with the same password (or a
   ``.pgpass`` entry).
 
-A direct call runs on the shard behind the shard's side of the move fence: in one implicit
-transaction (a pipeline, one round trip), :data:`FENCE` then the call. ``shard move`` holds that
-lock exclusively on the source shard while it copies the queue away, so a direct call either
-runs before the copy (and is copied) or after the source has let the queue go, and then fails
-with QueueNotFound: the client re-reads the map and runs the call on the new shard (nothing was
-done on the old one: the failed call's transaction rolled back).
+A direct call runs on the shard behind the shard's side of the move fence: its queue argument
+is given through :data:`FENCE`, a subquery that takes a shared advisory lock of the queue (held
+to the end of the call's transaction) before it hands the name to the function, so the lock is
+taken before the function runs, in the same statement (no extra round trip). ``shard move``
+holds that lock exclusively on the source shard while it copies the queue away, so a direct
+call either runs before the copy (and is copied) or after the source has let the queue go, and
+then fails with QueueNotFound: the client re-reads the map and runs the call on the new shard
+(nothing was done on the old one: the failed call's transaction rolled back).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, LiteralString
+from dataclasses import replace
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -40,6 +43,8 @@ from .. import errors
 from .ops import Op, Statements
 
 __all__ = ["DIRECT", "FENCE", "MAP_TTL", "ShardMap"]
+
+T = TypeVar("T")
 
 #: The Statements whose calls go straight to the queue's shard; each takes the queue first.
 DIRECT: tuple[str, ...] = (
@@ -66,9 +71,17 @@ DIRECT: tuple[str, ...] = (
     "queue_metrics",
 )
 
-#: Run on the shard before a direct call, in its transaction: the shard's side of the move fence
-#: (the key of the router's ``_shard_of``; ``shard move`` takes it exclusively on the source).
-FENCE: LiteralString = "SELECT pg_advisory_xact_lock_shared(hashtext(%s || '/route'), hashtext(%s))"
+#: What a direct call passes as its queue argument instead of the bare name: the name, once the
+#: shard's side of the move fence is held (the key of the router's ``_shard_of``; ``shard move``
+#: takes it exclusively on the source). The scalar subquery runs before the function it is an
+#: argument of; ``{name}`` is the schema's name as a literal.
+FENCE: LiteralString = (
+    "(SELECT l.q FROM (SELECT %s::text AS q) AS l,"
+    " LATERAL pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(l.q)) AS f)"
+)
+
+#: The queue argument of every statement of :data:`DIRECT`, which :data:`FENCE` replaces.
+_QUEUE_ARG = "(%s::text"
 
 #: Seconds after which the client asks the router whether the map's version changed (a call that
 #: lands on a shard the queue left finds out at once, QueueNotFound; this bounds how long a copy
@@ -103,7 +116,8 @@ class ShardMap:
         self.loaded_at = 0.0
         self._routes: dict[str, int] = {}
         self._direct = frozenset(id(getattr(st, name)) for name in DIRECT)
-        self.fence = sql.SQL(FENCE)
+        self._fence = sql.SQL(FENCE).format(name=sql.Literal(schema))
+        self._fenced: dict[int, sql.Composed] = {}
         self._map_query = sql.SQL("SELECT version, shards FROM {}._shard_map()").format(s)
         self._route_query = sql.SQL("SELECT {}._shard_of(%s::text)").format(s)
 
@@ -115,6 +129,13 @@ class ShardMap:
             return None
         queue = op.params[0]
         return queue if isinstance(queue, str) else None
+
+    def fenced(self, op: Op[T]) -> Op[T]:
+        """``op`` (one of :meth:`queue_of`'s) with its queue argument behind :data:`FENCE`."""
+        query = self._fenced.get(id(op.query))
+        if query is None:
+            query = self._fenced[id(op.query)] = fence_query(op.query, self._fence)
+        return replace(op, query=query)
 
     def route(self, queue: str) -> int | None:
         """The queue's shard if known (None: ask the router, :meth:`route_op`)."""
@@ -179,6 +200,23 @@ class ShardMap:
         at = self.where(shard)
         reason = " ".join(str(e).split())
         return errors.ShardUnavailable(f"shard {shard} ({at}) cannot be reached: {reason}", shard=at)
+
+
+def fence_query(query: sql.Composed, fence: sql.Composable) -> sql.Composed:
+    """``query`` with its first ``(%s::text`` argument (the queue) replaced by ``fence``."""
+    parts: list[sql.Composable] = []
+    done = False
+    for part in query:
+        if not done and isinstance(part, sql.SQL) and _QUEUE_ARG in part.as_string(None):
+            before, _, after = part.as_string(None).partition(_QUEUE_ARG)
+            # Our own statement text (Statements), split around the queue's placeholder.
+            parts += [sql.SQL(before + "("), fence, sql.SQL(after)]
+            done = True
+        else:
+            parts.append(part)
+    if not done:
+        raise AssertionError(f"no queue argument in {query!r}")
+    return sql.Composed(parts)
 
 
 def unsupported(conninfo: object) -> errors.InvalidArgument:

@@ -213,9 +213,9 @@ class Client:
                 self._refuse_on_router(c)
         return self._run_pooled(pool, op, retry)
 
-    def _run_pooled(self, pool: ConnectionPool[Any], op: Op[T], retry: bool, fence: str | None = None) -> T:
-        """``op`` on a connection of ``pool`` under the retry policy (see :meth:`run`); on a
-        shard of a direct client, behind the shard's move fence of queue ``fence``."""
+    def _run_pooled(self, pool: ConnectionPool[Any], op: Op[T], retry: bool) -> T:
+        """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
+        under the retry policy (see :meth:`run`)."""
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False
         while True:
@@ -232,8 +232,6 @@ class Client:
             else:
                 try:
                     sent = ran = True
-                    if fence is not None:
-                        return self._execute_fenced(c, op, fence)
                     return self._execute(c, op)
                 except psycopg.OperationalError as e:
                     if not (c.broken or c.closed):
@@ -273,6 +271,7 @@ class Client:
         the shard the re-read map names."""
         m = self._map
         assert m is not None
+        fenced = m.fenced(op)
         for attempt in range(1, ATTEMPTS + 1):
             if m.stale():
                 m.load(*self._run_pooled(self._router_pool(), m.map_op(), True))
@@ -282,7 +281,7 @@ class Client:
                 shard = m.remember(queue, found)
             pool = self._shard_pool(shard)
             try:
-                return self._run_pooled(pool, op, retry, fence=queue)
+                return self._run_pooled(pool, fenced, retry)
             except errors.QueueNotFound:
                 m.forget(queue)
                 m.load(*self._run_pooled(self._router_pool(), m.map_op(), True))
@@ -317,22 +316,6 @@ class Client:
             pool.open(wait=False)
             self._shard_pools[key] = pool
         return pool
-
-    def _execute_fenced(self, c: Connection[Any], op: Op[T], queue: str) -> T:
-        """``op`` after the shard's move fence of ``queue``, in one transaction and round trip."""
-        assert self._map is not None
-        try:
-            with c.pipeline():
-                c.execute(self._map.fence, (self.schema, queue))
-                cur = c.execute(op.query, op.params, binary=True)
-            cur.row_factory = ROW_FACTORY
-            rows = cur.fetchall() if cur.rownumber is not None else []
-        except psycopg.Error as e:
-            mapped = map_error(e)
-            if mapped is e:
-                raise
-            raise mapped from e
-        return op.decode(rows)
 
     def _execute(self, c: Connection[Any], op: Op[T]) -> T:
         try:
