@@ -11,8 +11,10 @@ PostgreSQL 15 clusters (tools/pgcluster.py; fsync and synchronous_commit on, as 
 
 3. Direct routing (``Client(router_dsn, direct=True)``) against the router and against a plain
    client of the shard's own DSN, Python clients all: single calls in sequence on one connection
-   (send; take+ack), interleaved rounds, medians; and 8 concurrent producers (8 processes, one
-   connection each, single-message sends, each to its own queue, 4 queues on each shard).
+   (send; take+ack), 5 interleaved rounds, medians; and 8 concurrent producers (8 processes, one
+   connection each, single-message sends, each to its own queue, 4 queues on each shard), 2
+   rounds. Besides the rates, the CPU time per call of the clients and all three servers
+   together (/proc), which other work on a shared machine disturbs far less than the rates.
 
     .venv/bin/python benchmarks/shard.py             # about two minutes; needs root (runs PostgreSQL
     .venv/bin/python benchmarks/shard.py --quick     # as the postgres OS user) and plproxy
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -199,8 +202,36 @@ def _client(mode: str, router_dsn: str, shard_dsn: str) -> Client:
     return Client(router_dsn, pool_size=1, direct=mode == "direct")
 
 
-def direct_calls(router_dsn: str, shard_dsn: str, queue: str, seconds: float, rounds: int) -> dict[str, Any]:
-    """ops/s of single calls in sequence, per mode (medians of ``rounds`` interleaved rounds)."""
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(clusters: list[pgcluster.Cluster]) -> float:
+    """CPU time (user + system) of this process and of every process of ``clusters`` (the
+    postmasters and their children: backends, PL/Proxy's connections): what the calls cost the
+    machine, whatever else runs on it."""
+    masters = {int((c.datadir / "postmaster.pid").read_text().split()[0]) for c in clusters}
+    total = time.process_time()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if pid in masters or ppid in masters:
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+def direct_calls(
+    router_dsn: str,
+    shard_dsn: str,
+    queue: str,
+    seconds: float,
+    rounds: int,
+    clusters: list[pgcluster.Cluster],
+) -> dict[str, Any]:
+    """ops/s of single calls in sequence, per mode (medians of ``rounds`` interleaved rounds),
+    and the CPU time per call of the client and the servers together."""
     clients = {m: _client(m, router_dsn, shard_dsn) for m in MODES}
 
     def send(c: Client) -> int:
@@ -217,6 +248,7 @@ def direct_calls(router_dsn: str, shard_dsn: str, queue: str, seconds: float, ro
 
     works: dict[str, Callable[[Client], int]] = {"send": send, "take+ack": take_ack}
     rates: dict[str, dict[str, list[float]]] = {w: {m: [] for m in MODES} for w in works}
+    cpu: dict[str, dict[str, list[float]]] = {w: {m: [] for m in MODES} for w in works}
     try:
         for c in clients.values():
             c.open()
@@ -225,10 +257,12 @@ def direct_calls(router_dsn: str, shard_dsn: str, queue: str, seconds: float, ro
             for work, fn in works.items():
                 for mode, c in clients.items():
                     done = 0
+                    c0 = cpu_seconds(clusters)
                     t0 = time.perf_counter()
                     while time.perf_counter() - t0 < seconds:
                         done += fn(c)
                     rates[work][mode].append(done / (time.perf_counter() - t0))
+                    cpu[work][mode].append((cpu_seconds(clusters) - c0) / max(done, 1))
     finally:
         for c in clients.values():
             c.close()
@@ -238,6 +272,7 @@ def direct_calls(router_dsn: str, shard_dsn: str, queue: str, seconds: float, ro
         out[work] = {
             **{f"{m}_per_s": round(med[m]) for m in MODES},
             **{f"{m}_us": round(1e6 / med[m]) for m in MODES},
+            **{f"{m}_cpu_us": round(1e6 * statistics.median(cpu[work][m])) for m in MODES},
             "direct / router": round(med["direct"] / med["router"], 2),
             "direct / shard": round(med["direct"] / med["shard"], 2),
             "router / shard": round(med["router"] / med["shard"], 2),
@@ -252,17 +287,23 @@ def _producer(
         c.send(queue, {"n": 0})  # connected, map and route read
         start.wait()
         n = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
             c.send(queue, {"n": 1})
             n += 1
-        done.put(n / (time.perf_counter() - t0))
+        done.put((n, time.perf_counter() - t0, time.process_time() - c0))
 
 
 def direct_producers(
-    router_dsn: str, shard_dsns: list[str], n: int, seconds: float, rounds: int
+    router_dsn: str,
+    shard_dsns: list[str],
+    n: int,
+    seconds: float,
+    rounds: int,
+    clusters: list[pgcluster.Cluster],
 ) -> dict[str, Any]:
-    """messages/s of ``n`` concurrent single-message producers (processes), per mode."""
+    """messages/s of ``n`` concurrent single-message producers (processes), per mode, and the
+    CPU time per message of the producers and the servers together."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -271,6 +312,7 @@ def direct_producers(
     create_queues(router_dsn, prefix, n)
     homes = [home(router_dsn, q, len(shard_dsns)) for q in queues]
     rates: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(rounds):
         for mode in MODES:
             start, done = ctx.Barrier(n + 1), ctx.Queue()
@@ -284,13 +326,18 @@ def direct_producers(
             for p in procs:
                 p.start()
             start.wait(timeout=120)
-            total = sum(done.get(timeout=120) for _ in procs)
+            s0 = cpu_seconds(clusters) - time.process_time()
+            got = [done.get(timeout=120) for _ in procs]
+            servers = cpu_seconds(clusters) - time.process_time() - s0
             for p in procs:
                 p.join(30)
-            rates[mode].append(total)
+            sent = sum(g[0] for g in got)
+            rates[mode].append(sum(g[0] / g[1] for g in got))
+            cpu[mode].append((servers + sum(g[2] for g in got)) / max(sent, 1))
     med = {m: statistics.median(v) for m, v in rates.items()}
     return {
         **{f"{m}_per_s": round(med[m]) for m in MODES},
+        **{f"{m}_cpu_us": round(1e6 * statistics.median(cpu[m])) for m in MODES},
         "direct / router": round(med["direct"] / med["router"], 2),
         "direct / shard": round(med["direct"] / med["shard"], 2),
         "router / shard": round(med["router"] / med["shard"], 2),
@@ -307,6 +354,10 @@ def print_direct(results: dict[str, Any]) -> None:
             f"{name:<22}{r['shard_per_s']:>9}{r['router_per_s']:>9}{r['direct_per_s']:>9}"
             f"{r['direct / router']:>10}{r['direct / shard']:>9}{r['router / shard']:>9}"
         )
+    print("CPU per call (per message), clients + router + shards (us):")
+    for name, r in rows:
+        print(f"  {name:<20}" + "".join(f"{m} {r[f'{m}_cpu_us']:>6}   " for m in MODES))
+    print(f"load average {results['load_average_before']:.1f} -> {results['load_average_after']:.1f}")
 
 
 def main() -> int:
@@ -352,12 +403,18 @@ def main() -> int:
             q1 = queue_on(router.dsn, 0, 2, "dcall", taken)
             with Client(router.dsn) as c:
                 c.create_queue(q1)
-            direct: dict[str, Any] = {"calls": direct_calls(router.dsn, a.dsn, q1, call_seconds, rounds)}
+            direct: dict[str, Any] = {
+                "calls": direct_calls(
+                    router.dsn, a.dsn, q1, call_seconds, 1 if args.quick else 5, [router, a, b]
+                ),
+                "load_average_before": os.getloadavg()[0],
+            }
             print(f"direct=True: {args.producers} producers...", file=sys.stderr)
             direct["producers_n"] = args.producers
             direct["producers"] = direct_producers(
-                router.dsn, [a.dsn, b.dsn], args.producers, seconds, 1 if args.quick else 2
+                router.dsn, [a.dsn, b.dsn], args.producers, seconds, 1 if args.quick else 2, [router, a, b]
             )
+            direct["load_average_after"] = os.getloadavg()[0]
             results["direct"] = direct
 
         scale: dict[str, dict[str, float]] = {}
