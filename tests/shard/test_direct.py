@@ -10,7 +10,8 @@ import time
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from shard_helpers import Traffic, drain, home
 
 from lonnymq import AsyncClient, Client, errors, shard
@@ -204,3 +205,35 @@ def test_what_goes_direct_and_how_a_shard_is_logged_into() -> None:
     assert m.remember("orders", -7) == 1 and m.route("orders") == 1  # a hash, masked
     assert not m.load(3, m.shards) and m.route("orders") == 1
     assert m.load(4, m.shards) and m.route("orders") is None  # a new version forgets routes
+
+
+def test_a_least_privileged_role_goes_direct(sharded) -> None:  # type: ignore[no-untyped-def]
+    """A login role with only lonnymq_producer and lonnymq_consumer (on the router and the
+    shards, same password) uses a direct client: the map gives no password, the client logs into
+    the shards as itself; the router's user mapping stays unreadable to it."""
+    r = sharded.dsn
+    for dsn in [r, *sharded.shard_dsns]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for role in ("lonnymq_producer", "lonnymq_consumer"):
+                if not conn.execute("SELECT FROM pg_roles WHERE rolname = %s", (role,)).fetchall():
+                    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+            if not conn.execute("SELECT FROM pg_roles WHERE rolname = 'lmq_direct_app'").fetchall():
+                conn.execute("CREATE ROLE lmq_direct_app LOGIN PASSWORD 'app-pw'")
+            conn.execute("GRANT lonnymq_producer, lonnymq_consumer TO lmq_direct_app")
+    shard.init(r, sharded.shard_dsns)  # the router's grants for the roles that now exist there
+    app = make_conninfo(r, user="lmq_direct_app", password="app-pw")
+    queues = one_on_each(r, "dpriv_")
+    with Client(r) as admin:
+        for q in queues:
+            admin.create_queue(q, if_not_exists=True)
+    with Client(app, direct=True) as c:
+        for q in queues:
+            c.send(q, {"n": 1})
+            [m] = c.take(q)
+            assert c.ack(m) == {m.id}
+        assert c._map is not None and all("app-pw" not in s and "password" not in s for s in c._map.shards)
+    with psycopg.connect(app) as conn:
+        row = conn.execute(
+            "SELECT umoptions FROM pg_user_mappings WHERE srvname = 'lonnymq_lonnymq'"
+        ).fetchone()
+        assert row is not None and row[0] is None  # the shards' password: superusers only
