@@ -45,6 +45,7 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
+from .direct import ATTEMPTS, ShardMap, unsupported
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
 from .wait import PENDING_WAIT, AsyncListener, next_wait
@@ -78,6 +79,11 @@ class AsyncClient:
     calls cut off by a lost connection are repeated: those that never reached the server, and
     those safe to run twice (take, receive, peek, metrics, listings); any other call so cut off
     raises :class:`~lonnymq.errors.ConnectionLost` (``may_have_committed``).
+
+    ``direct=True`` (``conninfo``: a shard router's DSN, docs/sharding.md): the calls of one
+    queue go straight to the shard that holds it, with no hop through the router; the client
+    reads the shard map from the router once, keeps a pool per shard (of ``pool_size``), and
+    follows a queue that moves. It logs into the shards with its DSN's user and password.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class AsyncClient:
         connect_timeout: float | None = None,
         check_connections: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
+        direct: bool = False,
     ) -> None:
         self.schema = check_schema(schema)
         if retry is not None and not isinstance(retry, RetryPolicy):
@@ -103,7 +110,12 @@ class AsyncClient:
         self._opened = False
         self._listeners: list[AsyncConnection[Any]] = []
         self._router: bool | None = None  # a shard router's schema? (asked once, when it matters)
+        self._map: ShardMap | None = ShardMap(schema, self.ops.st) if direct else None
+        self._shard_pools: dict[tuple[int, str], AsyncConnectionPool[Any]] = {}
+        self._pool_args: tuple[int, dict[str, Any], bool] = (pool_size, {}, check_connections)
         self.conninfo: str | None = None
+        if direct and (conninfo is not None and not isinstance(conninfo, str)):
+            raise unsupported(conninfo)
         if isinstance(conninfo, AsyncConnection):
             self._conn = conninfo
         elif isinstance(conninfo, AsyncConnectionPool):
@@ -118,6 +130,7 @@ class AsyncClient:
             if connect_timeout is not None or os.environ.get("LONNYMQ_CONNECT_TIMEOUT"):
                 self._open_timeout = config.connect_timeout(connect_timeout)
                 kwargs["connect_timeout"] = config.libpq_timeout(self._open_timeout)
+            self._pool_args = (pool_size, kwargs, check_connections)
             self._pool = AsyncConnectionPool(
                 conninfo,
                 min_size=1,
@@ -156,6 +169,8 @@ class AsyncClient:
         """Close listener connections and the pool the client created (not ones passed in)."""
         while self._listeners:
             await self._listeners.pop().close()
+        while self._shard_pools:
+            await self._shard_pools.popitem()[1].close()
         if self._owns_pool and self._pool is not None:
             await self._pool.close()
 
@@ -185,6 +200,8 @@ class AsyncClient:
         """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
         pool a call cut off by a lost connection is repeated under the client's retry policy
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
+        if conn is None and self._map is not None and (queue := self._map.queue_of(op)) is not None:
+            return await self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
             async with self.connection(conn) as c:
                 if op.caller_tx or _in_transaction(c):
@@ -194,17 +211,22 @@ class AsyncClient:
         if op.caller_tx and self._router is not False:
             async with self.connection() as c:
                 await self._refuse_on_router(c)
+        return await self._run_pooled(pool, op, retry)
+
+    async def _run_pooled(self, pool: AsyncConnectionPool[Any], op: Op[T], retry: bool) -> T:
+        """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
+        under the retry policy (see :meth:`run`)."""
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False  # an attempt reached the server: it may have committed
         while True:
             sent = False
             try:
-                if not self._opened and backoff is not None and self._owns_pool:
+                if pool is self._pool and not self._opened and backoff is not None and self._owns_pool:
                     # Not open(): its wait closes the pool for good if the server is down now;
                     # getconn() waits for the first connection, within the deadline.
                     await pool.open(wait=False)
                     self._opened = True
-                elif not self._opened:
+                elif pool is self._pool and not self._opened:  # (a shard's pool is opened when made)
                     await self.open()
                 c = await pool.getconn(None if backoff is None else backoff.remaining())
             except psycopg.OperationalError as e:  # no connection (PoolTimeout): nothing was sent
@@ -248,6 +270,59 @@ class AsyncClient:
                 " inside your transaction are refused; to make queue actions atomic with your data,"
                 " keep that data on the queue's shard and connect to the shard (docs/sharding.md)"
             )
+
+    # -- direct routing (client/direct.py) --------------------------------------------------
+
+    async def _run_direct(self, op: Op[T], queue: str, retry: bool) -> T:
+        """``op`` on the shard of ``queue``; if the queue is not there (it moved), once more on
+        the shard the re-read map names."""
+        m = self._map
+        assert m is not None
+        fenced = m.fenced(op)
+        for attempt in range(1, ATTEMPTS + 1):
+            if m.stale():
+                m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
+            shard = m.route(queue)
+            if shard is None:
+                found = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
+                shard = m.remember(queue, found)
+            pool = await self._shard_pool(shard)
+            try:
+                return await self._run_pooled(pool, fenced, retry)
+            except errors.QueueNotFound:
+                m.forget(queue)
+                m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
+                again = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
+                if attempt == ATTEMPTS or m.remember(queue, again) == shard:
+                    raise
+            except psycopg.OperationalError as e:
+                if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
+                    raise
+                raise m.unavailable(shard, e) from e
+        raise AssertionError("unreachable")
+
+    def _router_pool(self) -> AsyncConnectionPool[Any]:
+        assert self._pool is not None
+        return self._pool
+
+    async def _shard_pool(self, shard: int) -> AsyncConnectionPool[Any]:
+        m = self._map
+        assert m is not None and self.conninfo is not None
+        key = (shard, m.shards[shard])
+        pool = self._shard_pools.get(key)
+        if pool is None:
+            size, kwargs, check = self._pool_args
+            pool = AsyncConnectionPool(
+                m.conninfo(shard, self.conninfo),
+                min_size=1,
+                max_size=size,
+                kwargs=kwargs,
+                open=False,
+                check=AsyncConnectionPool.check_connection if check else None,
+            )
+            await pool.open(wait=False)
+            self._shard_pools[key] = pool
+        return pool
 
     async def _execute(self, c: AsyncConnection[Any], op: Op[T]) -> T:
         try:

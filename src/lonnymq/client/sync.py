@@ -48,6 +48,7 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
+from .direct import ATTEMPTS, ShardMap, unsupported
 from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, sleep
 from .wait_sync import PENDING_WAIT, Listener, next_wait
@@ -81,6 +82,11 @@ class Client:
     calls cut off by a lost connection are repeated: those that never reached the server, and
     those safe to run twice (take, receive, peek, metrics, listings); any other call so cut off
     raises :class:`~lonnymq.errors.ConnectionLost` (``may_have_committed``).
+
+    ``direct=True`` (``conninfo``: a shard router's DSN, docs/sharding.md): the calls of one
+    queue go straight to the shard that holds it, with no hop through the router; the client
+    reads the shard map from the router once, keeps a pool per shard (of ``pool_size``), and
+    follows a queue that moves. It logs into the shards with its DSN's user and password.
     """
 
     def __init__(
@@ -93,6 +99,7 @@ class Client:
         connect_timeout: float | None = None,
         check_connections: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
+        direct: bool = False,
     ) -> None:
         self.schema = check_schema(schema)
         if retry is not None and (not isinstance(retry, RetryPolicy)):
@@ -106,7 +113,12 @@ class Client:
         self._opened = False
         self._listeners: list[Connection[Any]] = []
         self._router: bool | None = None
+        self._map: ShardMap | None = ShardMap(schema, self.ops.st) if direct else None
+        self._shard_pools: dict[tuple[int, str], ConnectionPool[Any]] = {}
+        self._pool_args: tuple[int, dict[str, Any], bool] = (pool_size, {}, check_connections)
         self.conninfo: str | None = None
+        if direct and (conninfo is not None and (not isinstance(conninfo, str))):
+            raise unsupported(conninfo)
         if isinstance(conninfo, Connection):
             self._conn = conninfo
         elif isinstance(conninfo, ConnectionPool):
@@ -120,6 +132,7 @@ class Client:
             if connect_timeout is not None or os.environ.get("LONNYMQ_CONNECT_TIMEOUT"):
                 self._open_timeout = config.connect_timeout(connect_timeout)
                 kwargs["connect_timeout"] = config.libpq_timeout(self._open_timeout)
+            self._pool_args = (pool_size, kwargs, check_connections)
             self._pool = ConnectionPool(
                 conninfo,
                 min_size=1,
@@ -158,6 +171,8 @@ class Client:
         """Close listener connections and the pool the client created (not ones passed in)."""
         while self._listeners:
             self._listeners.pop().close()
+        while self._shard_pools:
+            self._shard_pools.popitem()[1].close()
         if self._owns_pool and self._pool is not None:
             self._pool.close()
 
@@ -185,6 +200,8 @@ class Client:
         """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
         pool a call cut off by a lost connection is repeated under the client's retry policy
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
+        if conn is None and self._map is not None and ((queue := self._map.queue_of(op)) is not None):
+            return self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
             with self.connection(conn) as c:
                 if op.caller_tx or _in_transaction(c):
@@ -194,15 +211,20 @@ class Client:
         if op.caller_tx and self._router is not False:
             with self.connection() as c:
                 self._refuse_on_router(c)
+        return self._run_pooled(pool, op, retry)
+
+    def _run_pooled(self, pool: ConnectionPool[Any], op: Op[T], retry: bool) -> T:
+        """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
+        under the retry policy (see :meth:`run`)."""
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False
         while True:
             sent = False
             try:
-                if not self._opened and backoff is not None and self._owns_pool:
+                if pool is self._pool and (not self._opened) and (backoff is not None) and self._owns_pool:
                     pool.open(wait=False)
                     self._opened = True
-                elif not self._opened:
+                elif pool is self._pool and (not self._opened):
                     self.open()
                 c = pool.getconn(None if backoff is None else backoff.remaining())
             except psycopg.OperationalError as e:
@@ -243,6 +265,57 @@ class Client:
             raise errors.RouterTransaction(
                 f"schema {self.schema!r} of this database is a shard router: a call through it runs and commits in the shard's own transaction, never in yours, so take_tx and calls inside your transaction are refused; to make queue actions atomic with your data, keep that data on the queue's shard and connect to the shard (docs/sharding.md)"
             )
+
+    def _run_direct(self, op: Op[T], queue: str, retry: bool) -> T:
+        """``op`` on the shard of ``queue``; if the queue is not there (it moved), once more on
+        the shard the re-read map names."""
+        m = self._map
+        assert m is not None
+        fenced = m.fenced(op)
+        for attempt in range(1, ATTEMPTS + 1):
+            if m.stale():
+                m.load(*self._run_pooled(self._router_pool(), m.map_op(), True))
+            shard = m.route(queue)
+            if shard is None:
+                found = self._run_pooled(self._router_pool(), m.route_op(queue), True)
+                shard = m.remember(queue, found)
+            pool = self._shard_pool(shard)
+            try:
+                return self._run_pooled(pool, fenced, retry)
+            except errors.QueueNotFound:
+                m.forget(queue)
+                m.load(*self._run_pooled(self._router_pool(), m.map_op(), True))
+                again = self._run_pooled(self._router_pool(), m.route_op(queue), True)
+                if attempt == ATTEMPTS or m.remember(queue, again) == shard:
+                    raise
+            except psycopg.OperationalError as e:
+                if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
+                    raise
+                raise m.unavailable(shard, e) from e
+        raise AssertionError("unreachable")
+
+    def _router_pool(self) -> ConnectionPool[Any]:
+        assert self._pool is not None
+        return self._pool
+
+    def _shard_pool(self, shard: int) -> ConnectionPool[Any]:
+        m = self._map
+        assert m is not None and self.conninfo is not None
+        key = (shard, m.shards[shard])
+        pool = self._shard_pools.get(key)
+        if pool is None:
+            size, kwargs, check = self._pool_args
+            pool = ConnectionPool(
+                m.conninfo(shard, self.conninfo),
+                min_size=1,
+                max_size=size,
+                kwargs=kwargs,
+                open=False,
+                check=ConnectionPool.check_connection if check else None,
+            )
+            pool.open(wait=False)
+            self._shard_pools[key] = pool
+        return pool
 
     def _execute(self, c: Connection[Any], op: Op[T]) -> T:
         try:
