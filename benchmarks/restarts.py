@@ -202,14 +202,15 @@ def queued(dsn: str) -> int:
 
 
 class Sampler(threading.Thread):
-    """Every few seconds: the queue's backlog (ready + leased) and the dead row versions of the
-    message table, as (time, backlog, dead tuples); a sample the outage delayed is taken late."""
+    """Every few seconds: the queue's backlog (ready + leased), the dead row versions of the
+    message table, and the oldest open transaction (seconds, and its statement), as (time,
+    backlog, dead tuples, oldest, statement); a sample the outage delayed is taken late."""
 
     def __init__(self, dsn: str, every: float = 2.0) -> None:
         super().__init__(daemon=True)
         self.dsn, self.every = dsn, every
         self.stop = threading.Event()
-        self.samples: list[tuple[float, int, int]] = []
+        self.samples: list[tuple[float, int, int, float, str]] = []
 
     def run(self) -> None:
         with Client(self.dsn, pool_size=1) as c:
@@ -221,7 +222,20 @@ class Sampler(threading.Thread):
                             "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables"
                             " WHERE schemaname = 'lonnymq' AND relname LIKE 'message%%'"
                         ).fetchone()
-                    self.samples.append((time.time(), m.ready + m.leased, int(row[0]) if row else 0))
+                        old = conn.execute(
+                            "SELECT extract(epoch FROM now() - xact_start)::float8, left(query, 60)"
+                            " FROM pg_stat_activity WHERE xact_start IS NOT NULL"
+                            " AND pid <> pg_backend_pid() ORDER BY xact_start LIMIT 1"
+                        ).fetchone()
+                    self.samples.append(
+                        (
+                            time.time(),
+                            m.ready + m.leased,
+                            int(row[0]) if row else 0,
+                            round(old[0], 1) if old else 0.0,
+                            old[1] if old else "",
+                        )
+                    )
                 except psycopg.Error:
                     pass  # the server is restarting: the next sample
 
@@ -339,7 +353,7 @@ def analyse(
     t0: float,
     seconds: float,
     restarts: list[dict[str, Any]],
-    samples: list[tuple[float, int, int]],
+    samples: list[tuple[float, int, int, float, str]],
     left: int,
     drain_seconds: float,
     worker_exits: list[int | None],
@@ -417,9 +431,11 @@ def analyse(
     for _, _, at in runs:
         if (z := bucket(at)) is not None:
             z["processed"] += 1
-    for at, backlog, dead_tuples in samples:  # the last sample of each bucket
+    for at, backlog, dead_tuples, oldest, statement in samples:  # the last sample of each bucket
         if (w := bucket(at)) is not None:
             w["backlog"], w["dead_tuples"] = backlog, dead_tuples
+            if oldest >= w.get("oldest_xact_s", 0):
+                w["oldest_xact_s"], w["oldest_xact_query"] = oldest, statement
     restart_buckets = {int((r["began"] - t0) // BUCKET) for r in restarts}
     for b, x in enumerate(buckets):
         x["restart"] = b in restart_buckets
@@ -503,6 +519,11 @@ def analyse(
             "drain_seconds": round(drain_seconds, 1),
             "worker_exit_codes": worker_exits,
             "worker_outage_lines": worker_lines(directory, args.workers),
+            "oldest_transaction": max(
+                ({"seconds": o, "statement": q} for *_, o, q in samples),
+                key=lambda x: float(x["seconds"]),
+                default=None,
+            ),
         },
         "cpu_seconds": {
             "producers": round(producer_cpu, 1),
@@ -540,12 +561,13 @@ def idempotent_sends() -> bool:
 
 def report(result: dict[str, Any]) -> None:
     t = result["totals"]
-    print("\n   t  offered   sent  errors  processed  backlog  dead tuples")
+    print("\n   t  offered   sent  errors  processed  backlog  dead tuples  oldest xact (s)")
     for b in result["buckets"]:
         mark = "  <- restart" if b["restart"] else ""
         print(
             f"{b['t']:4d}  {b['offered']:7d}  {b['sent']:5d}  {b['send_errors']:6d}  {b['processed']:9d}"
-            f"  {b.get('backlog', '-')!s:>7}  {b.get('dead_tuples', '-')!s:>11}{mark}"
+            f"  {b.get('backlog', '-')!s:>7}  {b.get('dead_tuples', '-')!s:>11}"
+            f"  {b.get('oldest_xact_s', '-')!s:>15}{mark}"
         )
     print("\nrestart  mode       pg_ctl  first send  first run  sends caught up  processing caught up (s)")
     for r in result["restarts"]:
