@@ -600,13 +600,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--producers", type=int, default=4, help="producer processes (default 4)")
     ap.add_argument("--threads", type=int, default=4, help="sending threads per producer (default 4)")
     ap.add_argument("--workers", type=int, default=2, help="`lonnymq worker` processes (default 2)")
-    ap.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to drain after the load")
+    ap.add_argument(
+        "--drain-timeout", type=float, default=900.0, help="seconds the workers get to drain the queue (900)"
+    )
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the cluster's and the run's files")
     args = ap.parse_args(argv)
     if os.geteuid() != 0 or not (pgcluster.BINDIR / "initdb").exists():
         print("restarts.py: needs root and Debian's postgresql-15 (tools/pgcluster.py)", file=sys.stderr)
         return 2
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # the sampler's reconnection attempts
     load_before = os.getloadavg()
     directory = Path(tempfile.mkdtemp(prefix="lonnymq-restarts-"))
     print(
