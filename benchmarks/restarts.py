@@ -1,22 +1,24 @@
-"""PostgreSQL restarts under a fixed offered load (issue 18, item 5): do producers and a worker
+"""PostgreSQL restarts under a fixed offered load (issue 18, item 5): do producers and workers
 with the default settings ride them out, and is every message processed, none after its ack?
 
     python benchmarks/restarts.py [--rate 1000] [--minutes 10] [--interval 60]
-        [--producers 4] [--threads 4] [--workers 1] [--out docs/restarts/restarts-10min.json]
+        [--producers 4] [--threads 4] [--workers 2] [--out docs/restarts/restarts-10min.json]
 
 A throwaway Debian PostgreSQL 15 cluster (tools/pgcluster.py; durable: fsync, full_page_writes and
 synchronous_commit on) gets LonnyMQ and one queue. ``--producers`` processes, each with one
 ``lonnymq.Client(dsn)`` (default settings: pool of 4, checked connections, the default retry
-policy) shared by ``--threads`` threads, send ``{"p": producer, "k": n}`` on a fixed schedule
+policy, idempotent sends where the client has them) shared by ``--threads`` threads, send ``{"p": producer, "k": n}`` on a fixed schedule
 (open loop: message n of a producer is offered at start + n / its share of ``--rate``, whatever
 happened to the ones before). ``--workers`` processes run the real CLI, ``lonnymq worker``, with
 its defaults (concurrency 8, leases extended by its heartbeat, acks batched); the handler appends
-``id token time`` of every delivery it runs to a local file before it returns.
+``id token time`` of every delivery it runs to a local file before it returns. Two workers by
+default: one, at concurrency 8, fetches 8 messages per round trip and falls behind 1,000 msg/s
+when the shared 2-core machine is busy.
 
 Every ``--interval`` seconds (first at half an interval) PostgreSQL is restarted with
 ``pg_ctl restart``, alternately ``-m fast`` (sessions terminated, shutdown checkpoint) and
 ``-m immediate`` (a crash: no checkpoint, recovery from WAL at the start). After the load the
-worker drains the queue and is stopped with SIGTERM.
+workers drain the queue (within ``--drain-timeout``) and are stopped with SIGTERM.
 
 The queue is created with ``archive=True`` (the one setting that is not a default): an ack then
 moves the message to the archive with the token of the delivery it acknowledged, so the database
@@ -37,7 +39,8 @@ Reported per 10-second bucket: offered, sent (sends that returned), processed (h
 send errors; per restart: how long ``pg_ctl restart`` took, and from the restart's start the first
 send and the first handler run after the server was back, and when the backlog of sends and of
 processing built during it had been worked off; in total: errors surfaced to the producers by
-type, lost, resurrected, duplicates. JSON to ``--out``; a summary on stdout. Needs root (the
+type, lost, resurrected, duplicates; a sample every 2 s of the backlog, the message table's dead
+tuples and the oldest open transaction. JSON to ``--out``; a summary on stdout. Needs root (the
 server runs as the ``postgres`` OS user) and Debian's postgresql-15.
 """
 
