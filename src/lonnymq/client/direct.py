@@ -48,6 +48,7 @@ T = TypeVar("T")
 
 #: The Statements whose calls go straight to the queue's shard; each takes the queue first.
 DIRECT: tuple[str, ...] = (
+    "send",
     "send_batch",
     "take",
     "peek",
