@@ -313,7 +313,8 @@ def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Id
 
 def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
     """The DELETE of pop/take_tx: the candidates from the dequeue index in order, the rows
-    deleted by primary key (never a scan of the queue's part of it), no sequential scan."""
+    deleted by ctid (a TID scan: never a scan of the queue's part of the primary key), no
+    sequential scan."""
     client.create_queue("other")
     client.create_queue("q")
     for _ in range(5):
@@ -328,22 +329,24 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         "v_now": "$3",
         "p_limit": "$4",
         "q.max_attempts": "$5",
-        "v_held": "$6",
-        "v_held_ats": "$7",
-        "v_held_ok": "$8",
+        "v_held_tid": "$6",
+        "v_held": "$7",
+        "v_held_ats": "$8",
+        "v_held_ok": "$9",
     }
     stmt = _statement(
         "take_tx", r"RETURN QUERY\s+(WITH d AS \(\s+DELETE .*?ORDER BY d\.dequeue_at, d\.id);", names, schema
     )
     plan = _generic_plan(
         conn,
-        f"PREPARE lean_pop(integer, bigint, bigint, integer, integer, bigint[], bigint[], boolean[]) AS {stmt}",
-        f"lean_pop({qid}, {gen}, {_now(conn, s)}, 10, 5, '{{}}', '{{}}', '{{}}')",
+        f"PREPARE lean_pop(integer, bigint, bigint, integer, integer, tid[], bigint[], bigint[], boolean[]) AS {stmt}",
+        f"lean_pop({qid}, {gen}, {_now(conn, s)}, 10, 5, '{{}}', '{{}}', '{{}}', '{{}}')",
     )
     nodes = list(_nodes(plan))
     assert not [x for x in nodes if x["Node Type"] == "Seq Scan"], plan
-    # The rows deleted: probes of the primary key by (queue_id, id), as an index or bitmap scan.
-    deletes = [x for x in nodes if "_pkey" in x.get("Index Name", "")]
-    assert deletes and all("id = ANY" in x.get("Index Cond", "") for x in deletes), plan
+    # The rows deleted: by ctid, nothing read from the primary key.
+    deletes = [x for x in nodes if x["Node Type"] == "Tid Scan"]
+    assert deletes and all("ctid = ANY" in x.get("TID Cond", "") for x in deletes), plan
+    assert not [x for x in nodes if "_pkey" in x.get("Index Name", "")], plan
     candidates = [x for x in nodes if x.get("Index Name", "").startswith("message_logged_gen")]
     assert candidates, plan

@@ -524,17 +524,20 @@ END $$;
 -- archive, channel, the dead letters' tables through _take_channels, _dead_letter). Locks: the
 -- rows it takes, FOR UPDATE SKIP LOCKED (rows beyond p_limit may stay locked until the
 -- transaction ends, as in _lock_ready).
--- The plain queue without archiving (pop) has a lean path: one DELETE of the messages whose
--- ids a sub-select locks over the window's two generations (and the rows already locked in
--- the queue's frozen generations, oldest first, when it has a backlog: read as _lock_ready
--- does), RETURNING them: no lease is written, no nested call is made. The ids go in as an array
--- (= ANY (ARRAY(...)), not IN (...)), so that the DELETE can only probe the primary key by id,
--- whatever the statistics say (a semi-join could be planned as a scan of the queue's part of
--- the primary key: see settle.sql's header), and a row that another transaction changed and
--- committed after the statement began is still deleted in its locked version (the DELETE's
--- recheck finds it by id). A candidate that may not be delivered (dead or superseded: always
--- an expired lease) is left locked; when the statement delivered fewer than p_limit and the
--- queue has such a lease, the general path (_lock_ready, _deliver) deals with it and goes on.
+-- The plain queue without archiving (pop) has a lean path: one DELETE of the messages that a
+-- sub-select locks over the window's two generations (and the rows already locked in the
+-- queue's frozen generations, oldest first, when it has a backlog: read as _lock_ready does),
+-- RETURNING them: no lease is written, no nested call is made. The rows go in by ctid, as an
+-- array (ctid = ANY (ARRAY(...)): a TID scan, never a join planned from statistics, which under
+-- a held snapshot read every entry the queue left in the primary key: 5,010 for a take_tx(5)
+-- by (queue_id, id = ANY (...)); see settle.sql's header and tests/sql/test_plans.py). A row
+-- that another transaction changed and committed after the statement began, and before the
+-- sub-select locked it (a replace, a nack of an expired lease: rare), is locked in its new
+-- version, which the DELETE's snapshot does not see: it is not delivered by this call and stays
+-- locked until the transaction ends, untouched. A candidate that may not be delivered (dead or
+-- superseded: always an expired lease) is left locked; when the statement delivered fewer than
+-- p_limit and the queue has such a lease, the general path (_lock_ready, _deliver) deals with
+-- it and goes on.
 -- Pinned plans as in take().
 CREATE OR REPLACE FUNCTION {schema}.take_tx(
     p_queue   text,
@@ -558,6 +561,7 @@ DECLARE
     v_more     integer;
     v_got      integer;
     v_held     bigint[]  := ARRAY[]::bigint[];  -- rows locked in frozen generations
+    v_held_tid tid[]     := ARRAY[]::tid[];
     v_held_ats bigint[]  := ARRAY[]::bigint[];
     v_held_ok  boolean[] := ARRAY[]::boolean[];
 BEGIN
@@ -593,10 +597,10 @@ BEGIN
         FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
             v_more := p_limit - cardinality(v_held);
             EXIT WHEN v_more <= 0;
-            SELECT v_held || array_agg(x.id), v_held_ats || array_agg(x.dequeue_at),
-                   v_held_ok || array_agg(x.ok)
-              INTO v_held, v_held_ats, v_held_ok
-              FROM (SELECT m.id, m.dequeue_at,
+            SELECT v_held_tid || array_agg(x.tid), v_held || array_agg(x.id),
+                   v_held_ats || array_agg(x.dequeue_at), v_held_ok || array_agg(x.ok)
+              INTO v_held_tid, v_held, v_held_ats, v_held_ok
+              FROM (SELECT m.ctid AS tid, m.id, m.dequeue_at,
                            m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
                       FROM {schema}.message m
                      WHERE m.gen = v_old AND m.queue_id = q.id AND m.channel IS NULL
@@ -608,14 +612,13 @@ BEGIN
         RETURN QUERY
         WITH d AS (
             DELETE FROM {schema}.message m
-             WHERE m.queue_id = q.id
-               AND m.id = ANY (ARRAY(
-                   SELECT c.id
-                     FROM (SELECT x.id, x.ok
+             WHERE m.ctid = ANY (ARRAY(
+                   SELECT c.tid
+                     FROM (SELECT x.tid, x.ok
                              FROM ((SELECT w.*
                                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
                                      CROSS JOIN LATERAL (
-                                           SELECT m.id, m.dequeue_at,
+                                           SELECT m.ctid AS tid, m.id, m.dequeue_at,
                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
                                              FROM {schema}.message m
                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
@@ -624,10 +627,11 @@ BEGIN
                                             LIMIT p_limit
                                               FOR UPDATE SKIP LOCKED) w)
                                    UNION ALL
-                                   (SELECT * FROM unnest(v_held, v_held_ats, v_held_ok))) x
+                                   (SELECT * FROM unnest(v_held_tid, v_held, v_held_ats, v_held_ok))) x
                             ORDER BY x.dequeue_at, x.id
                             LIMIT p_limit) c
                     WHERE c.ok))
+               AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
             RETURNING m.*
         )
         SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at, d.enqueued_at,
