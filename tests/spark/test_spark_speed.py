@@ -259,6 +259,7 @@ def test_packed_reads_return_what_the_row_functions_return(
 ) -> None:
     """Every column, NULLs, statuses, a payload that is not UTF-8, the archive and dead
     letters, with pages of every size (down to one row: the byte budget)."""
+    monkeypatch.setattr(_read, "_FIRST_PAGE", page[0])
     monkeypatch.setattr(_read, "_PAGE_ROWS", page[0])
     monkeypatch.setattr(_read, "_PAGE_BYTES", page[1])
     client.create_queue("q", archive=True, max_attempts=1)
@@ -397,4 +398,4 @@ def test_packed_reads_refuse_bad_arguments(conn: Conn, client: Client, schema: s
             conn.execute(query.format(s, sql.SQL(args)))  # type: ignore[arg-type]
         assert e.value.sqlstate == "LQ002"
     with pytest.raises(psycopg.Error, match="the key of a packed read is id or ord"):
-        conn.execute(sql.SQL("SELECT {}._spark_pack_sql('SELECT 1', 'x', '{{id}}', 1)").format(s))
+        conn.execute(sql.SQL("SELECT {}._spark_pack_sql('SELECT 1', 'x', '{{id}}')").format(s))

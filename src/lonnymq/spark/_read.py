@@ -77,8 +77,11 @@ COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("state", StringType()),
 )
 _INDEX = {name: i for i, (name, _) in enumerate(COLUMNS)}
-#: A page of a packed read: at most this many rows, and (past the first row) about this many
-#: bytes of strings and payloads (the whole page is one value in PostgreSQL and in Python).
+#: Pages of a packed read: the first of a partition or chunk has _FIRST_PAGE rows; the next
+#: are sized from the bytes per row seen so far to about _PAGE_BYTES, at most _PAGE_ROWS rows.
+#: (A page is one value in PostgreSQL, at most 1 GB: one that fails as too large is asked again
+#: with fewer rows.)
+_FIRST_PAGE = 2_000
 _PAGE_ROWS = 20_000
 _PAGE_BYTES = 8 << 20
 #: The packing of each column (sql/spark.sql, _spark_pack_sql): numpy's type of a fixed-width
@@ -250,14 +253,26 @@ def _pages(
     arrow: _Arrow,
 ) -> Iterator[pa.RecordBatch]:
     """The pages of a packed read as Arrow batches: the query is run again with parameter
-    ``cursor`` past the last key of the page before, until a page is empty."""
+    ``cursor`` past the last key of the page before, until a page is empty. Each page is a
+    savepoint (a transaction on an autocommit connection), so one that PostgreSQL finds too
+    large is asked again, smaller, in the same snapshot."""
+    params["p_limit"] = min(_FIRST_PAGE, _PAGE_ROWS)
     with conn.cursor(binary=True) as cur:
         while True:
-            row = cur.execute(query, params).fetchone()
+            try:
+                with conn.transaction():
+                    row = cur.execute(query, params).fetchone()
+            except psycopg.errors.ProgramLimitExceeded:
+                if params["p_limit"] == 1:
+                    raise
+                params["p_limit"] = max(1, params["p_limit"] // 8)
+                continue
             if row is None or not row[0]:
                 return
             n, last, packed = row
             yield arrow.batch(n, packed, target.queue)
+            size = sum(len(b) for b in packed if b)
+            params["p_limit"] = max(1, min(_PAGE_ROWS, _PAGE_BYTES * n // max(size, 1)))
             params[cursor] = last + 1 if cursor == "p_lo" else last
 
 
@@ -440,8 +455,7 @@ class BatchReader(DataSourceReader):
             "p_columns": self.columns,
             "p_lo": partition.lo,
             "p_hi": partition.hi,
-            "p_limit": _PAGE_ROWS,
-            "p_bytes": _PAGE_BYTES,
+            "p_limit": _FIRST_PAGE,
             **self.pushed.params(_TIMES["messages" if self.table == "messages" else "archive"]),
         }
         return _call(t, "spark_read_packed", params), params
@@ -454,7 +468,8 @@ class BatchReader(DataSourceReader):
         with self.target.connect() as conn:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
-            yield from _pages(self.target, conn, query, params, "p_lo", _Arrow(self.schema, self.options))
+            with conn.transaction():  # one snapshot; each page is a savepoint in it
+                yield from _pages(self.target, conn, query, params, "p_lo", _Arrow(self.schema, self.options))
 
 
 #: Below this many rows per partition, :func:`default_partitions` does not split further to
@@ -489,7 +504,6 @@ _TYPES: dict[str, LiteralString] = {
     "p_table": "text",
     "p_columns": "text[]",
     "p_limit": "integer",
-    "p_bytes": "bigint",
     "p_stream": "uuid",
     "p_batch": "bigint",
     "p_chunk": "integer",
@@ -631,8 +645,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "p_chunk": chunk,
                     "p_columns": arrow.wanted,
                     "p_after": 0,
-                    "p_limit": _PAGE_ROWS,
-                    "p_bytes": _PAGE_BYTES,
+                    "p_limit": _FIRST_PAGE,
                 }
                 query = _call(self.target, "spark_stream_read_packed", params)
                 yield from _pages(self.target, conn, query, params, "p_after", arrow)

@@ -448,9 +448,8 @@ BEGIN
 END $$;
 
 -- A page of one chunk of a stream batch (as spark_stream_read), packed for Arrow like
--- spark_read_packed: the deliveries after position p_after (0: from the start), at most p_limit
--- and, past the first, about p_bytes bytes; last_key is the position the next page starts
--- after (row_count 0: the chunk is done). Only the stream's own queue p_queue (the shard router
+-- spark_read_packed: at most p_limit deliveries after position p_after (0: from the start);
+-- last_key is the position the next page starts after (row_count 0: the chunk is done). Only the stream's own queue p_queue (the shard router
 -- routes by it): another queue's stream reads nothing. Reads spark_stream_batch, spark_stream,
 -- queue, message.
 CREATE OR REPLACE FUNCTION {schema}.spark_stream_read_packed(
@@ -460,8 +459,7 @@ CREATE OR REPLACE FUNCTION {schema}.spark_stream_read_packed(
     p_chunk   integer,
     p_columns text[],
     p_after   bigint  DEFAULT 0,
-    p_limit   integer DEFAULT 10000,
-    p_bytes   bigint  DEFAULT 4194304
+    p_limit   integer DEFAULT 10000
 ) RETURNS TABLE (row_count integer, last_key bigint, packed bytea[])
 LANGUAGE plpgsql STABLE AS $$
 -- Intended exceptions to plpgsql_check, which cannot see into dynamic SQL: the EXECUTEd text is
@@ -469,29 +467,29 @@ LANGUAGE plpgsql STABLE AS $$
 -- USING), the OUT columns are filled by it, and it reads tables, so STABLE, not IMMUTABLE.
 -- @plpgsql_check_options: security_warnings = false, extra_warnings = false, performance_warnings = false
 BEGIN
-    PERFORM {schema}._spark_check_page(p_limit, p_bytes);
+    PERFORM {schema}._spark_check_page(p_limit);
     IF NOT EXISTS (SELECT FROM {schema}.spark_stream s WHERE s.stream_id = p_stream AND s.queue = p_queue) THEN
         RETURN;
     END IF;
     RETURN QUERY EXECUTE {schema}._spark_pack_sql({schema}._spark_stream_sql(true) || ' LIMIT $5',
-                                                   'ord', p_columns, 5)
-        USING p_stream, p_batch, p_chunk, p_after, p_limit, p_bytes;
+                                                   'ord', p_columns)
+        USING p_stream, p_batch, p_chunk, p_after, p_limit;
 END $$;
 
--- Raises LQ002 unless a packed read's page size is sensible: 1..1,000,000 rows, >= 1 byte.
-CREATE OR REPLACE FUNCTION {schema}._spark_check_page(p_limit integer, p_bytes bigint) RETURNS void
+-- Raises LQ002 unless a packed read's page size is sensible: 1..1,000,000 rows.
+CREATE OR REPLACE FUNCTION {schema}._spark_check_page(p_limit integer) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000000 OR p_bytes IS NULL OR p_bytes < 1 THEN
-        PERFORM {schema}._invalid('a page is 1 to 1,000,000 rows and at least 1 byte');
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000000 THEN
+        PERFORM {schema}._invalid('a page is 1 to 1,000,000 rows');
     END IF;
 END $$;
 
 -- The query of a packed read: the rows of p_inner (a query whose select list is the read
 -- columns of spark_read_messages in their order, then, for p_key 'ord', the rows' position;
--- ordered by p_key and ending in a LIMIT of parameter $p_param) as ONE row: row_count,
--- last_key (the greatest p_key) and packed: for each name in p_columns, in that order, its
--- values packed so that a reader can make Arrow arrays of them without a step per row:
+-- ordered by p_key, with a LIMIT) as ONE row: row_count, last_key (the greatest p_key) and
+-- packed: for each name in p_columns, in that order, its values packed so that a reader can
+-- make Arrow arrays of them without a step per row:
 --   id, enqueued_at, scheduled_at (never NULL)  one element: int8send of every value, concatenated;
 --   dequeue_at, archived_at                     two: a validity byte per row (1: a value), the
 --                                               int8send values (0 where NULL);
@@ -499,11 +497,11 @@ END $$;
 --   payload and the text columns (status,       two: int4send of every length in bytes (-1:
 --   content_type, kind, key, channel, headers,  NULL), the values concatenated (text as UTF-8).
 --   last_error, state)
--- Past the first row, a page stops before the variable-length values reach parameter
--- $(p_param + 1) bytes (a string_agg value is at most 1 GB). Raises LQ002 for any other name
--- (queue: the caller's constant). Builds text from its arguments' whitelisted names and
--- constant fragments only: IMMUTABLE.
-CREATE OR REPLACE FUNCTION {schema}._spark_pack_sql(p_inner text, p_key text, p_columns text[], p_param integer)
+-- A value is at most 1 GB: the caller sizes its pages (a page too large fails with SQLSTATE
+-- 54000 and can be asked again, smaller). Raises LQ002 for any other name (queue: the caller's
+-- constant). Builds text from its arguments' whitelisted names and constant fragments only:
+-- IMMUTABLE.
+CREATE OR REPLACE FUNCTION {schema}._spark_pack_sql(p_inner text, p_key text, p_columns text[])
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -512,10 +510,7 @@ DECLARE
                  || ' last_error, state';
     v_none  constant text := '''''::bytea';
     v_aggs  text[] := ARRAY[]::text[];
-    v_used  text[] := ARRAY[p_key];
-    v_bytes text[] := ARRAY[]::text[];
     v_c     text;
-    v_from  text;
 BEGIN
     IF p_key IS NULL OR p_key NOT IN ('id', 'ord') THEN
         PERFORM {schema}._invalid('the key of a packed read is id or ord');
@@ -537,31 +532,16 @@ BEGIN
         ELSIF v_c = 'payload' THEN
             v_aggs := array_append(v_aggs, 'string_agg(int4send(octet_length(r.payload)), ' || v_none || ')');
             v_aggs := array_append(v_aggs, 'string_agg(r.payload, ' || v_none || ')');
-            v_bytes := array_append(v_bytes, 'octet_length(w.payload)');
         ELSIF v_c IN ('status', 'content_type', 'kind', 'key', 'channel', 'headers', 'last_error', 'state') THEN
             v_aggs := array_append(v_aggs, 'string_agg(int4send(coalesce(octet_length(convert_to(r.' || v_c
                                            || ', ''UTF8'')), -1)), ' || v_none || ')');
             v_aggs := array_append(v_aggs, 'string_agg(convert_to(r.' || v_c || ', ''UTF8''), ' || v_none || ')');
-            v_bytes := array_append(v_bytes, 'coalesce(octet_length(w.' || v_c || '), 0)');
         ELSE
             PERFORM {schema}._invalid(format('a packed read has no column %s', quote_literal(v_c)));
         END IF;
-        IF v_c <> ALL (v_used) THEN
-            v_used := array_append(v_used, v_c);
-        END IF;
     END LOOP;
-    v_from := '(' || p_inner || ') AS w(' || v_names || ')';
-    IF cardinality(v_bytes) = 0 THEN
-        v_from := replace(v_from, ') AS w(', ') AS r(');
-    ELSE
-        -- A running total in key order (the rows arrive in it): each row knows the bytes before it.
-        v_from := '(SELECT w.' || array_to_string(v_used, ', w.')
-               || ', sum(' || array_to_string(v_bytes, ' + ') || ') OVER (ORDER BY w.' || p_key
-               || ' ROWS UNBOUNDED PRECEDING) - (' || array_to_string(v_bytes, ' + ') || ') AS before_'
-               || ' FROM ' || v_from || ') r WHERE r.before_ < $' || (p_param + 1);
-    END IF;
     RETURN 'SELECT count(*)::integer, max(r.' || p_key || '), ARRAY[' || array_to_string(v_aggs, ', ')
-        || ']::bytea[] FROM ' || v_from;
+        || ']::bytea[] FROM (' || p_inner || ') AS r(' || v_names || ')';
 END $$;
 
 -- The id range [lo, hi] of a queue's live messages ('messages') or archive ('archive', 'dead').
@@ -741,8 +721,8 @@ END $$;
 -- (p_table 'messages'), its archive ('archive') or its dead letters ('dead') with
 -- p_lo <= id < p_hi that pass the pushed-down filters, as spark_read_messages and
 -- spark_read_archive return them (the same query, _spark_read_sql), in id order: at most
--- p_limit rows and, past the first, about p_bytes bytes of p_columns (the read columns to
--- return, queue excepted). row_count 0: nothing left; else the next page starts after last_key.
+-- p_limit rows of p_columns (the read columns to return, queue excepted). row_count 0: nothing
+-- left; else the next page starts after last_key.
 -- status is judged at p_now, else when the transaction started: the pages of one transaction
 -- (a REPEATABLE READ one reads one snapshot) agree. Reads queue, message or archive.
 CREATE OR REPLACE FUNCTION {schema}.spark_read_packed(
@@ -752,7 +732,6 @@ CREATE OR REPLACE FUNCTION {schema}.spark_read_packed(
     p_lo           bigint,
     p_hi           bigint,
     p_limit        integer DEFAULT 10000,
-    p_bytes        bigint DEFAULT 4194304,
     p_now          bigint DEFAULT NULL,
     p_keys         text[] DEFAULT NULL,
     p_key_prefix   text   DEFAULT NULL,
@@ -781,25 +760,25 @@ BEGIN
     IF p_table IS NULL OR p_table NOT IN ('messages', 'archive', 'dead') THEN
         PERFORM {schema}._invalid('table must be messages, archive or dead');
     END IF;
-    PERFORM {schema}._spark_check_page(p_limit, p_bytes);
+    PERFORM {schema}._spark_check_page(p_limit);
     v_sql := {schema}._spark_pack_sql(
         {schema}._spark_read_sql(
             v_table, v_status, p_keys, p_key_prefix, p_channels, p_kinds, p_statuses,
             ARRAY[p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi,
                   CASE WHEN v_table = 'messages' THEN p_dequeue_lo ELSE p_archived_lo END,
                   CASE WHEN v_table = 'messages' THEN p_dequeue_hi ELSE p_archived_hi END])
-        || ' ORDER BY x.id LIMIT $16', 'id', p_columns, 16);
+        || ' ORDER BY x.id LIMIT $16', 'id', p_columns);
     IF v_table = 'messages' THEN
         RETURN QUERY EXECUTE v_sql
             USING p_queue, p_lo, p_hi,
                   coalesce(p_now, (extract(epoch FROM transaction_timestamp()) * 1000)::bigint),
                   p_keys, p_key_prefix, p_channels, p_kinds, p_statuses, p_enqueued_lo, p_enqueued_hi,
-                  p_scheduled_lo, p_scheduled_hi, p_dequeue_lo, p_dequeue_hi, p_limit, p_bytes;
+                  p_scheduled_lo, p_scheduled_hi, p_dequeue_lo, p_dequeue_hi, p_limit;
     ELSE
         RETURN QUERY EXECUTE v_sql
             USING p_queue, p_lo, p_hi, v_status, p_keys, p_key_prefix, p_channels, p_kinds, p_statuses,
                   p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi, p_archived_lo,
-                  p_archived_hi, p_limit, p_bytes;
+                  p_archived_hi, p_limit;
     END IF;
 END $$;
 
