@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.once, pytest.mark.slow]
         "channels_bench.py",
         "worker_throughput.py",
         "spark_enqueue.py",
+        "spark_jdbc.py",
         "held_snapshot.py",
     ],
 )

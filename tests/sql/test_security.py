@@ -226,7 +226,7 @@ def test_admin_manages_queues_through_functions_only(setup: Client, schema: str,
             c.rollback()
 
 
-#: What lonnymq_monitor may call (migration 0011): the functions that only read.
+#: What lonnymq_monitor may call (migrations 0011, 0014): the functions that only read.
 MONITOR_READS = {
     "now_ms",
     "queue_list",
@@ -247,6 +247,7 @@ MONITOR_READS = {
     "spark_id_range",
     "spark_read_messages",
     "spark_read_archive",
+    "spark_read_packed",
     "spark_write_status",
 }
 

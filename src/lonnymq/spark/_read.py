@@ -1,14 +1,23 @@
 """Reading queues into Spark: batch reads of the live messages, the archive and dead letters,
-and the streaming source that consumes a queue."""
+and the streaming source that consumes a queue.
+
+Both read pages of rows that PostgreSQL packs column by column (``spark_read_packed``,
+``spark_stream_read_packed``: big-endian numbers back to back, lengths and bytes of strings),
+only the columns the schema asks for; :class:`_Arrow` makes Arrow arrays of them with numpy
+views, without a Python object per row. Python touches single values only for ``headers`` as a
+map and for a typed payload (``payloadSchema``), and a payload that is not UTF-8 read as a
+string."""
 
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
+import numpy as np
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 from psycopg import sql
@@ -68,7 +77,26 @@ COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("state", StringType()),
 )
 _INDEX = {name: i for i, (name, _) in enumerate(COLUMNS)}
-_FETCH = 10_000
+#: Pages of a packed read: the first of a partition or chunk has _FIRST_PAGE rows; the next
+#: are sized from the bytes per row seen so far to about _PAGE_BYTES, at most _PAGE_ROWS rows.
+#: (A page is one value in PostgreSQL, at most 1 GB: one that fails as too large is asked again
+#: with fewer rows.)
+_FIRST_PAGE = 2_000
+_PAGE_ROWS = 20_000
+_PAGE_BYTES = 8 << 20
+#: The packing of each column (sql/spark.sql, _spark_pack_sql): numpy's type of a fixed-width
+#: column (a validity byte per row first where ``_NULLABLE``), else lengths and bytes.
+_FIXED = {
+    "id": ">i8",
+    "enqueued_at": ">i8",
+    "scheduled_at": ">i8",
+    "dequeue_at": ">i8",
+    "archived_at": ">i8",
+    "priority": ">i2",
+    "attempts": ">i4",
+    "deliveries": ">i4",
+}
+_NULLABLE = ("dequeue_at", "archived_at")
 
 
 def read_schema(options: Mapping[str, str]) -> str:
@@ -93,14 +121,6 @@ def read_schema(options: Mapping[str, str]) -> str:
     return ", ".join(cols)
 
 
-def _decode(body: bytes | None) -> str | None:
-    return None if body is None else body.decode("utf-8", "replace")
-
-
-def _ms_to_us(values: Sequence[int | None]) -> list[int | None]:
-    return [None if v is None else v * 1000 for v in values]
-
-
 def _headers(text: str | None) -> list[tuple[str, str]] | None:
     """A jsonb headers object as map<string,string> entries (non-string values as JSON text)."""
     if text is None:
@@ -111,26 +131,52 @@ def _headers(text: str | None) -> list[tuple[str, str]] | None:
     return [(k, v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))) for k, v in obj.items()]
 
 
+def _bitmap(valid: np.ndarray) -> pa.Buffer | None:
+    """Arrow's validity bitmap of a boolean mask (None: no NULL)."""
+    return None if valid.all() else pa.array(valid).buffers()[1]
+
+
+def _strings(n: int, lengths: bytes, data: bytes | None, dtype: pa.DataType) -> pa.Array:
+    """A string or binary array from packed lengths (-1: NULL) and the values' bytes."""
+    lens = np.frombuffer(lengths, ">i4", n).astype(np.int32)
+    valid = lens >= 0
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.where(valid, lens, 0), out=offsets[1:])
+    buffers = [_bitmap(valid), pa.py_buffer(offsets), pa.py_buffer(data or b"")]
+    return pa.Array.from_buffers(dtype, n, buffers, null_count=int(n - valid.sum()))
+
+
+def _payload_text(raw: pa.Array) -> pa.Array:
+    """Payload bytes as strings; a payload that is not UTF-8 is decoded with replacement
+    characters, as Python's ``decode("utf-8", "replace")``."""
+    text = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers(), null_count=raw.null_count)
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        return pa.array(
+            [None if b is None else b.decode("utf-8", "replace") for b in raw.to_pylist()], pa.string()
+        )
+    return text
+
+
 class _Arrow:
-    """Turns rows of the SQL read functions into Arrow batches of the requested schema (any
-    subset and order of :data:`COLUMNS`, plus ``_corrupt``; types are cast, e.g. payload to
-    BINARY). A struct ``payload`` is decoded from JSON by :class:`PayloadDecoder`."""
+    """Turns packed pages of the SQL read functions into Arrow batches of the requested schema
+    (any subset and order of :data:`COLUMNS`, plus ``_corrupt``; types are cast, e.g. payload to
+    BINARY). Only the requested columns are read (:attr:`wanted`); ``queue`` is the reader's
+    constant. A struct ``payload`` is decoded from JSON by :class:`PayloadDecoder`."""
 
     def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        self.picks: list[int] = []
+        self.names: list[str] = []
         fields = {f.name: f.dataType for f in schema.fields}
         for f in schema.fields:
-            if f.name == CORRUPT:
-                self.picks.append(-1)
-                continue
-            if f.name not in _INDEX:
+            if f.name != CORRUPT and f.name not in _INDEX:
                 raise errors.InvalidArgument(
                     f"lonnymq cannot read a column {f.name!r}; columns are {', '.join(_INDEX)}, {CORRUPT}"
                 )
-            self.picks.append(_INDEX[f.name])
+            self.names.append(f.name)
         mode = choice_option(options, "mode", ("permissive", "failfast"), "permissive")
         payload_type = fields.get("payload")
         self.decoder: PayloadDecoder | None = None
@@ -141,59 +187,93 @@ class _Arrow:
                     " that do not match (or use mode FAILFAST)"
                 )
             self.decoder = PayloadDecoder(payload_type, failfast=mode == "failfast")
+        wanted = [n for n in self.names if n not in ("queue", CORRUPT)]
+        if self.decoder is not None and "id" not in wanted:
+            wanted.append("id")  # FAILFAST names the message
+        #: The columns the SQL packs, in this order.
+        self.wanted = wanted
 
-    def batch(self, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-        columns = list(zip(*rows, strict=True))
+    def batch(self, n: int, packed: Sequence[bytes | None], queue: str) -> pa.RecordBatch:
+        blobs = iter(packed)
+        raw: dict[str, pa.Array] = {}
+        for name in self.wanted:
+            if name in _FIXED:
+                valid = np.frombuffer(next(blobs) or b"", np.uint8, n) == 1 if name in _NULLABLE else None
+                values = np.frombuffer(next(blobs) or b"", _FIXED[name], n)
+                dtype = dict(COLUMNS)[name]
+                if isinstance(dtype, TimestampType):
+                    raw[name] = pa.array(
+                        values.astype(np.int64) * 1000,
+                        pa.timestamp("us", tz="UTC"),
+                        mask=None if valid is None else ~valid,
+                    )
+                else:
+                    width = np.int64 if isinstance(dtype, LongType) else np.int32
+                    raw[name] = pa.array(values.astype(width))
+            else:
+                lengths = next(blobs)
+                assert lengths is not None
+                raw[name] = _strings(
+                    n, lengths, next(blobs), pa.binary() if name == "payload" else pa.string()
+                )
         decoded: tuple[list[Any], list[str | None]] | None = None
         if self.decoder is not None:
-            decoded = self.decoder.decode_all(
-                columns[_INDEX["payload"]], columns[_INDEX["queue"]], columns[_INDEX["id"]]
-            )
+            bodies = raw["payload"].to_pylist()
+            decoded = self.decoder.decode_all(bodies, [queue] * n, raw["id"].to_pylist())
         arrays = []
-        for field_, i in zip(self.arrow_schema, self.picks, strict=True):
-            if i == -1:
-                corrupt = decoded[1] if decoded is not None else [None] * len(rows)
-                arrays.append(pa.array(corrupt, pa.string()))
-                continue
-            name, dtype = COLUMNS[i]
-            values = columns[i]
-            if name == "payload":
-                if decoded is not None:
-                    arr = pa.array(decoded[0], field_.type)
-                elif pa.types.is_binary(field_.type):
-                    arr = pa.array(values, pa.binary())
-                else:
-                    arr = pa.array([_decode(v) for v in values], pa.string())
-            elif name == "headers" and pa.types.is_string(field_.type):
-                arr = pa.array(values, pa.string())  # a schema asking for JSON text (before 0.2)
-            elif name == "headers":
-                arr = pa.array([_headers(v) for v in values], pa.map_(pa.string(), pa.string()))
-            elif isinstance(dtype, TimestampType):
-                arr = pa.array(_ms_to_us(values), pa.timestamp("us", tz="UTC"))
-            elif isinstance(dtype, LongType):
-                arr = pa.array(values, pa.int64())
-            elif isinstance(dtype, IntegerType):
-                arr = pa.array(values, pa.int32())
+        for field_, name in zip(self.arrow_schema, self.names, strict=True):
+            if name == CORRUPT:
+                arr = pa.array(decoded[1] if decoded is not None else [None] * n, pa.string())
+            elif name == "queue":
+                arr = pa.repeat(pa.scalar(queue, pa.string()), n)
+            elif name == "payload" and decoded is not None:
+                arr = pa.array(decoded[0], field_.type)
+            elif name == "payload" and not pa.types.is_binary(field_.type):
+                arr = _payload_text(raw[name])
+            elif name == "headers" and not pa.types.is_string(field_.type):
+                text = raw[name]  # JSON text; as a map unless the schema asks for the text
+                map_type = pa.map_(pa.string(), pa.string())
+                arr = (
+                    pa.nulls(n, map_type)
+                    if text.null_count == n
+                    else pa.array([_headers(v) for v in text.to_pylist()], map_type)
+                )
             else:
-                arr = pa.array(values, pa.string())
+                arr = raw[name]
             arrays.append(arr if arr.type == field_.type else arr.cast(field_.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 
-def _stream(target: Target, query: sql.Composed, params: Any, arrow: _Arrow) -> Iterator[pa.RecordBatch]:
-    """Stream a query's rows through a server-side cursor, as Arrow batches."""
-    with target.connect() as conn, conn.cursor(name="lonnymq_spark_read", binary=True) as cur:
-        cur.itersize = _FETCH
-        cur.execute(query, params)
-        while rows := cur.fetchmany(_FETCH):
-            yield arrow.batch(rows)
-
-
-def _fetch(
-    target: Target, function: str, args: LiteralString, params: tuple[Any, ...], arrow: _Arrow
+def _pages(
+    target: Target,
+    conn: psycopg.Connection[Any],
+    query: sql.Composed,
+    params: dict[str, Any],
+    cursor: str,
+    arrow: _Arrow,
 ) -> Iterator[pa.RecordBatch]:
-    """Stream a read function's rows, as Arrow batches."""
-    yield from _stream(target, target.query(function, args), params, arrow)
+    """The pages of a packed read as Arrow batches: the query is run again with parameter
+    ``cursor`` past the last key of the page before, until a page is empty. Each page is a
+    savepoint (a transaction on an autocommit connection), so one that PostgreSQL finds too
+    large is asked again, smaller, in the same snapshot."""
+    params["p_limit"] = min(_FIRST_PAGE, _PAGE_ROWS)
+    with conn.cursor(binary=True) as cur:
+        while True:
+            try:
+                with conn.transaction():
+                    row = cur.execute(query, params).fetchone()
+            except psycopg.errors.ProgramLimitExceeded:
+                if params["p_limit"] == 1:
+                    raise
+                params["p_limit"] = max(1, params["p_limit"] // 8)
+                continue
+            if row is None or not row[0]:
+                return
+            n, last, packed = row
+            yield arrow.batch(n, packed, target.queue)
+            size = sum(len(b) for b in packed if b)
+            params["p_limit"] = max(1, min(_PAGE_ROWS, _PAGE_BYTES * n // max(size, 1)))
+            params[cursor] = last + 1 if cursor == "p_lo" else last
 
 
 # -- batch reads ------------------------------------------------------------------------------
@@ -290,8 +370,9 @@ class Pushed:
 class BatchReader(DataSourceReader):
     """``spark.read.format("lonnymq")``: a queue's live messages (``table=messages``, without
     leasing them), its archive (``archive``) or its dead letters (``dead``), split into
-    ``numPartitions`` id ranges read in parallel. Each partition reads its own snapshot; rows
-    added after planning with ids above the planned range are not read.
+    ``numPartitions`` id ranges read in parallel (default: :func:`default_partitions`). Each
+    partition reads its own snapshot (its pages are one REPEATABLE READ transaction); rows added
+    after planning with ids above the planned range are not read.
 
     Filters on id, key (equality, IN, prefix), channel, kind, status and the time columns are
     evaluated by PostgreSQL (:meth:`pushFilters`), as index conditions where an index exists;
@@ -300,11 +381,11 @@ class BatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
         self.target = Target.from_options(options, conf)
         self.table = choice_option(options, "table", ("messages", "archive", "dead"), "messages")
-        self.num_partitions = int_option(options, "numPartitions", 4, high=10_000) or 4
+        self.num_partitions = int_option(options, "numPartitions", None, high=10_000)
         self.schema = schema
         self.options = dict(options)
         self.pushed = Pushed()
-        _Arrow(schema, options)  # refuse a bad schema/mode at planning, not in every task
+        self.columns = _Arrow(schema, options).wanted  # refuse a bad schema/mode at planning
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         """Keep what PostgreSQL can evaluate; yield the rest back to Spark."""
@@ -345,12 +426,14 @@ class BatchReader(DataSourceReader):
         hi = hi if p.id_hi is None else min(hi, p.id_hi)
         if lo >= hi:
             return [IdRange(0, 0)]
-        n = max(1, min(self.num_partitions, hi - lo))
+        n = max(1, min(self.num_partitions or default_partitions(hi - lo), hi - lo))
         step = -(-(hi - lo) // n)
         return [IdRange(a, min(a + step, hi)) for a in range(lo, hi, step)]
 
     def query(self, partition: IdRange) -> tuple[sql.Composed, dict[str, Any]]:
-        """The SQL and parameters :meth:`read` runs for a partition (tests EXPLAIN it)."""
+        """The rows of a partition, one per message, all columns: spark_read_messages or
+        spark_read_archive with the pushed filters. :meth:`read` runs the same query
+        (``_spark_read_sql``) through :meth:`packed_query`; tests read and EXPLAIN this one."""
         t = self.target
         params: dict[str, Any] = {"p_queue": t.queue, "p_lo": partition.lo, "p_hi": partition.hi}
         if self.table == "messages":
@@ -360,25 +443,71 @@ class BatchReader(DataSourceReader):
             function = "spark_read_archive"
             params["p_status"] = "dead" if self.table == "dead" else None
             params.update(self.pushed.params(_TIMES["archive"]))
-        args = sql.SQL(", ").join(
-            sql.SQL("{} => {}::{}").format(sql.Identifier(k), sql.Placeholder(k), sql.SQL(_TYPES[k]))
-            for k in params
-        )
-        query = sql.SQL("SELECT * FROM {}.{}({})").format(
-            sql.Identifier(t.schema), sql.Identifier(function), args
-        )
-        return query, params
+        return _call(t, function, params), params
+
+    def packed_query(self, partition: IdRange) -> tuple[sql.Composed, dict[str, Any]]:
+        """What :meth:`read` runs for a partition: spark_read_packed, a page at a time from
+        ``p_lo`` (advanced past each page), only the columns of the schema."""
+        t = self.target
+        params: dict[str, Any] = {
+            "p_queue": t.queue,
+            "p_table": self.table,
+            "p_columns": self.columns,
+            "p_lo": partition.lo,
+            "p_hi": partition.hi,
+            "p_limit": _FIRST_PAGE,
+            **self.pushed.params(_TIMES["messages" if self.table == "messages" else "archive"]),
+        }
+        return _call(t, "spark_read_packed", params), params
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, IdRange)
         if partition.lo >= partition.hi:
             return
-        query, params = self.query(partition)
-        yield from _stream(self.target, query, params, _Arrow(self.schema, self.options))
+        query, params = self.packed_query(partition)
+        with self.target.connect() as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            with conn.transaction():  # one snapshot; each page is a savepoint in it
+                yield from _pages(self.target, conn, query, params, "p_lo", _Arrow(self.schema, self.options))
+
+
+#: Below this many rows per partition, :func:`default_partitions` does not split further to
+#: keep the cores busy; above this many, it splits even when there are enough partitions.
+_MIN_PARTITION_ROWS = 10_000
+_MAX_PARTITION_ROWS = 100_000
+
+
+def default_partitions(span: int) -> int:
+    """The default ``numPartitions`` of a batch read of ``span`` ids: one per core (the
+    planning machine's: in local mode, Spark's), but not below 10,000 ids each, and more when
+    they would exceed 100,000 each (at most 10,000 partitions)."""
+    cores = os.cpu_count() or 1
+    by_size = -(-span // _MAX_PARTITION_ROWS)
+    by_cores = min(cores, -(-span // _MIN_PARTITION_ROWS))
+    return max(1, min(10_000, max(by_size, by_cores)))
+
+
+def _call(target: Target, function: str, params: Mapping[str, Any]) -> sql.Composed:
+    """``SELECT * FROM <schema>.<function>(p_x => %(p_x)s::<type>, ...)`` for ``params``."""
+    args = sql.SQL(", ").join(
+        sql.SQL("{} => {}::{}").format(sql.Identifier(k), sql.Placeholder(k), sql.SQL(_TYPES[k]))
+        for k in params
+    )
+    return sql.SQL("SELECT * FROM {}.{}({})").format(
+        sql.Identifier(target.schema), sql.Identifier(function), args
+    )
 
 
 _TYPES: dict[str, LiteralString] = {
     "p_queue": "text",
+    "p_table": "text",
+    "p_columns": "text[]",
+    "p_limit": "integer",
+    "p_stream": "uuid",
+    "p_batch": "bigint",
+    "p_chunk": "integer",
+    "p_after": "bigint",
     "p_lo": "bigint",
     "p_hi": "bigint",
     "p_status": "text",
@@ -501,16 +630,25 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [StreamChunks(stream, g) for g in groups]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The logged deliveries of the partition's chunks, packed (spark_stream_read_packed),
+        on one connection."""
         assert isinstance(partition, StreamChunks)
+        if not partition.chunks:
+            return
         arrow = _Arrow(self.schema, self.options)
-        for batch, chunk in partition.chunks:
-            yield from _fetch(
-                self.target,
-                "spark_stream_read",
-                "%s::uuid, %s::bigint, %s::int",
-                (partition.stream, batch, chunk),
-                arrow,
-            )
+        with self.target.connect(autocommit=True) as conn:
+            for batch, chunk in partition.chunks:
+                params: dict[str, Any] = {
+                    "p_queue": self.target.queue,
+                    "p_stream": partition.stream,
+                    "p_batch": batch,
+                    "p_chunk": chunk,
+                    "p_columns": arrow.wanted,
+                    "p_after": 0,
+                    "p_limit": _FIRST_PAGE,
+                }
+                query = _call(self.target, "spark_stream_read_packed", params)
+                yield from _pages(self.target, conn, query, params, "p_after", arrow)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._call(

@@ -2,13 +2,15 @@
 
 Tasks never write to the queue. Each task attempt COPYs its rows into ``spark_stage`` under a
 fresh random part id (registered with the write's run id in the same transaction) and reports
-``(part, rows)`` to the driver. The driver's commit moves exactly the reported parts into the
-queue in one PostgreSQL transaction, through the core ``send_batch`` (every send rule applies:
-payload limits, priorities, keys), and deletes everything the run staged, including the parts
-of failed or duplicate task attempts that Spark never reported. So a retried task cannot
-duplicate messages, a failed job enqueues nothing, and abort plus a sweeper clear leftovers.
-Streaming writes add a commit record per (sink, batch) in that same transaction, so a batch
-Spark replays after a restart is skipped.
+``(part, rows)`` to the driver. The COPY data (binary format) is built from the Arrow batches
+Spark hands over, column by column, without a Python object per row (:class:`Encoder`). The
+driver's commit moves exactly the reported parts into the queue in one PostgreSQL transaction
+(``spark_write_commit``: set-wise, one INSERT ... SELECT per part, with every send rule:
+payload limits, priorities, keys, channels) and deletes everything the run staged, including
+the parts of failed or duplicate task attempts that Spark never reported. So a retried task
+cannot duplicate messages, a failed job enqueues nothing, and abort plus a sweeper clear
+leftovers. Streaming writes add a commit record per (sink, batch) in that same transaction, so
+a batch Spark replays after a restart is skipped.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ import datetime as _dt
 import decimal
 import json
 import logging
-import math
 import secrets
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from psycopg import sql
-from psycopg.types.json import set_json_dumps
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -168,8 +170,49 @@ def _json_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False, default=_json_default)
 
 
+def _json_loads() -> Any:
+    """orjson's parser if installed (``lonnymq[orjson]``; 4-5x faster), else the json module's."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads
+    return orjson.loads
+
+
+_fast_loads = _json_loads()
+
+
+def _check_json_texts(values: pa.Array, column: str) -> None:
+    """Raise InvalidArgument unless every string is a JSON document, as ``json.loads`` decides
+    (orjson first where installed; it is stricter, e.g. about NaN, so a text it refuses is
+    judged again by ``json``)."""
+    for v in values.to_pylist():
+        try:
+            _fast_loads(v)
+        except ValueError:
+            try:
+                json.loads(v)
+            except ValueError as e:
+                raise errors.InvalidArgument(f"column {column!r} is not JSON: {e}: {v[:80]!r}") from None
+
+
+def _first(mask: pa.Array) -> int:
+    """The index of the first true value of a boolean array (nulls are false)."""
+    return int(np.flatnonzero(mask.fill_null(False).to_numpy(zero_copy_only=False))[0])
+
+
+def _binary(values: pa.Array) -> pa.Array:
+    """String or binary values as ``binary`` (UTF-8 for strings): no copy of the bytes."""
+    return values if values.type == pa.binary() else values.cast(pa.binary())
+
+
 class Encoder:
-    """Arrow batches -> staging rows (part, seq, payload, content_type, ...)."""
+    """Arrow batches -> staged rows, column by column. :meth:`columns` gives the values of each
+    staging column as an Arrow array, checked as a send checks them (the column is named in the
+    error); :meth:`copy_data` serialises them to PostgreSQL's binary COPY format with Arrow and
+    numpy kernels, without a Python object per row. Only encodings that need Python per value
+    make one: JSON payloads built from struct, map or array columns (or from all the columns),
+    headers, and the check that JSON text columns hold JSON (``payloadFormat=json``)."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -177,86 +220,197 @@ class Encoder:
             plan.mode
         ]
 
-    def payloads(self, batch: pa.RecordBatch) -> list[bytes]:
+    def payloads(self, batch: pa.RecordBatch) -> pa.Array:
         plan = self.plan
         if plan.mode == "row_json":
             rows = batch.select(list(plan.row_columns)).to_pylist(maps_as_pydicts="strict")
-            return [_dumps(r) for r in rows]
-        values: list[Any] = batch.column(plan.payload).to_pylist(maps_as_pydicts="strict")
-        if None in values:
-            raise errors.InvalidArgument(f"column {plan.payload!r}: a row has a null payload")
-        if plan.mode == "text":
-            return [v.encode() for v in values]
-        if plan.mode == "binary":
-            return values
+            return pa.array([_dumps(r) for r in rows], pa.binary())
+        column = plan.payload
+        assert column is not None
+        values = batch.column(column)
+        if values.null_count:
+            raise errors.InvalidArgument(f"column {column!r}: a row has a null payload")
         if plan.mode == "json":
-            return [_dumps(v) for v in values]
-        out = []
-        for v in values:  # json_text: the text must be JSON, or consumers could not decode it
-            try:
-                json.loads(v)
-            except ValueError as e:
-                raise errors.InvalidArgument(
-                    f"column {plan.payload!r} is not JSON: {e}: {v[:80]!r}"
-                ) from None
-            out.append(v.encode())
-        return out
+            return pa.array([_dumps(v) for v in values.to_pylist(maps_as_pydicts="strict")], pa.binary())
+        if plan.mode == "json_text":
+            # the text must be JSON, or consumers could not decode it
+            _check_json_texts(values, column)
+        return _binary(values)
 
-    def column(self, batch: pa.RecordBatch, name: str) -> list[Any]:
-        plan = self.plan
-        col = plan.columns[name]
+    def column(self, batch: pa.RecordBatch, name: str) -> pa.Array:
+        """The values of meta column ``name`` (see :data:`META`) as staged: text as string,
+        headers as JSON object text, priority as int16, delay and at as epoch-ms int64."""
+        col = self.plan.columns[name]
         arr = batch.column(col)
         if name == "at":
-            ints = arr.cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
-            return [None if v is None else v // 1000 for v in ints]
-        values: list[Any] = arr.to_pylist(maps_as_pydicts="strict")
+            us = arr.cast(pa.timestamp("us")).cast(pa.int64())
+            ms = np.floor_divide(us.fill_null(0).to_numpy(), 1000)
+            return pa.array(ms, pa.int64(), mask=us.is_null().to_numpy(zero_copy_only=False))
         if name in ("kind", "key", "channel"):
+            arr = arr.cast(pa.string())
             limit = _KIND_MAX if name == "kind" else _KEY_MAX
-            for v in values:
-                check_text(v, f"column {col!r} ({name})", limit)
-            return values
+            length = pc.utf8_length(arr)
+            bad = pc.or_(
+                pc.or_(pc.less(length, 1), pc.greater(length, limit)), pc.match_substring(arr, "\x00")
+            )
+            if pc.any(bad).as_py():
+                check_text(arr[_first(bad)].as_py(), f"column {col!r} ({name})", limit)
+            return arr
         if name == "headers":
-            headers: list[dict[str, Any] | None] = []
-            for v in values:
-                try:
-                    h = json.loads(v) if plan.headers_string and v is not None else v
-                except ValueError:
-                    h = v  # not JSON: refused just below
-                if h is not None and not (isinstance(h, dict) and all(isinstance(k, str) for k in h)):
-                    raise errors.InvalidArgument(f"column {col!r}: headers must be a JSON object")
-                headers.append(h)
-            return headers
+            return pa.array(
+                [self._headers(v, col) for v in arr.to_pylist(maps_as_pydicts="strict")], pa.string()
+            )
         if name == "priority":
-            for v in values:
-                if v is not None and not -100 <= v <= 100:
-                    raise errors.InvalidArgument(f"column {col!r}: priority {v} is outside -100..100")
-            return values
+            bad = pc.or_(pc.less(arr, -100), pc.greater(arr, 100))
+            if pc.any(bad).as_py():
+                v = arr[_first(bad)].as_py()
+                raise errors.InvalidArgument(f"column {col!r}: priority {v} is outside -100..100")
+            return arr.cast(pa.int16())
         if name == "delay":
-            delays: list[int | None] = []
-            for v in values:
-                if v is None:
-                    delays.append(None)
-                    continue
-                f = float(v)
-                if not math.isfinite(f) or f < 0:
-                    raise errors.InvalidArgument(f"column {col!r}: delay must be finite and >= 0, got {v}")
-                delays.append(round(f * 1000))
-            return delays
+            seconds = arr.cast(pa.float64())
+            bad = pc.invert(pc.and_(pc.is_finite(seconds), pc.greater_equal(seconds, 0)))
+            if pc.any(bad).as_py():
+                v = arr[_first(bad)].as_py()
+                raise errors.InvalidArgument(f"column {col!r}: delay must be finite and >= 0, got {v}")
+            # round(seconds * 1000), as Python rounds: half to even
+            ms = pc.round(pc.multiply(seconds, 1000.0), round_mode="half_to_even")
+            try:
+                return ms.cast(pa.int64())
+            except pa.ArrowInvalid:
+                raise errors.InvalidArgument(f"column {col!r}: a delay is too long") from None
         raise AssertionError(name)
 
-    def rows(self, batch: pa.RecordBatch, part: int, seq: int) -> Iterator[tuple[Any, ...]]:
-        n = batch.num_rows
-        cols: list[list[Any]] = [self.payloads(batch), [self.ctype] * n]
-        names = [c for c, _ in self.plan.copy_columns()[2:]]
-        meta = {"at_ms": "at", "delay_ms": "delay"}
-        for c in names:
-            cols.append(self.column(batch, meta.get(c, c)))
-        if "at" in self.plan.columns and "delay" in self.plan.columns:
-            at, delay = cols[2 + names.index("at_ms")], cols[2 + names.index("delay_ms")]
-            if any(a is not None and d is not None for a, d in zip(at, delay, strict=True)):
+    def _headers(self, value: Any, col: str) -> str | None:
+        try:
+            h = json.loads(value) if self.plan.headers_string and value is not None else value
+        except ValueError:
+            h = value  # not JSON: refused just below
+        if h is None:
+            return None
+        if not (isinstance(h, dict) and all(isinstance(k, str) for k in h)):
+            raise errors.InvalidArgument(f"column {col!r}: headers must be a JSON object")
+        try:
+            return _json_text(h)  # values from structs may be dates or decimals: as in payloads
+        except (TypeError, ValueError) as e:
+            raise errors.InvalidArgument(f"column {col!r}: headers are not JSON-serialisable: {e}") from None
+
+    def columns(self, batch: pa.RecordBatch) -> dict[str, pa.Array]:
+        """The staging columns after part and seq (:meth:`Plan.copy_columns`) but content_type
+        (a constant: :attr:`ctype`), checked."""
+        out = {"payload": self.payloads(batch)}
+        for staged, _ in self.plan.copy_columns()[2:]:
+            out[staged] = self.column(batch, {"at_ms": "at", "delay_ms": "delay"}.get(staged, staged))
+        if "at_ms" in out and "delay_ms" in out:
+            both = pc.and_(out["at_ms"].is_valid(), out["delay_ms"].is_valid())
+            if pc.any(both).as_py():
                 raise errors.InvalidArgument("a row gives both delay and at: give one")
-        for i, values in enumerate(zip(*cols, strict=True)):
-            yield (part, seq + i, *values)
+        return out
+
+    def rows(self, batch: pa.RecordBatch, part: int, seq: int) -> Iterator[tuple[Any, ...]]:
+        """The staged rows as Python values (headers as dicts), in :meth:`Plan.copy_columns`
+        order after part and seq: what :meth:`copy_data` serialises, for tests and debugging."""
+        cols = self.columns(batch)
+        n = batch.num_rows
+        values: list[list[Any]] = [cols["payload"].to_pylist(), [self.ctype] * n]
+        for staged, _ in self.plan.copy_columns()[2:]:
+            v = cols[staged].to_pylist()
+            values.append([None if h is None else json.loads(h) for h in v] if staged == "headers" else v)
+        for i, row in enumerate(zip(*values, strict=True)):
+            yield (part, seq + i, *row)
+
+    def copy_data(self, batch: pa.RecordBatch, part: int, seq: int) -> pa.Buffer:
+        """The rows of ``batch`` as binary COPY data for ``(part, seq, *copy_columns)`` (no
+        header or trailer), rows numbered from ``seq``."""
+        n = batch.num_rows
+        cols = self.columns(batch)
+        rows = _CopyRows(n, 2 + len(self.plan.copy_columns()))
+        rows.fixed(">i8", part)
+        rows.fixed(">i4", np.arange(seq, seq + n, dtype=np.int64))
+        rows.var(cols["payload"])
+        rows.constant(None if self.ctype is None else self.ctype.encode())
+        for staged, typ in self.plan.copy_columns()[2:]:
+            if typ in _WIDTHS:
+                rows.nullable_fixed(_WIDTHS[typ], cols[staged])
+            else:  # text; jsonb's binary form is a version byte (1) and the text
+                rows.var(_binary(cols[staged]), b"\x01" if typ == "jsonb" else b"")
+        return rows.finish()
+
+
+#: numpy's big-endian (network order) types of the fixed-width staging columns.
+_WIDTHS = {"int8": ">i8", "int4": ">i4", "int2": ">i2"}
+_NULL = b"\xff\xff\xff\xff"  # a NULL field: length -1
+#: The header and the trailer of PostgreSQL's binary COPY format.
+COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+COPY_TRAILER = b"\xff\xff"
+
+
+class _CopyRows:
+    """Binary COPY rows of ``n`` tuples, built field by field as whole columns. A run of
+    fixed-width fields (the field count, lengths, fixed-width values, constants) becomes one
+    numpy record array; a variable-length value is an Arrow binary array; the rows are the
+    element-wise concatenation of these pieces (one Arrow kernel), whose data buffer is exactly
+    the COPY data."""
+
+    def __init__(self, n: int, fields: int) -> None:
+        self.n = n
+        self.pieces: list[pa.Array] = []
+        self.dtypes: list[tuple[str, str]] = []
+        self.values: list[Any] = []
+        self._field(">i2", fields)
+
+    def _field(self, dtype: str, value: Any) -> None:
+        self.dtypes.append((f"f{len(self.dtypes)}", dtype))
+        self.values.append(value)
+
+    def _flush(self) -> None:
+        if not self.dtypes:
+            return
+        records = np.empty(self.n, dtype=np.dtype(self.dtypes))
+        for (name, _), value in zip(self.dtypes, self.values, strict=True):
+            records[name] = value
+        self.pieces.append(_fixed_binary(records.tobytes(), records.dtype.itemsize, self.n))
+        self.dtypes, self.values = [], []
+
+    def fixed(self, dtype: str, values: Any) -> None:
+        self._field(">i4", np.dtype(dtype).itemsize)
+        self._field(dtype, values)
+
+    def constant(self, value: bytes | None) -> None:
+        if value is None:
+            self._field(">i4", -1)
+        else:
+            self._field(">i4", len(value))
+            self._field(f"S{len(value)}", value)
+
+    def var(self, values: pa.Array, prefix: bytes = b"") -> None:
+        if prefix:  # before every value (a NULL stays NULL: it is a length of -1 only)
+            values = pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), values, b"")
+        self._field(">i4", pc.binary_length(values).fill_null(-1).to_numpy())
+        self._flush()
+        self.pieces.append(values.fill_null(b""))
+
+    def nullable_fixed(self, dtype: str, values: pa.Array) -> None:
+        if values.null_count == 0:
+            self.fixed(dtype, values.to_numpy())
+            return
+        self._flush()
+        records = np.empty(self.n, dtype=np.dtype([("len", ">i4"), ("value", dtype)]))
+        records["len"] = np.dtype(dtype).itemsize
+        records["value"] = values.fill_null(0).to_numpy()
+        present = _fixed_binary(records.tobytes(), records.dtype.itemsize, self.n)
+        self.pieces.append(pc.if_else(values.is_valid(), present, pa.scalar(_NULL, pa.binary())))
+
+    def finish(self) -> pa.Buffer:
+        self._flush()
+        rows = self.pieces[0] if len(self.pieces) == 1 else pc.binary_join_element_wise(*self.pieces, b"")
+        offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=rows.offset + self.n + 1)
+        return rows.buffers()[2][offsets[rows.offset] : offsets[rows.offset + self.n]]
+
+
+def _fixed_binary(data: bytes, width: int, n: int) -> pa.Array:
+    """``n`` values of ``width`` bytes each, back to back in ``data``, as a binary array."""
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 # -- staging and commit --------------------------------------------------------------------------
@@ -270,6 +424,19 @@ class Staged(WriterCommitMessage):
     part: int
     rows: int
     sink: str | None = None
+
+
+#: Arrow batches larger than this are staged in slices (Arrow's binary offsets are 32-bit).
+_SLICE_BYTES = 256 << 20
+
+
+def _slices(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    if batch.num_rows > 1 and batch.nbytes > _SLICE_BYTES:
+        half = batch.num_rows // 2
+        yield from _slices(batch.slice(0, half))
+        yield from _slices(batch.slice(half))
+    elif batch.num_rows:
+        yield batch
 
 
 def stage(
@@ -291,17 +458,16 @@ def stage(
     if first is None:
         return Staged(run, 0, 0, sink)
     with target.connect() as conn:
-        # Headers from structs may hold dates or decimals: dump them like payloads.
-        set_json_dumps(_json_text, context=conn)
         conn.execute(register, (part, run, target.queue))
         with conn.cursor() as cur, cur.copy(copy) as cp:
-            cp.set_types(["int8", "int4", *(t for _, t in cols)])
+            cp.write(COPY_SIGNATURE)
             batch: pa.RecordBatch | None = first
             while batch is not None:
-                for row in encoder.rows(batch, part, n):
-                    cp.write_row(row)
-                n += batch.num_rows
+                for piece in _slices(batch):
+                    cp.write(encoder.copy_data(piece, part, n))
+                    n += piece.num_rows
                 batch = next(batches, None)
+            cp.write(COPY_TRAILER)
         conn.commit()
     return Staged(run, part, n, sink)
 

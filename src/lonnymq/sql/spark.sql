@@ -2,13 +2,18 @@
 --
 --   * exactly-once writes: tasks COPY rows into spark_stage, tagged with a part id per task
 --     attempt; the driver's commit moves the parts its tasks reported into the queue in one
---     transaction (through send_batch, so every send rule applies) and drops the rest.
+--     transaction, with every send rule, and drops the rest: set-wise (_spark_publish, one
+--     INSERT ... SELECT per part) when no row has a key or a channel, through send_batch when
+--     one does.
 --   * exactly-once streaming writes: spark_sink_commit remembers (sink, batch) so a micro-batch
 --     that Spark replays after a restart is not enqueued twice.
 --   * replayable streaming reads: each micro-batch leases its messages with the core take()
 --     and records (id, token) in spark_stream_batch, so a replay reads exactly those deliveries
 --     and commit acks them. Offsets are batch numbers of this log, never message ids: a message
 --     committed late by a slow transaction is simply taken by a later batch.
+--   * reads at wire speed: spark_read_packed and spark_stream_read_packed return pages of rows
+--     packed column by column (_spark_pack_sql), which the reader turns into Arrow arrays
+--     without a Python object per row.
 --
 -- Nothing here changes the core tables or the send/take path. Times are epoch ms (bigint);
 -- p_now goes through the core's _now(), so only the schema owner may move the clock ahead.
@@ -33,9 +38,15 @@ DROP FUNCTION IF EXISTS {schema}.spark_read_archive(text, bigint, bigint, text);
 -- queue is a replay and enqueues nothing (duplicate = true; the record's skipped count goes
 -- up, and committed_at / messages describe the commit that made it a replay). A record counts
 -- for p_retention_ms after its commit; an expired one is forgotten (as maintain() would).
--- Raises LQ101 if a part lost rows (server crash emptied staging, or the sweeper ran).
+-- Every send rule applies: rows without key and channel are published set-wise by
+-- _spark_publish (the plain path of send_batch, one INSERT ... SELECT per part); if any row has
+-- one, the parts go through send_batch itself, 4,000 rows per call.
+-- Raises LQ101 if a part lost rows (server crash emptied staging, or the sweeper ran), and
+-- send_batch's error for a row that breaks a send rule; either way nothing is enqueued.
 -- Tables: spark_stage, spark_stage_part (delete), spark_sink_commit (insert/update/delete),
--- and the queue through send_batch. Locks: an advisory transaction lock per (queue, sink).
+-- and the queue as send_batch (message, sent_count, queue_stat, channel). Locks: an advisory
+-- transaction lock per (queue, sink), and send_batch's. Plans pinned to indexes (staging is
+-- never analysed; a sort or a scan of all of it would cost more than the publish).
 CREATE OR REPLACE FUNCTION {schema}.spark_write_commit(
     p_queue        text,
     p_run          uuid,
@@ -48,7 +59,7 @@ CREATE OR REPLACE FUNCTION {schema}.spark_write_commit(
     p_now          bigint DEFAULT NULL
 ) RETURNS TABLE (created bigint, updated bigint, ignored bigint, duplicate boolean,
                  committed_at bigint, messages bigint)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET enable_seqscan = off SET enable_sort = off AS $$
 DECLARE
     q          {schema}.queue := {schema}._queue(p_queue);
     v_now      bigint := {schema}._now(p_now);
@@ -71,6 +82,9 @@ BEGIN
     IF cardinality(p_parts) IS DISTINCT FROM cardinality(p_counts) THEN
         PERFORM {schema}._invalid('parts and counts must have the same length');
     END IF;
+    IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('ignore', 'replace', 'error') THEN
+        PERFORM {schema}._invalid('on_conflict must be ignore, replace or error');
+    END IF;
     IF p_sink IS NOT NULL THEN
         IF p_batch IS NULL OR p_batch < 0 THEN
             PERFORM {schema}._invalid('a sink commit needs a batch id >= 0');
@@ -90,7 +104,12 @@ BEGIN
         duplicate := FOUND;
     END IF;
 
-    IF NOT duplicate AND p_parts IS NOT NULL THEN
+    IF NOT duplicate AND cardinality(p_parts) > 0
+       AND NOT EXISTS (SELECT FROM {schema}.spark_stage s
+                        WHERE s.part = ANY (p_parts) AND (s.key IS NOT NULL OR s.channel IS NOT NULL)) THEN
+        -- One probe of spark_stage_keyed_idx (which holds only rows with a key or a channel).
+        created := {schema}._spark_publish(q, p_run, p_parts, p_counts, v_now);
+    ELSIF NOT duplicate AND cardinality(p_parts) > 0 THEN
         SELECT e.part, e.n AS expected, s.n AS found INTO v_bad
           FROM unnest(p_parts, p_counts) AS e(part, n)
           CROSS JOIN LATERAL (SELECT count(*) AS n FROM {schema}.spark_stage st
@@ -98,8 +117,7 @@ BEGIN
          WHERE s.n <> e.n
          LIMIT 1;
         IF FOUND THEN
-            RAISE EXCEPTION 'spark write %: part % staged % rows but % are left (staging lost by a server crash or swept): rerun the write',
-                p_run, v_bad.part, v_bad.expected, v_bad.found USING ERRCODE = 'LQ101';
+            PERFORM {schema}._spark_lost(p_run, v_bad.part, v_bad.expected, v_bad.found);
         END IF;
         FOR i IN 1 .. cardinality(p_parts) LOOP
             v_lo := 0;
@@ -145,6 +163,101 @@ BEGIN
          WHERE c.queue = q.name AND c.sink_id = p_sink AND c.batch_id <= p_batch - 100;
     END IF;
     RETURN NEXT;
+END $$;
+
+-- Raises LQ101 for part p_part of write p_run, which staged p_expected rows of which p_found
+-- are left (a server crash emptied the unlogged staging, or the sweeper ran). STABLE, not
+-- IMMUTABLE, for the reason _invalid gives (sql/util.sql).
+CREATE OR REPLACE FUNCTION {schema}._spark_lost(p_run uuid, p_part bigint, p_expected bigint, p_found bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+-- plpgsql_check suggests IMMUTABLE; STABLE is intended, see above.
+-- @plpgsql_check_options: performance_warnings = false
+BEGIN
+    RAISE EXCEPTION 'spark write %: part % staged % rows but % are left (staging lost by a server crash or swept): rerun the write',
+        p_run, p_part, p_expected, p_found USING ERRCODE = 'LQ101';
+END $$;
+
+-- The set-wise publish of spark_write_commit, for parts none of whose rows has a key or a
+-- channel (the caller checked): send_batch's plain path, without building arrays. Each part
+-- p_parts[i] is one INSERT ... SELECT from staging in seq order (the (part, seq) index: no
+-- sort), so ids follow the parts' order and their rows'. Every row is checked as send_batch
+-- checks it (payload size against the queue's limit, priority in -100..100, delay >= 0,
+-- headers an object) inside that INSERT, which leaves out a row that fails; a part that then
+-- moved fewer rows than p_counts[i] raises, and the caller's transaction enqueues nothing:
+-- LQ101 (_spark_lost) if rows are missing, else send_batch's error for the first bad row (its
+-- "message N" counts rows across the parts, from 1). One enqueue time p_now and one generation
+-- (_gen_write) for all; the queue's waiters are woken (_wake); the messages count in
+-- sent_count and queue_stat (one row each). Returns the messages created. Writes message,
+-- sent_count, queue_stat. Locks: _gen_write's shared advisory lock, _wake's.
+CREATE OR REPLACE FUNCTION {schema}._spark_publish(
+    q        {schema}.queue,
+    p_run    uuid,
+    p_parts  bigint[],
+    p_counts bigint[],
+    p_now    bigint
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_gen   bigint;
+    v_n     bigint;
+    v_total bigint := 0::bigint;
+    v_bad   record;
+    v_ord   bigint;
+BEGIN
+    PERFORM {schema}._wake(q.id, q.name);
+    v_gen := {schema}._gen_write();
+    FOR i IN 1 .. cardinality(p_parts) LOOP
+        INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                          priority, kind, content_type, headers, payload)
+        SELECT q.id, v_gen, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, p_now), t.at,
+               p_now, t.priority, t.kind, t.content_type, t.headers, t.payload
+          FROM (SELECT coalesce(s.at_ms, p_now + coalesce(s.delay_ms, 0)) AS at,
+                       coalesce(s.priority, 0::smallint) AS priority, s.kind, s.content_type,
+                       s.headers, s.payload, s.seq
+                  FROM {schema}.spark_stage s
+                 WHERE s.part = p_parts[i]
+                   AND octet_length(s.payload) <= q.max_payload_bytes
+                   AND (s.priority IS NULL OR s.priority BETWEEN -100 AND 100)
+                   AND (s.delay_ms IS NULL OR s.delay_ms >= 0)
+                   AND (s.headers IS NULL OR jsonb_typeof(s.headers) = 'object')) t
+         ORDER BY t.seq;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        IF v_n <> p_counts[i] THEN
+            SELECT count(*) INTO v_n FROM {schema}.spark_stage s WHERE s.part = p_parts[i];
+            IF v_n <> p_counts[i] THEN
+                PERFORM {schema}._spark_lost(p_run, p_parts[i], p_counts[i], v_n);
+            END IF;
+            SELECT s.seq, octet_length(s.payload) AS size, s.priority, s.delay_ms,
+                   s.headers IS NOT NULL AND jsonb_typeof(s.headers) <> 'object' AS badh
+              INTO v_bad
+              FROM {schema}.spark_stage s
+             WHERE s.part = p_parts[i]
+               AND (octet_length(s.payload) > q.max_payload_bytes OR s.priority NOT BETWEEN -100 AND 100
+                    OR s.delay_ms < 0 OR jsonb_typeof(s.headers) <> 'object')
+             ORDER BY s.seq
+             LIMIT 1;
+            SELECT v_total + count(*) INTO v_ord
+              FROM {schema}.spark_stage s WHERE s.part = p_parts[i] AND s.seq <= v_bad.seq;
+            IF v_bad.size > q.max_payload_bytes THEN
+                RAISE EXCEPTION 'message % payload is % bytes; queue % allows at most %', v_ord,
+                    v_bad.size, quote_literal(q.name), q.max_payload_bytes USING ERRCODE = 'LQ003';
+            ELSIF v_bad.badh THEN
+                PERFORM {schema}._invalid(format('message %s headers must be a JSON object', v_ord));
+            ELSIF v_bad.delay_ms < 0 THEN
+                PERFORM {schema}._invalid(format('message %s delay must be >= 0', v_ord));
+            ELSE
+                PERFORM {schema}._invalid(format('message %s priority %s is outside -100..100',
+                                                 v_ord, v_bad.priority));
+            END IF;
+        END IF;
+        v_total := v_total + v_n;
+    END LOOP;
+    IF v_total > 0 THEN
+        INSERT INTO {schema}.sent_count (queue_id, n) VALUES (q.id, v_total);
+        INSERT INTO {schema}.queue_stat (queue_id, minute, sent) VALUES (q.id, p_now / 60000, v_total);
+    END IF;
+    RETURN v_total;
 END $$;
 
 -- Drop what a failed write staged: every part of p_run, plus p_parts. Returns rows deleted.
@@ -298,24 +411,138 @@ BEGIN
     RETURN v_n;
 END $$;
 
--- The deliveries of one chunk of a stream batch that are still this stream's (token matches).
+-- The query behind spark_stream_read and spark_stream_read_packed: the deliveries of chunk $3
+-- of batch $2 of stream $1 that are still this stream's (token matches), as the read columns of
+-- spark_read_messages, in delivery order; with p_paged also their position in the chunk (ord),
+-- only those after $4. Builds constant text: IMMUTABLE.
+CREATE OR REPLACE FUNCTION {schema}._spark_stream_sql(p_paged boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'SELECT q.name, m.id, ''leased''::text, m.payload, m.content_type, m.kind, m.key, m.channel,'
+        || ' m.headers::text, m.priority, m.attempts, m.deliveries, m.enqueued_at, m.scheduled_at,'
+        || ' m.dequeue_at, NULL::bigint, m.last_error, m.state::text'
+        || CASE WHEN p_paged THEN ', t.ord' ELSE '' END
+        || ' FROM {schema}.spark_stream_batch b'
+        || ' JOIN {schema}.spark_stream s ON s.stream_id = b.stream_id'
+        || ' JOIN {schema}.queue q ON q.name = s.queue'
+        || ' CROSS JOIN LATERAL unnest(b.ids, b.tokens) WITH ORDINALITY AS t(id, token, ord)'
+        || ' JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token'
+        || ' WHERE b.stream_id = $1 AND b.batch_id = $2 AND b.chunk = $3'
+        || CASE WHEN p_paged THEN ' AND t.ord > $4' ELSE '' END
+        || ' ORDER BY t.ord'
+$$;
+
+-- The deliveries of one chunk of a stream batch that are still this stream's (token matches),
+-- in delivery order (_spark_stream_sql). Reads spark_stream_batch, spark_stream, queue, message.
 CREATE OR REPLACE FUNCTION {schema}.spark_stream_read(p_stream uuid, p_batch bigint, p_chunk integer)
 RETURNS TABLE (queue text, id bigint, status text, payload bytea, content_type text, kind text,
                key text, channel text, headers text, priority smallint, attempts integer,
                deliveries integer, enqueued_at bigint, scheduled_at bigint, dequeue_at bigint,
                archived_at bigint, last_error text, state text)
-LANGUAGE sql STABLE AS $$
-    SELECT q.name, m.id, 'leased', m.payload, m.content_type, m.kind, m.key, m.channel,
-           m.headers::text, m.priority, m.attempts, m.deliveries, m.enqueued_at, m.scheduled_at,
-           m.dequeue_at, NULL::bigint, m.last_error, m.state::text
-      FROM {schema}.spark_stream_batch b
-      JOIN {schema}.spark_stream s ON s.stream_id = b.stream_id
-      JOIN {schema}.queue q ON q.name = s.queue
-     CROSS JOIN LATERAL unnest(b.ids, b.tokens) WITH ORDINALITY AS t(id, token, ord)
-      JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token
-     WHERE b.stream_id = p_stream AND b.batch_id = p_batch AND b.chunk = p_chunk
-     ORDER BY t.ord
-$$;
+LANGUAGE plpgsql STABLE AS $$
+-- Intended exceptions to plpgsql_check, which cannot see into dynamic SQL: the EXECUTEd text is
+-- constant (_spark_stream_sql; the values go through USING), the OUT columns are filled by it,
+-- and it reads tables, so STABLE, not IMMUTABLE.
+-- @plpgsql_check_options: security_warnings = false, extra_warnings = false, performance_warnings = false
+BEGIN
+    RETURN QUERY EXECUTE {schema}._spark_stream_sql(false) USING p_stream, p_batch, p_chunk;
+END $$;
+
+-- A page of one chunk of a stream batch (as spark_stream_read), packed for Arrow like
+-- spark_read_packed: at most p_limit deliveries after position p_after (0: from the start);
+-- last_key is the position the next page starts after (row_count 0: the chunk is done). Only the stream's own queue p_queue (the shard router
+-- routes by it): another queue's stream reads nothing. Reads spark_stream_batch, spark_stream,
+-- queue, message.
+CREATE OR REPLACE FUNCTION {schema}.spark_stream_read_packed(
+    p_queue   text,
+    p_stream  uuid,
+    p_batch   bigint,
+    p_chunk   integer,
+    p_columns text[],
+    p_after   bigint  DEFAULT 0,
+    p_limit   integer DEFAULT 10000
+) RETURNS TABLE (row_count integer, last_key bigint, packed bytea[])
+LANGUAGE plpgsql STABLE AS $$
+-- Intended exceptions to plpgsql_check, which cannot see into dynamic SQL: the EXECUTEd text is
+-- made of constant fragments only (_spark_stream_sql, _spark_pack_sql; the values go through
+-- USING), the OUT columns are filled by it, and it reads tables, so STABLE, not IMMUTABLE.
+-- @plpgsql_check_options: security_warnings = false, extra_warnings = false, performance_warnings = false
+BEGIN
+    PERFORM {schema}._spark_check_page(p_limit);
+    IF NOT EXISTS (SELECT FROM {schema}.spark_stream s WHERE s.stream_id = p_stream AND s.queue = p_queue) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE {schema}._spark_pack_sql({schema}._spark_stream_sql(true) || ' LIMIT $5',
+                                                   'ord', p_columns)
+        USING p_stream, p_batch, p_chunk, p_after, p_limit;
+END $$;
+
+-- Raises LQ002 unless a packed read's page size is sensible: 1..1,000,000 rows.
+CREATE OR REPLACE FUNCTION {schema}._spark_check_page(p_limit integer) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000000 THEN
+        PERFORM {schema}._invalid('a page is 1 to 1,000,000 rows');
+    END IF;
+END $$;
+
+-- The query of a packed read: the rows of p_inner (a query whose select list is the read
+-- columns of spark_read_messages in their order, then, for p_key 'ord', the rows' position;
+-- ordered by p_key, with a LIMIT) as ONE row: row_count, last_key (the greatest p_key) and
+-- packed: for each name in p_columns, in that order, its values packed so that a reader can
+-- make Arrow arrays of them without a step per row:
+--   id, enqueued_at, scheduled_at (never NULL)  one element: int8send of every value, concatenated;
+--   dequeue_at, archived_at                     two: a validity byte per row (1: a value), the
+--                                               int8send values (0 where NULL);
+--   priority / attempts, deliveries             one: int2send / int4send of every value;
+--   payload and the text columns (status,       two: int4send of every length in bytes (-1:
+--   content_type, kind, key, channel, headers,  NULL), the values concatenated (text as UTF-8).
+--   last_error, state)
+-- A value is at most 1 GB: the caller sizes its pages (a page too large fails with SQLSTATE
+-- 54000 and can be asked again, smaller). Raises LQ002 for any other name (queue: the caller's
+-- constant). Builds text from its arguments' whitelisted names and constant fragments only:
+-- IMMUTABLE.
+CREATE OR REPLACE FUNCTION {schema}._spark_pack_sql(p_inner text, p_key text, p_columns text[])
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_names text := 'queue, id, status, payload, content_type, kind, key, channel, headers, priority,'
+                 || ' attempts, deliveries, enqueued_at, scheduled_at, dequeue_at, archived_at,'
+                 || ' last_error, state';
+    v_none  constant text := '''''::bytea';
+    v_aggs  text[] := ARRAY[]::text[];
+    v_c     text;
+BEGIN
+    IF p_key IS NULL OR p_key NOT IN ('id', 'ord') THEN
+        PERFORM {schema}._invalid('the key of a packed read is id or ord');
+    END IF;
+    IF p_key = 'ord' THEN
+        v_names := v_names || ', ord';
+    END IF;
+    FOREACH v_c IN ARRAY coalesce(p_columns, ARRAY[]::text[]) LOOP
+        IF v_c IN ('id', 'enqueued_at', 'scheduled_at') THEN
+            v_aggs := array_append(v_aggs, 'string_agg(int8send(r.' || v_c || '), ' || v_none || ')');
+        ELSIF v_c IN ('dequeue_at', 'archived_at') THEN
+            v_aggs := array_append(v_aggs, 'string_agg(CASE WHEN r.' || v_c || ' IS NULL THEN ''\x00''::bytea'
+                                           || ' ELSE ''\x01''::bytea END, ' || v_none || ')');
+            v_aggs := array_append(v_aggs, 'string_agg(int8send(coalesce(r.' || v_c || ', 0)), ' || v_none || ')');
+        ELSIF v_c = 'priority' THEN
+            v_aggs := array_append(v_aggs, 'string_agg(int2send(r.priority), ' || v_none || ')');
+        ELSIF v_c IN ('attempts', 'deliveries') THEN
+            v_aggs := array_append(v_aggs, 'string_agg(int4send(r.' || v_c || '), ' || v_none || ')');
+        ELSIF v_c = 'payload' THEN
+            v_aggs := array_append(v_aggs, 'string_agg(int4send(octet_length(r.payload)), ' || v_none || ')');
+            v_aggs := array_append(v_aggs, 'string_agg(r.payload, ' || v_none || ')');
+        ELSIF v_c IN ('status', 'content_type', 'kind', 'key', 'channel', 'headers', 'last_error', 'state') THEN
+            v_aggs := array_append(v_aggs, 'string_agg(int4send(coalesce(octet_length(convert_to(r.' || v_c
+                                           || ', ''UTF8'')), -1)), ' || v_none || ')');
+            v_aggs := array_append(v_aggs, 'string_agg(convert_to(r.' || v_c || ', ''UTF8''), ' || v_none || ')');
+        ELSE
+            PERFORM {schema}._invalid(format('a packed read has no column %s', quote_literal(v_c)));
+        END IF;
+    END LOOP;
+    RETURN 'SELECT count(*)::integer, max(r.' || p_key || '), ARRAY[' || array_to_string(v_aggs, ', ')
+        || ']::bytea[] FROM (' || p_inner || ') AS r(' || v_names || ')';
+END $$;
 
 -- The id range [lo, hi] of a queue's live messages ('messages') or archive ('archive', 'dead').
 CREATE OR REPLACE FUNCTION {schema}.spark_id_range(p_queue text, p_table text)
@@ -339,7 +566,9 @@ END $$;
 -- key, key on message_key_idx (a prefix too when the database collation is C), channel on
 -- message_channel_idx, status and archived_at on archive_status_idx. Values are never in the
 -- text: the query reads them as $1..$15, in the parameter order of the two read functions ($4:
--- the instant status is judged at for messages, the one status for the archive). Builds text
+-- the instant status is judged at for messages, the one status for the archive). The queue is
+-- a scalar subquery, not a join, so that an id range is one scan of the primary key in id order
+-- (spark_read_packed pages through it with ORDER BY id LIMIT, without a sort). Builds text
 -- from its arguments only: IMMUTABLE.
 CREATE OR REPLACE FUNCTION {schema}._spark_read_sql(
     p_table      text,
@@ -358,20 +587,22 @@ DECLARE
                                     'x.scheduled_at >= $12', 'x.scheduled_at <= $13'];
 BEGIN
     IF p_table = 'messages' THEN
-        v_sql := 'SELECT q.name, x.id, st.status, x.payload, x.content_type, x.kind, x.key, x.channel,'
+        v_sql := 'SELECT $1, x.id, st.status, x.payload, x.content_type, x.kind, x.key, x.channel,'
               || ' x.headers::text, x.priority, x.attempts, x.deliveries, x.enqueued_at, x.scheduled_at,'
               || ' x.dequeue_at, NULL::bigint, x.last_error, x.state::text'
-              || ' FROM {schema}.queue q JOIN {schema}.message x ON x.queue_id = q.id'
+              || ' FROM {schema}.message x'
               || ' CROSS JOIN LATERAL (SELECT CASE WHEN x.dequeue_at <= $4 THEN ''ready'''
               || ' WHEN x.leased THEN ''leased'' ELSE ''scheduled'' END AS status) st'
-              || ' WHERE q.name = $1 AND x.id >= $2 AND x.id < $3';
+              || ' WHERE x.queue_id = (SELECT q.id FROM {schema}.queue q WHERE q.name = $1)'
+              || ' AND x.id >= $2 AND x.id < $3';
         v_time := v_time || ARRAY['x.dequeue_at >= $14', 'x.dequeue_at <= $15'];
     ELSE
-        v_sql := 'SELECT q.name, x.id, x.status AS status, x.payload, x.content_type, x.kind, x.key,'
+        v_sql := 'SELECT $1, x.id, x.status AS status, x.payload, x.content_type, x.kind, x.key,'
               || ' x.channel, x.headers::text, x.priority, x.attempts, x.deliveries, x.enqueued_at,'
               || ' x.scheduled_at, NULL::bigint, x.archived_at, x.last_error, x.state::text'
-              || ' FROM {schema}.queue q JOIN {schema}.archive x ON x.queue_id = q.id'
-              || ' WHERE q.name = $1 AND x.id >= $2 AND x.id < $3';
+              || ' FROM {schema}.archive x'
+              || ' WHERE x.queue_id = (SELECT q.id FROM {schema}.queue q WHERE q.name = $1)'
+              || ' AND x.id >= $2 AND x.id < $3';
         IF p_status IS NOT NULL THEN
             v_sql := v_sql || ' AND x.status = $4';
         END IF;
@@ -484,6 +715,71 @@ BEGIN
             ARRAY[p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi, p_archived_lo, p_archived_hi])
         USING p_queue, p_lo, p_hi, p_status, p_keys, p_key_prefix, p_channels, p_kinds, p_statuses,
               p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi, p_archived_lo, p_archived_hi;
+END $$;
+
+-- A page of a batch read, packed for Arrow (_spark_pack_sql): p_queue's live messages
+-- (p_table 'messages'), its archive ('archive') or its dead letters ('dead') with
+-- p_lo <= id < p_hi that pass the pushed-down filters, as spark_read_messages and
+-- spark_read_archive return them (the same query, _spark_read_sql), in id order: at most
+-- p_limit rows of p_columns (the read columns to return, queue excepted). row_count 0: nothing
+-- left; else the next page starts after last_key.
+-- status is judged at p_now, else when the transaction started: the pages of one transaction
+-- (a REPEATABLE READ one reads one snapshot) agree. Reads queue, message or archive.
+CREATE OR REPLACE FUNCTION {schema}.spark_read_packed(
+    p_queue        text,
+    p_table        text,
+    p_columns      text[],
+    p_lo           bigint,
+    p_hi           bigint,
+    p_limit        integer DEFAULT 10000,
+    p_now          bigint DEFAULT NULL,
+    p_keys         text[] DEFAULT NULL,
+    p_key_prefix   text   DEFAULT NULL,
+    p_channels     text[] DEFAULT NULL,
+    p_kinds        text[] DEFAULT NULL,
+    p_statuses     text[] DEFAULT NULL,
+    p_enqueued_lo  bigint DEFAULT NULL,
+    p_enqueued_hi  bigint DEFAULT NULL,
+    p_scheduled_lo bigint DEFAULT NULL,
+    p_scheduled_hi bigint DEFAULT NULL,
+    p_dequeue_lo   bigint DEFAULT NULL,
+    p_dequeue_hi   bigint DEFAULT NULL,
+    p_archived_lo  bigint DEFAULT NULL,
+    p_archived_hi  bigint DEFAULT NULL
+) RETURNS TABLE (row_count integer, last_key bigint, packed bytea[])
+LANGUAGE plpgsql STABLE AS $$
+-- Intended exceptions to plpgsql_check, which cannot see into dynamic SQL: the EXECUTEd text is
+-- made of constant fragments only (_spark_read_sql, _spark_pack_sql; every value goes through
+-- USING), the OUT columns are filled by it, and it reads tables, so STABLE, not IMMUTABLE.
+-- @plpgsql_check_options: security_warnings = false, extra_warnings = false, performance_warnings = false
+DECLARE
+    v_status text := CASE WHEN p_table = 'dead' THEN 'dead' END;
+    v_table  text := CASE WHEN p_table = 'messages' THEN 'messages' ELSE 'archive' END;
+    v_sql    text;
+BEGIN
+    IF p_table IS NULL OR p_table NOT IN ('messages', 'archive', 'dead') THEN
+        PERFORM {schema}._invalid('table must be messages, archive or dead');
+    END IF;
+    PERFORM {schema}._spark_check_page(p_limit);
+    v_sql := {schema}._spark_pack_sql(
+        {schema}._spark_read_sql(
+            v_table, v_status, p_keys, p_key_prefix, p_channels, p_kinds, p_statuses,
+            ARRAY[p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi,
+                  CASE WHEN v_table = 'messages' THEN p_dequeue_lo ELSE p_archived_lo END,
+                  CASE WHEN v_table = 'messages' THEN p_dequeue_hi ELSE p_archived_hi END])
+        || ' ORDER BY x.id LIMIT $16', 'id', p_columns);
+    IF v_table = 'messages' THEN
+        RETURN QUERY EXECUTE v_sql
+            USING p_queue, p_lo, p_hi,
+                  coalesce(p_now, (extract(epoch FROM transaction_timestamp()) * 1000)::bigint),
+                  p_keys, p_key_prefix, p_channels, p_kinds, p_statuses, p_enqueued_lo, p_enqueued_hi,
+                  p_scheduled_lo, p_scheduled_hi, p_dequeue_lo, p_dequeue_hi, p_limit;
+    ELSE
+        RETURN QUERY EXECUTE v_sql
+            USING p_queue, p_lo, p_hi, v_status, p_keys, p_key_prefix, p_channels, p_kinds, p_statuses,
+                  p_enqueued_lo, p_enqueued_hi, p_scheduled_lo, p_scheduled_hi, p_archived_lo,
+                  p_archived_hi, p_limit;
+    END IF;
 END $$;
 
 -- Delete staging left by writes that never committed or aborted (driver crash, straggling

@@ -1,0 +1,435 @@
+"""Spark throughput: LonnyMQ's data source next to Spark's own JDBC connector, in one run.
+
+    python benchmarks/spark_jdbc.py --dsn postgresql://root@127.0.0.1:5432/postgres [-n 200000]
+        [--reps 3] [--master local[2]] [--jar /usr/share/java/postgresql.jar] [--quick] [--profile]
+
+The same DataFrame (n rows, a ``payload`` column of ~200 bytes of JSON, generated and cached
+before anything is timed) goes, on the same server and Spark session:
+
+* **batch write**: into a queue with ``df.write.format("lonnymq")`` (exactly once: staging COPY
+  in the tasks, one publishing commit), and into a bare table ``(id bigint identity primary
+  key, payload text)`` with ``df.write.jdbc`` (``batchsize`` 10,000, ``reWriteBatchedInserts``);
+  the queue once as text (what JDBC stores) and once with ``payloadFormat=json`` (validated);
+* **batch read** of ``id, payload``: ``spark.read.format("lonnymq")`` with its default
+  partitions, and ``spark.read.jdbc`` partitioned on ``id`` (``numPartitions`` = the session's
+  default parallelism, ``fetchsize`` 10,000), both into Spark's ``noop`` sink;
+* **streaming consumption**: ``spark.readStream.format("lonnymq")`` with ``ack=delete``,
+  ``trigger(availableNow=True)`` into the ``noop`` sink: messages consumed *and acknowledged*
+  per second, end to end (query start to the queue's last ack), next to our own batch read.
+
+Repetitions interleave the two sides (ABBA), with VACUUM ANALYZE and CHECKPOINT before every
+timed phase (a server with autovacuum off would otherwise penalise whoever runs later). Medians
+and the ratios are printed; ``--out FILE`` writes them as JSON too.
+
+``--profile`` adds the pieces outside Spark, in this process (where the time goes, and the
+floors): building the COPY data from Arrow, the staging COPY, the commit's publish, a bare COPY
+and a bare ``INSERT ... SELECT`` of the same rows, and reading them back into Arrow.
+
+JDBC needs a server on TCP and Debian's driver (``apt-get install libpostgresql-jdbc-java``,
+``/usr/share/java/postgresql.jar``). Without --dsn a throwaway embedded server is used. Works in
+a fresh schema that is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from lonnymq_bench.server import dsn_or_temporary as server
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from lonnymq import Client
+
+JAR = "/usr/share/java/postgresql.jar"
+# ~200 bytes of JSON per row, built by Spark (to_json runs in the JVM).
+PAYLOAD_SQL = (
+    "to_json(named_struct('order_id', id, 'customer', format_string('c-%06d', id % 50000),"
+    " 'status', 'created', 'amount', round((id % 997) * 1.37, 2), 'currency', 'EUR',"
+    " 'items', array(named_struct('sku', concat('SKU-', id % 313), 'qty', 1 + id % 3)),"
+    " 'region', element_at(array('eu', 'us', 'apac'), CAST(id % 3 AS INT) + 1),"
+    " 'created_at', '2024-06-01T12:34:56.789Z', 'source', 'checkout-service'))"
+)
+
+
+def payload(i: int) -> str:
+    """The payload of row ``i`` as Spark builds it (for --profile, which runs without Spark)."""
+    return json.dumps(
+        {
+            "order_id": i,
+            "customer": f"c-{i % 50000:06d}",
+            "status": "created",
+            "amount": round((i % 997) * 1.37, 2),
+            "currency": "EUR",
+            "items": [{"sku": f"SKU-{i % 313}", "qty": 1 + i % 3}],
+            "region": ("eu", "us", "apac")[i % 3],
+            "created_at": "2024-06-01T12:34:56.789Z",
+            "source": "checkout-service",
+        },
+        separators=(",", ":"),
+    )
+
+
+class Bench:
+    def __init__(self, dsn: str, schema: str, args: argparse.Namespace) -> None:
+        self.dsn, self.schema, self.args, self.n = dsn, schema, args, args.n
+        self.s = sql.Identifier(schema)
+        self.results: dict[str, list[float]] = {}
+
+    def sql(self, text: str, *params: Any, autocommit: bool = True) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=autocommit) as conn:
+            cur = conn.execute(sql.SQL(text).format(s=self.s), params or None)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+    def settle(self, *tables: str) -> None:
+        """VACUUM ANALYZE (hint bits, visibility map, statistics) and a CHECKPOINT before a phase."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for t in tables:
+                conn.execute(sql.SQL("VACUUM ANALYZE {s}.{t}").format(s=self.s, t=sql.Identifier(t)))
+            conn.execute("CHECKPOINT")
+
+    def record(self, name: str, seconds: float) -> float:
+        self.results.setdefault(name, []).append(self.n / seconds)
+        print(f"    {name:<34} {self.n / seconds:>10,.0f} rows/s  ({seconds:5.2f} s)", flush=True)
+        return seconds
+
+    def timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        t = time.perf_counter()
+        out = fn()
+        self.record(name, time.perf_counter() - t)
+        return out
+
+
+def jdbc_url(dsn: str) -> tuple[str, dict[str, str]]:
+    d = conninfo_to_dict(dsn)
+    host = str(d.get("host") or d.get("hostaddr") or "127.0.0.1")
+    if host.startswith("/"):
+        raise SystemExit("spark_jdbc: JDBC needs a TCP server: give --dsn with host=...")
+    url = f"jdbc:postgresql://{host}:{d.get('port') or 5432}/{d.get('dbname') or 'postgres'}"
+    props = {
+        "user": str(d.get("user") or os.environ.get("USER", "postgres")),
+        "driver": "org.postgresql.Driver",
+    }
+    if d.get("password"):
+        props["password"] = str(d["password"])
+    return url, props
+
+
+def run_spark(b: Bench) -> None:
+    from pyspark.sql import SparkSession
+
+    import lonnymq.spark
+
+    args = b.args
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("lonnymq-spark-jdbc")
+        .config("spark.jars", args.jar)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    lonnymq.spark.register(spark)
+    parallelism = spark.sparkContext.defaultParallelism
+    url, props = jdbc_url(b.dsn)
+    table = f'"{b.schema}".bare'
+    ours = {"dsn": b.dsn, "schema": b.schema}
+    df = spark.range(b.n, numPartitions=parallelism).selectExpr(f"{PAYLOAD_SQL} AS payload").cache()
+    size = df.selectExpr("avg(length(payload))").first()[0]
+    print(f"  {b.n:,} rows of {size:.0f}-byte JSON, {args.master} ({parallelism} tasks), {args.reps} reps")
+
+    def jdbc_write() -> None:
+        df.write.jdbc(
+            url,
+            table,
+            mode="append",
+            properties={**props, "batchsize": "10000", "reWriteBatchedInserts": "true"},
+        )
+
+    def our_write(queue: str, **options: str) -> Callable[[], None]:
+        def go() -> None:
+            df.write.format("lonnymq").options(**ours, queue=queue, **options).mode("append").save()
+
+        return go
+
+    def jdbc_read() -> int:
+        [(lo, hi)] = b.sql("SELECT min(id), max(id) FROM {s}.bare")
+        reader = spark.read.jdbc(
+            url,
+            table,
+            column="id",
+            lowerBound=lo,
+            upperBound=hi + 1,
+            numPartitions=parallelism,
+            properties={**props, "fetchsize": "10000"},
+        )
+        reader.write.format("noop").mode("overwrite").save()
+        return reader.rdd.getNumPartitions()
+
+    def our_read() -> int:
+        reader = (
+            spark.read.format("lonnymq").options(**ours, queue="q").schema("id long, payload string").load()
+        )
+        reader.write.format("noop").mode("overwrite").save()
+        return reader.rdd.getNumPartitions()
+
+    def our_stream() -> None:
+        with tempfile.TemporaryDirectory() as checkpoint:
+            query = (
+                spark.readStream.format("lonnymq")
+                .options(**ours, queue="q", ack="delete")
+                .schema("id long, payload string")
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+
+    # Warm up: the first jobs of a session start the Python workers and load the JDBC driver.
+    warm = spark.range(1000).selectExpr(f"{PAYLOAD_SQL} AS payload")
+    warm.write.format("lonnymq").options(**ours, queue="warmup").mode("append").save()
+    warm.write.jdbc(url, f'"{b.schema}".warmup', mode="append", properties=props)
+    spark.read.format("lonnymq").options(**ours, queue="warmup").load().write.format("noop").mode(
+        "overwrite"
+    ).save()
+
+    try:
+        for rep in range(args.reps):
+            print(f"  rep {rep + 1}", flush=True)
+            b.sql("TRUNCATE {s}.bare RESTART IDENTITY")
+            with Client(b.dsn, schema=b.schema, pool_size=1) as c:
+                c.purge_queue("q")
+                c.purge_queue("q_json")
+            b.sql("TRUNCATE {s}.spark_stage")
+            writes: list[tuple[str, Callable[[], None], tuple[str, ...]]] = [
+                ("write jdbc (bare table)", jdbc_write, ("bare",)),
+                ("write lonnymq (text)", our_write("q"), ("message_logged", "spark_stage")),
+                (
+                    "write lonnymq (payloadFormat=json)",
+                    our_write("q_json", payloadFormat="json"),
+                    ("message_logged", "spark_stage"),
+                ),
+            ]
+            for name, fn, tables in writes if rep % 2 == 0 else writes[::-1]:
+                b.settle(*tables)
+                b.timed(name, fn)
+            assert b.sql("SELECT count(*) FROM {s}.bare") == [(b.n,)]
+            with Client(b.dsn, schema=b.schema, pool_size=1) as c:
+                assert c.metrics("q").ready == b.n and c.metrics("q_json").ready == b.n
+            reads: list[tuple[str, Callable[[], int], tuple[str, ...]]] = [
+                ("read jdbc (partitioned)", jdbc_read, ("bare",)),
+                ("read lonnymq", our_read, ("message_logged",)),
+            ]
+            for name, fn, tables in reads if rep % 2 == 0 else reads[::-1]:
+                b.settle(*tables)
+                parts = b.timed(name, fn)
+                print(f"      ({parts} partitions)")
+            b.settle("message_logged")
+            b.timed("readStream lonnymq + ack", our_stream)
+            with Client(b.dsn, schema=b.schema, pool_size=1) as c:
+                m = c.metrics("q")
+                assert m.ready + m.leased + m.scheduled == 0, m
+    finally:
+        spark.stop()
+
+
+# -- --profile: the pieces, outside Spark --------------------------------------------------------
+
+
+def batches(n: int, size: int = 10_000) -> Iterator[Any]:
+    import pyarrow as pa
+
+    for lo in range(0, n, size):
+        yield pa.RecordBatch.from_pydict(
+            {"payload": pa.array([payload(i) for i in range(lo, min(n, lo + size))])}
+        )
+
+
+def run_profile(b: Bench) -> None:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from lonnymq.spark import _read, _write
+    from lonnymq.spark._conf import Target
+
+    print("  profile (one process, no Spark):")
+    data = list(batches(b.n))
+    schema = StructType([StructField("payload", StringType())])
+    target = Target(b.dsn, b.schema, "p")
+    with Client(b.dsn, schema=b.schema, pool_size=1) as c:
+        c.create_queue("p")
+    for fmt in ("text", "json"):
+        encoder = _write.Encoder(_write.Plan.build(schema, {"payloadFormat": fmt}))
+        b.timed(f"encode Arrow -> COPY data ({fmt})", lambda e=encoder: [e.copy_data(x, 1, 0) for x in data])
+    plan = _write.Plan.build(schema, {"payloadFormat": "json"})
+    b.settle("spark_stage", "message_logged")
+    run = str(uuid.uuid4())
+    staged = b.timed("stage: encode + COPY (json)", lambda: _write.stage(target, plan, run, iter(data)))
+    b.timed("commit: publish staged rows", lambda: _write.commit(target, run, [staged], "ignore"))
+    # Floors: the same rows into a bare table by COPY, and a bare set-wise publish.
+    b.sql("CREATE TABLE {s}.floor_bare (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, payload text)")
+    b.sql("CREATE UNLOGGED TABLE {s}.floor_stage (part bigint, seq int, payload bytea)")
+    b.sql("CREATE INDEX ON {s}.floor_stage (part, seq)")
+
+    def copy_bare() -> None:
+        with psycopg.connect(b.dsn) as conn, conn.cursor() as cur:
+            q = sql.SQL("COPY {s}.floor_bare (payload) FROM STDIN").format(s=b.s)
+            with cur.copy(q) as cp:
+                for x in data:  # the payloads hold no tab, newline or backslash: text format as is
+                    cp.write("\n".join(x.column(0).to_pylist()) + "\n")
+
+    b.timed("floor: COPY text into a bare table", copy_bare)
+
+    def stage_bare() -> None:
+        with psycopg.connect(b.dsn) as conn, conn.cursor() as cur:
+            q = sql.SQL("COPY {s}.floor_stage (part, seq, payload) FROM STDIN (FORMAT BINARY)").format(s=b.s)
+            with cur.copy(q) as cp:
+                cp.set_types(["int8", "int4", "bytea"])
+                seq = 0
+                for x in data:
+                    for v in x.column(0).to_pylist():
+                        cp.write_row((1, seq, v.encode()))
+                        seq += 1
+
+    b.timed("floor: COPY rows into a bare staging", stage_bare)
+    b.settle("floor_stage")
+    b.sql("CREATE TABLE {s}.floor_msg (LIKE {s}.message_logged INCLUDING DEFAULTS INCLUDING INDEXES)")
+    b.timed(
+        "floor: bare INSERT ... SELECT publish",
+        lambda: b.sql(
+            "INSERT INTO {s}.floor_msg (queue_id, id, dequeue_at, scheduled_at, enqueued_at, gen, payload)"
+            " SELECT 1, nextval('{s}.message_id_seq'), 0, 0, 0, 0, payload FROM {s}.floor_stage"
+            " WHERE part = 1 ORDER BY seq"
+        ),
+    )
+    b.timed("floor: DELETE the staged rows", lambda: b.sql("DELETE FROM {s}.floor_stage WHERE part = 1"))
+
+    # Reads: our partition reader into Arrow, and the raw bytes of a binary COPY of the rows.
+    b.settle("message_logged")
+    reader = _read.BatchReader(
+        {"dsn": b.dsn, "schema": b.schema, "queue": "p"},
+        StructType([StructField("id", LongType()), StructField("payload", StringType())]),
+        {},
+    )
+    whole = _read.IdRange(0, 2**62)
+    b.timed("read: one partition into Arrow", lambda: sum(x.num_rows for x in reader.read(whole)))
+
+    def copy_out() -> int:
+        n = 0
+        with psycopg.connect(b.dsn) as conn, conn.cursor() as cur:
+            q = sql.SQL("COPY (SELECT id, payload FROM {s}.message) TO STDOUT (FORMAT BINARY)").format(s=b.s)
+            with cur.copy(q) as cp:
+                for chunk in cp:
+                    n += len(chunk)
+        return n
+
+    b.timed("floor: COPY id, payload TO STDOUT", copy_out)
+
+    # Streaming consumption: the leases (core take, logged) and the acks (core ack) of the
+    # stream's SQL, and their floor: one bare UPDATE of the same rows, one bare DELETE.
+    stream = uuid.uuid4()
+    b.settle("message_logged")
+    b.timed(
+        "stream: plan = take all (SQL)",
+        lambda: b.sql("SELECT * FROM {s}.spark_stream_next(%s, 'p', 0, NULL, 10000)", stream),
+    )
+    b.timed(
+        "stream: commit = ack all (SQL)",
+        lambda: b.sql("SELECT {s}.spark_stream_commit(%s, 1, false)", stream),
+    )
+    b.settle("floor_msg")
+    ids = b.timed(
+        "floor: bare lock + UPDATE (lease)",
+        lambda: b.sql(
+            "WITH c AS (SELECT id FROM {s}.floor_msg WHERE queue_id = 1 AND channel IS NULL AND dequeue_at <= 1"
+            " ORDER BY dequeue_at, id FOR UPDATE SKIP LOCKED)"
+            " UPDATE {s}.floor_msg m SET dequeue_at = 600000, attempts = m.attempts + 1,"
+            " deliveries = m.deliveries + 1, leased = true FROM c WHERE m.queue_id = 1 AND m.id = c.id"
+            " RETURNING m.id"
+        ),
+    )
+    b.timed(
+        "floor: bare DELETE (ack)",
+        lambda: b.sql("DELETE FROM {s}.floor_msg WHERE queue_id = 1 AND id = ANY (%s)", [i for (i,) in ids]),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dsn", help="server (TCP, for JDBC); default: a throwaway embedded one")
+    ap.add_argument("-n", type=int, default=200_000, help="rows (default 200,000)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--jar", default=JAR, help=f"the PostgreSQL JDBC driver (default {JAR})")
+    ap.add_argument("--quick", action="store_true", help="20,000 rows, one repetition")
+    ap.add_argument("--profile", action="store_true", help="also time the pieces outside Spark")
+    ap.add_argument("--no-spark", action="store_true", help="only --profile")
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = ap.parse_args()
+    if args.quick:
+        args.n, args.reps = 20_000, 1
+    if not args.no_spark and not Path(args.jar).exists():
+        raise SystemExit(
+            f"spark_jdbc: no JDBC driver at {args.jar} (apt-get install libpostgresql-jdbc-java)"
+        )
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+    with server(args.dsn) as dsn:
+        schema = f"bench_{uuid.uuid4().hex[:8]}"
+        b = Bench(dsn, schema, args)
+        try:
+            with Client(dsn, schema=schema, pool_size=1) as c:
+                c.migrate()
+                for q in ("q", "q_json", "warmup"):
+                    c.create_queue(q)
+            b.sql(
+                "CREATE TABLE {s}.bare (id bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY, payload text NOT NULL)"
+            )
+            print(f"lonnymq Spark data source vs Spark JDBC ({dsn.split('@')[-1]}, {os.cpu_count()} cores)")
+            if not args.no_spark:
+                run_spark(b)
+            if args.profile:
+                run_profile(b)
+        finally:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    report(b)
+
+
+def report(b: Bench) -> None:
+    med = {k: statistics.median(v) for k, v in b.results.items()}
+    print("\nmedians (rows/s):")
+    for k, v in med.items():
+        print(f"  {k:<36} {v:>10,.0f}")
+    ratios = {}
+    for name, ours, theirs in [
+        ("batch write, text / JDBC", "write lonnymq (text)", "write jdbc (bare table)"),
+        ("batch write, json / JDBC", "write lonnymq (payloadFormat=json)", "write jdbc (bare table)"),
+        ("batch read / JDBC", "read lonnymq", "read jdbc (partitioned)"),
+        ("readStream + ack / our batch read", "readStream lonnymq + ack", "read lonnymq"),
+    ]:
+        if ours in med and theirs in med:
+            ratios[name] = med[ours] / med[theirs]
+            print(f"  ratio {name:<34} {ratios[name]:5.2f}x")
+    if b.args.out:
+        b.args.out.write_text(
+            json.dumps({"n": b.n, "runs": b.results, "medians": med, "ratios": ratios}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()
