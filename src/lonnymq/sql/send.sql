@@ -387,8 +387,9 @@ BEGIN
        AND (p_headers IS NULL OR jsonb_typeof(p_headers) = 'object')
        AND p_on_conflict IN ('ignore', 'replace', 'error') THEN
         v_at := coalesce(p_at_ms, v_now + coalesce(p_delay_ms, 0));
-        IF p_send_key IS NULL THEN
-            RETURN QUERY
+        -- With p_send_key, the key's row takes the message's id first; a key the queue has
+        -- recorded (or that a running call holds: the insert waits for it) inserts nothing.
+        RETURN QUERY
             WITH q AS (
                 SELECT x.id, x.priority_step_ms, g.gen
                   FROM {schema}.queue x
@@ -414,55 +415,20 @@ BEGIN
                    -- Still the current generation now that we hold it (else send_batch).
                    AND g.gen = (SELECT s.last_value FROM {schema}.message_gen_seq s
                                  WHERE s.last_value >= g.gen)
-            ), ins AS (
-                INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
-                                                  priority, kind, content_type, headers, payload)
-                SELECT q.id, q.gen, {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at,
-                       v_now, v_prio, p_kind, p_content_type, p_headers, p_payload
-                  FROM q
-                RETURNING m.id, m.queue_id
-            ), cnt AS (
-                INSERT INTO {schema}.sent_count (queue_id, n) SELECT ins.queue_id, 1 FROM ins
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
-                SELECT ins.queue_id, v_now / 60000, 1 FROM ins
-            )
-            SELECT ins.id, 'created'::text FROM ins;
-        ELSE
-            -- The same, with the key's row, which takes the message's id; a key the queue has
-            -- recorded (or that a running call holds: the insert waits for it) inserts nothing.
-            RETURN QUERY
-            WITH q AS (
-                SELECT x.id, x.priority_step_ms, g.gen
-                  FROM {schema}.queue x
-                 CROSS JOIN LATERAL (
-                       SELECT s.last_value AS gen,
-                              pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
-                                                           (s.last_value % 2147483647)::integer)::text AS held,
-                              CASE WHEN current_setting('lonnymq.wake', true) = 'always'
-                                     OR NOT pg_try_advisory_xact_lock_shared(
-                                            hashtext({schema_name} || '/send') & 2147483647, x.id)
-                                   THEN pg_notify({schema_name}, x.name)::text
-                                   WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
-                                   THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
-                                   ELSE pg_notify({schema_name}, x.name)::text END AS woke
-                         FROM {schema}.message_gen_seq s
-                       OFFSET 0) g
-                 WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
-                   AND g.held IS NOT NULL AND g.woke IS NOT NULL
-                   AND g.gen = (SELECT s.last_value FROM {schema}.message_gen_seq s
-                                 WHERE s.last_value >= g.gen)
             ), k AS (
                 INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
                 SELECT q.id, p_send_key, v_now, ARRAY[nextval('{schema}.message_id_seq')] FROM q
+                 WHERE p_send_key IS NOT NULL
                 ON CONFLICT (queue_id, key) DO NOTHING
                 RETURNING k.queue_id, k.ids[1] AS id
             ), ins AS (
                 INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
                                                   priority, kind, content_type, headers, payload)
-                SELECT q.id, k.id, q.gen, {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now),
-                       v_at, v_now, v_prio, p_kind, p_content_type, p_headers, p_payload
-                  FROM q JOIN k ON k.queue_id = q.id
+                SELECT q.id, coalesce(k.id, nextval('{schema}.message_id_seq')), q.gen,
+                       {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at, v_now, v_prio,
+                       p_kind, p_content_type, p_headers, p_payload
+                  FROM q LEFT JOIN k ON k.queue_id = q.id
+                 WHERE p_send_key IS NULL OR k.id IS NOT NULL
                 RETURNING m.id, m.queue_id
             ), cnt AS (
                 INSERT INTO {schema}.sent_count (queue_id, n) SELECT ins.queue_id, 1 FROM ins
@@ -471,7 +437,6 @@ BEGIN
                 SELECT ins.queue_id, v_now / 60000, 1 FROM ins
             )
             SELECT ins.id, 'created'::text FROM ins;
-        END IF;
         IF FOUND THEN
             RETURN;
         END IF;
