@@ -70,8 +70,10 @@ def dsn(server: object | None) -> Iterator[str]:
     if server is not None or WORKER is None:
         yield dsn
         return
-    # A shared server under xdist: this worker's own database.
-    name = f"{conninfo_to_dict(dsn).get('dbname') or 'postgres'}_{WORKER}"
+    # A shared server under xdist: this worker's own database, named after this run too (two
+    # runs on one server, e.g. two engineers', must not drop each other's databases).
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:8]
+    name = f"{conninfo_to_dict(dsn).get('dbname') or 'postgres'}_{WORKER}_{run}"
     db = sql.Identifier(name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(db))
