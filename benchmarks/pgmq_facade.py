@@ -5,11 +5,14 @@ facade / native and facade / pgmq.
 
     python benchmarks/pgmq_facade.py --dsn postgresql://root@127.0.0.1:5432/test
 
-Each side runs on one autocommit connection, one statement per message (batch send: ``--batch``
-per statement), with the benchmark suite's ~200-byte JSON payload, for ``--seconds`` per phase;
-phases repeat ``--reps`` times, the sides in a rotating order within each operation, and every
-ratio is taken within one repetition, then the median. Before each phase the side's queue is
-emptied (and, for read + delete and pop, refilled with a backlog), vacuumed and checkpointed.
+Each side runs on one autocommit connection, one statement per message (read + delete: two;
+batch send: ``--batch`` messages per statement), with the benchmark suite's ~200-byte JSON
+payload. The sides take turns call by call (facade, native, pgmq, facade, ...) for ``--seconds``
+each, every call timed, so a busy machine's drifts hit the three alike; a side's rate is its
+messages over the time spent in its calls. That repeats ``--reps`` times per operation, and
+every ratio is taken within one repetition, then the median. Before each repetition of an
+operation the queues are emptied (and, for read + delete and pop, refilled with ``--backlog``
+messages), vacuumed and checkpointed.
 
 Two scratch databases on the server (the role must be allowed to CREATE DATABASE):
 ``<prefix>_facade`` holds LonnyMQ with the facade (``migrate(pgmq=True)``; the facade's queue
@@ -54,8 +57,8 @@ DELETE = "SELECT pgmq.delete(queue_name=>%s::text, msg_id=>%s::bigint)"
 POP = "SELECT msg_id, message FROM pgmq.pop(queue_name=>%s::text, qty=>%s)"
 MSGS = [payload(i) for i in range(1000)]
 
-#: One timed phase: runs until the monotonic deadline; returns the messages handled.
-Work = Callable[[float], int]
+#: One unit of an operation (one message; a batch for batch send): returns the messages handled.
+Unit = Callable[[int], int]
 
 
 @dataclass
@@ -63,7 +66,7 @@ class Side:
     name: str
     dsn: str
     tables: tuple[str, ...]
-    work: dict[str, Work]
+    units: dict[str, Unit]
     fill: Callable[[int], None]  # n ready messages, untimed
     clear: Callable[[], None]
 
@@ -71,37 +74,23 @@ class Side:
 def pgmq_side(name: str, dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
     """The four operations through ``pgmq.*`` on ``queue``: the facade's or pgmq's own."""
 
-    def send(deadline: float) -> int:
-        n = 0
-        while time.monotonic() < deadline:
-            c.execute(SEND, [queue, Jsonb(MSGS[n % 1000])]).fetchall()
-            n += 1
-        return n
+    def send(i: int) -> int:
+        c.execute(SEND, [queue, Jsonb(MSGS[i % 1000])]).fetchall()
+        return 1
 
-    def read_delete(deadline: float) -> int:
-        n = 0
-        while time.monotonic() < deadline:
-            row = c.execute(READ, [queue, VT, 1]).fetchone()
-            if row is None:
-                break
-            c.execute(DELETE, [queue, row[0]]).fetchall()
-            n += 1
-        return n
+    def read_delete(i: int) -> int:
+        row = c.execute(READ, [queue, VT, 1]).fetchone()
+        if row is None:
+            return 0
+        c.execute(DELETE, [queue, row[0]]).fetchall()
+        return 1
 
-    def pop(deadline: float) -> int:
-        n = 0
-        while time.monotonic() < deadline:
-            if c.execute(POP, [queue, 1]).fetchone() is None:
-                break
-            n += 1
-        return n
+    def pop(i: int) -> int:
+        return 0 if c.execute(POP, [queue, 1]).fetchone() is None else 1
 
-    def send_batch(deadline: float) -> int:
-        n = 0
-        while time.monotonic() < deadline:
-            c.execute(SEND_BATCH, [queue, [Jsonb(m) for m in MSGS[:batch]]]).fetchall()
-            n += batch
-        return n
+    def send_batch(i: int) -> int:
+        c.execute(SEND_BATCH, [queue, [Jsonb(m) for m in MSGS[:batch]]]).fetchall()
+        return batch
 
     def fill(n: int) -> None:
         for start in range(0, n, 1000):
@@ -111,9 +100,9 @@ def pgmq_side(name: str, dsn: str, c: psycopg.Connection[Any], queue: str, batch
     def clear() -> None:
         c.execute("SELECT pgmq.purge_queue(%s)", [queue])
 
-    work: dict[str, Work] = {"send": send, "read+delete": read_delete, "pop": pop, "batch send": send_batch}
+    units: dict[str, Unit] = {"send": send, "read+delete": read_delete, "pop": pop, "batch send": send_batch}
     tables = ("lonnymq.message",) if name == "facade" else (f"pgmq.q_{queue}", f"pgmq.a_{queue}")
-    return Side(name, dsn, tables, work, fill, clear)
+    return Side(name, dsn, tables, units, fill, clear)
 
 
 def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
@@ -130,38 +119,24 @@ def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) ->
     send_op = getattr(ops, "send", None)
     pop_op = getattr(ops, "pop", None)
 
-    def send(deadline: float) -> int:
-        n = 0
-        while time.monotonic() < deadline:
-            msg = MSGS[n % 1000]
-            call(send_op(queue, msg) if send_op is not None else ops.send_batch(queue, [msg]))
-            n += 1
-        return n
+    def send(i: int) -> int:
+        msg = MSGS[i % 1000]
+        call(send_op(queue, msg) if send_op is not None else ops.send_batch(queue, [msg]))
+        return 1
 
-    def take_ack(deadline: float) -> int:
-        n = 0
-        while time.monotonic() < deadline:
-            got = call(ops.take(queue, 1))
-            if not got:
-                break
-            call(ops.ack(got))
-            n += 1
-        return n
+    def take_ack(i: int) -> int:
+        got = call(ops.take(queue, 1))
+        if not got:
+            return 0
+        call(ops.ack(got))
+        return 1
 
-    def pop(deadline: float) -> int:
-        n = 0
-        while time.monotonic() < deadline:
-            if not call(pop_op(queue) if pop_op is not None else ops.take_tx(queue, 1)):
-                break
-            n += 1
-        return n
+    def pop(i: int) -> int:
+        return 1 if call(pop_op(queue) if pop_op is not None else ops.take_tx(queue, 1)) else 0
 
-    def send_batch(deadline: float) -> int:
-        n = 0
-        while time.monotonic() < deadline:
-            call(ops.send_batch(queue, MSGS[:batch]))
-            n += batch
-        return n
+    def send_batch(i: int) -> int:
+        call(ops.send_batch(queue, MSGS[:batch]))
+        return batch
 
     def fill(n: int) -> None:
         for start in range(0, n, 1000):
@@ -170,28 +145,40 @@ def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) ->
     def clear() -> None:
         call(ops.queue_purge(queue))
 
-    work: dict[str, Work] = {"send": send, "read+delete": take_ack, "pop": pop, "batch send": send_batch}
-    return Side("native", dsn, ("lonnymq.message",), work, fill, clear)
-
-
-def run_phase(side: Side, op: str, seconds: float, backlog: int) -> float:
-    side.clear()
-    if op in ("read+delete", "pop"):
-        side.fill(backlog)
-    harness.vacuum(side.dsn, side.tables)
-    t0 = time.monotonic()
-    n = side.work[op](t0 + seconds)
-    return n / (time.monotonic() - t0)
+    units: dict[str, Unit] = {"send": send, "read+delete": take_ack, "pop": pop, "batch send": send_batch}
+    return Side("native", dsn, ("lonnymq.message",), units, fill, clear)
 
 
 def measure(sides: list[Side], reps: int, seconds: float, backlog: int) -> list[dict[str, Any]]:
+    """Per repetition and operation: empty (and refill) every side's queue, vacuum, then run the
+    sides' units in turn, one after the other, for ``seconds``, timing each: the machine's
+    drifts hit every side alike. A side's rate is its messages over the time spent in its units."""
     out = []
     for rep in range(reps):
         for op in OPS:
-            k = rep % len(sides)
-            for side in sides[k:] + sides[:k]:  # rotating order: drifts hit every side alike
-                rate = run_phase(side, op, seconds, backlog)
-                out.append({"rep": rep, "op": op, "side": side.name, "rate": round(rate, 1)})
+            for side in sides:
+                side.clear()
+                if op in ("read+delete", "pop"):
+                    side.fill(backlog)
+                harness.vacuum(side.dsn, side.tables)
+            spent = dict.fromkeys((s.name for s in sides), 0.0)
+            done = dict.fromkeys((s.name for s in sides), 0)
+            end = time.monotonic() + seconds * len(sides)
+            i = 0
+            while time.monotonic() < end:
+                side = sides[i % len(sides)]
+                t = time.perf_counter()
+                n = side.units[op](i // len(sides))
+                spent[side.name] += time.perf_counter() - t
+                if not n:
+                    raise RuntimeError(f"{side.name} ran out of messages in {op}: raise --backlog")
+                done[side.name] += n
+                i += 1
+            for side in sides:
+                rate = done[side.name] / spent[side.name]
+                out.append(
+                    {"rep": rep, "op": op, "side": side.name, "n": done[side.name], "rate": round(rate, 1)}
+                )
                 print(f"  rep {rep} {op:<12} {side.name:<7} {rate:>9,.0f} msg/s", flush=True)
     return out
 
@@ -260,7 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--dsn", help="server (a role that may CREATE DATABASE); default: a throwaway embedded PostgreSQL"
     )
-    ap.add_argument("--seconds", type=float, default=2.0, help="time box of each phase (default 2)")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        help="time each side spends in each repetition of an operation (default 2)",
+    )
     ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
     ap.add_argument("--batch", type=int, default=100, help="messages per batch send (default 100)")
     ap.add_argument("--backlog", type=int, default=10_000, help="ready messages before read/pop phases")
