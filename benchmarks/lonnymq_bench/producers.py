@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import shlex
 import sys
@@ -406,6 +407,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--db-prefix", default="prod", type=_prefix, help="scratch databases <prefix>_<system> (default prod)"
     )
     p.add_argument("--keep", action="store_true", help="keep the scratch databases")
+    p.add_argument(
+        "--from-json", type=Path, metavar="RESULTS", help="measure nothing: print the report of a saved run"
+    )
 
 
 def config_from(args: argparse.Namespace) -> Config:
@@ -420,6 +424,10 @@ def config_from(args: argparse.Namespace) -> Config:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_json:
+        doc = json.loads(args.from_json.read_text())
+        print_report(doc["meta"], doc["summary"], doc["latency"], doc["targets"])
+        return 0
     config = config_from(args)
     systems = [load(name) for name in args.systems]
     missing = [m for m in (s.missing() for s in systems) if m]
@@ -455,20 +463,26 @@ def run(args: argparse.Namespace) -> int:
     meta["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = report.summarize(b)
     tgts = targets(b)
-    s = meta["server"]
-    print(
-        f"\nmsg/s, median of {config.reps} interleaved repetitions († time-boxed); PostgreSQL "
-        f"{s['server_version']}, {s['cpus']} CPUs, synchronous_commit={s['synchronous_commit']}, "
-        f"load {s['loadavg_at_start']} -> {meta['loadavg_at_end']}, {meta['seconds']} s\n"
-    )
-    print("\n".join(table(rows, b.latency)))
-    print("\nLonnyMQ / the others, the median of the per-repetition ratios:\n")
-    print("\n".join(target_table(tgts)))
-    print("\nWhat ran:\n" + "\n".join(variants_used(rows)))
-    print(f"\nreproduce: {command}")
+    print_report(meta, rows, b.latency, tgts)
     report.write_json(out, meta, b, rows, tgts)
     print(f"wrote {out}")
     return 0
+
+
+def print_report(
+    meta: dict[str, Any], rows: list[dict[str, Any]], lat: list[dict[str, Any]], tgts: list[dict[str, Any]]
+) -> None:
+    s = meta["server"]
+    print(
+        f"\nmsg/s, median of {meta['config']['reps']} interleaved repetitions († time-boxed); PostgreSQL "
+        f"{s['server_version']}, {s['cpus']} CPUs, synchronous_commit={s['synchronous_commit']}, "
+        f"load {s['loadavg_at_start']} -> {meta['loadavg_at_end']}, {meta['seconds']} s\n"
+    )
+    print("\n".join(table(rows, lat)))
+    print("\nLonnyMQ / the others, the median of the per-repetition ratios:\n")
+    print("\n".join(target_table(tgts)))
+    print("\nWhat ran:\n" + "\n".join(variants_used(rows)))
+    print(f"\nreproduce: {meta['command']}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
