@@ -8,11 +8,12 @@ commits or rolls back with your own writes.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, overload
 
 import psycopg
 from psycopg import AsyncConnection
@@ -45,7 +46,7 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
+from .ops import ROW_FACTORY, Op, Ops, check_send_key, map_error, new_send_key, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
 from .wait import PENDING_WAIT, AsyncListener, next_wait
 
@@ -78,6 +79,12 @@ class AsyncClient:
     calls cut off by a lost connection are repeated: those that never reached the server, and
     those safe to run twice (take, receive, peek, metrics, listings); any other call so cut off
     raises :class:`~lonnymq.errors.ConnectionLost` (``may_have_committed``).
+
+    ``idempotent_sends`` (default True) makes sends safe to repeat too: each send or send_batch
+    call that the client may repeat (on its own pool, with a retry policy) carries a new
+    idempotency key, recorded with its messages, so a repeat of a call that had committed
+    creates nothing and returns the first call's ids and outcomes (docs/messages.md). Without it
+    a send cut off after it was sent raises ConnectionLost(may_have_committed=True).
     """
 
     def __init__(
@@ -90,11 +97,13 @@ class AsyncClient:
         connect_timeout: float | None = None,
         check_connections: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
+        idempotent_sends: bool = True,
     ) -> None:
         self.schema = check_schema(schema)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise errors.InvalidArgument(f"retry must be a RetryPolicy or None, got {retry!r}")
         self.retry = retry
+        self.idempotent_sends = bool(idempotent_sends)
         self._open_timeout = 30.0
         self.ops = Ops(schema, serializer)
         self._conn: AsyncConnection[Any] | None = None
@@ -272,7 +281,10 @@ class AsyncClient:
         if exhausted is not None:
             what += f"; gave up after {exhausted.attempts} attempt(s) in {exhausted.policy.deadline:g}s"
         if ran and not safe:
-            what += "; the call may have committed: check before repeating it (a send: use a key)"
+            what += (
+                "; the call may have committed: check before repeating it (a send: an"
+                " idempotency key makes it safe to repeat, see Client(idempotent_sends=True))"
+            )
         return errors.ConnectionLost(
             what,
             may_have_committed=ran,
@@ -468,6 +480,7 @@ class AsyncClient:
         key: str | None = None,
         channel: str | None = None,
         on_conflict: OnConflict = "ignore",
+        idempotency_key: uuid.UUID | str | None = None,
         conn: AsyncConnection[Any] | None = None,
     ) -> SendResult:
         """Enqueue one message. ``payload``: bytes (stored as is), str, or a JSON value.
@@ -478,11 +491,24 @@ class AsyncClient:
         (DuplicateKey). ``channel``: a tenant or group key; take serves channels round robin,
         each within its limits (see :meth:`set_channel`); a full channel raises ChannelFull or
         drops the message (outcome ``dropped``). Commits with ``conn``'s transaction when
-        ``conn`` is given."""
-        # Envelope.delay is typed float | None, but takes a timedelta too (ops.to_ms reads it).
-        env = Envelope(payload, kind, headers, cast(Any, delay), at, priority, key, channel)
-        results = await self.run(self.ops.send_batch(queue, [env], on_conflict=on_conflict), conn)
-        return results[0]
+        ``conn`` is given. ``idempotency_key`` (a UUID): a send with a key the queue has seen
+        within ``lonnymq.send_key_retention`` (1 hour) creates nothing and returns the first
+        send's result; without one, the client makes one for each call it may repeat
+        (``idempotent_sends``), so its retries never create a second message."""
+        op = self.ops.send(
+            queue,
+            payload,
+            kind=kind,
+            headers=headers,
+            delay=delay,
+            at=at,
+            priority=priority,
+            key=key,
+            channel=channel,
+            on_conflict=on_conflict,
+            send_key=self._send_key(idempotency_key, conn),
+        )
+        return await self.run(op, conn)
 
     async def send_batch(
         self,
@@ -490,11 +516,26 @@ class AsyncClient:
         messages: Iterable[Envelope | Any],
         *,
         on_conflict: OnConflict = "ignore",
+        idempotency_key: uuid.UUID | str | None = None,
         conn: AsyncConnection[Any] | None = None,
     ) -> list[SendResult]:
         """Enqueue many messages in one round trip and one transaction, in order (FIFO).
-        Items are :class:`Envelope` or bare payloads. All or nothing: one bad item writes none."""
-        return await self.run(self.ops.send_batch(queue, messages, on_conflict=on_conflict), conn)
+        Items are :class:`Envelope` or bare payloads. All or nothing: one bad item writes none.
+        ``idempotency_key``: one for the whole call, as for :meth:`send`."""
+        op = self.ops.send_batch(
+            queue, messages, on_conflict=on_conflict, send_key=self._send_key(idempotency_key, conn)
+        )
+        return await self.run(op, conn)
+
+    def _send_key(self, given: uuid.UUID | str | None, conn: AsyncConnection[Any] | None) -> uuid.UUID | None:
+        """The idempotency key of a send call: the caller's, else a new one when the client may
+        repeat the call (its own pool and a retry policy; never in a caller's transaction), else
+        none (a key is a write: not paid where no retry can happen)."""
+        if given is not None:
+            return check_send_key(given)
+        if self.idempotent_sends and conn is None and self._conn is None and self.retry is not None:
+            return new_send_key()
+        return None
 
     # -- take ------------------------------------------------------------------------------
 

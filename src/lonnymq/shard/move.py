@@ -68,7 +68,15 @@ class MoveResult:
 
 
 # Tables holding a queue's rows, with the column that names the queue: its id or its name.
-_BY_ID: tuple[LiteralString, ...] = ("message", "channel", "archive", "settled", "sent_count", "queue_stat")
+_BY_ID: tuple[LiteralString, ...] = (
+    "message",
+    "channel",
+    "archive",
+    "settled",
+    "sent_count",
+    "queue_stat",
+    "send_key",
+)
 _BY_NAME: tuple[LiteralString, ...] = ("cron", "spark_sink_commit", "spark_stream")
 
 
