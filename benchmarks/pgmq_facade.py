@@ -107,8 +107,8 @@ def pgmq_side(name: str, dsn: str, c: psycopg.Connection[Any], queue: str, batch
 
 def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
     """The same operations through LonnyMQ's own functions, with the statements (and the row
-    decoding) of its client: ``send``, ``take(1)`` + ``ack``, ``pop`` (``take_tx(1)`` where
-    there is no pop) and ``send_batch``."""
+    decoding) of its client: ``send``, ``take(1)`` + ``ack``, ``take_tx(1)`` (on a plain queue,
+    the lean pop) and ``send_batch``."""
     ops = Client(c).ops
 
     def call(op: Any) -> Any:
@@ -116,12 +116,9 @@ def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) ->
         cur.row_factory = namedtuple_row
         return op.decode(cur.fetchall() if cur.rownumber is not None else [])
 
-    send_op = getattr(ops, "send", None)
-    pop_op = getattr(ops, "pop", None)
-
     def send(i: int) -> int:
         msg = MSGS[i % 1000]
-        call(send_op(queue, msg) if send_op is not None else ops.send_batch(queue, [msg]))
+        call(ops.send(queue, msg))
         return 1
 
     def take_ack(i: int) -> int:
@@ -132,7 +129,7 @@ def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) ->
         return 1
 
     def pop(i: int) -> int:
-        return 1 if call(pop_op(queue) if pop_op is not None else ops.take_tx(queue, 1)) else 0
+        return 1 if call(ops.take_tx(queue, 1)) else 0
 
     def send_batch(i: int) -> int:
         call(ops.send_batch(queue, MSGS[:batch]))
@@ -204,7 +201,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    what = {"read+delete": "read + delete (native: take + ack)", "pop": "pop (native: pop / take_tx)"}
+    what = {"read+delete": "read + delete (native: take + ack)", "pop": "pop (native: take_tx(1))"}
     print("| operation | facade | native | pgmq | facade / native (≥ 0.9) | facade / pgmq (≥ 1.0) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:

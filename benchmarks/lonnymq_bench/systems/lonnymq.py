@@ -130,24 +130,6 @@ def _take_tx(size: int) -> Callable[[str, Ctx], Callable[[], int]]:
     return factory
 
 
-def _pop(dsn: str, ctx: Ctx) -> Callable[[], int]:
-    """One message per call, taken and deleted in one transaction (at-most-once): the client's
-    ``pop()`` where it has one, else ``take_tx(1)`` in autocommit."""
-    c, conn = _client(dsn)
-    pop = getattr(c, "pop", None)
-
-    def work() -> int:
-        n = 0
-        while not ctx.expired():
-            if not (pop(QUEUE) if pop is not None else c.take_tx(QUEUE, 1)):
-                break
-            n += 1
-        conn.close()
-        return n
-
-    return work
-
-
 def _pickup_notify(dsn: str, ctx: Ctx) -> Callable[[], list[tuple[int, float]]]:
     from lonnymq import Client
 
@@ -345,10 +327,8 @@ class LonnyMQ(System):
         ]
 
     def pops(self) -> list[Variant]:
-        from lonnymq import Client
-
-        name = "pop()" if hasattr(Client, "pop") else "take_tx(1)"
-        return [Variant(self.name, name, "one", _pop, note="take-and-delete, at-most-once")]
+        # take_tx on a plain queue without archiving is the lean pop: one DELETE ... RETURNING.
+        return [Variant(self.name, "take_tx(1)", "one", _take_tx(1), note="take-and-delete, at-most-once")]
 
     def pickups(self) -> list[Variant]:
         return [
