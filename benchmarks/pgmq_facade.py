@@ -1,134 +1,327 @@
-"""The pgmq facade's speed (issue 13 item 5): the same work through the facade's ``pgmq.*``
-functions and through LonnyMQ's native functions, one connection, one statement per message
-(batch send: 100 per statement), interleaved and repeated; medians and the facade/native ratio.
-With ``--pgmq-dsn`` (a database where the real pgmq extension is installed; it cannot share a
-database with the facade) the same ``pgmq.*`` calls run against pgmq itself too.
+"""The pgmq facade's speed (issue 13 item 5): send, read + delete, pop and batch send through the
+facade's ``pgmq.*`` functions, through LonnyMQ's native functions (the statements its client
+sends) and through pgmq itself, side by side in one run; prints the medians and the ratios
+facade / native and facade / pgmq.
 
-    .venv/bin/python benchmarks/pgmq_facade.py --dsn postgresql://root@127.0.0.1:5432/test
+    python benchmarks/pgmq_facade.py --dsn postgresql://root@127.0.0.1:5432/test
+
+Each side runs on one autocommit connection, one statement per message (read + delete: two;
+batch send: ``--batch`` messages per statement), with the benchmark suite's ~200-byte JSON
+payload. The sides take turns call by call (facade, native, pgmq, facade, ...) for ``--seconds``
+each, every call timed, so a busy machine's drifts hit the three alike; a side's rate is its
+messages over the time spent in its calls. That repeats ``--reps`` times per operation, and
+every ratio is taken within one repetition, then the median. Before each repetition of an
+operation the queues are emptied (and, for read + delete and pop, refilled with ``--backlog``
+messages), vacuumed and checkpointed.
+
+Two scratch databases on the server (the role must be allowed to CREATE DATABASE):
+``<prefix>_facade`` holds LonnyMQ with the facade (``migrate(pgmq=True)``; the facade's queue
+``bq`` and the native side's queue ``bn`` share its tables), ``<prefix>_pgmq`` holds pgmq's own
+SQL-only install (the ``pgmq.sql`` shipped in the ``pgmq`` PyPI package; pip install -r
+benchmarks/requirements.txt). Both are dropped at the end unless ``--keep``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import psycopg
-from psycopg import sql
+from lonnymq_bench import harness
+from lonnymq_bench.harness import median, payload
+from lonnymq_bench.server import dsn_or_temporary
+from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 
 from lonnymq import Client
 
-SCHEMA = "bench_pgmq_facade"
-BODY = b'{"n": 1}'
-Conn = psycopg.Connection[tuple[object, ...]]
+OPS = ("send", "read+delete", "pop", "batch send")
+SIDES = ("facade", "native", "pgmq")
+VT = 30
+# The statements pgmq's own Python client sends (pgmq/_sql.py), for the facade and for pgmq.
+SEND = "SELECT * FROM pgmq.send(queue_name=>%s::text, msg=>%s::jsonb)"
+# Binary parameters for the array, the driver-level choice LonnyMQ's client makes.
+SEND_BATCH = "SELECT * FROM pgmq.send_batch(queue_name=>%s::text, msgs=>%b::jsonb[])"
+READ = "SELECT msg_id, message FROM pgmq.read(queue_name=>%s::text, vt=>%s, qty=>%s)"
+DELETE = "SELECT pgmq.delete(queue_name=>%s::text, msg_id=>%s::bigint)"
+POP = "SELECT msg_id, message FROM pgmq.pop(queue_name=>%s::text, qty=>%s)"
+MSGS = [payload(i) for i in range(1000)]
+
+#: One unit of an operation (one message; a batch for batch send): returns the messages handled.
+Unit = Callable[[int], int]
 
 
-def pgmq_work(c: Conn, n: int) -> dict[str, Callable[[], None]]:
-    """The four measured operations through ``pgmq.*`` (facade or real pgmq), on queue 'bq'."""
-
-    def send() -> None:
-        for _ in range(n):
-            c.execute("SELECT pgmq.send('bq', %s::jsonb)", (Jsonb({"n": 1}),))
-
-    def read_delete() -> None:
-        for _ in range(n):
-            row = c.execute("SELECT msg_id FROM pgmq.read('bq', 30, 1)").fetchone()
-            assert row is not None
-            c.execute("SELECT pgmq.delete('bq', %s::bigint)", row)
-
-    def pop() -> None:
-        c.execute("SELECT pgmq.send_batch('bq', %s::jsonb[])", ([Jsonb({"n": 1})] * n,))
-        for _ in range(n):
-            c.execute("SELECT * FROM pgmq.pop('bq')").fetchone()
-
-    def batch() -> None:
-        for _ in range(n // 100):
-            c.execute("SELECT pgmq.send_batch('bq', %s::jsonb[])", ([Jsonb({"n": 1})] * 100,)).fetchall()
-        c.execute("SELECT pgmq.purge_queue('bq')")
-
-    return {"send": send, "read+delete": read_delete, "pop": pop, "batch send": batch}
+@dataclass
+class Side:
+    name: str
+    dsn: str
+    tables: tuple[str, ...]
+    units: dict[str, Unit]
+    fill: Callable[[int], None]  # n ready messages, untimed
+    clear: Callable[[], None]
 
 
-def native_work(c: Conn, n: int) -> dict[str, Callable[[], None]]:
-    """The same operations through LonnyMQ's own functions, on queue 'bn'."""
-    s = sql.Identifier(SCHEMA)
-    send_one = sql.SQL("SELECT id FROM {}.send_batch('bn', ARRAY[%s::bytea], p_content_types => ARRAY['application/json'])").format(s)  # fmt: skip
-    send_many = sql.SQL("SELECT id FROM {}.send_batch('bn', %s::bytea[], p_content_types => array_fill('application/json'::text, ARRAY[%s]))").format(s)  # fmt: skip
-    take = sql.SQL("SELECT id, token FROM {}.take('bn', 1)").format(s)
-    ack = sql.SQL("SELECT {}.ack('bn', ARRAY[%s::bigint], ARRAY[%s::integer])").format(s)
-    take_tx = sql.SQL("SELECT * FROM {}.take_tx('bn', 1)").format(s)
-    purge = sql.SQL("SELECT {}.queue_purge('bn')").format(s)
+def pgmq_side(name: str, dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
+    """The four operations through ``pgmq.*`` on ``queue``: the facade's or pgmq's own."""
 
-    def send() -> None:
-        for _ in range(n):
-            c.execute(send_one, (BODY,))
+    def send(i: int) -> int:
+        c.execute(SEND, [queue, Jsonb(MSGS[i % 1000])]).fetchall()
+        return 1
 
-    def take_ack() -> None:
-        for _ in range(n):
-            row = c.execute(take).fetchone()
-            assert row is not None
-            c.execute(ack, row)
+    def read_delete(i: int) -> int:
+        row = c.execute(READ, [queue, VT, 1]).fetchone()
+        if row is None:
+            return 0
+        c.execute(DELETE, [queue, row[0]]).fetchall()
+        return 1
 
-    def pop() -> None:
-        c.execute(send_many, ([BODY] * n, n))
-        for _ in range(n):
-            c.execute(take_tx).fetchone()
+    def pop(i: int) -> int:
+        return 0 if c.execute(POP, [queue, 1]).fetchone() is None else 1
 
-    def batch() -> None:
-        for _ in range(n // 100):
-            c.execute(send_many, ([BODY] * 100, 100)).fetchall()
-        c.execute(purge)
+    def send_batch(i: int) -> int:
+        c.execute(SEND_BATCH, [queue, [Jsonb(m) for m in MSGS[:batch]]]).fetchall()
+        return batch
 
-    return {"send": send, "read+delete": take_ack, "pop": pop, "batch send": batch}
+    def fill(n: int) -> None:
+        for start in range(0, n, 1000):
+            k = min(1000, n - start)
+            c.execute(SEND_BATCH, [queue, [Jsonb(m) for m in MSGS[:k]]]).fetchall()
 
+    def clear() -> None:
+        c.execute("SELECT pgmq.purge_queue(%s)", [queue])
 
-def rate(f: Callable[[], None], n: int) -> float:
-    t0 = time.perf_counter()
-    f()
-    return n / (time.perf_counter() - t0)
+    units: dict[str, Unit] = {"send": send, "read+delete": read_delete, "pop": pop, "batch send": send_batch}
+    tables = ("lonnymq.message",) if name == "facade" else (f"pgmq.q_{queue}", f"pgmq.a_{queue}")
+    return Side(name, dsn, tables, units, fill, clear)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dsn", required=True, help="a database without the pgmq extension or a pgmq schema")
-    ap.add_argument("--pgmq-dsn", help="a database with the real pgmq extension, for the third column")
-    ap.add_argument("--messages", type=int, default=2000)
-    ap.add_argument("--repeat", type=int, default=3)
-    a = ap.parse_args()
-    n = a.messages
-    with Client(a.dsn, schema=SCHEMA, pool_size=1) as client:
-        client.migrate(pgmq=True)
-        client.create_queue("bn", max_attempts=2147483647, if_not_exists=True)
-        try:
-            with psycopg.connect(a.dsn, autocommit=True) as c:
-                c.execute("SELECT pgmq.create('bq')")
-                sides = {"facade": pgmq_work(c, n), "native": native_work(c, n)}
-                real = psycopg.connect(a.pgmq_dsn, autocommit=True) if a.pgmq_dsn else None
-                if real is not None:
-                    real.execute("SELECT pgmq.create('bq')")
-                    sides["pgmq"] = pgmq_work(real, n)
-                rates: dict[tuple[str, str], list[float]] = {}
-                for _ in range(a.repeat):
-                    for op in ("send", "read+delete", "pop", "batch send"):
-                        for side, work in sides.items():  # interleaved: the machine's noise hits all
-                            rates.setdefault((op, side), []).append(rate(work[op], n))
-                for op in ("send", "read+delete", "pop", "batch send"):
-                    med = {side: statistics.median(rates[(op, side)]) for side in sides}
-                    cols = "  ".join(f"{side} {v:8.0f}/s" for side, v in med.items())
-                    ratios = f"facade/native {med['facade'] / med['native']:.2f}x"
-                    if "pgmq" in med:
-                        ratios += f", facade/pgmq {med['facade'] / med['pgmq']:.2f}x"
-                    print(f"{op:12} {cols}  {ratios}")
-                if real is not None:
-                    real.execute("SELECT pgmq.drop_queue('bq')")
-                    real.close()
-        finally:
-            client.uninstall_pgmq()
-            with psycopg.connect(a.dsn, autocommit=True) as c:
-                c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
+    """The same operations through LonnyMQ's own functions, with the statements (and the row
+    decoding) of its client: ``send``, ``take(1)`` + ``ack``, ``take_tx(1)`` (on a plain queue,
+    the lean pop) and ``send_batch``."""
+    ops = Client(c).ops
+
+    def call(op: Any) -> Any:
+        cur = c.execute(op.query, op.params, binary=True)
+        cur.row_factory = namedtuple_row
+        return op.decode(cur.fetchall() if cur.rownumber is not None else [])
+
+    def send(i: int) -> int:
+        msg = MSGS[i % 1000]
+        call(ops.send(queue, msg))
+        return 1
+
+    def take_ack(i: int) -> int:
+        got = call(ops.take(queue, 1))
+        if not got:
+            return 0
+        call(ops.ack(got))
+        return 1
+
+    def pop(i: int) -> int:
+        return 1 if call(ops.take_tx(queue, 1)) else 0
+
+    def send_batch(i: int) -> int:
+        call(ops.send_batch(queue, MSGS[:batch]))
+        return batch
+
+    def fill(n: int) -> None:
+        for start in range(0, n, 1000):
+            call(ops.send_batch(queue, MSGS[: min(1000, n - start)]))
+
+    def clear() -> None:
+        call(ops.queue_purge(queue))
+
+    units: dict[str, Unit] = {"send": send, "read+delete": take_ack, "pop": pop, "batch send": send_batch}
+    return Side("native", dsn, ("lonnymq.message",), units, fill, clear)
+
+
+def measure(sides: list[Side], reps: int, seconds: float, backlog: int) -> list[dict[str, Any]]:
+    """Per repetition and operation: empty (and refill) every side's queue, vacuum, then run the
+    sides' units in turn, one after the other, for ``seconds``, timing each: the machine's
+    drifts hit every side alike. A side's rate is its messages over the time spent in its units."""
+    out = []
+    for rep in range(reps):
+        for op in OPS:
+            for side in sides:
+                side.clear()
+                if op in ("read+delete", "pop"):
+                    side.fill(backlog)
+                harness.vacuum(side.dsn, side.tables)
+            spent = dict.fromkeys((s.name for s in sides), 0.0)
+            done = dict.fromkeys((s.name for s in sides), 0)
+            end = time.monotonic() + seconds * len(sides)
+            i = 0
+            while time.monotonic() < end:
+                side = sides[i % len(sides)]
+                t = time.perf_counter()
+                n = side.units[op](i // len(sides))
+                spent[side.name] += time.perf_counter() - t
+                if not n:
+                    raise RuntimeError(f"{side.name} ran out of messages in {op}: raise --backlog")
+                done[side.name] += n
+                i += 1
+            for side in sides:
+                rate = done[side.name] / spent[side.name]
+                out.append(
+                    {"rep": rep, "op": op, "side": side.name, "n": done[side.name], "rate": round(rate, 1)}
+                )
+                print(f"  rep {rep} {op:<12} {side.name:<7} {rate:>9,.0f} msg/s", flush=True)
+    return out
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for op in OPS:
+        by = {(r["side"], r["rep"]): r["rate"] for r in runs if r["op"] == op}
+        reps = sorted({rep for _, rep in by})
+        row: dict[str, Any] = {"op": op}
+        for side in SIDES:
+            rates = [by[(side, k)] for k in reps if (side, k) in by]
+            row[side] = round(median(rates), 1) if rates else None
+        for ref, goal in (("native", 0.9), ("pgmq", 1.0)):
+            ratios = [
+                by[("facade", k)] / by[(ref, k)] for k in reps if (ref, k) in by and ("facade", k) in by
+            ]
+            row[f"facade/{ref}"] = round(median(ratios), 3) if ratios else None
+            row[f"facade/{ref} per rep"] = [round(x, 3) for x in ratios]
+            row[f"facade/{ref} met"] = None if not ratios else median(ratios) >= goal
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    what = {"read+delete": "read + delete (native: take + ack)", "pop": "pop (native: take_tx(1))"}
+    print("| operation | facade | native | pgmq | facade / native (≥ 0.9) | facade / pgmq (≥ 1.0) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+
+        def rate(side: str, r: dict[str, Any] = r) -> str:
+            return "" if r[side] is None else f"{r[side]:,.0f}/s"
+
+        def ratio(ref: str, r: dict[str, Any] = r) -> str:
+            v = r[f"facade/{ref}"]
+            if v is None:
+                return ""
+            per = ", ".join(f"{x:.2f}" for x in r[f"facade/{ref} per rep"])
+            return f"{v:.2f}x ({per}){'' if r[f'facade/{ref} met'] else ' **missed**'}"
+
+        name = what.get(r["op"], r["op"])
+        print(
+            f"| {name} | {rate('facade')} | {rate('native')} | {rate('pgmq')} | {ratio('native')} | {ratio('pgmq')} |"
+        )
+
+
+@contextlib.contextmanager
+def _databases(base: str, prefix: str, keep: bool) -> Iterator[tuple[str, str]]:
+    """Scratch databases for the facade (with the native side) and for pgmq itself."""
+    facade = harness.create_database(base, f"{prefix}_facade")
+    real = harness.create_database(base, f"{prefix}_pgmq")
+    try:
+        yield facade, real
+    finally:
+        if not keep:
+            harness.drop_database(base, f"{prefix}_facade")
+            harness.drop_database(base, f"{prefix}_pgmq")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/pgmq_facade.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--dsn", help="server (a role that may CREATE DATABASE); default: a throwaway embedded PostgreSQL"
+    )
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        help="time each side spends in each repetition of an operation (default 2)",
+    )
+    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
+    ap.add_argument("--batch", type=int, default=100, help="messages per batch send (default 100)")
+    ap.add_argument("--backlog", type=int, default=10_000, help="ready messages before read/pop phases")
+    ap.add_argument("--quick", action="store_true", help="one repetition of 0.2 s phases: a smoke run")
+    ap.add_argument("--out", type=Path, help="write the results as JSON here too")
+    ap.add_argument(
+        "--db-prefix", default="facade_bench", help="scratch databases <prefix>_facade, <prefix>_pgmq"
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the scratch databases")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.seconds, a.reps, a.backlog = 0.2, 1, 500
+    from importlib.metadata import version
+
+    from pgmq import get_embedded_sql_version, install_pgmq_from_sql
+
+    command = shlex.join(["python", "benchmarks/pgmq_facade.py", *sys.argv[1:]])
+    started = time.time()
+    with dsn_or_temporary(a.dsn) as base:
+        server = harness.server_settings(base)
+        with _databases(base, a.db_prefix, a.keep) as (facade_dsn, pgmq_dsn):
+            with Client(facade_dsn, pool_size=1) as client:
+                client.migrate(pgmq=True)
+                client.create_queue("bn", max_attempts=2147483647)
+            with psycopg.connect(pgmq_dsn) as c:  # pgmq's installer wants a transaction
+                install_pgmq_from_sql(conn=c)
+            with (
+                psycopg.connect(facade_dsn, autocommit=True) as fc,
+                psycopg.connect(facade_dsn, autocommit=True) as nc,
+                psycopg.connect(pgmq_dsn, autocommit=True) as pc,
+            ):
+                fc.execute("SELECT pgmq.create('bq')")
+                pc.execute("SELECT pgmq.create('bq')")
+                sides = [
+                    pgmq_side("facade", facade_dsn, fc, "bq", a.batch),
+                    native_side(facade_dsn, nc, "bn", a.batch),
+                    pgmq_side("pgmq", pgmq_dsn, pc, "bq", a.batch),
+                ]
+                print(
+                    f"pgmq facade vs native vs pgmq SQL {get_embedded_sql_version()} on PostgreSQL "
+                    f"{server['server_version']}, {server['cpus']} CPUs, load {server['loadavg_at_start']}",
+                    flush=True,
+                )
+                runs = measure(sides, a.reps, a.seconds, a.backlog)
+    rows = summarize(runs)
+    load_end = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"\nmsg/s, one connection each, median of {a.reps} interleaved repetitions of {a.seconds:g} s"
+        f" (ratios: median of the per-repetition ratios); load {server['loadavg_at_start']} -> {load_end}\n"
+    )
+    print_table(rows)
+    print(f"\nreproduce: {command}")
+    if a.out:
+        doc = {
+            "meta": {
+                "command": command,
+                "started": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
+                "seconds": round(time.time() - started),
+                "server": server,
+                "loadavg_at_end": load_end,
+                "config": {"seconds": a.seconds, "reps": a.reps, "batch": a.batch, "backlog": a.backlog},
+                "payload_bytes": harness.PAYLOAD_BYTES,
+                "pgmq": f"pgmq SQL {get_embedded_sql_version()} (Python package {version('pgmq')})",
+            },
+            "summary": rows,
+            "runs": runs,
+        }
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {a.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -47,7 +47,7 @@ def summarize(b: Bench) -> list[dict[str, Any]]:
     return rows
 
 
-def _per_rep(
+def per_rep(
     b: Bench, workload: str, kind: str, procs: int, system: str, pick: str = "headline"
 ) -> dict[int, float]:
     """rep -> rate of ``system``'s headline variant (``pick='best'``: its best variant; else the
@@ -64,13 +64,28 @@ def _per_rep(
     return out
 
 
-def _ratio(
+def ratio(
     b: Bench, workload: str, kind: str, procs: int, ours: str, ref: str, ref_pick: str
 ) -> tuple[float, list[float]]:
-    a = _per_rep(b, workload, kind, procs, ours)
-    r = _per_rep(b, workload, kind, procs, ref, ref_pick)
+    a = per_rep(b, workload, kind, procs, ours)
+    r = per_rep(b, workload, kind, procs, ref, ref_pick)
     ratios = [a[k] / r[k] for k in sorted(a) if k in r and r[k] > 0]
     return (median(ratios) if ratios else math.nan), ratios
+
+
+def target(
+    name: str, value: float, ratios: list[float], goal: float | None, op: str, detail: str
+) -> dict[str, Any]:
+    """A target's record; goal None: a ratio shown for context, with no goal."""
+    ok = None if goal is None or math.isnan(value) else (value >= goal if op == ">=" else value < goal)
+    return {
+        "target": name,
+        "value": None if math.isnan(value) else round(value, 3),
+        "per_rep": [round(x, 3) for x in ratios],
+        "goal": "" if goal is None else f"{op} {goal:g}",
+        "met": ok,
+        "detail": detail,
+    }
 
 
 def targets(b: Bench) -> list[dict[str, Any]]:
@@ -78,25 +93,14 @@ def targets(b: Bench) -> list[dict[str, Any]]:
     have = {s.name for s, _ in b.systems}
     out: list[dict[str, Any]] = []
 
-    def add(name: str, ratio: float, ratios: list[float], goal: float | None, op: str, detail: str) -> None:
-        """A target; goal None: a ratio shown for context, with no goal."""
-        ok = None if goal is None or math.isnan(ratio) else (ratio >= goal if op == ">=" else ratio < goal)
-        out.append(
-            {
-                "target": name,
-                "value": None if math.isnan(ratio) else round(ratio, 3),
-                "per_rep": [round(x, 3) for x in ratios],
-                "goal": "" if goal is None else f"{op} {goal:g}",
-                "met": ok,
-                "detail": detail,
-            }
-        )
+    def add(name: str, value: float, ratios: list[float], goal: float | None, op: str, detail: str) -> None:
+        out.append(target(name, value, ratios, goal, op, detail))
 
     procs_list = sorted({r["procs"] for r in b.throughput if r["workload"] == "drain"})
     if "lonnymq" in have:
         for p in procs_list:
             if "floor" in have:
-                v, rs = _ratio(b, "drain", "batch", p, "lonnymq", "floor", "headline")
+                v, rs = ratio(b, "drain", "batch", p, "lonnymq", "floor", "headline")
                 add(
                     f"batched take+ack / floor (P={p})",
                     v,
@@ -106,7 +110,7 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                     "take(100, ack=prev) vs DELETE ... LIMIT 100",
                 )
             if "pgqueuer" in have:
-                v, rs = _ratio(b, "drain", "batch", p, "lonnymq", "pgqueuer", "best")
+                v, rs = ratio(b, "drain", "batch", p, "lonnymq", "pgqueuer", "best")
                 add(
                     f"batched take+ack / PgQueuer drain (P={p})",
                     v,
@@ -115,7 +119,7 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                     ">=",
                     "vs PgQueuer's best batch size in the run (10 or 100)",
                 )
-                v, rs = _ratio(b, "drain", "batch", p, "lonnymq", "pgqueuer", "QueueManager batch_size=10")
+                v, rs = ratio(b, "drain", "batch", p, "lonnymq", "pgqueuer", "QueueManager batch_size=10")
                 add(
                     f"  ... / PgQueuer at its default batch_size=10 (P={p})",
                     v,
@@ -125,7 +129,7 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                     "vs PgQueuer as configured out of the box",
                 )
             if "seed" in have:
-                v, rs = _ratio(b, "drain", "one", p, "lonnymq", "seed", "headline")
+                v, rs = ratio(b, "drain", "one", p, "lonnymq", "seed", "headline")
                 add(
                     f"one-at-a-time lease+ack / bare seed queue (P={p})",
                     v,
@@ -136,7 +140,7 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                 )
             if "leasefloor" in have:
                 for kind, what in (("one", "one-at-a-time"), ("batch", "batched")):
-                    v, rs = _ratio(b, "drain", kind, p, "lonnymq", "leasefloor", "headline")
+                    v, rs = ratio(b, "drain", kind, p, "lonnymq", "leasefloor", "headline")
                     add(
                         f"  {what} lease+ack / lease floor (P={p})",
                         v,
@@ -148,7 +152,7 @@ def targets(b: Bench) -> list[dict[str, Any]]:
         if "pgmq" in have:
             procs = sorted({r["procs"] for r in b.throughput if r["workload"] == "send"})
             for p in procs:
-                v, rs = _ratio(b, "send", "batch", p, "lonnymq", "pgmq", "best")
+                v, rs = ratio(b, "send", "batch", p, "lonnymq", "pgmq", "best")
                 add(
                     f"send_batch(1000) / pgmq send_batch (P={p})",
                     v,
@@ -157,7 +161,7 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                     ">=",
                     "vs pgmq's faster variant in each repetition (text or binary parameters)",
                 )
-                v, rs = _ratio(b, "send", "batch", p, "lonnymq", "pgmq", "send_batch(1000)")
+                v, rs = ratio(b, "send", "batch", p, "lonnymq", "pgmq", "send_batch(1000)")
                 add(
                     f"  ... / pgmq send_batch as its client sends it (P={p})",
                     v,

@@ -4,18 +4,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import harness
 from .server import dsn_or_temporary
-from .systems import REGISTRY, load
+from .systems import REGISTRY, System, load
 from .workloads import RUNNERS, WORKLOADS, Bench, Config
 
 
@@ -171,6 +172,40 @@ def rerender(paths: Sequence[Path], out: Path) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def installed_systems(
+    base: str,
+    systems: Sequence[System],
+    prefix: str,
+    keep: bool,
+    meta: dict[str, Any],
+    log: Callable[[str], None],
+) -> Iterator[list[tuple[System, str]]]:
+    """Record the server's settings in ``meta``, install each system into a scratch database
+    ``<prefix>_<system>`` of its own (versions into ``meta``) and yield [(system, its DSN)];
+    the databases are dropped afterwards unless ``keep``."""
+    meta["server"] = harness.server_settings(base)
+    log(
+        f"lonnymq bench on PostgreSQL {meta['server']['server_version']} "
+        f"(synchronous_commit={meta['server']['synchronous_commit']}, fsync={meta['server']['fsync']}), "
+        f"{meta['server']['cpus']} CPUs, load {meta['server']['loadavg_at_start']}; "
+        f"payload {harness.PAYLOAD_BYTES} B of JSON"
+    )
+    meta.setdefault("versions", {})
+    installed: list[tuple[System, str]] = []
+    try:
+        for s in systems:
+            dsn = harness.create_database(base, f"{prefix}_{s.name}")
+            installed.append((s, dsn))
+            meta["versions"][s.name] = s.install(dsn)
+            log(f"installed {s.label}: {meta['versions'][s.name]['version']}")
+        yield installed
+    finally:
+        if not keep:
+            for s, _ in installed:
+                harness.drop_database(base, f"{prefix}_{s.name}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.from_json:
         return rerender(args.from_json, args.out or Path("bench-results") / "merged")
@@ -197,32 +232,17 @@ def run(args: argparse.Namespace) -> int:
         "payload_bytes": harness.PAYLOAD_BYTES,
         "versions": {},
     }
-    with dsn_or_temporary(args.dsn) as base:
-        meta["server"] = harness.server_settings(base)
-        log(
-            f"lonnymq bench on PostgreSQL {meta['server']['server_version']} "
-            f"(synchronous_commit={meta['server']['synchronous_commit']}, fsync={meta['server']['fsync']}), "
-            f"{meta['server']['cpus']} CPUs, load {meta['server']['loadavg_at_start']}; "
-            f"payload {harness.PAYLOAD_BYTES} B of JSON"
-        )
-        installed: list[tuple[Any, str]] = []
-        try:
-            for s in systems:
-                dsn = harness.create_database(base, f"{args.db_prefix}_{s.name}")
-                installed.append((s, dsn))
-                meta["versions"][s.name] = s.install(dsn)
-                log(f"installed {s.label}: {meta['versions'][s.name]['version']}")
-            b = Bench(installed, config, log)
-            for w in args.workloads:
-                log(f"== {w}")
-                if w == "churn" and args.churn_systems:
-                    b.systems = [(s, d) for s, d in installed if s.name in args.churn_systems]
-                RUNNERS[w](b)
-                b.systems = installed
-        finally:
-            if not args.keep:
-                for s, _ in installed:
-                    harness.drop_database(base, f"{args.db_prefix}_{s.name}")
+    with (
+        dsn_or_temporary(args.dsn) as base,
+        installed_systems(base, systems, args.db_prefix, args.keep, meta, log) as installed,
+    ):
+        b = Bench(installed, config, log)
+        for w in args.workloads:
+            log(f"== {w}")
+            if w == "churn" and args.churn_systems:
+                b.systems = [(s, d) for s, d in installed if s.name in args.churn_systems]
+            RUNNERS[w](b)
+            b.systems = installed
     meta["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     meta["seconds"] = round(time.time() - started)
     meta["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

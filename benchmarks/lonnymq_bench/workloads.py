@@ -33,6 +33,10 @@ class Config:
     latency_rate: float = 50.0
     latency_seconds: float = 10.0
     latency_consumers: int = 2
+    #: The consumers wait idle this long before the first message is sent, and run on this
+    #: long after the last one (the time each has to pick it up).
+    latency_idle: float = 0.75
+    latency_tail: float = 1.75
     flat_future: int = 1_000_000
     flat_leased: int = 1_000_000
     flat_probe: int = 300
@@ -115,6 +119,13 @@ def _record(
 # -- send ----------------------------------------------------------------------------------
 
 
+def send_phase(b: Bench, s: System, dsn: str, v: Variant, procs: int, rep: int, seconds: float) -> None:
+    """One timed phase of a send variant on emptied, vacuumed tables; recorded as ``send``."""
+    b.fresh(s, dsn)
+    run = run_procs(functools.partial(v.factory, dsn), procs, seconds=seconds)
+    _record(b, "send", v, procs, rep, sum(run.results), run.seconds)
+
+
 def send(b: Bench) -> None:
     """Send one message per transaction, and batches of 1,000, from ``send_procs`` processes,
     each for ``send_seconds``."""
@@ -123,12 +134,46 @@ def send(b: Bench) -> None:
         for kind in ("one", "batch"):
             todo = [(s, dsn, v) for s, dsn in b.systems for v in s.sends() if v.kind == kind]
             for s, dsn, v in _rotate(todo, rep):
-                b.fresh(s, dsn)
-                run = run_procs(functools.partial(v.factory, dsn), c.send_procs, seconds=c.send_seconds)
-                _record(b, "send", v, c.send_procs, rep, sum(run.results), run.seconds)
+                send_phase(b, s, dsn, v, c.send_procs, rep, c.send_seconds)
 
 
 # -- drain ---------------------------------------------------------------------------------
+
+
+def drain_phase(
+    b: Bench,
+    s: System,
+    dsn: str,
+    v: Variant,
+    procs: int,
+    rep: int,
+    backlog: int,
+    seconds: float,
+    workload: str = "drain",
+) -> None:
+    """One timed phase of a drain variant on a preloaded, vacuumed backlog; stops early after
+    ``seconds`` (the rate is then over that window). Checks that the workers' count plus the
+    rows left equals the backlog."""
+    b.fresh(s, dsn)
+    s.preload(dsn, backlog)
+    harness.vacuum(dsn, s.tables)
+    run = run_procs(functools.partial(v.factory, dsn), procs, seconds=seconds)
+    n = sum(run.results)
+    left = s.remaining(dsn)
+    if n + left != backlog:
+        b.log(f"  !! {v.system} {v.name}: counted {n}, {left} left of {backlog}")
+    _record(
+        b,
+        workload,
+        v,
+        procs,
+        rep,
+        n,
+        run.seconds,
+        backlog=backlog,
+        complete=left == 0,
+        accounted=n + left == backlog,
+    )
 
 
 def drain(b: Bench) -> None:
@@ -141,40 +186,21 @@ def drain(b: Bench) -> None:
                 backlog = c.backlog_one if kind == "one" else c.backlog_batch
                 todo = [(s, dsn, v) for s, dsn in b.systems for v in s.drains() if v.kind == kind]
                 for s, dsn, v in _rotate(todo, rep):
-                    b.fresh(s, dsn)
-                    s.preload(dsn, backlog)
-                    harness.vacuum(dsn, s.tables)
-                    run = run_procs(functools.partial(v.factory, dsn), procs, seconds=c.drain_seconds)
-                    n = sum(run.results)
-                    left = s.remaining(dsn)
-                    if n + left != backlog:
-                        b.log(f"  !! {v.system} {v.name}: counted {n}, {left} left of {backlog}")
-                    _record(
-                        b,
-                        "drain",
-                        v,
-                        procs,
-                        rep,
-                        n,
-                        run.seconds,
-                        backlog=backlog,
-                        complete=left == 0,
-                        accounted=n + left == backlog,
-                    )
+                    drain_phase(b, s, dsn, v, procs, rep, backlog, c.drain_seconds)
 
 
 # -- pickup latency ------------------------------------------------------------------------
 
 
 def _latency_worker(
-    system: System, v: Variant, dsn: str, rate: float, count: int, ctx: Ctx
+    system: System, v: Variant, dsn: str, rate: float, count: int, idle: float, ctx: Ctx
 ) -> Callable[[], Any]:
     if ctx.index > 0:
         return v.factory(dsn, ctx)
     send, close = system.producer(dsn)
 
     def produce() -> list[tuple[Any, float]]:
-        time.sleep(0.75)  # the consumers are idle, waiting, when the first message comes
+        time.sleep(idle)  # the consumers are idle, waiting, when the first message comes
         start = time.monotonic()
         out = []
         for k in range(count):
@@ -189,16 +215,20 @@ def _latency_worker(
     return produce
 
 
-def latency(b: Bench) -> None:
+def latency(b: Bench, *, headline_only: bool = False) -> None:
     """End-to-end pickup latency: one producer sends one message per transaction at a fixed rate
-    to idle consumers; latency = consumer has it - producer's commit returned."""
+    to idle consumers; latency = consumer has it - producer's commit returned. ``headline_only``:
+    each system's idiomatic way of waiting only."""
     c = b.config
     count = max(1, round(c.latency_rate * c.latency_seconds))
     for s, dsn in b.systems:
         for v in s.pickups():
+            if headline_only and not v.headline:
+                continue
             b.fresh(s, dsn)
-            worker = functools.partial(_latency_worker, s, v, dsn, c.latency_rate, count)
-            run = run_procs(worker, c.latency_consumers + 1, seconds=c.latency_seconds + 2.5)
+            worker = functools.partial(_latency_worker, s, v, dsn, c.latency_rate, count, c.latency_idle)
+            seconds = c.latency_idle + c.latency_seconds + c.latency_tail
+            run = run_procs(worker, c.latency_consumers + 1, seconds=seconds)
             sent = dict(run.results[0])
             got: dict[Any, float] = {}
             for part in run.results[1:]:

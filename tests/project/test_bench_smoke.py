@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.once, pytest.mark.slow]
         "spark_enqueue.py",
         "spark_jdbc.py",
         "held_snapshot.py",
+        "producers.py",
+        "pgmq_facade.py",
     ],
 )
 def test_scripts_start(script: str) -> None:
@@ -169,3 +171,96 @@ def test_held_snapshot_quick(dsn: str, tmp_path: Path) -> None:
         sent = sum(row["sent_per_s"] for row in rows)
         assert 0 < sum(row["consumed_per_s"] for row in rows) <= sent + 1
     assert runs["lonnymq"]["timeline"][-1]["dead_tuples"] > 0
+
+
+def test_producers_quick(dsn: str, tmp_path: Path) -> None:
+    # benchmarks/producers.py --quick: every system has a rate for each workload it takes part
+    # in, at each producer count, the drains account for their backlog, every idle consumer got
+    # every message, and every ratio of the targets table has a value.
+    pytest.importorskip("pgmq")
+    pytest.importorskip("pgqueuer")
+    pytest.importorskip("asyncpg")
+    out = tmp_path / "producers.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "producers.py"),
+            "--quick",
+            "--dsn",
+            dsn,
+            "--db-prefix",
+            f"prod_{uuid.uuid4().hex[:8]}",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "reproduce: python benchmarks/producers.py --quick" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert set(doc["meta"]["versions"]) == set(REGISTRY)
+    assert doc["meta"]["config"]["producers"] == [1, 2]
+    got: dict[tuple[str, str, int], set[str]] = {}
+    for r in doc["throughput"]:
+        assert r["n"] > 0 and r["rate"] > 0, r
+        assert r.get("accounted", True), r
+        got.setdefault((r["workload"], r["kind"], r["procs"]), set()).add(r["system"])
+    sends = {"lonnymq", "pgmq", "pgqueuer", "seed"}
+    assert got == {
+        ("send", "one", 1): sends | {"floor"},
+        ("send", "one", 2): sends | {"floor"},
+        ("send", "batch", 2): sends,
+        ("pop", "one", 2): {"lonnymq", "pgmq", "seed", "floor"},
+        ("drain", "one", 2): {"lonnymq", "pgmq", "pgqueuer", "leasefloor"},
+        ("drain", "batch", 2): {"lonnymq", "pgmq", "pgqueuer", "floor", "leasefloor"},
+    }
+    pickups = {r["system"]: r for r in doc["latency"]}
+    assert set(pickups) == {"lonnymq", "pgmq", "pgqueuer", "seed"}
+    for r in pickups.values():
+        assert r["received"] == r["sent"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0, r
+    names = [t["target"] for t in doc["targets"]]
+    for part in (
+        "send, 1 producer (serial) / pgmq",
+        "send, 2 producers / bare seed INSERT",
+        "send, 2 producers / commit floor",
+        "send_batch(1000) / pgmq send_batch",
+        "pop / seed's delete-on-dequeue",
+        "drain at batch 1 / lease floor",
+        "drain at batch 100 / lease floor",
+        "idle pickup p99 (ms)",
+    ):
+        assert any(n.startswith(part) for n in names), (part, names)
+    assert all(t["value"] is not None and t["value"] > 0 for t in doc["targets"]), doc["targets"]
+
+
+def test_pgmq_facade_quick(dsn: str, tmp_path: Path) -> None:
+    # benchmarks/pgmq_facade.py --quick: each operation ran through the facade, the native
+    # functions and pgmq itself, and both ratios are there.
+    pytest.importorskip("pgmq")
+    out = tmp_path / "facade.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "pgmq_facade.py"),
+            "--quick",
+            "--dsn",
+            dsn,
+            "--db-prefix",
+            f"facade_{uuid.uuid4().hex[:8]}",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["op"]: r for r in json.loads(out.read_text())["summary"]}
+    assert set(rows) == {"send", "read+delete", "pop", "batch send"}
+    for r in rows.values():
+        assert all(r[side] > 0 for side in ("facade", "native", "pgmq")), r
+        assert r["facade/native"] > 0 and r["facade/pgmq"] > 0, r

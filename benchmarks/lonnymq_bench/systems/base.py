@@ -82,6 +82,16 @@ class System:
     def drains(self) -> list[Variant]:
         return []
 
+    def pops(self) -> list[Variant]:
+        """Take-and-delete one message per call (no lease; at-most-once), kind ``one``: the
+        producers benchmark's pop workload (benchmarks/producers.py)."""
+        return []
+
+    def commits(self) -> list[Variant]:
+        """The cheapest durable transaction, kind ``one``: what a one-message send cannot go
+        below (the producers benchmark's commit floor)."""
+        return []
+
     def pickups(self) -> list[Variant]:
         """Idle consumers for the pickup-latency workload: each worker's timed part waits for
         messages until its deadline and returns [(message id, time.time() when received)]."""

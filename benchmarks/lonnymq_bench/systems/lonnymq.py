@@ -326,6 +326,10 @@ class LonnyMQ(System):
             ),
         ]
 
+    def pops(self) -> list[Variant]:
+        # take_tx on a plain queue without archiving is the lean pop: one DELETE ... RETURNING.
+        return [Variant(self.name, "take_tx(1)", "one", _take_tx(1), note="take-and-delete, at-most-once")]
+
     def pickups(self) -> list[Variant]:
         return [
             Variant(self.name, "receive() (NOTIFY)", "notify", _pickup_notify),

@@ -257,10 +257,13 @@ class Pgmq(System):
                 _read_delete(1),
                 note="visibility timeout + delete, two round trips",
             ),
-            Variant(self.name, "pop(1)", "one", _pop(1), headline=False, note="take-and-delete"),
+            *self.pops(),
             Variant(self.name, "read(100) + delete(ids)", "batch", _read_delete(100)),
             Variant(self.name, "pop(100)", "batch", _pop(100), headline=False, note="take-and-delete"),
         ]
+
+    def pops(self) -> list[Variant]:
+        return [Variant(self.name, "pop(1)", "one", _pop(1), headline=False, note="take-and-delete")]
 
     def pickups(self) -> list[Variant]:
         return [Variant(self.name, "read_with_poll() (100 ms)", "poll", _pickup)]

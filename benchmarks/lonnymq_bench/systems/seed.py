@@ -160,7 +160,7 @@ class BareTable(System):
 class Seed(BareTable):
     name = "seed"
     label = "bare SKIP LOCKED (seed)"
-    tables = ("public.q",)
+    tables: tuple[str, ...] = ("public.q",)
     version = "seed design"
 
     def sends(self) -> list[Variant]:
@@ -170,6 +170,9 @@ class Seed(BareTable):
         ]
 
     def drains(self) -> list[Variant]:
+        return self.pops()
+
+    def pops(self) -> list[Variant]:
         return [
             Variant(
                 self.name,
