@@ -52,11 +52,35 @@ def nodes_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = bare_python(tmp_path_factory.mktemp("nodes-python"), NODE_PACKAGES)
     probe = subprocess.run(
         [str(python), "-c", "import psycopg, psycopg_pool, pyarrow; import lonnymq"],
+        env=spark_env(),
         capture_output=True,
         text=True,
     )
     assert "No module named 'lonnymq'" in probe.stderr, probe.stderr
     return python
+
+
+@pytest.fixture(scope="module")
+def driver_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The driver's Python (client mode, the Connect client): this interpreter with the lonnymq
+    these tests import. If that comes from PYTHONPATH (a checkout other than the installed one),
+    a wrapper sets it for the driver's Python alone: Spark would hand a PYTHONPATH of the
+    driver's JVM on to every Python it starts, the planners' too (see spark_env)."""
+    import lonnymq
+
+    mine = Path(lonnymq.__file__).resolve()
+    seen = subprocess.run(
+        [sys.executable, "-c", "import lonnymq; print(lonnymq.__file__)"],
+        env=spark_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    if seen.returncode == 0 and Path(seen.stdout.strip()).resolve() == mine:
+        return Path(sys.executable)
+    wrapper = tmp_path_factory.mktemp("driver-python") / "python"
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{mine.parents[1]}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +124,18 @@ def check_routes(client: Client, report: dict[str, Any], events: list[int]) -> N
 
 
 def test_client_mode(
-    cluster: StandaloneCluster, nodes_python: Path, dsn: str, schema: str, client: Client, tmp_path: Path
+    cluster: StandaloneCluster,
+    nodes_python: Path,
+    driver_python: Path,
+    dsn: str,
+    schema: str,
+    client: Client,
+    tmp_path: Path,
 ) -> None:
     events = queues(client)
     done = spark_submit(
         "--master", cluster.url, *APP_CONF,
-        "--conf", f"spark.pyspark.driver.python={sys.executable}",  # the driver: lonnymq installed
+        "--conf", f"spark.pyspark.driver.python={driver_python}",  # the driver: lonnymq installed
         "--conf", f"spark.pyspark.python={nodes_python}",  # executors and planners: not
         str(JOB), "submit", dsn, schema, str(tmp_path),
         log=tmp_path / "submit.log",
@@ -165,7 +195,13 @@ def test_cluster_mode(
 
 
 def test_spark_connect(
-    cluster: StandaloneCluster, nodes_python: Path, dsn: str, schema: str, client: Client, tmp_path: Path
+    cluster: StandaloneCluster,
+    nodes_python: Path,
+    driver_python: Path,
+    dsn: str,
+    schema: str,
+    client: Client,
+    tmp_path: Path,
 ) -> None:
     pytest.importorskip("grpc", reason="needs the connect extra: pip install 'lonnymq[connect]'")
     port = free_port()
@@ -184,7 +220,7 @@ def test_spark_connect(
             time.sleep(0.5)
         events = queues(client)
         done = subprocess.run(
-            [sys.executable, str(JOB), f"sc://127.0.0.1:{port}", dsn, schema, str(tmp_path)],
+            [str(driver_python), str(JOB), f"sc://127.0.0.1:{port}", dsn, schema, str(tmp_path)],
             env=spark_env(), capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
@@ -205,7 +241,13 @@ def wait_for(path: Path, job: subprocess.Popen[bytes], log: Path, timeout: float
 
 
 def test_lost_executors_fail_the_query_and_leases_return(
-    cluster: StandaloneCluster, nodes_python: Path, dsn: str, schema: str, client: Client, tmp_path: Path
+    cluster: StandaloneCluster,
+    nodes_python: Path,
+    driver_python: Path,
+    dsn: str,
+    schema: str,
+    client: Client,
+    tmp_path: Path,
 ) -> None:
     client.create_queue("events")
     client.create_queue("copies")
@@ -215,7 +257,7 @@ def test_lost_executors_fail_the_query_and_leases_return(
     with log.open("wb") as out:
         job = subprocess.Popen(
             [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.url, *APP_CONF,
-             "--conf", f"spark.pyspark.driver.python={sys.executable}",
+             "--conf", f"spark.pyspark.driver.python={driver_python}",
              "--conf", f"spark.pyspark.python={nodes_python}",
              str(JOB), "submit", dsn, schema, str(tmp_path), "lost"],
             env=spark_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
