@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..migrations import DEFAULT_SCHEMA
+from ._ship import package_zip
 from ._watch import fail_without_executors
 
 if TYPE_CHECKING:
@@ -77,14 +78,14 @@ def ship(spark: SparkSession) -> Path:
     sessions in client mode, and Spark Connect). Returns the zip it shipped (see
     :func:`package_zip`).
 
-    The zip goes out with ``spark.addArtifacts(zip, pyfile=True)`` (the executors' and the
-    planners' path) and, inside the registered class, to the one process Spark starts without
-    shipped files: the driver-side planner of a streaming read. Those Python processes still
-    need lonnymq's dependencies installed: ``psycopg[binary]``, ``psycopg-pool`` and
+    The zip goes out with ``spark.addArtifacts(zip, pyfile=True)`` (on the path of the
+    executors, the planners and your own UDFs) and inside the registered class and the readers
+    and writers it makes, which unpickle by putting it on ``sys.path`` first: so it also reaches
+    the processes Spark starts without the session's files (the driver-side planner of a
+    streaming read; through Spark Connect, a streaming query's tasks). Those Python processes
+    still need lonnymq's dependencies installed: ``psycopg[binary]``, ``psycopg-pool`` and
     ``pyarrow``. Call it once per session, and again after changing the ``spark.lonnymq.*``
     confs (as :func:`register`, which keeps shipping on this session)."""
-    from ._ship import package_zip
-
     archive = package_zip()
     if not _spark_ships(spark, archive.name):
         spark.addArtifacts(str(archive), pyfile=True)
@@ -101,16 +102,6 @@ def _spark_ships(spark: SparkSession, name: str) -> bool:
     except Exception:  # Spark Connect: no SparkContext on the client
         return False
     return name in (includes or ())
-
-
-def package_zip(directory: str | Path | None = None) -> Path:
-    """Build ``lonnymq-<version>-<digest>.zip`` of the installed lonnymq package (pure
-    Python) in ``directory`` (default: a private folder under the temporary directory) and
-    return its path: what :func:`ship` sends, for ``spark-submit --py-files``. Spark puts zips
-    on the executors' path, not wheels. ``python -m lonnymq.spark [DIR]`` prints it."""
-    from ._ship import package_zip as build
-
-    return build(directory)
 
 
 def _register_active_session() -> None:

@@ -21,16 +21,17 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    DataSourceStreamWriter,
-    DataSourceWriter,
-)
-from pyspark.sql.types import StructType
+if TYPE_CHECKING:  # PySpark is imported by shipped_source only: package_zip needs none
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        DataSourceStreamReader,
+        DataSourceStreamWriter,
+        DataSourceWriter,
+    )
+    from pyspark.sql.types import StructType
 
 #: Fixed timestamp of the zip's entries, so the same sources make the same bytes and name.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -140,11 +141,13 @@ private_dir = _BY_VALUE.private_dir
 
 
 def package_zip(directory: str | os.PathLike[str] | None = None) -> Path:
-    """Write :func:`package_bytes` to ``lonnymq-<version>-<digest>.zip`` in ``directory``
-    (default: a private folder under the temporary directory) unless that file holds them
-    already, and return its path; without ``directory``, in a process that imported lonnymq
-    from a zip, that zip. The name changes with the contents, so Spark, which refuses a second
-    file of the same name with other contents, takes a new build as a new file."""
+    """Build ``lonnymq-<version>-<digest>.zip`` of the imported lonnymq package (pure Python,
+    :func:`package_bytes`) in ``directory`` (default: a private folder under the temporary
+    directory), unless that file holds it already, and return its path: what
+    :func:`lonnymq.spark.ship` sends, and what ``spark-submit --py-files`` takes (Spark puts
+    zips on the Python path, not wheels; ``python -m lonnymq.spark [DIR]`` prints it). Without
+    ``directory``, in a process that imported lonnymq from a zip, that zip. The name changes
+    with the contents: Spark refuses a second file of the same name with other contents."""
     from lonnymq import __version__
 
     if directory is None and (imported := imported_zip()) is not None:
@@ -163,6 +166,8 @@ def shipped_source(conf: Mapping[str, str], archive: Path) -> type[DataSource]:
     :meth:`_delegate` has put the zip on ``sys.path`` (in a process that has not imported
     lonnymq yet, so every process of the query runs the driver's lonnymq); each method then
     hands over to the real :class:`~lonnymq.spark.source.LonnyMQDataSource`."""
+    from pyspark.sql.datasource import DataSource
+
     captured = dict(conf)
     name, data = archive.name, archive.read_bytes()
     load, portable = _BY_VALUE.load, _BY_VALUE.portable
