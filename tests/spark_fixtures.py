@@ -9,9 +9,15 @@ below), so this directory is put on their PYTHONPATH before the JVM starts.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
+from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +133,136 @@ else:
 
         def streamWriter(self, schema: Any, overwrite: bool) -> Any:
             return FlakyStreamWriter(self.options, schema, self.conf)
+
+
+# -- a standalone cluster ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spark_home() -> Path:
+    """The installed PySpark distribution: its bin/, sbin/ and jars/ are a SPARK_HOME."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def spark_env(**more: str) -> dict[str, str]:
+    """This process's environment for Spark's scripts: the installed PySpark as SPARK_HOME,
+    loopback only, and none of this session's Spark settings (a Connect URL, the Python of the
+    local tests) or PYTHONPATH (Spark hands it on to every Python it starts, the cluster's too)."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_")) and k != "PYTHONPATH"
+    }
+    env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", **more)
+    return env
+
+
+def stop_group(proc: Any, wait: float = 30) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it started."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class StandaloneCluster:
+    """A Spark standalone master and workers on loopback ports, run from the installed PySpark
+    (``bin/spark-class org.apache.spark.deploy.master.Master`` / ``...worker.Worker``: PyPI's
+    PySpark has no sbin/start-master.sh). Each worker runs in its own process group, with the
+    executors it launches, so :meth:`kill_workers` takes them all down like a lost machine."""
+
+    def __init__(self, root: Path, workers: int = 2, cores: int = 1, memory: str = "512m") -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.sizes = (workers, cores, memory)
+        self.env = spark_env(SPARK_DAEMON_MEMORY="256m", SPARK_CONF_DIR=str(root / "conf"))
+        (root / "conf").mkdir(parents=True, exist_ok=True)
+        self.master = self._start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(free_port()),
+        )  # fmt: skip
+        self._wait_for(self.root / "master.log", "I have been elected leader", self.master)
+        self.workers: list[Any] = []
+        self.generation = 0
+        self.start_workers()
+
+    def _start(self, name: str, cls: str, *args: str) -> Any:
+        with (self.root / f"{name}.log").open("ab") as out:
+            return subprocess.Popen(
+                [str(spark_home() / "bin" / "spark-class"), cls, *args],
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    @staticmethod
+    def _wait_for(log: Path, line: str, proc: Any, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while line not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{log.name}: no {line!r} (exit {proc.poll()}):\n{log.read_text()[-3000:]}"
+                )
+            time.sleep(0.3)
+
+    def start_workers(self) -> None:
+        """Start the workers (again, after :meth:`kill_workers`) and wait for them to register."""
+        workers, cores, memory = self.sizes
+        self.generation += 1
+        for i in range(workers):
+            args = ["--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
+                    "--work-dir", str(self.root / f"worker{i + 1}"), "--webui-port", str(free_port())]  # fmt: skip
+            name = f"worker{i + 1}-{self.generation}"
+            self.workers.append(self._start(name, "org.apache.spark.deploy.worker.Worker", *args, self.url))
+        for i, proc in enumerate(self.workers[-workers:]):
+            self._wait_for(
+                self.root / f"worker{i + 1}-{self.generation}.log", "Successfully registered", proc
+            )
+
+    def kill_workers(self) -> None:
+        """SIGKILL every worker with its executors and their Python workers: lost machines."""
+        for proc in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.workers.clear()
+
+    def driver_files(self, name: str) -> list[Path]:
+        """Files ``name`` (stdout, stderr) of the drivers run on the workers (cluster mode)."""
+        return sorted(self.root.glob(f"worker*/driver-*/{name}"))
+
+    def stop(self) -> None:
+        for proc in [*self.workers, self.master]:
+            stop_group(proc)
+
+
+def bare_python(root: Path, packages: tuple[str, ...]) -> Path:
+    """A virtualenv at ``root`` with only ``packages`` (distributions installed here, linked in,
+    with what they import) and no lonnymq: the Python of cluster nodes that do not have lonnymq
+    installed. Returns its interpreter. ``--system-site-packages`` would not do: it would see
+    this interpreter's base site-packages and, in an editable install's venv, lonnymq."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    for name in packages:
+        dist = distribution(name)
+        tops = {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
+        for top in sorted(tops):
+            target = Path(str(dist.locate_file(top)))
+            if target.exists() and not (site / top).exists():
+                (site / top).symlink_to(target)
+    return python

@@ -2,6 +2,7 @@
 
     import lonnymq.spark                 # registers format("lonnymq") with the active session
     lonnymq.spark.register(spark)        # any other session (or after setting spark.lonnymq.*)
+    lonnymq.spark.ship(spark)            # executors without lonnymq installed (a cluster)
     df.write.format("lonnymq").option("dsn", dsn).option("queue", "orders").mode("append").save()
 
 PySpark is imported only when the data source is used, so ``import lonnymq`` stays light.
@@ -12,18 +13,32 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..migrations import DEFAULT_SCHEMA
+from ._ship import package_zip
+from ._watch import fail_without_executors
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from .source import LonnyMQDataSource
 
-__all__ = ["LonnyMQDataSource", "WriteStatus", "register", "sweep", "write_status"]
+__all__ = [
+    "LonnyMQDataSource",
+    "WriteStatus",
+    "fail_without_executors",
+    "package_zip",
+    "register",
+    "ship",
+    "sweep",
+    "write_status",
+]
 
 _PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
+#: Set by :func:`ship` on its session, so :func:`register` keeps shipping there.
+_SHIPPED = "spark.lonnymq.shipped"
 
 
 def register(spark: SparkSession) -> None:
@@ -34,14 +49,59 @@ def register(spark: SparkSession) -> None:
     ``spark.lonnymq.password`` confs, which are read here (on the driver) and travel with the
     registered class, never through options or plans. Also turns on
     ``spark.sql.python.filterPushdown.enabled`` (off by default in Spark 4) so batch reads push
-    filters down to PostgreSQL; to keep it off, read with ``.option("pushFilters", "false")``."""
+    filters down to PostgreSQL; to keep it off, read with ``.option("pushFilters", "false")``.
+    On a session :func:`ship` shipped lonnymq to, registers the shipping variant again."""
+    if spark.conf.get(_SHIPPED, None) == "true":
+        ship(spark)
+        return
+    _register(spark, None)
+
+
+def _register(spark: SparkSession, archive: Path | None) -> None:
     from ._conf import CONF_DSN, CONF_PASSWORD
     from .source import LonnyMQDataSource, with_conf
 
     conf = {k: v for k in (CONF_DSN, CONF_PASSWORD) if (v := spark.conf.get(k, None))}
-    spark.dataSource.register(with_conf(conf) if conf else LonnyMQDataSource)
+    if archive is not None:
+        from ._ship import shipped_source
+
+        spark.dataSource.register(shipped_source(conf, archive))
+    else:
+        spark.dataSource.register(with_conf(conf) if conf else LonnyMQDataSource)
     if spark.conf.get(_PUSHDOWN, None) != "true":
         spark.conf.set(_PUSHDOWN, "true")
+
+
+def ship(spark: SparkSession) -> Path:
+    """Ship this process's lonnymq to every Python process of the session's queries, and
+    register ``format("lonnymq")``: for clusters whose Python does not have lonnymq (classic
+    sessions in client mode, and Spark Connect). Returns the zip it shipped (see
+    :func:`package_zip`).
+
+    The zip goes out with ``spark.addArtifacts(zip, pyfile=True)`` (on the path of the
+    executors, the planners and your own UDFs) and inside the registered class and the readers
+    and writers it makes, which unpickle by putting it on ``sys.path`` first: so it also reaches
+    the processes Spark starts without the session's files (the driver-side planner of a
+    streaming read; through Spark Connect, a streaming query's tasks). Those Python processes
+    still need lonnymq's dependencies installed: ``psycopg[binary]``, ``psycopg-pool`` and
+    ``pyarrow``. Call it once per session, and again after changing the ``spark.lonnymq.*``
+    confs (as :func:`register`, which keeps shipping on this session)."""
+    archive = package_zip()
+    if not _spark_ships(spark, archive.name):
+        spark.addArtifacts(str(archive), pyfile=True)
+    spark.conf.set(_SHIPPED, "true")
+    _register(spark, archive)
+    return archive
+
+
+def _spark_ships(spark: SparkSession, name: str) -> bool:
+    """Whether the session's SparkContext ships a Python file of this name already (given to
+    ``spark-submit --py-files``: Spark refuses the same name again from another path)."""
+    try:
+        includes = spark.sparkContext._python_includes
+    except Exception:  # Spark Connect: no SparkContext on the client
+        return False
+    return name in (includes or ())
 
 
 def _register_active_session() -> None:
