@@ -9,9 +9,17 @@ PostgreSQL 15 clusters (tools/pgcluster.py; fsync and synchronous_commit on, as 
    on one shard cluster and on two, each routed directly (a producer connects to the shard that
    holds its queue; two pgbench runs side by side) and through a router (one pgbench run on it).
 
-    .venv/bin/python benchmarks/shard.py             # about a minute; needs root (runs PostgreSQL
+3. Direct routing (``Client(router_dsn, direct=True)``) against the router and against a plain
+   client of the shard's own DSN, Python clients all: single calls in sequence on one connection
+   (send; take+ack), 5 interleaved rounds, medians; and 8 concurrent producers (8 processes, one
+   connection each, single-message sends, each to its own queue, 4 queues on each shard), 2
+   rounds. Besides the rates, the CPU time per call of the clients and all three servers
+   together (/proc), which other work on a shared machine disturbs far less than the rates.
+
+    .venv/bin/python benchmarks/shard.py             # about two minutes; needs root (runs PostgreSQL
     .venv/bin/python benchmarks/shard.py --quick     # as the postgres OS user) and plproxy
     .venv/bin/python benchmarks/shard.py --json out.json
+    .venv/bin/python benchmarks/shard.py --parts direct --json out.json   # part 3 only
 
 The numbers of the run quoted in docs/sharding.md come from the first command. On a shared
 machine they move by 10-20 % from run to run: compare ratios within one run.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -181,12 +190,187 @@ def pgbench(runs: list[tuple[str, str, int]], seconds: float, workdir: Path) -> 
     return total
 
 
+# -- 3. direct routing ------------------------------------------------------------------------
+
+#: The three ways a Python client reaches a queue's shard.
+MODES = ("shard", "router", "direct")
+
+
+def _client(mode: str, router_dsn: str, shard_dsn: str) -> Client:
+    if mode == "shard":
+        return Client(shard_dsn, pool_size=1)
+    return Client(router_dsn, pool_size=1, direct=mode == "direct")
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(clusters: list[pgcluster.Cluster]) -> float:
+    """CPU time (user + system) of this process and of every process of ``clusters`` (the
+    postmasters and their children: backends, PL/Proxy's connections): what the calls cost the
+    machine, whatever else runs on it."""
+    masters = {int((c.datadir / "postmaster.pid").read_text().split()[0]) for c in clusters}
+    total = time.process_time()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if pid in masters or ppid in masters:
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+def direct_calls(
+    router_dsn: str,
+    shard_dsn: str,
+    queue: str,
+    seconds: float,
+    rounds: int,
+    clusters: list[pgcluster.Cluster],
+) -> dict[str, Any]:
+    """ops/s of single calls in sequence, per mode (medians of ``rounds`` interleaved rounds),
+    and the CPU time per call of the client and the servers together."""
+    clients = {m: _client(m, router_dsn, shard_dsn) for m in MODES}
+
+    def send(c: Client) -> int:
+        c.send(queue, {"n": 1})
+        return 1
+
+    def take_ack(c: Client) -> int:
+        got = c.take(queue)
+        if not got:
+            c.send_batch(queue, [{"n": 1}] * 200)
+            return 0
+        c.ack(got[0])
+        return 1
+
+    works: dict[str, Callable[[Client], int]] = {"send": send, "take+ack": take_ack}
+    rates: dict[str, dict[str, list[float]]] = {w: {m: [] for m in MODES} for w in works}
+    cpu: dict[str, dict[str, list[float]]] = {w: {m: [] for m in MODES} for w in works}
+    try:
+        for c in clients.values():
+            c.open()
+            c.send(queue, {"n": 0})  # connected (and, direct, the map and the route read) before
+        for _ in range(rounds):
+            for work, fn in works.items():
+                for mode, c in clients.items():
+                    done = 0
+                    c0 = cpu_seconds(clusters)
+                    t0 = time.perf_counter()
+                    while time.perf_counter() - t0 < seconds:
+                        done += fn(c)
+                    rates[work][mode].append(done / (time.perf_counter() - t0))
+                    cpu[work][mode].append((cpu_seconds(clusters) - c0) / max(done, 1))
+    finally:
+        for c in clients.values():
+            c.close()
+    out: dict[str, Any] = {}
+    for work, by_mode in rates.items():
+        med = {m: statistics.median(v) for m, v in by_mode.items()}
+        out[work] = {
+            **{f"{m}_per_s": round(med[m]) for m in MODES},
+            **{f"{m}_us": round(1e6 / med[m]) for m in MODES},
+            **{f"{m}_cpu_us": round(1e6 * statistics.median(cpu[work][m])) for m in MODES},
+            "direct / router": round(med["direct"] / med["router"], 2),
+            "direct / shard": round(med["direct"] / med["shard"], 2),
+            "router / shard": round(med["router"] / med["shard"], 2),
+        }
+    return out
+
+
+def _producer(
+    mode: str, router_dsn: str, shard_dsn: str, queue: str, seconds: float, start: Any, done: Any
+) -> None:
+    with _client(mode, router_dsn, shard_dsn) as c:
+        c.send(queue, {"n": 0})  # connected, map and route read
+        start.wait()
+        n = 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        while time.perf_counter() - t0 < seconds:
+            c.send(queue, {"n": 1})
+            n += 1
+        done.put((n, time.perf_counter() - t0, time.process_time() - c0))
+
+
+def direct_producers(
+    router_dsn: str,
+    shard_dsns: list[str],
+    n: int,
+    seconds: float,
+    rounds: int,
+    clusters: list[pgcluster.Cluster],
+) -> dict[str, Any]:
+    """messages/s of ``n`` concurrent single-message producers (processes), per mode, and the
+    CPU time per message of the producers and the servers together."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    prefix = balanced_prefix(router_dsn, n, len(shard_dsns), f"dp{n}x")
+    queues = [f"{prefix}{i}" for i in range(n)]
+    create_queues(router_dsn, prefix, n)
+    homes = [home(router_dsn, q, len(shard_dsns)) for q in queues]
+    rates: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(rounds):
+        for mode in MODES:
+            start, done = ctx.Barrier(n + 1), ctx.Queue()
+            procs = [
+                ctx.Process(
+                    target=_producer,
+                    args=(mode, router_dsn, shard_dsns[h], q, seconds, start, done),
+                )
+                for q, h in zip(queues, homes, strict=True)
+            ]
+            for p in procs:
+                p.start()
+            start.wait(timeout=120)
+            s0 = cpu_seconds(clusters) - time.process_time()
+            got = [done.get(timeout=120) for _ in procs]
+            servers = cpu_seconds(clusters) - time.process_time() - s0
+            for p in procs:
+                p.join(30)
+            sent = sum(g[0] for g in got)
+            rates[mode].append(sum(g[0] / g[1] for g in got))
+            cpu[mode].append((servers + sum(g[2] for g in got)) / max(sent, 1))
+    med = {m: statistics.median(v) for m, v in rates.items()}
+    return {
+        **{f"{m}_per_s": round(med[m]) for m in MODES},
+        **{f"{m}_cpu_us": round(1e6 * statistics.median(cpu[m])) for m in MODES},
+        "direct / router": round(med["direct"] / med["router"], 2),
+        "direct / shard": round(med["direct"] / med["shard"], 2),
+        "router / shard": round(med["router"] / med["shard"], 2),
+    }
+
+
+def print_direct(results: dict[str, Any]) -> None:
+    print("\n3. direct=True vs the router vs the shard's own DSN (Python clients)")
+    print(f"{'':<22}{'shard':>9}{'router':>9}{'direct':>9}{'d/router':>10}{'d/shard':>9}{'r/shard':>9}")
+    rows = [(f"{w} /s (1 conn)", r) for w, r in results["calls"].items()]
+    rows.append((f"{results['producers_n']} producers msg/s", results["producers"]))
+    for name, r in rows:
+        print(
+            f"{name:<22}{r['shard_per_s']:>9}{r['router_per_s']:>9}{r['direct_per_s']:>9}"
+            f"{r['direct / router']:>10}{r['direct / shard']:>9}{r['router / shard']:>9}"
+        )
+    print("CPU per call (per message), clients + router + shards (us):")
+    for name, r in rows:
+        print(f"  {name:<20}" + "".join(f"{m} {r[f'{m}_cpu_us']:>6}   " for m in MODES))
+    print(f"load average {results['load_average_before']:.1f} -> {results['load_average_after']:.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short cases (a smoke run)")
     ap.add_argument("--levels", default="8,16,32", help="producer counts (default 8,16,32)")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument(
+        "--parts", default="router,scale,direct", help="parts to run (default router,scale,direct)"
+    )
+    ap.add_argument("--producers", type=int, default=8, help="producers of part 3 (default 8)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     seconds = 1 if args.quick else 3
     call_seconds = 0.2 if args.quick else 0.7
     rounds = 1 if args.quick else 3
@@ -211,12 +395,31 @@ def main() -> int:
         q0 = queue_on(router.dsn, 0, 2, "call", taken)
         with Client(router.dsn) as c:
             c.create_queue(q0)
-        print("per-call cost (direct on shard 0 vs through the router)...", file=sys.stderr)
-        results["per_call"] = per_call(a.dsn, router.dsn, q0, call_seconds, rounds)
+        if "router" in parts:
+            print("per-call cost (direct on shard 0 vs through the router)...", file=sys.stderr)
+            results["per_call"] = per_call(a.dsn, router.dsn, q0, call_seconds, rounds)
+        if "direct" in parts:
+            print("direct=True: single calls...", file=sys.stderr)
+            q1 = queue_on(router.dsn, 0, 2, "dcall", taken)
+            with Client(router.dsn) as c:
+                c.create_queue(q1)
+            direct: dict[str, Any] = {
+                "calls": direct_calls(
+                    router.dsn, a.dsn, q1, call_seconds, 1 if args.quick else 5, [router, a, b]
+                ),
+                "load_average_before": os.getloadavg()[0],
+            }
+            print(f"direct=True: {args.producers} producers...", file=sys.stderr)
+            direct["producers_n"] = args.producers
+            direct["producers"] = direct_producers(
+                router.dsn, [a.dsn, b.dsn], args.producers, seconds, 1 if args.quick else 2, [router, a, b]
+            )
+            direct["load_average_after"] = os.getloadavg()[0]
+            results["direct"] = direct
 
         scale: dict[str, dict[str, float]] = {}
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lonnymq-shard-bench-")))
-        for n in levels:
+        for n in levels if "scale" in parts else []:
             both = balanced_prefix(router.dsn, n, 2, f"p{n}x")  # n/2 queues on each shard
             create_queues(router.dsn, both, n)
             create_queues(router1, f"one{n}_", n)  # router1 has one shard: all on a
@@ -240,19 +443,23 @@ def main() -> int:
             scale[str(n)] = row
         results["scale"] = scale
 
-    print("\n1. per call, one connection, queue on shard 0 (ops/s; us per message)")
-    print(f"{'call':<18}{'direct':>10}{'router':>10}{'ratio':>8}{'direct us':>11}{'router us':>11}")
-    for work, r in results["per_call"].items():
-        print(
-            f"{work:<18}{r['direct_per_s']:>10}{r['router_per_s']:>10}{r['ratio']:>8}"
-            f"{r['direct_us_per_call']:>11}{r['router_us_per_call']:>11}"
-        )
-    print("\n2. single-message producers, messages/s")
-    cols = list(next(iter(scale.values())).keys())
-    widths = [max(len(c), 8) + 2 for c in cols]
-    print(f"{'producers':<10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
-    for n, row in scale.items():
-        print(f"{n:<10}" + "".join(f"{row[c]:>{w}}" for c, w in zip(cols, widths, strict=True)))
+    if "per_call" in results:
+        print("\n1. per call, one connection, queue on shard 0 (ops/s; us per message)")
+        print(f"{'call':<18}{'direct':>10}{'router':>10}{'ratio':>8}{'direct us':>11}{'router us':>11}")
+        for work, r in results["per_call"].items():
+            print(
+                f"{work:<18}{r['direct_per_s']:>10}{r['router_per_s']:>10}{r['ratio']:>8}"
+                f"{r['direct_us_per_call']:>11}{r['router_us_per_call']:>11}"
+            )
+    if scale:
+        print("\n2. single-message producers, messages/s")
+        cols = list(next(iter(scale.values())).keys())
+        widths = [max(len(c), 8) + 2 for c in cols]
+        print(f"{'producers':<10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
+        for n, row in scale.items():
+            print(f"{n:<10}" + "".join(f"{row[c]:>{w}}" for c, w in zip(cols, widths, strict=True)))
+    if "direct" in results:
+        print_direct(results["direct"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -110,7 +110,8 @@ def test_dead_pooled_connections_are_replaced_on_checkout(make_client: Any, conn
 def test_without_the_check_a_dead_connection_fails_the_send(
     make_client: Any, conn: Any, app_name: str
 ) -> None:
-    c = make_client(check_connections=False)
+    # Without idempotency keys (tests/client/test_idempotent_send.py: with them, it is retried).
+    c = make_client(check_connections=False, idempotent_sends=False)
     c.send("q", 1)
     assert kill_backends(conn, app_name) >= 1
     with pytest.raises(errors.ConnectionLost, match="may have committed") as info:
@@ -129,7 +130,7 @@ def test_without_the_check_a_safe_call_is_retried(make_client: Any, conn: Any, a
 def test_send_cut_off_in_flight_raises_connection_lost(
     make_client: Any, dsn: str, schema: str, conn: Any, app_name: str
 ) -> None:
-    c = make_client()
+    c = make_client(idempotent_sends=False)  # with keys it is retried: test_idempotent_send.py
     with pytest.raises(errors.ConnectionLost) as info:
         cut_off_in_flight(dsn, schema, conn, app_name, lambda: c.send("q", "x"))
     assert info.value.may_have_committed

@@ -47,8 +47,8 @@ class Traffic:
     are in flight when the queue moves) and acks them. Records what committed and each call's
     duration."""
 
-    def __init__(self, dsn: str, queue: str, first: int = 0) -> None:
-        self.dsn, self.queue, self.first = dsn, queue, first
+    def __init__(self, dsn: str, queue: str, first: int = 0, *, direct: bool = False) -> None:
+        self.dsn, self.queue, self.first, self.direct = dsn, queue, first, direct
         self.stop = threading.Event()
         self.sent: list[int] = []
         self.delivered: list[tuple[int, float]] = []  # (n, monotonic time of the take)
@@ -76,7 +76,7 @@ class Traffic:
 
     def produce(self) -> None:
         try:
-            with Client(self.dsn, pool_size=1) as c:
+            with Client(self.dsn, pool_size=1, direct=self.direct) as c:
                 n = self.first
                 while not self.stop.is_set():
                     self.timed(c.send, self.queue, {"n": n})
@@ -87,7 +87,7 @@ class Traffic:
 
     def consume(self) -> None:
         try:
-            with Client(self.dsn, pool_size=1) as c:
+            with Client(self.dsn, pool_size=1, direct=self.direct) as c:
                 while not self.stop.is_set():
                     got = self.timed(c.take, self.queue, 10)
                     now = time.monotonic()

@@ -754,7 +754,7 @@ def test_concurrent_installs_of_two_schemas_create_the_roles_once(dsn: str) -> N
                     "SELECT has_function_privilege(%s, %s, 'EXECUTE')",
                     (
                         f"{prefix}_producer",
-                        f"{schema}.send_batch(text,bytea[],text[],text[],jsonb[],bigint[],bigint[],smallint[],text[],text[],text,bigint)",
+                        f"{schema}.send_batch(text,bytea[],text[],text[],jsonb[],bigint[],bigint[],smallint[],text[],text[],text,bigint,uuid)",
                     ),
                 ).fetchone() == (True,)
     finally:
@@ -777,6 +777,7 @@ def test_a_consumer_cannot_move_the_clock(setup: Client, schema: str, login: Mak
         for func, args in (
             ("take", "'q', 5, NULL, NULL, NULL"),
             ("take_tx", "'q', 5, NULL"),
+            ("pop", "'q', 5"),
             ("extend", f"'q', ARRAY[{m.id}]::bigint[], ARRAY[{m.token}], NULL"),
         ):
             with pytest.raises(psycopg.Error) as e:

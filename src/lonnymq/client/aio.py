@@ -8,11 +8,12 @@ commits or rolls back with your own writes.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, overload
 
 import psycopg
 from psycopg import AsyncConnection
@@ -45,7 +46,8 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .ops import ROW_FACTORY, Op, Ops, map_error, settled, to_ms
+from .direct import ATTEMPTS, ShardMap, unsupported
+from .ops import ROW_FACTORY, Op, Ops, check_send_key, map_error, new_send_key, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
 from .wait import PENDING_WAIT, AsyncListener, next_wait
 
@@ -78,6 +80,17 @@ class AsyncClient:
     calls cut off by a lost connection are repeated: those that never reached the server, and
     those safe to run twice (take, receive, peek, metrics, listings); any other call so cut off
     raises :class:`~lonnymq.errors.ConnectionLost` (``may_have_committed``).
+
+    ``direct=True`` (``conninfo``: a shard router's DSN, docs/sharding.md): the calls of one
+    queue go straight to the shard that holds it, with no hop through the router; the client
+    reads the shard map from the router once, keeps a pool per shard (of ``pool_size``), and
+    follows a queue that moves. It logs into the shards with its DSN's user and password.
+
+    ``idempotent_sends`` (default True) makes sends safe to repeat too: each send or send_batch
+    call that the client may repeat (on its own pool, with a retry policy) carries a new
+    idempotency key, recorded with its messages, so a repeat of a call that had committed
+    creates nothing and returns the first call's ids and outcomes (docs/messages.md). Without it
+    a send cut off after it was sent raises ConnectionLost(may_have_committed=True).
     """
 
     def __init__(
@@ -90,11 +103,14 @@ class AsyncClient:
         connect_timeout: float | None = None,
         check_connections: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
+        direct: bool = False,
+        idempotent_sends: bool = True,
     ) -> None:
         self.schema = check_schema(schema)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise errors.InvalidArgument(f"retry must be a RetryPolicy or None, got {retry!r}")
         self.retry = retry
+        self.idempotent_sends = bool(idempotent_sends)
         self._open_timeout = 30.0
         self.ops = Ops(schema, serializer)
         self._conn: AsyncConnection[Any] | None = None
@@ -103,7 +119,12 @@ class AsyncClient:
         self._opened = False
         self._listeners: list[AsyncConnection[Any]] = []
         self._router: bool | None = None  # a shard router's schema? (asked once, when it matters)
+        self._map: ShardMap | None = ShardMap(schema, self.ops.st) if direct else None
+        self._shard_pools: dict[tuple[int, str], AsyncConnectionPool[Any]] = {}
+        self._pool_args: tuple[int, dict[str, Any], bool] = (pool_size, {}, check_connections)
         self.conninfo: str | None = None
+        if direct and (conninfo is not None and not isinstance(conninfo, str)):
+            raise unsupported(conninfo)
         if isinstance(conninfo, AsyncConnection):
             self._conn = conninfo
         elif isinstance(conninfo, AsyncConnectionPool):
@@ -118,6 +139,7 @@ class AsyncClient:
             if connect_timeout is not None or os.environ.get("LONNYMQ_CONNECT_TIMEOUT"):
                 self._open_timeout = config.connect_timeout(connect_timeout)
                 kwargs["connect_timeout"] = config.libpq_timeout(self._open_timeout)
+            self._pool_args = (pool_size, kwargs, check_connections)
             self._pool = AsyncConnectionPool(
                 conninfo,
                 min_size=1,
@@ -156,6 +178,8 @@ class AsyncClient:
         """Close listener connections and the pool the client created (not ones passed in)."""
         while self._listeners:
             await self._listeners.pop().close()
+        while self._shard_pools:
+            await self._shard_pools.popitem()[1].close()
         if self._owns_pool and self._pool is not None:
             await self._pool.close()
 
@@ -185,6 +209,8 @@ class AsyncClient:
         """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
         pool a call cut off by a lost connection is repeated under the client's retry policy
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
+        if conn is None and self._map is not None and (queue := self._map.queue_of(op)) is not None:
+            return await self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
             async with self.connection(conn) as c:
                 if op.caller_tx or _in_transaction(c):
@@ -194,17 +220,22 @@ class AsyncClient:
         if op.caller_tx and self._router is not False:
             async with self.connection() as c:
                 await self._refuse_on_router(c)
+        return await self._run_pooled(pool, op, retry)
+
+    async def _run_pooled(self, pool: AsyncConnectionPool[Any], op: Op[T], retry: bool) -> T:
+        """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
+        under the retry policy (see :meth:`run`)."""
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False  # an attempt reached the server: it may have committed
         while True:
             sent = False
             try:
-                if not self._opened and backoff is not None and self._owns_pool:
+                if pool is self._pool and not self._opened and backoff is not None and self._owns_pool:
                     # Not open(): its wait closes the pool for good if the server is down now;
                     # getconn() waits for the first connection, within the deadline.
                     await pool.open(wait=False)
                     self._opened = True
-                elif not self._opened:
+                elif pool is self._pool and not self._opened:  # (a shard's pool is opened when made)
                     await self.open()
                 c = await pool.getconn(None if backoff is None else backoff.remaining())
             except psycopg.OperationalError as e:  # no connection (PoolTimeout): nothing was sent
@@ -249,6 +280,59 @@ class AsyncClient:
                 " keep that data on the queue's shard and connect to the shard (docs/sharding.md)"
             )
 
+    # -- direct routing (client/direct.py) --------------------------------------------------
+
+    async def _run_direct(self, op: Op[T], queue: str, retry: bool) -> T:
+        """``op`` on the shard of ``queue``; if the queue is not there (it moved), once more on
+        the shard the re-read map names."""
+        m = self._map
+        assert m is not None
+        fenced = m.fenced(op)
+        for attempt in range(1, ATTEMPTS + 1):
+            if m.stale():
+                m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
+            shard = m.route(queue)
+            if shard is None:
+                found = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
+                shard = m.remember(queue, found)
+            pool = await self._shard_pool(shard)
+            try:
+                return await self._run_pooled(pool, fenced, retry)
+            except errors.QueueNotFound:
+                m.forget(queue)
+                m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
+                again = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
+                if attempt == ATTEMPTS or m.remember(queue, again) == shard:
+                    raise
+            except psycopg.OperationalError as e:
+                if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
+                    raise
+                raise m.unavailable(shard, e) from e
+        raise AssertionError("unreachable")
+
+    def _router_pool(self) -> AsyncConnectionPool[Any]:
+        assert self._pool is not None
+        return self._pool
+
+    async def _shard_pool(self, shard: int) -> AsyncConnectionPool[Any]:
+        m = self._map
+        assert m is not None and self.conninfo is not None
+        key = (shard, m.shards[shard])
+        pool = self._shard_pools.get(key)
+        if pool is None:
+            size, kwargs, check = self._pool_args
+            pool = AsyncConnectionPool(
+                m.conninfo(shard, self.conninfo),
+                min_size=1,
+                max_size=size,
+                kwargs=kwargs,
+                open=False,
+                check=AsyncConnectionPool.check_connection if check else None,
+            )
+            await pool.open(wait=False)
+            self._shard_pools[key] = pool
+        return pool
+
     async def _execute(self, c: AsyncConnection[Any], op: Op[T]) -> T:
         try:
             cur = await c.execute(op.query, op.params, binary=True)
@@ -272,7 +356,10 @@ class AsyncClient:
         if exhausted is not None:
             what += f"; gave up after {exhausted.attempts} attempt(s) in {exhausted.policy.deadline:g}s"
         if ran and not safe:
-            what += "; the call may have committed: check before repeating it (a send: use a key)"
+            what += (
+                "; the call may have committed: check before repeating it (a send: an"
+                " idempotency key makes it safe to repeat, see Client(idempotent_sends=True))"
+            )
         return errors.ConnectionLost(
             what,
             may_have_committed=ran,
@@ -468,6 +555,7 @@ class AsyncClient:
         key: str | None = None,
         channel: str | None = None,
         on_conflict: OnConflict = "ignore",
+        idempotency_key: uuid.UUID | str | None = None,
         conn: AsyncConnection[Any] | None = None,
     ) -> SendResult:
         """Enqueue one message. ``payload``: bytes (stored as is), str, or a JSON value.
@@ -478,11 +566,24 @@ class AsyncClient:
         (DuplicateKey). ``channel``: a tenant or group key; take serves channels round robin,
         each within its limits (see :meth:`set_channel`); a full channel raises ChannelFull or
         drops the message (outcome ``dropped``). Commits with ``conn``'s transaction when
-        ``conn`` is given."""
-        # Envelope.delay is typed float | None, but takes a timedelta too (ops.to_ms reads it).
-        env = Envelope(payload, kind, headers, cast(Any, delay), at, priority, key, channel)
-        results = await self.run(self.ops.send_batch(queue, [env], on_conflict=on_conflict), conn)
-        return results[0]
+        ``conn`` is given. ``idempotency_key`` (a UUID): a send with a key the queue has seen
+        within ``lonnymq.send_key_retention`` (1 hour) creates nothing and returns the first
+        send's result; without one, the client makes one for each call it may repeat
+        (``idempotent_sends``), so its retries never create a second message."""
+        op = self.ops.send(
+            queue,
+            payload,
+            kind=kind,
+            headers=headers,
+            delay=delay,
+            at=at,
+            priority=priority,
+            key=key,
+            channel=channel,
+            on_conflict=on_conflict,
+            send_key=self._send_key(idempotency_key, conn),
+        )
+        return await self.run(op, conn)
 
     async def send_batch(
         self,
@@ -490,11 +591,26 @@ class AsyncClient:
         messages: Iterable[Envelope | Any],
         *,
         on_conflict: OnConflict = "ignore",
+        idempotency_key: uuid.UUID | str | None = None,
         conn: AsyncConnection[Any] | None = None,
     ) -> list[SendResult]:
         """Enqueue many messages in one round trip and one transaction, in order (FIFO).
-        Items are :class:`Envelope` or bare payloads. All or nothing: one bad item writes none."""
-        return await self.run(self.ops.send_batch(queue, messages, on_conflict=on_conflict), conn)
+        Items are :class:`Envelope` or bare payloads. All or nothing: one bad item writes none.
+        ``idempotency_key``: one for the whole call, as for :meth:`send`."""
+        op = self.ops.send_batch(
+            queue, messages, on_conflict=on_conflict, send_key=self._send_key(idempotency_key, conn)
+        )
+        return await self.run(op, conn)
+
+    def _send_key(self, given: uuid.UUID | str | None, conn: AsyncConnection[Any] | None) -> uuid.UUID | None:
+        """The idempotency key of a send call: the caller's, else a new one when the client may
+        repeat the call (its own pool and a retry policy; never in a caller's transaction), else
+        none (a key is a write: not paid where no retry can happen)."""
+        if given is not None:
+            return check_send_key(given)
+        if self.idempotent_sends and conn is None and self._conn is None and self.retry is not None:
+            return new_send_key()
+        return None
 
     # -- take ------------------------------------------------------------------------------
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -294,6 +297,33 @@ def map_error(e: psycopg.Error) -> Exception:
     return e
 
 
+def _check_on_conflict(on_conflict: object) -> None:
+    if on_conflict not in ("ignore", "replace", "error"):
+        raise errors.InvalidArgument(f"on_conflict must be ignore, replace or error, got {on_conflict!r}")
+
+
+def new_send_key() -> uuid.UUID:
+    """A new send key (idempotency key) for one send call: a UUID version 7 (RFC 9562), 48 bits
+    of the Unix time in milliseconds then 74 random bits, so that the keys of a queue arrive in
+    about the order of the primary key of send_key (appended, not scattered over its pages)."""
+    value = (time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
+    value = value & ~(0x3 << 62) | 0x2 << 62  # variant 10 (RFC 9562)
+    return uuid.UUID(int=value)
+
+
+def check_send_key(value: object) -> uuid.UUID:
+    """An idempotency key given by the caller: a UUID or its text."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise errors.InvalidArgument(f"idempotency_key must be a UUID, got {value!r}")
+
+
 # -- statements ------------------------------------------------------------------------------
 
 
@@ -321,7 +351,13 @@ class Statements:
         self.send_batch = q(
             "SELECT ord, id, outcome FROM {s}.send_batch(%s::text, %b::bytea[], %b::text[],"
             " %b::text[], %b::jsonb[], %b::bigint[], %b::bigint[], %b::int2[], %b::text[],"
-            " %b::text[], %s::text)"
+            " %b::text[], %s::text, p_send_key => %s::uuid)"
+        )
+        # One message: the lean send (sql/send.sql), every argument in a fixed position so that
+        # the statement is prepared once per connection.
+        self.send = q(
+            "SELECT id, outcome FROM {s}.send(%s::text, %b::bytea, %s::text, %s::text, %b::jsonb,"
+            " %s::bigint, %s::bigint, %s::int2, %s::text, %s::text, %s::text, %s::uuid)"
         )
         self.take = q("SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])")
         self.take_tx = q("SELECT * FROM {s}.take_tx(%s::text, %s::int, %s::bool)")
@@ -382,6 +418,10 @@ def _scalar(rows: list[Any]) -> Any:
 
 def _nothing(rows: list[Any]) -> None:
     return None
+
+
+def _sent(rows: list[Any]) -> SendResult:
+    return SendResult(rows[0].id, rows[0].outcome)
 
 
 def _message(
@@ -548,12 +588,55 @@ class Ops:
             safe_to_retry=True,
         )
 
+    def send(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        kind: str | None = None,
+        headers: dict[str, Any] | None = None,
+        delay: float | timedelta | None = None,
+        at: datetime | int | None = None,
+        priority: int = 0,
+        key: str | None = None,
+        channel: str | None = None,
+        on_conflict: OnConflict = "ignore",
+        send_key: uuid.UUID | None = None,
+    ) -> Op[SendResult]:
+        """One message through the lean ``send()``. With ``send_key`` (see :func:`new_send_key`)
+        a repeat of the call creates nothing and returns the first call's result, so the op is
+        safe to retry."""
+        check_queue(queue)
+        _check_on_conflict(on_conflict)
+        body, ctype = encode_payload(payload, self.serializer)
+        if at is not None and delay is not None:
+            raise errors.InvalidArgument("give delay or at, not both")
+        params = (
+            queue,
+            body,
+            ctype,
+            check_text(kind, "kind", _KIND_MAX),
+            encode_headers(headers),
+            at_ms(at),
+            to_ms(delay, "delay"),
+            _check_priority(priority),
+            check_text(key, "key", _KEY_MAX),
+            check_text(channel, "channel", _KEY_MAX),
+            on_conflict,
+            send_key,
+        )
+        return Op(self.st.send, params, _sent, safe_to_retry=send_key is not None)
+
     def send_batch(
-        self, queue: str, messages: Iterable[Envelope | Any], *, on_conflict: OnConflict = "ignore"
+        self,
+        queue: str,
+        messages: Iterable[Envelope | Any],
+        *,
+        on_conflict: OnConflict = "ignore",
+        send_key: uuid.UUID | None = None,
     ) -> Op[list[SendResult]]:
         check_queue(queue)
-        if on_conflict not in ("ignore", "replace", "error"):
-            raise errors.InvalidArgument(f"on_conflict must be ignore, replace or error, got {on_conflict!r}")
+        _check_on_conflict(on_conflict)
         bodies: list[bytes] = []
         ctypes: list[str | None] = []
         kinds: list[str | None] = []
@@ -609,12 +692,14 @@ class Ops:
             opt(keys),
             opt(channels),
             on_conflict,
+            send_key,
         )
 
         def decode(rows: list[Any]) -> list[SendResult]:
             return [SendResult(r.id, r.outcome) for r in rows]
 
-        return Op(self.st.send_batch, params, decode)
+        # A batch is one call: one key covers it (all or nothing either way).
+        return Op(self.st.send_batch, params, decode, safe_to_retry=send_key is not None)
 
     def take(
         self,

@@ -7,9 +7,11 @@ A call is repeated only when repeating it cannot do harm:
   connection dead before the statement was sent): every call, sends included;
 * it may have run, but running it twice is harmless (``Op.safe_to_retry``: take, peek, the
   metrics and the listings; a take that ran and whose answer was lost leaves its messages leased
-  until their lease ends, then they are delivered again).
+  until their lease ends, then they are delivered again; a send or send_batch with an
+  idempotency key, which the client gives each send it may repeat (``idempotent_sends``): a
+  repeat of a call that committed creates nothing and returns the first call's result).
 
-Any other call cut off midway (a send, a settle, an admin call) raises
+Any other call cut off midway (a send without a key, a settle, an admin call) raises
 :class:`~lonnymq.errors.ConnectionLost` with ``may_have_committed=True``: a repeated send could
 create a second message, and a repeated ack of a delivery the first attempt already acked
 raises LeaseLost. Attempts stop at the policy's deadline (ConnectionLost again).

@@ -86,7 +86,11 @@ def service_account() -> Account | None:
     except ImportError as exc:
         raise EmbeddedServerError(f"{MISSING_BINARIES} ({exc})") from exc
     try:
-        ensure_user_exists(_SYSTEM_USER)
+        # One useradd at a time on this host: test processes starting together all find the
+        # account missing, and useradd run concurrently has been seen to end with the account
+        # created twice, the second replacing the first's uid under a server being started.
+        with file_lock(Path(tempfile.gettempdir()) / "lonnymq-useradd.lock", 60):
+            ensure_user_exists(_SYSTEM_USER)
     except (subprocess.CalledProcessError, OSError) as exc:
         # Another process may have created the user between its check and useradd.
         try:

@@ -3,7 +3,7 @@
 -- request (`lonnymq migrate --pgmq`, `Client.migrate(pgmq=True)`); see docs/pgmq.md for how
 -- pgmq's semantics map onto LonnyMQ's.
 --
--- The message path is built on {schema}'s public API functions (queue_create, send_batch,
+-- The message path is built on {schema}'s public API functions (queue_create, send, send_batch, pop,
 -- take, take_tx, message_get, message_cancel, extend, nack, queue_metrics, queue_list,
 -- queue_purge, queue_drop) and these functions are SECURITY INVOKER: a caller needs EXECUTE on
 -- the {schema} functions it ends up calling. What that API has no function for (conditional
@@ -679,11 +679,14 @@ BEGIN
     RETURN QUERY SELECT pgmq.send_batch($1, $2, $3, clock_timestamp() + make_interval(secs => $4));
 END $$;
 
+-- One message: LonnyMQ's lean send (one statement), not send_batch.
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay timestamptz)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    RETURN QUERY SELECT pgmq.send_batch($1, ARRAY[$2], CASE WHEN $3 IS NOT NULL THEN ARRAY[$3] END, $4);
+    RETURN QUERY SELECT s.id FROM {schema}.send(
+        $1, pg_catalog.convert_to($2::text, 'UTF8'), p_content_type => 'application/json',
+        p_headers => $3, p_at_ms => CASE WHEN $4 IS NOT NULL THEN pgmq._ms($4) END) s;
 END $$;
 
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb) RETURNS SETOF bigint
@@ -818,14 +821,15 @@ BEGIN
     RETURN;
 END $$;
 
--- Take up to qty ready messages and delete them at once (LonnyMQ's take_tx, not archived).
+-- Take up to qty ready messages and delete them at once (LonnyMQ's pop: take_tx, not
+-- archived, one DELETE on a plain queue).
 CREATE FUNCTION pgmq.pop(queue_name text, qty integer DEFAULT 1) RETURNS SETOF pgmq.message_record
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     RETURN QUERY SELECT d.id, d.attempt, pgmq._ts(d.enqueued_at), clock_timestamp(),
            pgmq._ts(coalesce(d.lease_until, d.scheduled_at)), pgmq._message(d.payload, d.content_type),
            d.headers
-      FROM {schema}.take_tx($1, $2, p_archive => false) d;
+      FROM {schema}.pop($1, $2) d;
 END $$;
 
 -- Settle -------------------------------------------------------------------------------------

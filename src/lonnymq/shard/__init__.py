@@ -10,6 +10,10 @@ router as to any LonnyMQ database; a call runs in the shard's own transaction, n
     print(shard.status(router_dsn))
     shard.move(router_dsn, "orders", 1)   # the queue, with its messages, to shard 1
     shard.add(router_dsn, [shard2_dsn, shard3_dsn])   # 2 -> 4 shards, queues rehomed
+
+A client may skip the router's hop for the calls of one queue: ``Client(router_dsn,
+direct=True)`` reads the shard map from the router and calls the queue's shard itself
+(:mod:`lonnymq.client.direct`).
 """
 
 from .add import AddResult, add

@@ -167,6 +167,7 @@ def _widen(
                             sql.Identifier(catalog.cluster_name(schema)), options
                         )
                     )
+                    router.execute(catalog.bump_version(schema))
                     router.execute(
                         sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
                             s,

@@ -173,6 +173,7 @@ def init(
         # The routes of moved queues outlive a regeneration (those naming a shard that is gone
         # are dropped: status() then reports the queue as misplaced where it is).
         overrides = routes(router, schema)
+        version = map_version(router, schema)
         router.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
         router.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
         router.execute(sql.SQL("DROP SERVER IF EXISTS {} CASCADE").format(server))
@@ -221,6 +222,8 @@ def init(
                 sql.SQL("INSERT INTO {}.shard_route (queue, shard) VALUES (%s, %s)").format(s),
                 [(q, i) for q, i in overrides.items() if i < len(partitions)],
             )
+        # Never backwards across re-inits: direct clients compare it with what they remember.
+        router.execute(sql.SQL("INSERT INTO {}.shard_map (version) VALUES (%s)").format(s), (version + 1,))
         for stmt in statements:
             router.execute(stmt)
         _grant(router, schema, fns)
@@ -255,23 +258,39 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
         conn.execute(sql.SQL("GRANT SELECT ON {}.migration TO {}").format(s, r))
         # The routing functions run in the caller's role (PL/Proxy calls them as given).
         conn.execute(sql.SQL("GRANT SELECT ON {}.shard_route TO {}").format(s, r))
-        for fn_name in (catalog.SHARD_OF, catalog.SHARD_OF_NEW):
+        for fn_name in (catalog.SHARD_OF, catalog.SHARD_OF_NEW, catalog.SHARD_MAP):
             conn.execute(
-                sql.SQL("GRANT EXECUTE ON FUNCTION {}.{}(text) TO {}").format(s, sql.Identifier(fn_name), r)
+                sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(s, sql.Identifier(fn_name), r)
             )
         conn.execute(sql.SQL("GRANT USAGE ON FOREIGN SERVER {} TO {}").format(server, r))
 
 
 def check_movable(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Refuse a router made before queues could move (no routing table, no fence)."""
+    """Refuse a router made before queues could move (no routing table, no fence) or before
+    the shard map had a version (direct clients would not notice the move)."""
     row = conn.execute(
-        "SELECT to_regprocedure(format('%%I._shard_of(text)', %s::text)) IS NOT NULL", (schema,)
+        "SELECT to_regprocedure(format('%%I._shard_of(text)', %s::text)) IS NOT NULL"
+        "   AND to_regclass(format('%%I.shard_map', %s::text)) IS NOT NULL",
+        (schema, schema),
     ).fetchone()
     if not row or not row[0]:
         raise errors.InvalidArgument(
-            f"the router {schema!r} was made by an older lonnymq without queue routes: run"
-            " `lonnymq shard init` with the same shards again first"
+            f"the router {schema!r} was made by an older lonnymq (without queue routes or the shard"
+            " map's version): run `lonnymq shard init` with the same shards again first"
         )
+
+
+def map_version(conn: psycopg.Connection[Any], schema: str) -> int:
+    """The version of the router's shard map (0 for a router made before it had one, or none)."""
+    exists = conn.execute(
+        "SELECT to_regclass(format('%%I.shard_map', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return 0
+    row = conn.execute(
+        sql.SQL("SELECT max(version) FROM {}.shard_map").format(sql.Identifier(schema))
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
 
 
 def routes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:

@@ -113,6 +113,8 @@ QUEUE_KEYS = ("p_queue", "p_name")
 SHARD_OF = "_shard_of"
 #: The same for queue_create, which also waits while ``shard add`` changes the shard count.
 SHARD_OF_NEW = "_shard_of_new"
+#: The router's function that gives the shard map to clients that go straight to the shards.
+SHARD_MAP = "_shard_map"
 
 #: The router's routing state, created by ``shard init`` next to the proxies. ``shard_route``
 #: holds the queues that do not live where their hash says (moved by ``shard move``); a queue
@@ -154,14 +156,43 @@ BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/map'), 0);
     RETURN {s}._shard_of(p_queue);
 END $fn$""",
+    """-- The shard map's version: bumped in the transaction of every change of where queues are
+-- (shard init, each queue moved, shard add), so a client that goes straight to the shards
+-- (Client(direct=True)) knows when what it remembers is out of date.
+CREATE TABLE {s}.shard_map (
+    version bigint NOT NULL,
+    one_row boolean PRIMARY KEY DEFAULT true CHECK (one_row)
+)""",
+    """-- The shard map for clients that go straight to the shards: its version and each shard's
+-- conninfo in shard order (the cluster's partitions: host, port, dbname, no user or password,
+-- which only the user mapping holds). SECURITY DEFINER: it reads the foreign server's options.
+-- Reads shard_map, pg_foreign_server. Locks: none.
+CREATE FUNCTION {s}._shard_map(OUT version bigint, OUT shards text[])
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT (SELECT m.version FROM {s}.shard_map m),
+       (SELECT array_agg(substr(o, strpos(o, '=') + 1) ORDER BY substr(o, 2, strpos(o, '=') - 2)::integer)
+          FROM pg_foreign_server f, unnest(f.srvoptions) AS o
+         WHERE f.srvname = {cluster} AND o ~ '^p[0-9]+=')
+$fn$""",
 )
+
+#: Bumps the shard map's version (in the transaction that changes the map).
+BUMP_VERSION: LiteralString = "UPDATE {s}.shard_map SET version = version + 1"
 
 
 def route_statements(schema: str) -> list[sql.Composed]:
     """The statements of :data:`ROUTE_STATEMENTS` for ``schema``."""
     return [
-        sql.SQL(stmt).format(s=sql.Identifier(schema), name=sql.Literal(schema)) for stmt in ROUTE_STATEMENTS
+        sql.SQL(stmt).format(
+            s=sql.Identifier(schema), name=sql.Literal(schema), cluster=sql.Literal(cluster_name(schema))
+        )
+        for stmt in ROUTE_STATEMENTS
     ]
+
+
+def bump_version(schema: str) -> sql.Composed:
+    """The statement of :data:`BUMP_VERSION` for ``schema``."""
+    return sql.SQL(BUMP_VERSION).format(s=sql.Identifier(schema))
 
 
 def route(fn: CoreFunction) -> Route:

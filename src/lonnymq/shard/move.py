@@ -35,7 +35,7 @@ from psycopg.types.json import Jsonb
 
 from .. import errors
 from ..migrations import DEFAULT_SCHEMA, check_schema
-from . import admin
+from . import admin, catalog
 
 __all__ = ["MoveBlocked", "MoveError", "MoveResult", "move"]
 
@@ -68,7 +68,15 @@ class MoveResult:
 
 
 # Tables holding a queue's rows, with the column that names the queue: its id or its name.
-_BY_ID: tuple[LiteralString, ...] = ("message", "channel", "archive", "settled", "sent_count", "queue_stat")
+_BY_ID: tuple[LiteralString, ...] = (
+    "message",
+    "channel",
+    "archive",
+    "settled",
+    "sent_count",
+    "queue_stat",
+    "send_key",
+)
 _BY_NAME: tuple[LiteralString, ...] = ("cron", "spark_sink_commit", "spark_stream")
 
 
@@ -336,6 +344,13 @@ def _attempt(
         try:
             for conn in (src, dst):
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
+            # The source's side of the fence, for the clients that call the shard directly
+            # (Client(direct=True), client/direct.py): their calls of the queue hold it shared;
+            # after this transaction they find the queue gone and follow the map to the target.
+            for q in sorted(group):
+                src.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext(%s || '/route'), hashtext(%s))", (schema, q)
+                )
             rows = _copy(src, dst, schema, plan, group, archive)
             dst.commit()
         except BaseException:
@@ -358,6 +373,7 @@ def _attempt(
                     ).format(s=s),
                     (group, mask),
                 )
+                router.execute(catalog.bump_version(schema))
         except BaseException as e:
             # Did the route change after all (a commit whose reply was lost)? Then carry on.
             # Otherwise keep the source's rows (a stale copy is only unreachable, never lost);

@@ -7,19 +7,23 @@
 
 -- Housekeeping: delete acknowledged archive rows older than each queue's retention, at most
 -- p_limit per call, and empty channels nothing keeps; forget settles older than an hour (at
--- most p_limit; settled, ack's memory of its repeats) and fold each queue's sent_count rows
+-- most p_limit; settled, ack's memory of its repeats), forget send keys older than the setting
+-- lonnymq.send_key_retention (an interval, default 1 hour; at most p_limit; send_key, what
+-- makes a retried send safe: docs/messages.md) and fold each queue's sent_count rows
 -- into one; fold per-minute counters older than a day and delete expired workers
 -- (_stats_maintain, stats.sql); forget Spark write ids past their retention (spark_prune);
 -- rotate the generations when due (rotate, generations.sql). Returns how many
--- archive rows were deleted. Writes archive, channel (SKIP LOCKED:
--- never waits for a channel in use), settled, sent_count (the rows it folds, which only
--- another maintain locks).
+-- archive rows were deleted. Raises LQ002 for a send_key_retention that is not a
+-- non-negative interval. Writes archive, channel (SKIP LOCKED:
+-- never waits for a channel in use), settled, send_key, sent_count (the rows it folds, which
+-- only another maintain locks).
 CREATE OR REPLACE FUNCTION {schema}.maintain(p_limit integer DEFAULT 10000, p_now bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now bigint := {schema}._now(p_now);
-    v_n   bigint;
+    v_now  bigint := {schema}._now(p_now);
+    v_n    bigint;
+    v_keep bigint := {schema}._send_key_retention_ms();
 BEGIN
     PERFORM {schema}._check_limit(p_limit);
     WITH old AS (
@@ -48,6 +52,12 @@ BEGIN
      USING (SELECT o.ctid FROM {schema}.settled o WHERE o.settled_at < v_now - 3600000
              LIMIT p_limit) old
      WHERE s.ctid = old.ctid;
+    -- Send keys are kept long enough for any retry of their call (the client's retries stop
+    -- after 30 s); by time, through the BRIN index on at_ms.
+    DELETE FROM {schema}.send_key k
+     USING (SELECT o.ctid FROM {schema}.send_key o WHERE o.at_ms < v_now - v_keep
+             LIMIT p_limit) old
+     WHERE k.ctid = old.ctid;
     -- Exact under concurrency: a row another maintain folded first is skipped once deleted,
     -- and rows of sends not yet committed stay for the next run.
     WITH d AS (
@@ -65,4 +75,25 @@ BEGIN
     -- queues nobody takes from.
     PERFORM {schema}.rotate(p_now => v_now);
     RETURN v_n;
+END $$;
+
+-- How long maintain() keeps send keys, in ms: the setting lonnymq.send_key_retention (an
+-- interval: ALTER DATABASE ... SET lonnymq.send_key_retention = '2 hours'), default 1 hour.
+-- Raises LQ002 for a value that is not a non-negative interval. Touches no table.
+CREATE OR REPLACE FUNCTION {schema}._send_key_retention_ms() RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_text text := coalesce(nullif(current_setting('lonnymq.send_key_retention', true), ''), '1 hour');
+    v_ms   bigint;
+BEGIN
+    BEGIN
+        v_ms := (extract(epoch FROM v_text::interval) * 1000)::bigint;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+        v_ms := NULL;
+    END;
+    IF v_ms IS NULL OR v_ms < 0 THEN
+        PERFORM {schema}._invalid(format('lonnymq.send_key_retention must be a non-negative interval, got %L',
+                                         v_text));
+    END IF;
+    RETURN v_ms;
 END $$;

@@ -1,4 +1,7 @@
--- LonnyMQ send: every send (one message or many) is one send_batch call.
+-- LonnyMQ send: send_batch (any number of messages, every option) and send (one message: a
+-- lean path of one statement for the plain case, send_batch for the rest). A send call may
+-- carry a send key (p_send_key): a repeat of the call with the same key creates nothing and
+-- returns what the first call returned (table send_key, migration 0013; docs/messages.md).
 --
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
@@ -19,6 +22,11 @@
 -- Messages get ids in input order, so a batch is FIFO. The messages created are counted in
 -- sent_count (queue_metrics' total_sent) and in queue_stat (the minute's counters, stats.sql):
 -- one appended row each per call, never an update.
+-- p_send_key: the call's idempotency key (after p_now so that positional calls keep working).
+-- Its send_key row is inserted before anything else is written (a repeat running concurrently
+-- waits for the first on that row's index entry) and filled with the result at the end; a call
+-- whose key the queue has recorded writes nothing and returns the recorded result (its
+-- arguments are not compared: the key names the call). An empty batch records no key.
 CREATE OR REPLACE FUNCTION {schema}.send_batch(
     p_queue         text,
     p_payloads      bytea[],
@@ -31,7 +39,8 @@ CREATE OR REPLACE FUNCTION {schema}.send_batch(
     p_keys          text[]     DEFAULT NULL,
     p_channels      text[]     DEFAULT NULL,
     p_on_conflict   text       DEFAULT 'ignore',
-    p_now           bigint     DEFAULT NULL
+    p_now           bigint     DEFAULT NULL,
+    p_send_key      uuid       DEFAULT NULL
 ) RETURNS TABLE (ord bigint, id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -101,6 +110,17 @@ BEGIN
     IF EXISTS (SELECT FROM unnest(p_channels) c WHERE length(c) NOT BETWEEN 1 AND 512) THEN
         PERFORM {schema}._invalid('a channel name must have 1 to 512 characters');
     END IF;
+    -- A repeat of a call that committed: its recorded result, nothing written. (A first call
+    -- still running holds the key's index entry: this insert waits for it to end.)
+    IF p_send_key IS NOT NULL THEN
+        INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms) VALUES (q.id, p_send_key, v_now)
+        ON CONFLICT (queue_id, key) DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT * FROM {schema}._send_key_result(q.id, p_send_key);
+            RETURN;
+        END IF;
+    END IF;
+
     v_book := EXISTS (SELECT FROM unnest(p_channels) c WHERE c IS NOT NULL);
     IF v_book THEN
         PERFORM {schema}._channel_enable(q.id);
@@ -149,8 +169,14 @@ BEGIN
                 SELECT q.id, v_now / 60000, n.n FROM n WHERE n.n > 0
             )
             INSERT INTO {schema}.sent_count (queue_id, n) SELECT q.id, n.n FROM n WHERE n.n > 0;
+            IF p_send_key IS NOT NULL THEN
+                PERFORM {schema}._send_key_record(q.id, p_send_key, v_res, v_outcomes);
+            END IF;
             RETURN QUERY SELECT * FROM unnest(v_ords, v_res, v_outcomes);
         ELSE
+            IF p_send_key IS NOT NULL THEN
+                PERFORM {schema}._send_key_record(q.id, p_send_key, v_ids, NULL);
+            END IF;
             RETURN QUERY SELECT u.ord, u.id, 'created'::text
                            FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord);
         END IF;
@@ -281,5 +307,178 @@ BEGIN
         SELECT q.id, v_now / 60000, n.n FROM n WHERE n.n > 0
     )
     INSERT INTO {schema}.sent_count (queue_id, n) SELECT q.id, n.n FROM n WHERE n.n > 0;
+    IF p_send_key IS NOT NULL THEN
+        PERFORM {schema}._send_key_record(q.id, p_send_key, v_res, v_outcomes);
+    END IF;
     RETURN QUERY SELECT * FROM unnest(v_ords, v_res, v_outcomes);
+END $$;
+
+-- Record what the call with send key p_key did on queue p_queue_id: its ids in input order and
+-- their outcomes (NULL when every one was 'created'). The row was inserted by the same call.
+-- Writes send_key.
+CREATE OR REPLACE FUNCTION {schema}._send_key_record(p_queue_id integer, p_key uuid, p_ids bigint[],
+                                          p_outcomes text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    UPDATE {schema}.send_key k
+       SET ids = coalesce(p_ids, ARRAY[]::bigint[]),
+           outcomes = CASE WHEN 'created' = ALL (coalesce(p_outcomes, ARRAY[]::text[])) THEN NULL
+                           ELSE p_outcomes END
+     WHERE k.queue_id = p_queue_id AND k.key = p_key;
+END $$;
+
+-- What the call with send key p_key did on queue p_queue_id, as send_batch returns it (ord,
+-- id, outcome), from its send_key row. Reads send_key.
+CREATE OR REPLACE FUNCTION {schema}._send_key_result(p_queue_id integer, p_key uuid)
+RETURNS TABLE (ord bigint, id bigint, outcome text)
+LANGUAGE sql STABLE AS $$
+    SELECT u.ord, u.id, coalesce(u.outcome, 'created')
+      FROM {schema}.send_key k
+     CROSS JOIN LATERAL unnest(k.ids, k.outcomes) WITH ORDINALITY AS u(id, outcome, ord)
+     WHERE k.queue_id = p_queue_id AND k.key = p_key
+     ORDER BY u.ord
+$$;
+
+-- Send one message: what Client.send() calls, one round trip. Returns its id and outcome as
+-- send_batch does (one row). The plain case (no key, no channel), the one producers repeat
+-- most, is a single statement with a cached plan: it finds the queue by name (its unique
+-- index), takes the writer's hold on the current generation (_gen_write) and the wake-up's
+-- send lock, notifying a waiting consumer (_wake), inserts the message, its sent_count and
+-- queue_stat rows and, with p_send_key, the key's send_key row (the id comes from the message
+-- sequence first, so that the key row can hold it). Those two helpers are inlined (a nested
+-- plpgsql call costs more than all of their work); keep them in step. Everything else, and
+-- anything that statement does not write (an unknown queue, a payload over the queue's limit:
+-- errors; a key already recorded: a repeat; a generation that moved while we took it: rare)
+-- goes through send_batch, which raises, replays or sends with the same semantics. Paused
+-- queues accept sends; an UNLOGGED queue's message goes to message_unlogged like any other.
+-- Pinned plans, as take's: enable_seqscan = off (a plan made while the queue table was tiny
+-- would scan it; tests/sql/test_plans.py), jit = off.
+CREATE OR REPLACE FUNCTION {schema}.send(
+    p_queue        text,
+    p_payload      bytea,
+    p_content_type text     DEFAULT NULL,
+    p_kind         text     DEFAULT NULL,
+    p_headers      jsonb    DEFAULT NULL,
+    p_at_ms        bigint   DEFAULT NULL,
+    p_delay_ms     bigint   DEFAULT NULL,
+    p_priority     smallint DEFAULT 0,
+    p_key          text     DEFAULT NULL,
+    p_channel      text     DEFAULT NULL,
+    p_on_conflict  text     DEFAULT 'ignore',
+    p_send_key     uuid     DEFAULT NULL,
+    p_now          bigint   DEFAULT NULL
+) RETURNS TABLE (id bigint, outcome text)
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off SET jit = off AS $$
+DECLARE
+    v_now  bigint;
+    v_at   bigint;
+    v_prio integer := coalesce(p_priority, 0);
+BEGIN
+    IF p_now IS NULL THEN
+        v_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
+    ELSE
+        v_now := {schema}._now(p_now);
+    END IF;
+    -- Argument checks that need no queue, inline: a failing one takes send_batch's path, which
+    -- raises the error.
+    IF p_key IS NULL AND p_channel IS NULL AND p_payload IS NOT NULL AND v_prio BETWEEN -100 AND 100
+       AND (p_delay_ms IS NULL OR p_delay_ms >= 0)
+       AND (p_headers IS NULL OR jsonb_typeof(p_headers) = 'object')
+       AND p_on_conflict IN ('ignore', 'replace', 'error') THEN
+        v_at := coalesce(p_at_ms, v_now + coalesce(p_delay_ms, 0));
+        IF p_send_key IS NULL THEN
+            RETURN QUERY
+            WITH q AS (
+                SELECT x.id, x.priority_step_ms, g.gen
+                  FROM {schema}.queue x
+                 CROSS JOIN LATERAL (
+                       -- _gen_write(): hold the current generation, shared, until commit; a
+                       -- rotation between reading and holding it is caught below. _wake(): the
+                       -- send lock (shared, until commit), then notify if a consumer waits.
+                       -- OFFSET 0: evaluated once per queue row, before the checks below.
+                       SELECT s.last_value AS gen,
+                              pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
+                                                           (s.last_value % 2147483647)::integer)::text AS held,
+                              CASE WHEN current_setting('lonnymq.wake', true) = 'always'
+                                     OR NOT pg_try_advisory_xact_lock_shared(
+                                            hashtext({schema_name} || '/send') & 2147483647, x.id)
+                                   THEN pg_notify({schema_name}, x.name)::text
+                                   WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
+                                   THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
+                                   ELSE pg_notify({schema_name}, x.name)::text END AS woke
+                         FROM {schema}.message_gen_seq s
+                       OFFSET 0) g
+                 WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
+                   AND g.held IS NOT NULL AND g.woke IS NOT NULL  -- (always: keeps the calls)
+                   -- Still the current generation now that we hold it (else send_batch).
+                   AND g.gen = (SELECT s.last_value FROM {schema}.message_gen_seq s
+                                 WHERE s.last_value >= g.gen)
+            ), ins AS (
+                INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                                  priority, kind, content_type, headers, payload)
+                SELECT q.id, q.gen, {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at,
+                       v_now, v_prio, p_kind, p_content_type, p_headers, p_payload
+                  FROM q
+                RETURNING m.id, m.queue_id
+            ), cnt AS (
+                INSERT INTO {schema}.sent_count (queue_id, n) SELECT ins.queue_id, 1 FROM ins
+            ), st AS (
+                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+                SELECT ins.queue_id, v_now / 60000, 1 FROM ins
+            )
+            SELECT ins.id, 'created'::text FROM ins;
+        ELSE
+            -- The same, with the key's row, which takes the message's id; a key the queue has
+            -- recorded (or that a running call holds: the insert waits for it) inserts nothing.
+            RETURN QUERY
+            WITH q AS (
+                SELECT x.id, x.priority_step_ms, g.gen
+                  FROM {schema}.queue x
+                 CROSS JOIN LATERAL (
+                       SELECT s.last_value AS gen,
+                              pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
+                                                           (s.last_value % 2147483647)::integer)::text AS held,
+                              CASE WHEN current_setting('lonnymq.wake', true) = 'always'
+                                     OR NOT pg_try_advisory_xact_lock_shared(
+                                            hashtext({schema_name} || '/send') & 2147483647, x.id)
+                                   THEN pg_notify({schema_name}, x.name)::text
+                                   WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
+                                   THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
+                                   ELSE pg_notify({schema_name}, x.name)::text END AS woke
+                         FROM {schema}.message_gen_seq s
+                       OFFSET 0) g
+                 WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
+                   AND g.held IS NOT NULL AND g.woke IS NOT NULL
+                   AND g.gen = (SELECT s.last_value FROM {schema}.message_gen_seq s
+                                 WHERE s.last_value >= g.gen)
+            ), k AS (
+                INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
+                SELECT q.id, p_send_key, v_now, ARRAY[nextval('{schema}.message_id_seq')] FROM q
+                ON CONFLICT (queue_id, key) DO NOTHING
+                RETURNING k.queue_id, k.ids[1] AS id
+            ), ins AS (
+                INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                                  priority, kind, content_type, headers, payload)
+                SELECT q.id, k.id, q.gen, {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now),
+                       v_at, v_now, v_prio, p_kind, p_content_type, p_headers, p_payload
+                  FROM q JOIN k ON k.queue_id = q.id
+                RETURNING m.id, m.queue_id
+            ), cnt AS (
+                INSERT INTO {schema}.sent_count (queue_id, n) SELECT ins.queue_id, 1 FROM ins
+            ), st AS (
+                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+                SELECT ins.queue_id, v_now / 60000, 1 FROM ins
+            )
+            SELECT ins.id, 'created'::text FROM ins;
+        END IF;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT s.id, s.outcome
+      FROM {schema}.send_batch(p_queue, ARRAY[p_payload], ARRAY[p_kind], ARRAY[p_content_type],
+                               ARRAY[p_headers], ARRAY[p_at_ms], ARRAY[p_delay_ms], ARRAY[p_priority],
+                               ARRAY[p_key], ARRAY[p_channel], p_on_conflict, p_now, p_send_key) s;
 END $$;

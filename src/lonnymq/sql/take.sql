@@ -516,8 +516,26 @@ BEGIN
 END $$;
 
 -- Exactly-once with the caller's work: deletes (or archives) up to p_limit ready messages inside
--- the caller's transaction. Commit consumes them; rollback puts them back untouched. A paused
--- queue (queue_pause) returns nothing.
+-- the caller's transaction, in (dequeue_at, id) order, skipping rows others hold. Commit
+-- consumes them; rollback puts them back untouched. A paused queue (queue_pause) returns
+-- nothing. As in take(), a message whose lease expired on its last attempt is dead-lettered,
+-- not delivered, and a superseded version whose lease expired is deleted; neither counts
+-- against p_limit. Raises LQ001 (unknown queue), LQ002 (bad limit). Writes message (and
+-- archive, channel, the dead letters' tables through _take_channels, _dead_letter). Locks: the
+-- rows it takes, FOR UPDATE SKIP LOCKED (rows beyond p_limit may stay locked until the
+-- transaction ends, as in _lock_ready).
+-- The plain queue without archiving (pop) has a lean path: one DELETE of the messages whose
+-- ids a sub-select locks over the window's two generations (and the rows already locked in
+-- the queue's frozen generations, oldest first, when it has a backlog: read as _lock_ready
+-- does), RETURNING them: no lease is written, no nested call is made. The ids go in as an array
+-- (= ANY (ARRAY(...)), not IN (...)), so that the DELETE can only probe the primary key by id,
+-- whatever the statistics say (a semi-join could be planned as a scan of the queue's part of
+-- the primary key: see settle.sql's header), and a row that another transaction changed and
+-- committed after the statement began is still deleted in its locked version (the DELETE's
+-- recheck finds it by id). A candidate that may not be delivered (dead or superseded: always
+-- an expired lease) is left locked; when the statement delivered fewer than p_limit and the
+-- queue has such a lease, the general path (_lock_ready, _deliver) deals with it and goes on.
+-- Pinned plans as in take().
 CREATE OR REPLACE FUNCTION {schema}.take_tx(
     p_queue   text,
     p_limit   integer DEFAULT 1,
@@ -527,15 +545,36 @@ CREATE OR REPLACE FUNCTION {schema}.take_tx(
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_sort = off SET jit = off AS $$
 DECLARE
-    q         {schema}.queue := {schema}._queue(p_queue);
-    v_now     bigint := {schema}._now(p_now);
-    v_archive boolean := coalesce(p_archive, q.archive);
-    v_want    integer := p_limit;
-    v_round   integer := 0;
-    v_ids     bigint[];
-    v_dead    bigint[];
+    q          {schema}.queue;
+    v_now      bigint;
+    v_archive  boolean;
+    v_want     integer := p_limit;
+    v_round    integer := 0;
+    v_ids      bigint[];
+    v_dead     bigint[];
+    v_gen      bigint;
+    v_frozen   bigint[];
+    v_old      bigint;
+    v_more     integer;
+    v_got      integer;
+    v_held     bigint[]  := ARRAY[]::bigint[];  -- rows locked in frozen generations
+    v_held_ats bigint[]  := ARRAY[]::bigint[];
+    v_held_ok  boolean[] := ARRAY[]::boolean[];
 BEGIN
-    PERFORM {schema}._check_limit(p_limit);
+    -- The checks of _queue, _check_limit and _now, called only when they are going to fail.
+    SELECT * INTO q FROM {schema}.queue WHERE name = p_queue;
+    IF NOT FOUND THEN
+        q := {schema}._queue(p_queue);
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
+        PERFORM {schema}._check_limit(p_limit);
+    END IF;
+    IF p_now IS NULL THEN
+        v_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
+    ELSE
+        v_now := {schema}._now(p_now);
+    END IF;
+    v_archive := coalesce(p_archive, q.archive);
     IF q.paused THEN  -- queue_pause: nothing is handed out
         RETURN;
     END IF;
@@ -543,11 +582,73 @@ BEGIN
         -- The channel row stays locked until the caller's transaction ends: the channel's
         -- messages taken here count against its max_concurrency while in flight.
         RETURN QUERY SELECT * FROM {schema}._take_channels(q, p_limit, NULL, v_now,
-            CASE WHEN coalesce(p_archive, q.archive) THEN 'archive' ELSE 'delete' END);
+            CASE WHEN v_archive THEN 'archive' ELSE 'delete' END);
         RETURN;
     END IF;
-    -- As in take(): a message whose lease expired on its last attempt is dead-lettered, not
-    -- delivered, and does not count against p_limit. Deleted rows cannot be selected again.
+
+    IF NOT v_archive THEN
+        SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
+          INTO v_gen, v_frozen
+          FROM {schema}.message_gen_seq s;
+        FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
+            v_more := p_limit - cardinality(v_held);
+            EXIT WHEN v_more <= 0;
+            SELECT v_held || array_agg(x.id), v_held_ats || array_agg(x.dequeue_at),
+                   v_held_ok || array_agg(x.ok)
+              INTO v_held, v_held_ats, v_held_ok
+              FROM (SELECT m.id, m.dequeue_at,
+                           m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                      FROM {schema}.message m
+                     WHERE m.gen = v_old AND m.queue_id = q.id AND m.channel IS NULL
+                       AND m.dequeue_at <= v_now
+                     ORDER BY m.dequeue_at, m.id
+                     LIMIT v_more
+                       FOR UPDATE SKIP LOCKED) x;
+        END LOOP;
+        RETURN QUERY
+        WITH d AS (
+            DELETE FROM {schema}.message m
+             WHERE m.queue_id = q.id
+               AND m.id = ANY (ARRAY(
+                   SELECT c.id
+                     FROM (SELECT x.id, x.ok
+                             FROM ((SELECT w.*
+                                      FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                     CROSS JOIN LATERAL (
+                                           SELECT m.id, m.dequeue_at,
+                                                  m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                             FROM {schema}.message m
+                                            WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                              AND m.dequeue_at <= v_now
+                                            ORDER BY m.dequeue_at, m.id
+                                            LIMIT p_limit
+                                              FOR UPDATE SKIP LOCKED) w)
+                                   UNION ALL
+                                   (SELECT * FROM unnest(v_held, v_held_ats, v_held_ok))) x
+                            ORDER BY x.dequeue_at, x.id
+                            LIMIT p_limit) c
+                    WHERE c.ok))
+            RETURNING m.*
+        )
+        SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at, d.enqueued_at,
+               d.priority, d.key, d.channel, d.kind, d.content_type, d.headers, d.state,
+               d.last_error, d.payload
+          FROM d ORDER BY d.dequeue_at, d.id;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_want := p_limit - v_got;
+        -- Fewer than asked: done, unless an expired lease that may not be delivered is among
+        -- the ready rows (the partial index of leases: usually none).
+        IF v_want <= 0 OR NOT EXISTS (
+            SELECT FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased
+               AND m.dequeue_at <= v_now
+               AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)) THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    -- The general path: archiving, and the rows the lean path may not deliver. Deleted rows
+    -- cannot be selected again.
     LOOP
         SELECT r.ids, r.dead INTO v_ids, v_dead FROM {schema}._lock_ready(q, v_want, v_now) r;
         IF v_ids IS NOT NULL THEN
@@ -558,6 +659,17 @@ BEGIN
         v_round := v_round + 1;
         EXIT WHEN v_dead IS NULL OR v_want <= 0 OR v_round >= 10;
     END LOOP;
+END $$;
+
+-- pgmq's pop: take up to p_limit ready messages and delete them, in the caller's transaction
+-- (take_tx without archiving, whatever the queue's archive setting: its lean path on a plain
+-- queue). Returns them in (dequeue_at, id) order; a paused queue returns nothing. Raises LQ001,
+-- LQ002 as take_tx. Writes and locks as take_tx.
+CREATE OR REPLACE FUNCTION {schema}.pop(p_queue text, p_limit integer DEFAULT 1, p_now bigint DEFAULT NULL)
+RETURNS SETOF {schema}.delivery
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM {schema}.take_tx(p_queue, p_limit, false, p_now);
 END $$;
 
 -- Look at the next messages in delivery order without leasing them.

@@ -1,0 +1,227 @@
+"""Direct routing: a client of a router that reads the shard map once and sends each queue's
+calls straight to the shard holding the queue (``Client(router_dsn, direct=True)``), I/O-free.
+
+The client (``client/aio.py`` and its sync twin) does the I/O; this module decides:
+
+* which calls go straight to a shard (:data:`DIRECT`: the calls of one existing queue: send,
+  take, settle, peek, get, cancel, dead letters, channels, metrics...), and which keep going
+  through the router (creating and dropping queues, which the router serialises with ``shard
+  add``; everything across queues: listings, metrics of all, housekeeping, workers; anything
+  this module does not know, e.g. an op added later: the router is never wrong, only slower);
+* the shard map: the router's ``_shard_map()`` (a version and each shard's conninfo, without user
+  or password), and each queue's shard, asked once per queue from the router's ``_shard_of``
+  (the same rule the router's proxies use: the queue's override if it was moved, else
+  ``hashtext(queue)`` masked to the shard count) and remembered until the map's version changes;
+* how the client logs into a shard: the shard's host, port and database from the map, every
+  other connection parameter (user, password, passfile, sslmode...) from the client's own
+  router DSN. The map holds no passwords (the router's user mapping does, readable only by
+  superusers): the client's role must exist on the shards with the same password (or a
+  ``.pgpass`` entry).
+
+A direct call runs on the shard behind the shard's side of the move fence: its queue argument
+is given through :data:`FENCE`, a subquery that takes a shared advisory lock of the queue (held
+to the end of the call's transaction) before it hands the name to the function, so the lock is
+taken before the function runs, in the same statement (no extra round trip). ``shard move``
+holds that lock exclusively on the source shard while it copies the queue away, so a direct
+call either runs before the copy (and is copied) or after the source has let the queue go, and
+then fails with QueueNotFound: the client re-reads the map and runs the call on the new shard
+(nothing was done on the old one: the failed call's transaction rolled back).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, LiteralString, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from .. import errors
+from .ops import Op, Statements
+
+__all__ = ["DIRECT", "FENCE", "MAP_TTL", "ShardMap"]
+
+T = TypeVar("T")
+
+#: The Statements whose calls go straight to the queue's shard; each takes the queue first.
+DIRECT: tuple[str, ...] = (
+    "send",
+    "send_batch",
+    "take",
+    "peek",
+    "ack",
+    "nack",
+    "extend",
+    "next_ready_in",
+    "dead_list",
+    "dead_requeue",
+    "dead_purge",
+    "channel_set",
+    "channel_reset",
+    "channel_list",
+    "message_get",
+    "message_cancel",
+    "message_list",
+    "archive_list",
+    "queue_purge",
+    "queue_pause",
+    "queue_resume",
+    "queue_metrics",
+)
+
+#: What a direct call passes as its queue argument instead of the bare name: the name, once the
+#: shard's side of the move fence is held (the key of the router's ``_shard_of``; ``shard move``
+#: takes it exclusively on the source). The scalar subquery runs before the function it is an
+#: argument of; ``{name}`` is the schema's name as a literal.
+FENCE: LiteralString = (
+    "(SELECT l.q FROM (SELECT %s::text AS q) AS l,"
+    " LATERAL pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(l.q)) AS f)"
+)
+
+#: The queue argument of every statement of :data:`DIRECT`, which :data:`FENCE` replaces.
+_QUEUE_ARG = "(%s::text"
+
+#: Seconds after which the client asks the router whether the map's version changed (a call that
+#: lands on a shard the queue left finds out at once, QueueNotFound; this bounds how long a copy
+#: left behind by a failed move could be used).
+MAP_TTL = 10.0
+
+#: Connection parameters that say where a server is: they come from the map, the rest from the
+#: client's DSN.
+_LOCATION = ("host", "hostaddr", "port", "dbname", "service")
+
+#: Attempts of one direct call when the queue turns out to have moved (a move back and forth
+#: while the call runs needs more than one).
+ATTEMPTS = 4
+
+
+def _map_decode(rows: list[Any]) -> tuple[int, list[str]]:
+    if not rows or rows[0][0] is None or not rows[0][1]:
+        raise errors.InvalidArgument("the router's shard map is empty: run `lonnymq shard init` again")
+    return int(rows[0][0]), [str(s) for s in rows[0][1]]
+
+
+class ShardMap:
+    """The shard map as one client knows it: the version, the shards' conninfo (without
+    credentials), and the queues' shards resolved so far."""
+
+    def __init__(self, schema: str, st: Statements, *, ttl: float = MAP_TTL) -> None:
+        s = sql.Identifier(schema)
+        self.schema = schema
+        self.ttl = ttl
+        self.version: int | None = None
+        self.shards: list[str] = []
+        self.loaded_at = 0.0
+        self._routes: dict[str, int] = {}
+        self._direct = frozenset(id(getattr(st, name)) for name in DIRECT)
+        self._fence = sql.SQL(FENCE).format(name=sql.Literal(schema))
+        self._fenced: dict[int, sql.Composed] = {}
+        self._map_query = sql.SQL("SELECT version, shards FROM {}._shard_map()").format(s)
+        self._route_query = sql.SQL("SELECT {}._shard_of(%s::text)").format(s)
+
+    # -- what goes where ---------------------------------------------------------------------
+
+    def queue_of(self, op: Op[Any]) -> str | None:
+        """The queue whose shard runs ``op`` directly, or None: through the router."""
+        if id(op.query) not in self._direct or not op.params:
+            return None
+        queue = op.params[0]
+        return queue if isinstance(queue, str) else None
+
+    def fenced(self, op: Op[T]) -> Op[T]:
+        """``op`` (one of :meth:`queue_of`'s) with its queue argument behind :data:`FENCE`."""
+        query = self._fenced.get(id(op.query))
+        if query is None:
+            query = self._fenced[id(op.query)] = fence_query(op.query, self._fence)
+        return replace(op, query=query)
+
+    def route(self, queue: str) -> int | None:
+        """The queue's shard if known (None: ask the router, :meth:`route_op`)."""
+        return self._routes.get(queue)
+
+    def remember(self, queue: str, shard: int) -> int:
+        i = shard & (len(self.shards) - 1)  # an override is an index; a hash is masked (PL/Proxy)
+        self._routes[queue] = i
+        return i
+
+    def forget(self, queue: str) -> None:
+        self._routes.pop(queue, None)
+
+    def stale(self) -> bool:
+        return self.version is None or time.monotonic() - self.loaded_at > self.ttl
+
+    def load(self, version: int, shards: Sequence[str]) -> bool:
+        """Take a map read from the router; returns whether it changed (its routes are then
+        forgotten)."""
+        changed = version != self.version or list(shards) != self.shards
+        if changed:
+            self._routes.clear()
+        self.version, self.shards = version, list(shards)
+        self.loaded_at = time.monotonic()
+        return changed
+
+    # -- the router's answers ----------------------------------------------------------------
+
+    def map_op(self) -> Op[tuple[int, list[str]]]:
+        return Op(self._map_query, (), _map_decode, safe_to_retry=True)
+
+    def route_op(self, queue: str) -> Op[int]:
+        return Op(self._route_query, (queue,), lambda rows: int(rows[0][0]), safe_to_retry=True)
+
+    # -- logging into a shard ----------------------------------------------------------------
+
+    def conninfo(self, shard: int, client_conninfo: str) -> str:
+        """Shard ``shard``'s conninfo: where it is from the map, everything else (user,
+        password, TLS...) from the client's router DSN."""
+        try:
+            mine = conninfo_to_dict(client_conninfo)
+            there = conninfo_to_dict(self.shards[shard])
+        except psycopg.ProgrammingError as e:
+            raise errors.InvalidArgument(f"a DSN of the shard map does not parse: {e}") from None
+        there.pop("user", None)
+        there.pop("password", None)
+        given = {k: v for k, v in mine.items() if k not in _LOCATION}
+        return make_conninfo(**{k: str(v) for k, v in {**there, **given}.items() if v is not None})
+
+    def where(self, shard: int) -> str:
+        """Where shard ``shard`` is (``host:port/dbname``), for messages."""
+        try:
+            d = conninfo_to_dict(self.shards[shard])
+        except (psycopg.ProgrammingError, IndexError):
+            return f"shard {shard}"
+        host = d.get("host") or d.get("hostaddr") or "local socket"
+        port = f":{d['port']}" if d.get("port") else ""
+        db = f"/{d['dbname']}" if d.get("dbname") else ""
+        return f"{host}{port}{db}"
+
+    def unavailable(self, shard: int, e: Exception) -> errors.ShardUnavailable:
+        at = self.where(shard)
+        reason = " ".join(str(e).split())
+        return errors.ShardUnavailable(f"shard {shard} ({at}) cannot be reached: {reason}", shard=at)
+
+
+def fence_query(query: sql.Composed, fence: sql.Composable) -> sql.Composed:
+    """``query`` with its first ``(%s::text`` argument (the queue) replaced by ``fence``."""
+    parts: list[sql.Composable] = []
+    done = False
+    for part in query:
+        if not done and isinstance(part, sql.SQL) and _QUEUE_ARG in part.as_string(None):
+            before, _, after = part.as_string(None).partition(_QUEUE_ARG)
+            # Our own statement text (Statements), split around the queue's placeholder.
+            parts += [sql.SQL(before + "("), fence, sql.SQL(after)]
+            done = True
+        else:
+            parts.append(part)
+    if not done:
+        raise AssertionError(f"no queue argument in {query!r}")
+    return sql.Composed(parts)
+
+
+def unsupported(conninfo: object) -> errors.InvalidArgument:
+    return errors.InvalidArgument(
+        f"direct=True needs the router's DSN (a conninfo string), not {type(conninfo).__name__}:"
+        " the client opens its own pool to each shard"
+    )

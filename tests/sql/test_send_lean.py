@@ -1,0 +1,349 @@
+"""The lean send and pop (issue 12): send() writes exactly what send_batch() writes for one
+message, through one statement in the plain case; take_tx()/pop() on a plain queue without
+archiving is one DELETE with take_tx's semantics. Plan tests for both statements, taken verbatim
+from sql/send.sql and sql/take.sql."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from lonnymq import Client
+from lonnymq.sql import function_text
+
+COLUMNS = (
+    "gen, dequeue_at, scheduled_at, enqueued_at, attempts, deliveries, leased, priority, key, channel,"
+    " kind, content_type, headers, payload"
+)
+
+
+@pytest.fixture
+def s(schema: str) -> sql.Identifier:
+    return sql.Identifier(schema)
+
+
+def _now(conn: psycopg.Connection[Any], s: sql.Identifier) -> int:
+    row = conn.execute(sql.SQL("SELECT {}.now_ms()").format(s)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _calls(conn: psycopg.Connection[Any], schema: str, name: str) -> int:
+    """Calls of schema.name in this transaction (track_functions = 'pl')."""
+    row = conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE schemaname = %s AND funcname = %s",
+        (schema, name),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+CASES: list[dict[str, Any]] = [
+    {},
+    {"p_kind": "k", "p_content_type": "text/plain", "p_headers": Jsonb({"a": 1})},
+    {"p_delay_ms": 5000},
+    {"p_at_ms": 0},
+    {"p_priority": 7},
+    {"p_priority": -3, "p_delay_ms": 1000},
+]
+
+
+@pytest.mark.parametrize("args", CASES)
+@pytest.mark.parametrize("queue", ["q", "u", "paused"])
+def test_send_writes_what_send_batch_writes(
+    client: Client, conn: Any, schema: str, s: sql.Identifier, args: dict[str, Any], queue: str
+) -> None:
+    client.create_queue("q", priority_step=2)
+    client.create_queue("u", unlogged=True, priority_step=2)
+    client.create_queue("paused", priority_step=2)
+    client.pause_queue("paused")  # a paused queue accepts sends
+    now = _now(conn, s)
+    names = list(args)
+    one = sql.SQL("SELECT id, outcome FROM {}.send(%s, %s::bytea, p_now => %s{})").format(
+        s, sql.SQL("").join(sql.SQL(", {} => %s").format(sql.Identifier(n)) for n in names)
+    )
+    arrays = {
+        "p_kind": "p_kinds",
+        "p_content_type": "p_content_types",
+        "p_headers": "p_headers",
+        "p_delay_ms": "p_delays_ms",
+        "p_at_ms": "p_at_ms",
+        "p_priority": "p_priorities",
+    }
+    types = {
+        "p_kind": "text",
+        "p_content_type": "text",
+        "p_headers": "jsonb",
+        "p_delay_ms": "bigint",
+        "p_at_ms": "bigint",
+        "p_priority": "int2",
+    }
+    many = sql.SQL("SELECT id, outcome FROM {}.send_batch(%s, ARRAY[%s::bytea], p_now => %s{})").format(
+        s,
+        sql.SQL("").join(
+            sql.SQL(", {} => ARRAY[%s::{}]").format(sql.Identifier(arrays[n]), sql.SQL(types[n]))
+            for n in names
+        ),
+    )
+    conn.execute("SET track_functions = 'pl'")
+    with conn.transaction():
+        [(a, outcome)] = conn.execute(one, (queue, b"x", now, *args.values())).fetchall()
+        assert outcome == "created"
+        assert _calls(conn, schema, "send_batch") == 0  # the lean statement
+    [(b, _)] = conn.execute(many, (queue, b"x", now, *args.values())).fetchall()
+    rows = conn.execute(
+        sql.SQL("SELECT " + COLUMNS + " FROM {}.message WHERE id = ANY(%s) ORDER BY id").format(s),  # type: ignore[operator]
+        ([a, b],),
+    ).fetchall()
+    assert rows[0] == rows[1]
+    counts = conn.execute(
+        sql.SQL(
+            "SELECT (SELECT sum(n) FROM {s}.sent_count), (SELECT sum(sent) FROM {s}.queue_stat),"
+            " (SELECT count(*) FROM {s}.queue_stat)"
+        ).format(s=s)
+    ).fetchone()
+    assert counts == (2, 2, 2)  # one appended row each per call, as send_batch
+
+
+@pytest.mark.parametrize(
+    ("args", "state", "message"),
+    [
+        ({"p_queue": "nope"}, "LQ001", "queue 'nope' does not exist"),
+        ({"p_payload": b"x" * 11}, "LQ003", "message 1 payload is 11 bytes; queue 'q' allows at most 10"),
+        ({"p_payload": None}, "LQ002", "message 1 has no payload"),
+        ({"p_priority": 101}, "LQ002", r"message 1 priority 101 is outside -100\.\.100"),
+        ({"p_delay_ms": -1}, "LQ002", "message 1 delay must be >= 0"),
+        ({"p_headers": Jsonb([1])}, "LQ002", "message 1 headers must be a JSON object"),
+        ({"p_on_conflict": "merge"}, "LQ002", "on_conflict must be ignore, replace or error"),
+        ({"p_channel": ""}, "LQ002", "a channel name must have 1 to 512 characters"),
+    ],
+)
+def test_send_raises_what_send_batch_raises(
+    client: Client, conn: Any, s: sql.Identifier, args: dict[str, Any], state: str, message: str
+) -> None:
+    client.create_queue("q", max_payload_bytes=10)
+    call = {"p_queue": "q", "p_payload": b"x", **args}
+    types = {"p_priority": "::int2", "p_payload": "::bytea"}
+    stmt = sql.SQL("SELECT * FROM {}.send({})").format(
+        s,
+        sql.SQL(", ").join(
+            sql.SQL("{} => %s" + types.get(n, "")).format(sql.Identifier(n))  # type: ignore[operator]
+            for n in call
+        ),
+    )
+    with pytest.raises(psycopg.Error, match=message) as info:
+        conn.execute(stmt, list(call.values()))
+    assert info.value.sqlstate == state
+    assert conn.execute(sql.SQL("SELECT count(*) FROM {}.send_key").format(s)).fetchone() == (0,)
+
+
+def test_keyed_and_channel_sends_take_send_batch(
+    client: Client, conn: Any, schema: str, s: sql.Identifier
+) -> None:
+    client.create_queue("q")
+    conn.execute("SET track_functions = 'pl'")
+    with conn.transaction():
+        conn.execute(sql.SQL("SELECT * FROM {}.send('q', 'a'::bytea, p_key => 'k')").format(s))
+        conn.execute(sql.SQL("SELECT * FROM {}.send('q', 'b'::bytea, p_channel => 'c')").format(s))
+        [(outcome,)] = conn.execute(
+            sql.SQL(
+                "SELECT outcome FROM {}.send('q', 'c'::bytea, p_key => 'k', p_on_conflict => 'replace')"
+            ).format(s)
+        ).fetchall()
+        assert _calls(conn, schema, "send_batch") == 3
+    assert outcome == "updated"
+    assert sorted(m.body for m in client.peek("q")) == [b"b", b"c"]
+
+
+def test_send_goes_to_the_current_generation(client: Client, conn: Any, s: sql.Identifier) -> None:
+    client.create_queue("q")
+    for _ in range(3):
+        gen = conn.execute(sql.SQL("SELECT {}.rotate(p_force => true)").format(s)).fetchone()[0]
+        sent = client.send("q", 1)
+        row = conn.execute(
+            sql.SQL("SELECT gen FROM {}.message WHERE id = %s").format(s), (sent.id,)
+        ).fetchone()
+        assert row == (gen,)
+
+
+# -- pop / take_tx -------------------------------------------------------------------------------
+
+
+def test_pop_takes_in_order_and_only_in_the_callers_transaction(
+    dsn: str, client: Client, conn: Any, schema: str, s: sql.Identifier
+) -> None:
+    client.create_queue("q")
+    client.send("q", "c")
+    client.send("q", "late", delay=3600)
+    client.send("q", "a", priority=5)
+    client.send("q", "b", priority=2)
+    pop = sql.SQL("SELECT id, attempt, token, lease_until, payload FROM {}.pop('q', %s)").format(s)
+    with psycopg.connect(dsn) as tx:
+        tx.execute("SET track_functions = 'pl'")
+        rows = tx.execute(pop, (2,)).fetchall()
+        assert [bytes(r[4]) for r in rows] == [b"a", b"b"]
+        assert all(r[1] == 1 and r[2] == 1 and r[3] is None for r in rows)
+        assert _calls(tx, schema, "_lock_ready") == 0  # the lean DELETE
+        # Others skip what this transaction holds.
+        assert [bytes(r[4]) for r in conn.execute(pop, (5,)).fetchall()] == [b"c"]
+        tx.rollback()
+    # Rolled back: untouched.
+    assert [m.payload for m in client.peek("q")] == ["a", "b", "late"]
+    assert [m.payload for m in client.take_tx("q", 10)] == ["a", "b"]
+    assert [m.payload for m in client.peek("q")] == ["late"]
+
+
+def test_pop_of_a_paused_queue_returns_nothing(client: Client, conn: Any, s: sql.Identifier) -> None:
+    client.create_queue("q", archive=True)
+    client.send("q", 1)
+    client.pause_queue("q")
+    assert conn.execute(sql.SQL("SELECT * FROM {}.pop('q')").format(s)).fetchall() == []
+    client.resume_queue("q")
+    # pop never archives, whatever the queue says.
+    assert [
+        bytes(r[0]) for r in conn.execute(sql.SQL("SELECT payload FROM {}.pop('q')").format(s)).fetchall()
+    ] == [b"1"]
+    assert client.archived("q") == []
+
+
+def test_pop_dead_letters_an_expired_last_lease_and_fills_the_batch(
+    client: Client, conn: Any, schema: str, s: sql.Identifier
+) -> None:
+    client.create_queue("q", max_attempts=1)
+    client.send("q", "dies")
+    now = _now(conn, s)
+    conn.execute(sql.SQL("SELECT * FROM {}.take('q', 1, 1000, p_now => %s)").format(s), (now,))
+    client.send("q", "next", at=now + 1500)  # after the expired lease, which comes first
+    rows = conn.execute(sql.SQL("SELECT payload FROM {}.pop('q', 1, %s)").format(s), (now + 2000,)).fetchall()
+    assert [bytes(r[0]) for r in rows] == [b"next"]
+    assert [d.payload for d in client.dead_letters("q")] == ["dies"]
+
+
+def test_pop_reads_the_frozen_generations_of_a_backlog(client: Client, conn: Any, s: sql.Identifier) -> None:
+    client.create_queue("q")
+    client.send_batch("q", list(range(30)))
+    # Freeze the generation holding them (more than p_max_moves rows), then move on.
+    for _ in range(3):
+        conn.execute(sql.SQL("SELECT {}.rotate(p_force => true, p_max_moves => 5)").format(s))
+    frozen = conn.execute(sql.SQL("SELECT gens FROM {}.message_gen_frozen").format(s)).fetchone()
+    assert frozen is not None and frozen[0]
+    client.send("q", "new")
+    got: list[Any] = []
+    while batch := client.take_tx("q", 7):
+        got += [m.payload for m in batch]
+    assert got == [*range(30), "new"]
+
+
+# -- plans ---------------------------------------------------------------------------------------
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _statement(function: str, pattern: str, names: dict[str, str], schema: str) -> str:
+    body = function_text(function)
+    match = re.search(pattern, body, re.S)
+    assert match, f"the statement is not in {function}()"
+    text = match[1]
+    for name, param in names.items():
+        text = re.sub(rf"(?<![\w.]){re.escape(name)}\b", param, text)
+    unknown = re.findall(r"(?<![\w.])(?:p|v)_\w+|\bq\.(?!id\b|gen\b|priority_step_ms\b)\w+", text)
+    assert not unknown, f"{function}() statement uses {unknown}: teach this test about them"
+    return sql.SQL(text).format(schema=sql.Identifier(schema), schema_name=sql.Literal(schema)).as_string()
+
+
+def _generic_plan(conn: psycopg.Connection[Any], prepare: str, execute: str) -> dict[str, Any]:
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute("SET enable_seqscan = off")  # as the functions run
+    conn.execute("SET jit = off")
+    conn.execute(prepare)  # type: ignore[arg-type]
+    row = conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE {execute}").fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return row[0][0]["Plan"]  # type: ignore[no-any-return]
+
+
+def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
+    """The plain send's statement: the queue found through its name's unique index, no
+    sequential scan anywhere, with 300 queues analysed."""
+    for i in range(300):
+        client.create_queue(f"q{i}")
+    conn.execute(sql.SQL("ANALYZE {}.queue").format(s))
+    names = {
+        "p_queue": "$1",
+        "p_payload": "$2",
+        "v_at": "$3",
+        "v_prio": "$4",
+        "v_now": "$5",
+        "p_kind": "$6",
+        "p_content_type": "$7",
+        "p_headers": "$8",
+        "p_send_key": "$9",
+    }
+    types = "text, bytea, bigint, integer, bigint, text, text, jsonb, uuid"
+    for n, pattern in enumerate(
+        (
+            r"IF p_send_key IS NULL THEN\s+RETURN QUERY\s+(WITH q AS .*?FROM ins);",
+            r"ELSE\s+--[^\n]*\n\s+--[^\n]*\n\s+RETURN QUERY\s+(WITH q AS .*?FROM ins);",
+        )
+    ):
+        stmt = _statement("send", pattern, names, schema)
+        plan = _generic_plan(
+            conn,
+            f"PREPARE lean_send{n}({types}) AS {stmt}",
+            f"lean_send{n}('q7', '\\x00', 0, 0, 0, NULL, NULL, NULL, NULL)",
+        )
+        nodes = list(_nodes(plan))
+        # A sequence (the generation's) is read by a Seq Scan of its one row.
+        assert not [
+            x for x in nodes if x["Node Type"] == "Seq Scan" and x["Relation Name"] != "message_gen_seq"
+        ], plan
+        [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
+        assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
+        assert lookup["Index Name"] == "queue_name_key"
+
+
+def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
+    """The DELETE of pop/take_tx: the candidates from the dequeue index in order, the rows
+    deleted by primary key (never a scan of the queue's part of it), no sequential scan."""
+    client.create_queue("other")
+    client.create_queue("q")
+    for _ in range(5):
+        client.send_batch("q", [b"x"] * 1000)
+        client.send_batch("other", [b"x"] * 1000)
+    conn.execute(sql.SQL("ANALYZE {}.message").format(s))
+    qid = conn.execute(sql.SQL("SELECT id FROM {}.queue WHERE name = 'q'").format(s)).fetchone()[0]
+    gen = conn.execute(sql.SQL("SELECT last_value FROM {}.message_gen_seq").format(s)).fetchone()[0]
+    names = {
+        "q.id": "$1",
+        "v_gen": "$2",
+        "v_now": "$3",
+        "p_limit": "$4",
+        "q.max_attempts": "$5",
+        "v_held": "$6",
+        "v_held_ats": "$7",
+        "v_held_ok": "$8",
+    }
+    stmt = _statement(
+        "take_tx", r"RETURN QUERY\s+(WITH d AS \(\s+DELETE .*?ORDER BY d\.dequeue_at, d\.id);", names, schema
+    )
+    plan = _generic_plan(
+        conn,
+        f"PREPARE lean_pop(integer, bigint, bigint, integer, integer, bigint[], bigint[], boolean[]) AS {stmt}",
+        f"lean_pop({qid}, {gen}, {_now(conn, s)}, 10, 5, '{{}}', '{{}}', '{{}}')",
+    )
+    nodes = list(_nodes(plan))
+    assert not [x for x in nodes if x["Node Type"] == "Seq Scan"], plan
+    # The rows deleted: probes of the primary key by (queue_id, id), as an index or bitmap scan.
+    deletes = [x for x in nodes if "_pkey" in x.get("Index Name", "")]
+    assert deletes and all("id = ANY" in x.get("Index Cond", "") for x in deletes), plan
+    candidates = [x for x in nodes if x.get("Index Name", "").startswith("message_logged_gen")]
+    assert candidates, plan
