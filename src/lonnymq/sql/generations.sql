@@ -179,19 +179,21 @@ BEGIN
             v_budget := v_budget - v_n;
         END LOOP;
     END LOOP;
-    -- Every queue's list, in one statement: a key probe per generation listed.
+    -- Every queue's list, in one statement: a key probe per generation listed (a scalar
+    -- subquery, so that the probe keeps both columns: as NOT EXISTS the planner made it an anti
+    -- join on queue_id alone, 2 ms a queue, 30 s at 8,000 frozen queues).
     UPDATE {schema}.message_gen_frozen x
-       SET gens = ARRAY(SELECT g.gen FROM unnest(x.gens) WITH ORDINALITY AS g(gen, ord)
-                         WHERE NOT (g.gen = ANY (v_done)
-                                    AND NOT EXISTS (SELECT FROM {schema}.message m
-                                                     WHERE m.gen = g.gen AND m.queue_id = x.queue_id
-                                                       AND m.channel IS NULL))
-                         ORDER BY g.ord)
-     WHERE EXISTS (SELECT FROM unnest(x.gens) AS g(gen)
-                    WHERE g.gen = ANY (v_done)
-                      AND NOT EXISTS (SELECT FROM {schema}.message m
-                                       WHERE m.gen = g.gen AND m.queue_id = x.queue_id
-                                         AND m.channel IS NULL));
+       SET gens = k.kept
+      FROM (SELECT y.queue_id, y.gens,
+                   ARRAY(SELECT g.gen FROM unnest(y.gens) WITH ORDINALITY AS g(gen, ord)
+                          WHERE NOT (g.gen = ANY (v_done)
+                                     AND (SELECT m.id FROM {schema}.message m
+                                           WHERE m.gen = g.gen AND m.queue_id = y.queue_id
+                                             AND m.channel IS NULL
+                                           LIMIT 1) IS NULL)
+                          ORDER BY g.ord) AS kept
+              FROM {schema}.message_gen_frozen y) k
+     WHERE x.queue_id = k.queue_id AND k.kept <> k.gens;
     DELETE FROM {schema}.message_gen_frozen x WHERE cardinality(x.gens) = 0;
 END $$;
 
