@@ -1,34 +1,84 @@
 """Cost against the number of queues and channels (issue 19), side by side in one run.
 
-    python benchmarks/scale.py                                # throwaway embedded PostgreSQL
+    python benchmarks/scale.py --cluster                      # a throwaway PostgreSQL 15, default settings
     python benchmarks/scale.py --dsn postgresql://... --seconds 5 --queues 1,100,1000,10000
+    python benchmarks/scale.py --cluster --queues "" --channels "" --lifecycle "" --concurrent 1,10000
 
-Queue series: N queues exist (LonnyMQ: rows of the shared message table; pgmq: a table pair per
-queue), the measured queue is the last one created, one connection, one call per message:
-single send, take+ack (LonnyMQ ``take(1, ack=previous)``, one round trip; pgmq ``read`` then
-``delete``) and batch take+ack of 100. Channel series: one LonnyMQ queue whose messages are
-spread over C channels (round robin), single take+ack. Prints messages per second and the ratio
-to the smallest case of each series. pgmq stops at ``--pgmq-max`` queues (creating 10,000 pgmq
-queues means 20,000 tables and takes minutes).
+Every series prints messages (or calls) per second and the ratio to its smallest case; with
+``--reps`` each cell runs that many times, the systems interleaved, and the median is shown.
+
+* Queue series (``--queues``): N queues exist (LonnyMQ: rows of the shared message table; pgmq:
+  a table pair per queue); the measured queue is the last one created; one connection, one call
+  per message: single send, take+ack (LonnyMQ ``take(1, ack=previous)``, one round trip; pgmq
+  ``read`` then ``delete``) and batch take+ack of 100.
+* Concurrent series (``--concurrent``): N queues, ``--consumers`` processes (50) with a
+  connection each, spread over the queues (process i serves queues i, i+50, ...; all share the
+  queue when there is one); each visits its queues in turn: a send phase (one send per visit),
+  then a take+ack phase on a backlog of ``--preload`` messages spread over the queues (one
+  message per visit, two round trips for both systems: LonnyMQ ``take(1)`` then ``ack``, pgmq
+  ``read`` then ``delete``; a consumer of many queues rarely takes twice in a row from one, so
+  ``take(1, ack=previous)`` would not apply). Rate, latency per message (p50, p99, max), takes
+  that found nothing, and the most relation locks held at once (all backends, sampled from
+  ``pg_locks``). Both systems are reset (purged and vacuumed / truncated) before each rep.
+* Channel series (``--channels``): one LonnyMQ queue whose backlog is spread over C channels
+  (round robin), single send (cycling over the channels), take+ack and batch take+ack of 100;
+  checks that every delivery kept the round robin fair (no channel served twice before every
+  channel with messages was served once), then that ``max_concurrency = 1`` held for every
+  channel with 4 consumer processes taking batches at once (sampled: channels with two leases).
+* Lifecycle series (``--lifecycle``): with N queues, ``--ops`` queue creations and drops one
+  call each (LonnyMQ and pgmq), a take+ack loop on a busy queue before and during a run of
+  creations and drops (its latency: is anything shared locked?), and the listings: a page of
+  ``list_queues``, all of it, one queue's metrics and the dashboard's overview and queue page
+  (``lonnymq.web.queries``, on the dashboard's own connection settings), and ``maintain()``.
+
+pgmq stops at ``--pgmq-max`` queues (10,000 pgmq queues are 20,000 tables: minutes to create).
+``--cluster`` runs everything on a throwaway Debian PostgreSQL 15 (tools/pgcluster.py) with
+PostgreSQL's default settings (max_connections 100, max_locks_per_transaction 64, fsync on);
+without it, on ``--dsn`` or a throwaway embedded PostgreSQL 16 (max_connections 200).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
+import statistics
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
+from lonnymq_bench.harness import Ctx, percentile, run_procs
 from lonnymq_bench.server import dsn_or_temporary
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 from lonnymq import Client, Envelope, Message
 
 SCHEMA = "scale_bench"
 PAYLOAD = {"order": 12345, "customer": "c-42", "items": [1, 2, 3], "note": "x" * 120}
+#: PostgreSQL's defaults where tools/pgcluster.py's throwaway cluster differs (it is made for tests).
+DEFAULTS = {
+    "max_connections": "100",
+    "shared_preload_libraries": "''",
+    "fsync": "on",
+    "synchronous_commit": "on",
+    "full_page_writes": "on",
+}
+SHOWN_SETTINGS = ("server_version", "max_connections", "max_locks_per_transaction", "shared_buffers", "fsync")
+
+S = sql.Identifier(SCHEMA)
+
+
+def log(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
 
 
 def rate(seconds: float, step: Callable[[], int]) -> float:
@@ -39,6 +89,89 @@ def rate(seconds: float, step: Callable[[], int]) -> float:
     while time.perf_counter() < end:
         n += step()
     return n / (time.perf_counter() - start)
+
+
+def med(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def latency(values: Sequence[float]) -> dict[str, float]:
+    """p50 / p99 / max of call times (seconds), in ms."""
+    if not values:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
+    return {
+        "p50_ms": ms(percentile(values, 50)),
+        "p99_ms": ms(percentile(values, 99)),
+        "max_ms": ms(max(values)),
+    }
+
+
+def checkpoint(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn, contextlib.suppress(psycopg.Error):
+        conn.execute("CHECKPOINT")
+
+
+# -- the queues of both systems ----------------------------------------------------------------
+
+
+class Fleet:
+    """A database of its own holding N queues of both systems, q1..qN (LonnyMQ created in one
+    statement; pgmq one queue per transaction, which a default server's lock table needs), so
+    every count can be measured in turn within one rep. Records how long creating them took."""
+
+    def __init__(self, base_dsn: str, n: int, pgmq_max: int) -> None:
+        self.n = n
+        self.dbname = f"{SCHEMA}_{n}"
+        self.base_dsn = base_dsn
+        db = sql.Identifier(self.dbname)
+        with psycopg.connect(base_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(db))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(db))
+        self.dsn = make_conninfo(base_dsn, dbname=self.dbname)
+        self.created_s: dict[str, float] = {}
+        with Client(self.dsn, schema=SCHEMA, pool_size=1) as c:
+            c.migrate()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            t = time.perf_counter()
+            conn.execute(
+                sql.SQL("SELECT count({s}.queue_create('q' || i)) FROM generate_series(1, %s::int) i").format(
+                    s=S
+                ),
+                [n],
+            )
+            self.created_s["lonnymq"] = time.perf_counter() - t
+        self.have_pgmq = n <= pgmq_max
+        try:
+            from pgmq import install_pgmq_from_sql
+        except ImportError:
+            self.have_pgmq = False
+        if self.have_pgmq:
+            with psycopg.connect(self.dsn) as c:
+                install_pgmq_from_sql(conn=c)
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                t = time.perf_counter()
+                for i in range(1, n + 1):
+                    conn.execute("SELECT pgmq.create(%s)", [f"q{i}"])
+                    if i % 1000 == 0:
+                        log(f"  pgmq: {i:,} queues, {time.perf_counter() - t:.0f} s")
+                self.created_s["pgmq"] = time.perf_counter() - t
+        log(f"{n:,} queues created: {self.created_s}")
+
+    def names(self) -> list[str]:
+        return [f"q{i}" for i in range(1, self.n + 1)]
+
+    def drop(self) -> None:
+        with psycopg.connect(self.base_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.dbname))
+            )
+
+
+# -- queue series: one connection ----------------------------------------------------------------
 
 
 def lonnymq_cells(c: Client, queue: str, seconds: float) -> dict[str, float]:
@@ -90,117 +223,697 @@ def pgmq_cells(conn: psycopg.Connection[Any], queue: str, seconds: float) -> dic
     return cells
 
 
-def queue_series(dsn: str, counts: list[int], pgmq_max: int, seconds: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"lonnymq": {}, "pgmq": {}}
-    have_pgmq = True
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        try:
-            from pgmq import install_pgmq_from_sql
-
-            conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
-            with psycopg.connect(dsn) as c:
-                install_pgmq_from_sql(conn=c)
-        except ImportError:
-            have_pgmq = False
-        with Client(dsn, schema=SCHEMA, pool_size=1) as client:
-            client.migrate()
-            made = made_pgmq = 0
-            for n in counts:
-                conn.execute(
-                    f"SELECT {SCHEMA}.queue_create('q' || i) FROM generate_series(%s::int, %s::int) i",
-                    [made + 1, n],
-                )
-                made = n
-                out["lonnymq"][n] = lonnymq_cells(client, f"q{n}", seconds)
-                if have_pgmq and n <= pgmq_max:
-                    for i in range(made_pgmq + 1, n + 1):
-                        conn.execute("SELECT pgmq.create(%s)", [f"q{i}"])
-                    made_pgmq = n
-                    out["pgmq"][n] = pgmq_cells(conn, f"q{n}", seconds)
-                print(json.dumps({"queues": n, **{k: v.get(n) for k, v in out.items()}}), flush=True)
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        if have_pgmq:
-            # One queue per transaction: dropping a thousand table pairs at once would need more
-            # locks than max_locks_per_transaction allows.
-            for (name,) in conn.execute("SELECT queue_name FROM pgmq.list_queues()").fetchall():
-                conn.execute("SELECT pgmq.drop_queue(%s)", [name])
-            conn.execute("DROP SCHEMA IF EXISTS pgmq CASCADE")
+def queue_cells(fleet: Fleet, seconds: float, flip: bool) -> dict[str, dict[str, float]]:
+    """One rep of the queue series on ``fleet``'s last queue, both systems (in turn)."""
+    out: dict[str, dict[str, float]] = {"lonnymq": {}, "pgmq": {}}
+    queue = f"q{fleet.n}"
+    with (
+        Client(fleet.dsn, schema=SCHEMA, pool_size=1) as c,
+        psycopg.connect(fleet.dsn, autocommit=True) as conn,
+    ):
+        for system in ("pgmq", "lonnymq") if flip else ("lonnymq", "pgmq"):
+            if system == "lonnymq":
+                out[system] = lonnymq_cells(c, queue, seconds)
+            elif fleet.have_pgmq:
+                out[system] = pgmq_cells(conn, queue, seconds)
     return out
 
 
-def channel_series(dsn: str, counts: list[int], seconds: float) -> dict[int, float]:
-    out: dict[int, float] = {}
+# -- concurrent series: 50 consumers spread over the queues -------------------------------------
+
+
+def _mine(names: Sequence[str], index: int, procs: int) -> list[str]:
+    """Process ``index``'s queues: every procs-th one from its own; the one queue if only one."""
+    return list(names[index::procs]) or [names[index % len(names)]]
+
+
+def _loop(ctx: Ctx, queues: Sequence[str], call: Callable[[str], tuple[int, bool]]) -> dict[str, Any]:
+    """Visit ``queues`` in turn until the deadline, one timed call each; ``call`` returns the
+    messages it completed and whether it found nothing."""
+    lat: list[float] = []
+    done = empty = 0
+    i = 0
+    started = time.monotonic()
+    while not ctx.expired():
+        q = queues[i % len(queues)]
+        i += 1
+        t = time.perf_counter()
+        n, nothing = call(q)
+        lat.append(time.perf_counter() - t)
+        done += n
+        empty += nothing
+    return {"n": done, "elapsed": time.monotonic() - started, "lat": lat, "empty": empty}
+
+
+def lonnymq_worker(
+    dsn: str, names: Sequence[str], procs: int, phase: str
+) -> Callable[[Ctx], Callable[[], Any]]:
+    def prepare(ctx: Ctx) -> Callable[[], Any]:
+        queues = _mine(names, ctx.index, procs)
+        c = Client(dsn, schema=SCHEMA, pool_size=1)
+        c.open()
+
+        def send(q: str) -> tuple[int, bool]:
+            c.send(q, PAYLOAD)
+            return 1, False
+
+        def take_ack(q: str) -> tuple[int, bool]:
+            got = c.take(q, 1)
+            if got:
+                c.ack(got)
+            return len(got), not got
+
+        def work() -> dict[str, Any]:
+            out = _loop(ctx, queues, send if phase == "send" else take_ack)
+            c.close()
+            return out
+
+        return work
+
+    return prepare
+
+
+def pgmq_worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Callable[[Ctx], Callable[[], Any]]:
+    def prepare(ctx: Ctx) -> Callable[[], Any]:
+        queues = _mine(names, ctx.index, procs)
+        conn = psycopg.connect(dsn, autocommit=True)
+        body = Jsonb(PAYLOAD)
+
+        def send(q: str) -> tuple[int, bool]:
+            conn.execute("SELECT * FROM pgmq.send(%s::text, %s::jsonb)", [q, body]).fetchall()
+            return 1, False
+
+        def take_ack(q: str) -> tuple[int, bool]:
+            row = conn.execute("SELECT msg_id FROM pgmq.read(%s::text, 30, 1)", [q]).fetchone()
+            if row is None:
+                return 0, True
+            conn.execute("SELECT pgmq.delete(%s::text, %s::bigint)", [q, row[0]])
+            return 1, False
+
+        def work() -> dict[str, Any]:
+            out = _loop(ctx, queues, send if phase == "send" else take_ack)
+            conn.close()
+            return out
+
+        return work
+
+    return prepare
+
+
+class LockSampler:
+    """The most relation locks held on the server at once (all backends; fast-path slots and the
+    shared lock table), sampled every ``every`` seconds while it runs."""
+
+    def __init__(self, dsn: str, every: float = 0.25) -> None:
+        self.dsn, self.every = dsn, every
+        self.most = self.most_shared = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                row = conn.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE NOT fastpath) FROM pg_locks"
+                    " WHERE locktype = 'relation' AND pid <> pg_backend_pid()"
+                ).fetchone()
+                assert row is not None
+                self.most, self.most_shared = max(self.most, row[0]), max(self.most_shared, row[1])
+                self._stop.wait(self.every)
+
+    def __enter__(self) -> LockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def reset(dsn: str, system: str, names: Sequence[str]) -> None:
+    """Empty every queue, leaving no dead rows: LonnyMQ purges and vacuums its message table,
+    pgmq's tables are truncated (one queue per transaction)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if system == "lonnymq":
+            conn.execute(sql.SQL("SELECT count({s}.queue_purge(name)) FROM {s}.queue").format(s=S))
+            conn.execute(sql.SQL("VACUUM {s}.message").format(s=S))
+        else:
+            for q in names:
+                conn.execute(sql.SQL("TRUNCATE pgmq.{}").format(sql.Identifier(f"q_{q}")))
+
+
+def preload(dsn: str, system: str, names: Sequence[str], total: int) -> None:
+    """``total`` messages spread evenly over ``names`` (batches of at most 5,000)."""
+    per = -(-total // len(names))
+    chunks = [min(5000, per - i) for i in range(0, per, 5000)]
+    if system == "lonnymq":
+        with Client(dsn, schema=SCHEMA, pool_size=1) as c:
+            for q in names:
+                for k in chunks:
+                    c.send_batch(q, [PAYLOAD] * k)
+    else:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for q in names:
+                for k in chunks:
+                    conn.execute(
+                        "SELECT count(*) FROM pgmq.send_batch(%s::text, %s::jsonb[])",
+                        [q, [Jsonb(PAYLOAD)] * k],
+                    )
+
+
+def concurrent_run(
+    dsn: str, system: str, names: Sequence[str], procs: int, seconds: float, total: int
+) -> dict[str, Any]:
+    """One rep: reset, the send phase, the backlog topped up by ``total``, the take+ack phase."""
+    worker = lonnymq_worker if system == "lonnymq" else pgmq_worker
+    out: dict[str, Any] = {}
+    reset(dsn, system, names)
+    for phase in ("send", "take+ack"):
+        if phase == "take+ack":
+            preload(dsn, system, names, total)
+        checkpoint(dsn)
+        with LockSampler(dsn) as locks:
+            run = run_procs(worker(dsn, names, procs, phase), procs, seconds=seconds)
+        res = run.results
+        lat = [x for r in res for x in r["lat"]]
+        out[phase] = {
+            "rate": sum(r["n"] for r in res) / statistics.mean(r["elapsed"] for r in res),
+            "calls": len(lat),
+            "empty": sum(r["empty"] for r in res),
+            **latency(lat),
+            "locks_max": locks.most,
+            "locks_shared_max": locks.most_shared,
+        }
+    return out
+
+
+def concurrent_cells(
+    fleet: Fleet, procs: int, seconds: float, total: int, flip: bool
+) -> dict[str, dict[str, Any]]:
+    """One rep of the concurrent series on ``fleet``, both systems (in turn)."""
+    out: dict[str, dict[str, Any]] = {"lonnymq": {}, "pgmq": {}}
+    names = fleet.names()
+    systems = ["lonnymq"] + (["pgmq"] if fleet.have_pgmq else [])
+    for system in systems[::-1] if flip else systems:
+        out[system] = concurrent_run(fleet.dsn, system, names, procs, seconds, total)
+        reset(fleet.dsn, system, names)
+    return out
+
+
+def concurrent_summary(reps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Median of each number over the reps (max latency and locks: the largest)."""
+    out: dict[str, dict[str, float]] = {}
+    for phase in ("send", "take+ack"):
+        rows = [r[phase] for r in reps]
+        out[phase] = {k: med([x[k] for x in rows]) for k in rows[0]}
+        for k in ("max_ms", "locks_max", "locks_shared_max"):
+            out[phase][k] = max(x[k] for x in rows)
+    return out
+
+
+# -- channel series --------------------------------------------------------------------------------
+
+
+def channel_load(c: Client, queue: str, n: int, **settings: Any) -> None:
+    c.drop_queue(queue, if_exists=True)
+    c.create_queue(queue, **settings)
+    total = max(n * 2, 40_000)
+    for start in range(0, total, 5_000):
+        c.send_batch(queue, [Envelope(PAYLOAD, channel=f"t{i % n}") for i in range(start, start + 5_000)])
+
+
+def channel_cells(c: Client, n: int, seconds: float) -> dict[str, Any]:
+    queue = f"ch{n}"
+    channel_load(c, queue, n)
+    k = 0
+
+    def send() -> int:
+        nonlocal k
+        c.send(queue, PAYLOAD, channel=f"t{k % n}")
+        k += 1
+        return 1
+
+    cells: dict[str, Any] = {"send": rate(seconds, send)}
+    # Every channel now holds 2 or more messages (sends went to the front channels, which the
+    # round robin serves first anyway): count what each delivery served.
+    served: Counter[str] = Counter()
+    held: list[Message] = []
+
+    def take_ack(size: int) -> Callable[[], int]:
+        def step() -> int:
+            nonlocal held
+            got = c.take(queue, size, ack=held)
+            served.update(m.channel or "" for m in got)
+            done = len(held)
+            held = got
+            return done
+
+        return step
+
+    cells["take+ack"] = rate(seconds, take_ack(1))
+    cells["take+ack x100"] = rate(seconds, take_ack(100))
+    if held:
+        c.ack(held)
+    # Round robin: while every channel still has messages, no channel is served twice before
+    # every channel is served once, so the counts differ by at most one.
+    counts = [served.get(f"t{i}", 0) for i in range(n)]
+    cells["fair"] = max(counts) - min(counts) <= 1
+    cells["served"] = sum(counts)
+    c.drop_queue(queue)
+    return cells
+
+
+def channel_limits(dsn: str, n: int, seconds: float, procs: int = 4) -> dict[str, Any]:
+    """``max_concurrency = 1`` on every one of ``n`` channels, ``procs`` consumers taking batches
+    of 20 and acking them 20 ms later; a sampler counts channels holding two live leases."""
+    queue = f"lim{n}"
+    with Client(dsn, schema=SCHEMA, pool_size=1) as c:
+        channel_load(c, queue, n, channel_max_concurrency=1)
+
+    def prepare(ctx: Ctx) -> Callable[[], Any]:
+        c = Client(dsn, schema=SCHEMA, pool_size=1)
+        c.open()
+
+        def work() -> int:
+            done = 0
+            while not ctx.expired():
+                got = c.take(queue, 20)
+                time.sleep(0.02)
+                if got:
+                    c.ack(got)
+                done += len(got)
+            c.close()
+            return done
+
+        return work
+
+    worst = samples = leased_seen = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal worst, samples, leased_seen
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            qid = conn.execute(
+                sql.SQL("SELECT id FROM {s}.queue WHERE name = %s").format(s=S), [queue]
+            ).fetchone()
+            assert qid is not None
+            while not stop.is_set():
+                row = conn.execute(
+                    sql.SQL(
+                        "SELECT count(*) FILTER (WHERE n > 1), coalesce(sum(n), 0) FROM ("
+                        " SELECT count(*) AS n FROM {s}.message m"
+                        "  WHERE m.queue_id = %s AND m.leased AND m.dequeue_at > {s}.now_ms()"
+                        "  GROUP BY m.channel) x"
+                    ).format(s=S),
+                    [qid[0]],
+                ).fetchone()
+                assert row is not None
+                worst, leased_seen, samples = max(worst, row[0]), max(leased_seen, int(row[1])), samples + 1
+                stop.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        run = run_procs(prepare, procs, seconds=seconds)
+    finally:
+        stop.set()
+        sampler.join()
+    with Client(dsn, schema=SCHEMA, pool_size=1) as c:
+        over = [ch.name for ch in c.channels(queue, limit=1000) if ch.leased > 1]
+        c.drop_queue(queue)
+    return {
+        "taken": sum(run.results),
+        "samples": samples,
+        "most_leases_seen": leased_seen,
+        "channels_over_limit": worst,
+        "counters_over_limit": len(over),
+    }
+
+
+def channel_series(dsn: str, counts: list[int], seconds: float, reps: int) -> dict[int, dict[str, Any]]:
+    """The channel series, the counts in turn within each rep, then the limits check per count."""
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
+    out: dict[int, dict[str, Any]] = {}
     with Client(dsn, schema=SCHEMA, pool_size=1) as c:
         c.migrate()
-        for n in counts:
-            queue = f"ch{n}"
-            c.create_queue(queue)
-            total = max(n * 2, 40_000)
-            for start in range(0, total, 5_000):
-                c.send_batch(
-                    queue, [Envelope(PAYLOAD, channel=f"t{i % n}") for i in range(start, start + 5_000)]
-                )
-            held: list[Message] = []
-
-            def step(queue: str = queue) -> int:
-                nonlocal held
-                got = c.take(queue, 1, ack=held)
-                done = len(held)
-                held = got
-                return done
-
-            out[n] = rate(seconds, step)
-            print(json.dumps({"channels": n, "take+ack": out[n]}), flush=True)
-            c.drop_queue(queue)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        for r in range(reps):
+            for n in counts if r % 2 == 0 else counts[::-1]:
+                runs[n].append(channel_cells(c, n, seconds))
+                log(f"  channels {n:,} rep {r + 1}: {json.dumps(runs[n][-1])}")
+    for n in counts:
+        out[n] = {
+            "runs": runs[n],
+            **{k: med([x[k] for x in runs[n]]) for k in ("send", "take+ack", "take+ack x100")},
+            "fair": all(x["fair"] for x in runs[n]),
+            "limits": channel_limits(dsn, n, min(seconds, 3.0)),
+        }
+        log(f"  channel limits {n:,}: {json.dumps(out[n]['limits'])}")
     return out
 
 
-def report(queues: dict[str, Any], channels: dict[int, float]) -> str:
-    lines = ["| system | workload | " + " | ".join(f"{n:,} queues" for n in queues["lonnymq"]) + " |"]
-    lines.append("|---" * (2 + len(queues["lonnymq"])) + "|")
-    for system, rows in queues.items():
-        if not rows:
-            continue
-        first = next(iter(rows.values()))
-        for work in first:
-            cells = []
-            for n in queues["lonnymq"]:
-                if n in rows:
-                    v = rows[n][work]
-                    cells.append(f"{v:,.0f}/s ({v / first[work]:.2f}x)")
-                else:
-                    cells.append("-")
-            lines.append(f"| {system} | {work} | " + " | ".join(cells) + " |")
-    if channels:
-        base = next(iter(channels.values()))
-        lines.append("")
-        lines.append("| LonnyMQ take+ack | " + " | ".join(f"{n:,} channels" for n in channels) + " |")
-        lines.append("|---" * (1 + len(channels)) + "|")
+# -- lifecycle series -------------------------------------------------------------------------------
+
+
+def timed(calls: Sequence[Callable[[], Any]]) -> list[float]:
+    out = []
+    for call in calls:
+        t = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def create_drop(fleet: Fleet, ops: int, tag: str) -> dict[str, Any]:
+    """``ops`` queues created, then dropped, one call each (LonnyMQ, then pgmq)."""
+    out: dict[str, Any] = {}
+    names = [f"life{tag}_{i}" for i in range(ops)]
+    with Client(fleet.dsn, schema=SCHEMA, pool_size=1) as c:
+        out["lonnymq create"] = latency(timed([lambda q=q: c.create_queue(q) for q in names]))
+        out["lonnymq drop"] = latency(timed([lambda q=q: c.drop_queue(q) for q in names]))
+    if fleet.have_pgmq:
+        with psycopg.connect(fleet.dsn, autocommit=True) as conn:
+            out["pgmq create"] = latency(
+                timed([lambda q=q: conn.execute("SELECT pgmq.create(%s)", [q]) for q in names])
+            )
+            out["pgmq drop"] = latency(
+                timed([lambda q=q: conn.execute("SELECT pgmq.drop_queue(%s)", [q]) for q in names])
+            )
+    return out
+
+
+def under_load(fleet: Fleet, seconds: float, tag: str) -> dict[str, Any]:
+    """A take+ack loop on queue ``busy`` (a backlog, one process) for ``seconds``: the first
+    third alone, the second third while this process creates and drops queues, one call each."""
+    busy = "busy"
+    with Client(fleet.dsn, schema=SCHEMA, pool_size=1) as c:
+        c.create_queue(busy, if_not_exists=True)
+        c.purge_queue(busy)
+        for _ in range(10):
+            c.send_batch(busy, [PAYLOAD] * 5_000)
+    checkpoint(fleet.dsn)
+
+    def prepare(ctx: Ctx) -> Callable[[], Any]:
+        c = Client(fleet.dsn, schema=SCHEMA, pool_size=1)
+        c.open()
+
+        def work() -> list[tuple[float, float]]:
+            held: list[Message] = []
+            calls = []
+            while not ctx.expired():
+                t = time.perf_counter()
+                got = c.take(busy, 1, ack=held)
+                calls.append((time.monotonic(), time.perf_counter() - t))
+                held = got
+            if held:
+                c.ack(held)
+            c.close()
+            return calls
+
+        return work
+
+    window: dict[str, float] = {}
+    lifecycle: list[float] = []
+
+    def during(_t0: float) -> None:
+        time.sleep(seconds / 3)
+        with Client(fleet.dsn, schema=SCHEMA, pool_size=1) as c:
+            window["from"] = time.monotonic()
+            i = 0
+            while time.monotonic() < window["from"] + seconds / 3:
+                q = f"churn{tag}_{i}"
+                lifecycle.extend(timed([lambda q=q: c.create_queue(q), lambda q=q: c.drop_queue(q)]))
+                i += 1
+            window["to"] = time.monotonic()
+
+    run = run_procs(prepare, 1, seconds=seconds, during=during)
+    calls = run.results[0]
+    before = [d for t, d in calls if t < window["from"]]
+    amid = [d for t, d in calls if window["from"] <= t <= window["to"]]
+    with Client(fleet.dsn, schema=SCHEMA, pool_size=1) as c:
+        c.drop_queue(busy)
+    return {
+        "take+ack alone": {"calls": len(before), **latency(before)},
+        "take+ack during creates/drops": {"calls": len(amid), **latency(amid)},
+        "create/drop amid": {"calls": len(lifecycle), **latency(lifecycle)},
+    }
+
+
+def listings(fleet: Fleet, runs: int = 7) -> dict[str, Any]:
+    """Median and max of ``runs`` of each listing (after one to warm up), in ms."""
+
+    def stats(t: Sequence[float]) -> dict[str, float]:
+        return {"median_ms": ms(med(t)), "max_ms": ms(max(t))}
+
+    out: dict[str, Any] = {}
+    middle = f"q{max(1, fleet.n // 2)}"
+    with Client(fleet.dsn, schema=SCHEMA, pool_size=1) as c:
+        for name, call in (
+            ("list_queues(limit=100)", lambda: c.list_queues(limit=100)),
+            ("list_queues(limit=100, after=middle)", lambda: c.list_queues(limit=100, after=middle)),
+            ("list_queues() all", lambda: c.list_queues()),
+            ("metrics(queue)", lambda: c.metrics(middle)),
+            ("maintain()", lambda: c.maintain()),
+        ):
+            out[name] = stats(timed([call] * (runs + 1))[1:])
+    try:
+        from lonnymq.client import AsyncClient
+        from lonnymq.web import queries
+        from lonnymq.web.app import reader_conninfo
+    except ImportError:  # no web extra
+        return out
+
+    async def web() -> None:
+        async with AsyncClient(reader_conninfo(fleet.dsn), schema=SCHEMA) as ac:
+            pages: list[tuple[str, Callable[[], Any]]] = [
+                ("dashboard overview (100 a page)", lambda: queries.queue_rows(ac, after=None, limit=100)),
+                ("dashboard overview after=middle", lambda: queries.queue_rows(ac, after=middle, limit=100)),
+                ("dashboard queue page", lambda: queries.queue_page(ac, middle)),
+            ]
+            for name, page in pages:
+                t = []
+                for _ in range(runs + 1):
+                    s = time.perf_counter()
+                    await page()
+                    t.append(time.perf_counter() - s)
+                out[name] = stats(t[1:])
+
+    asyncio.run(web())
+    return out
+
+
+def lifecycle_cells(fleet: Fleet, ops: int, seconds: float, tag: str) -> dict[str, Any]:
+    """One rep of the lifecycle series on ``fleet``."""
+    return {
+        "create/drop": create_drop(fleet, ops, tag),
+        "under load": under_load(fleet, seconds, tag),
+        "listings": listings(fleet),
+    }
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+
+def _cell(v: float, base: float) -> str:
+    return f"{v:,.0f}/s ({v / base:.2f}x)"
+
+
+def _med_cells(reps: list[dict[str, dict[str, float]]], system: str) -> dict[str, float]:
+    """The median of each workload over the reps of one system."""
+    rows = [r[system] for r in reps if r[system]]
+    return {k: med([x[k] for x in rows]) for k in rows[0]} if rows else {}
+
+
+def _lat(reps: list[dict[str, Any]]) -> str:
+    """p50 / p99 / max (ms) over reps: medians of p50 and p99, the largest max."""
+    return (
+        f"{med([r['p50_ms'] for r in reps]):.2f} / {med([r['p99_ms'] for r in reps]):.2f} /"
+        f" {max(r['max_ms'] for r in reps):.2f}"
+    )
+
+
+def report(results: dict[str, Any]) -> str:
+    lines: list[str] = [f"Server: {results['settings']}"]
+    qs = results.get("queues") or {}
+    if qs:
+        counts = sorted(qs)
+        cells = {n: {s: _med_cells(qs[n], s) for s in ("lonnymq", "pgmq")} for n in counts}
+        lines += ["", "Queue series (one connection; median of reps; ratio to the smallest count):", ""]
+        lines.append("| system | workload | " + " | ".join(f"{n:,} queues" for n in counts) + " |")
+        lines.append("|---" * (2 + len(counts)) + "|")
+        for system in ("lonnymq", "pgmq"):
+            have = [n for n in counts if cells[n][system]]
+            for work in cells[have[0]][system] if have else ():
+                base = cells[have[0]][system][work]
+                row = [_cell(cells[n][system][work], base) if n in have else "-" for n in counts]
+                lines.append(f"| {system} | {work} | " + " | ".join(row) + " |")
+        both = [n for n in counts if cells[n]["pgmq"]]
+        if both:
+            lines += ["", "LonnyMQ / pgmq at the same count (medians of the per-rep ratios):", ""]
+            lines.append("| workload | " + " | ".join(f"{n:,} queues" for n in both) + " |")
+            lines.append("|---" * (1 + len(both)) + "|")
+            for work in cells[both[0]]["lonnymq"]:
+                ratios = [med([r["lonnymq"][work] / r["pgmq"][work] for r in qs[n]]) for n in both]
+                lines.append(f"| {work} | " + " | ".join(f"{x:.2f}x" for x in ratios) + " |")
+    cc = results.get("concurrent") or {}
+    if cc:
+        counts = sorted(cc)
+        procs = results["args"]["consumers"]
+        lines += ["", f"Concurrent series ({procs} connections spread over the queues; median of reps):", ""]
         lines.append(
-            "| one queue | " + " | ".join(f"{v:,.0f}/s ({v / base:.2f}x)" for v in channels.values()) + " |"
+            "| system | workload | queues | msg/s | vs the fewest queues | vs pgmq | p50 / p99 / max ms | empty takes | relation locks at most |"
         )
+        lines.append("|---" * 9 + "|")
+        for system in ("lonnymq", "pgmq"):
+            have = [n for n in counts if cc[n][0][system]]
+            for phase in ("send", "take+ack"):
+                for n in have:
+                    reps = [r[system][phase] for r in cc[n]]
+                    v = med([x["rate"] for x in reps])
+                    base = med([r[system][phase]["rate"] for r in cc[have[0]]])
+                    vs = ""
+                    if system == "lonnymq" and cc[n][0]["pgmq"]:
+                        vs = f"{med([r['lonnymq'][phase]['rate'] / r['pgmq'][phase]['rate'] for r in cc[n]]):.2f}x"
+                    lines.append(
+                        f"| {system} | {phase} | {n:,} | {v:,.0f} | {v / base:.2f}x | {vs} | {_lat(reps)} |"
+                        f" {med([x['empty'] for x in reps]):,.0f} | {max(x['locks_max'] for x in reps):,} |"
+                    )
+    ch = results.get("channels") or {}
+    if ch:
+        counts = sorted(ch)
+        base = ch[counts[0]]
+        lines += ["", "Channel series (LonnyMQ, one queue, one connection; median of reps):", ""]
+        lines.append("| workload | " + " | ".join(f"{n:,} channels" for n in counts) + " |")
+        lines.append("|---" * (1 + len(counts)) + "|")
+        for work in ("send", "take+ack", "take+ack x100"):
+            lines.append(f"| {work} | " + " | ".join(_cell(ch[n][work], base[work]) for n in counts) + " |")
+        lines.append(
+            "| round robin fair (every rep) | " + " | ".join(str(ch[n]["fair"]) for n in counts) + " |"
+        )
+        lines.append(
+            "| max_concurrency=1: channels seen over it / counters over it | "
+            + " | ".join(
+                f"{ch[n]['limits']['channels_over_limit']} / {ch[n]['limits']['counters_over_limit']}"
+                f" ({ch[n]['limits']['samples']} samples, up to {ch[n]['limits']['most_leases_seen']} leases)"
+                for n in counts
+            )
+            + " |"
+        )
+    lc = results.get("lifecycle") or {}
+    if lc:
+        counts = sorted(lc)
+        lines += [
+            "",
+            "Lifecycle series (ms; p50 / p99 / max: medians of p50 and p99 over reps, largest max):",
+            "",
+        ]
+        lines.append("| what | " + " | ".join(f"{n:,} queues" for n in counts) + " |")
+        lines.append("|---" * (1 + len(counts)) + "|")
+        rows: dict[str, list[str]] = {}
+        for i, n in enumerate(counts):
+            for part in ("create/drop", "under load"):
+                for what in lc[n][0][part]:
+                    label = what if part == "create/drop" else f"busy queue: {what}"
+                    rows.setdefault(label, ["-"] * len(counts))[i] = _lat([r[part][what] for r in lc[n]])
+            for what in lc[n][0]["listings"]:
+                reps = [r["listings"][what] for r in lc[n]]
+                rows.setdefault(f"{what} (median / max)", ["-"] * len(counts))[i] = (
+                    f"{med([x['median_ms'] for x in reps]):.2f} / {max(x['max_ms'] for x in reps):.2f}"
+                )
+        for what, row in rows.items():
+            lines.append(f"| {what} | " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def server(args: argparse.Namespace) -> Iterator[str]:
+    if not args.cluster:
+        with dsn_or_temporary(args.dsn) as dsn:
+            yield dsn
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import pgcluster
+
+    with pgcluster.temporary_cluster(DEFAULTS, install=False) as cluster:
+        yield cluster.dsn
+
+
+def ints(text: str) -> list[int]:
+    return sorted({int(x) for x in text.split(",") if x.strip()})
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dsn", default=os.environ.get("LONNYMQ_BENCH_DSN"))
-    p.add_argument("--queues", default="1,100,1000,10000")
-    p.add_argument("--channels", default="10,1000,100000")
-    p.add_argument("--pgmq-max", type=int, default=1000)
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--cluster", action="store_true", help="a throwaway PostgreSQL 15 with default settings")
+    p.add_argument("--queues", default="1,100,1000,10000", help="queue series counts ('' to skip)")
+    p.add_argument("--concurrent", default="1,10000", help="concurrent series counts ('' to skip)")
+    p.add_argument("--channels", default="10,1000,100000", help="channel series counts ('' to skip)")
+    p.add_argument("--lifecycle", default="1,100,10000", help="lifecycle series counts ('' to skip)")
+    p.add_argument("--pgmq-max", type=int, default=10_000, help="pgmq queues for counts up to this")
+    p.add_argument("--seconds", type=float, default=5.0, help="per cell of the queue and channel series")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--consumers", type=int, default=50, help="connections of the concurrent series")
+    p.add_argument(
+        "--concurrent-seconds", type=float, default=10.0, help="per phase of the concurrent series"
+    )
+    p.add_argument("--preload", type=int, default=60_000, help="backlog of each take+ack phase")
+    p.add_argument("--ops", type=int, default=200, help="queues created and dropped per lifecycle rep")
+    p.add_argument("--load-seconds", type=float, default=9.0, help="the busy queue's run (lifecycle)")
     p.add_argument("--json", help="write the results here too")
     a = p.parse_args()
-    with dsn_or_temporary(a.dsn) as dsn:
-        queues = queue_series(dsn, [int(x) for x in a.queues.split(",") if x], a.pgmq_max, a.seconds)
-        channels = channel_series(dsn, [int(x) for x in a.channels.split(",") if x], a.seconds)
-    print(report(queues, channels))
+    series = {"queues": ints(a.queues), "concurrent": ints(a.concurrent), "lifecycle": ints(a.lifecycle)}
+    results: dict[str, Any] = {
+        "args": vars(a),
+        "channels": {},
+        **{k: {n: [] for n in v} for k, v in series.items()},
+    }
+    with server(a) as dsn:
+        with psycopg.connect(dsn) as conn:
+            results["settings"] = dict(
+                conn.execute(
+                    "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [list(SHOWN_SETTINGS)]
+                ).fetchall()
+            )
+        log(f"server: {results['settings']}")
+        started = time.perf_counter()
+        counts = sorted({n for v in series.values() for n in v})
+        fleets = {n: Fleet(dsn, n, a.pgmq_max) for n in counts}
+        results["created_s"] = {n: f.created_s for n, f in fleets.items()}
+        try:
+            # Each rep measures every count in turn (the order reversed every other rep), so a
+            # change in the machine's load falls on all counts alike.
+            for r in range(a.reps):
+                flip = r % 2 == 1
+                for n in counts[::-1] if flip else counts:
+                    f = fleets[n]
+                    if n in series["queues"]:
+                        results["queues"][n].append(queue_cells(f, a.seconds, flip))
+                        log(f"queues {n:,} rep {r + 1}: {json.dumps(results['queues'][n][-1])}")
+                    if n in series["concurrent"]:
+                        results["concurrent"][n].append(
+                            concurrent_cells(f, a.consumers, a.concurrent_seconds, a.preload, flip)
+                        )
+                        log(f"concurrent {n:,} rep {r + 1}: {json.dumps(results['concurrent'][n][-1])}")
+                    if n in series["lifecycle"]:
+                        results["lifecycle"][n].append(lifecycle_cells(f, a.ops, a.load_seconds, str(r)))
+                        log(f"lifecycle {n:,} rep {r + 1}: {json.dumps(results['lifecycle'][n][-1])}")
+        finally:
+            for f in fleets.values():
+                f.drop()
+        if ints(a.channels):
+            try:
+                results["channels"] = channel_series(dsn, ints(a.channels), a.seconds, a.reps)
+            finally:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(S))
+        results["minutes"] = round((time.perf_counter() - started) / 60, 1)
+    print(report(results))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"queues": queues, "channels": channels, "seconds": a.seconds}, f, indent=1)
+        with open(a.json, "w") as out:
+            json.dump(results, out, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -346,7 +346,10 @@ END $$;
 
 -- The channels of a queue by name, p_limit at a time after p_after (or the one named p_name):
 -- policy, size (messages: ready, scheduled and leased), leased (never above max_concurrency),
--- when it was last served and when it may deliver next (NULL: empty).
+-- when it was last served and when it may deliver next (NULL: empty). A page starts at p_after
+-- (p_name) in the channel key's index, in a generic plan too ('' sorts before every name):
+-- "p_after IS NULL OR c.name > p_after" walked a queue's channels from the first (80 ms a page
+-- at 100,000 channels).
 CREATE OR REPLACE FUNCTION {schema}.channel_list(
     p_queue text, p_limit integer DEFAULT 1000, p_after text DEFAULT NULL, p_name text DEFAULT NULL
 ) RETURNS TABLE (
@@ -363,7 +366,7 @@ BEGIN
     SELECT c.name, c.max_concurrency, c.release_interval_ms, c.max_size, c.on_full, c.explicit,
            c.current_size, c.current_concurrency, c.last_served_at, c.ready_at
       FROM {schema}.channel c
-     WHERE c.queue_id = q.id AND (p_after IS NULL OR c.name > p_after)
+     WHERE c.queue_id = q.id AND c.name > coalesce(p_after, '') AND c.name >= coalesce(p_name, '')
        AND (p_name IS NULL OR c.name = p_name)
      ORDER BY c.name
      LIMIT p_limit;

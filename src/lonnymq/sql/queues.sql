@@ -22,8 +22,11 @@ END $$;
 -- ordinary queue gets a positive id (message_logged), an UNLOGGED one (p_unlogged) a negative
 -- id from queue_unlogged_id_seq (message_unlogged): no DDL, no lock on a shared object.
 -- Returns true, or false when it exists and p_if_not_exists (else LQ005). Raises LQ002 for
--- invalid settings, LQ001 for an unknown dead-letter queue. Writes queue. Locks: advisory lock
--- on the name (serialises creators and drops).
+-- invalid settings, LQ001 for an unknown dead-letter queue. Writes queue. Locks: the row of a
+-- queue of that name if there is one (shared: waits for a drop of it to end); creators of the
+-- same name meet on the name's unique index. No lock per queue created that lasts until the
+-- transaction ends (an advisory lock did: 10,000 queues created in one transaction ran out of
+-- shared memory on a default server).
 CREATE OR REPLACE FUNCTION {schema}.queue_create(
     p_name              text,
     p_lease_ms          bigint  DEFAULT 30000,
@@ -68,9 +71,9 @@ BEGIN
     END IF;
     PERFORM {schema}._check_channel_policy(p_channel_max_concurrency, p_channel_release_interval_ms,
                                            p_channel_max_size, p_channel_on_full);
-    -- Serialise creators of the same name so if_not_exists never races into a unique error.
-    PERFORM pg_advisory_xact_lock(hashtext({schema_name}), hashtext(p_name));
-    IF EXISTS (SELECT FROM {schema}.queue WHERE name = p_name) THEN
+    -- A queue being dropped is waited for (its drop holds the row), then found gone.
+    PERFORM FROM {schema}.queue WHERE name = p_name FOR SHARE;
+    IF FOUND THEN
         IF p_if_not_exists THEN
             RETURN false;
         END IF;
@@ -92,23 +95,29 @@ BEGIN
     VALUES (v_id, p_name, p_lease_ms, p_max_attempts, v_dlq, p_archive, p_retention_ms,
             coalesce(p_unlogged, false), p_max_payload_bytes, p_priority_step_ms,
             p_channel_max_concurrency, p_channel_release_interval_ms, p_channel_max_size,
-            p_channel_on_full);
+            p_channel_on_full)
+    ON CONFLICT (name) DO NOTHING;  -- a concurrent creator of the name committed first
+    IF NOT FOUND THEN
+        IF p_if_not_exists THEN
+            RETURN false;
+        END IF;
+        RAISE EXCEPTION 'queue % already exists', quote_literal(p_name) USING ERRCODE = 'LQ005';
+    END IF;
     RETURN true;
 END $$;
 
 -- Drop queue p_name: its messages, its archive rows, its channels. Returns true, or false
 -- when it does not exist and p_if_exists (else LQ001). Raises LQ006 while it is the dead-letter
--- queue of another queue. Locks: queue_create's advisory lock on the name, then the queue row,
--- so concurrent drops serialise (the second finds nothing) and a queue that became a dead-letter
--- queue meanwhile is refused as in use.
+-- queue of another queue. Locks: the queue row, so concurrent drops serialise (the second finds
+-- nothing), a create of the name waits for the drop, and a queue that became a dead-letter queue
+-- meanwhile is refused as in use.
 CREATE OR REPLACE FUNCTION {schema}.queue_drop(p_name text, p_if_exists boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     q {schema}.queue;
 BEGIN
-    -- queue_create's lock, then the row: a concurrent drop waits here and then finds nothing.
-    PERFORM pg_advisory_xact_lock(hashtext({schema_name}), hashtext(p_name));
+    -- The row: a concurrent drop waits here and then finds nothing.
     SELECT * INTO q FROM {schema}.queue WHERE name = p_name FOR UPDATE;
     IF NOT FOUND THEN
         IF p_if_exists THEN
@@ -186,7 +195,9 @@ BEGIN
 END $$;
 
 -- The queues with their settings, by name: all of them, or p_limit at a time after the name
--- p_after (keyset paging on the name's unique index, as fast at 10,000 queues as at 10).
+-- p_after (keyset paging on the name's unique index, as fast at 10,000 queues as at 10: a page
+-- starts at p_after in the index, in a generic plan too, where "p_after IS NULL OR q.name >
+-- p_after" walked the index from its first name).
 -- paused: see queue_pause. Raises LQ002 for a p_limit below 1. Reads queue.
 CREATE OR REPLACE FUNCTION {schema}.queue_list(p_limit integer DEFAULT NULL, p_after text DEFAULT NULL)
 RETURNS TABLE (
@@ -204,7 +215,7 @@ BEGIN
            q.max_payload_bytes, q.priority_step_ms, q.created_at, q.paused
       FROM {schema}.queue q
       LEFT JOIN {schema}.queue d ON d.id = q.dead_letter_queue_id
-     WHERE p_after IS NULL OR q.name > p_after
+     WHERE q.name > coalesce(p_after, '')  -- '' sorts before every name
      ORDER BY q.name
      LIMIT p_limit;
 END $$;

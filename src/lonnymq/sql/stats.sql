@@ -21,8 +21,9 @@
 -- names are left out) and each minute in [p_since, p_until) that counted anything (epoch ms,
 -- default: the hour before p_now), the sums of its rows. minute_at is the minute's start (epoch
 -- ms). Minutes without activity have no row. Raises LQ002 for a window longer than 7 days or
--- reversed. Reads queue, queue_stat (a range of its (queue_id, minute) index per queue); takes
--- no lock.
+-- reversed. Reads queue (the named queues by their name's index: the dashboard's overview asks
+-- for one page of them, whatever the number of queues), queue_stat (a range of its (queue_id,
+-- minute) index per queue); takes no lock.
 CREATE OR REPLACE FUNCTION {schema}.stats_minutes(
     p_queues text[] DEFAULT NULL,
     p_since  bigint DEFAULT NULL,
@@ -35,9 +36,18 @@ DECLARE
     v_now   bigint := {schema}._read_now(p_now);
     v_until bigint := coalesce(p_until, v_now + 1);
     v_since bigint := coalesce(p_since, v_until - 3600000);
+    v_ids   integer[];
 BEGIN
     IF v_since > v_until OR v_until - v_since > 7 * 86400000 THEN
         PERFORM {schema}._invalid('the window must be at most 7 days, since <= until');
+    END IF;
+    -- The queues first, in a statement of their own: "p_queues IS NULL OR q.name = ANY
+    -- (p_queues)" has no index in the generic plan PL/pgSQL settles on after five calls, which
+    -- read every queue (30-60 ms a call at 10,000 queues on the dashboard's settings).
+    IF p_queues IS NULL THEN
+        v_ids := ARRAY(SELECT q.id FROM {schema}.queue q);
+    ELSE
+        v_ids := ARRAY(SELECT q.id FROM {schema}.queue q WHERE q.name = ANY (p_queues));
     END IF;
     RETURN QUERY
     SELECT q.name, x.minute * 60000, x.sent, x.acked, x.nacked, x.dead, x.cancelled
@@ -50,7 +60,7 @@ BEGIN
             WHERE s.queue_id = q.id
               AND s.minute >= greatest(v_since / 60000, 1) AND s.minute * 60000 < v_until
             GROUP BY s.minute) x
-     WHERE p_queues IS NULL OR q.name = ANY (p_queues)
+     WHERE q.id = ANY (v_ids)
      ORDER BY q.name, x.minute;
 END $$;
 
