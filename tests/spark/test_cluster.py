@@ -4,7 +4,7 @@ loses its executors.
 
 One master and two workers (1 core, 512 MiB each) run for the module, from the installed
 PySpark, on loopback ports. The cluster's Python is a virtualenv made for the module with
-lonnymq's dependencies only (psycopg, psycopg-pool, pyarrow): executors, the driver-side
+lonnymq's dependencies only (psycopg, psycopg-pool, pyarrow, numpy): executors, the driver-side
 planners, and in cluster mode the driver itself, run it. Each route runs tests/spark/cluster_job.py
 with the command docs/spark.md shows: a batch write, a batch read, and a readStream into a
 writeStream, checked in PostgreSQL.
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.once, pytest.mark.spark, pytest.mark.slow]
 JOB = Path(__file__).with_name("cluster_job.py")
 #: What the cluster's Python needs to run lonnymq's data source (docs/spark.md), with PySpark
 #: (which the workers put on their Python's path themselves).
-NODE_PACKAGES = ("psycopg", "psycopg-binary", "psycopg-pool", "pyarrow", "typing_extensions")
+NODE_PACKAGES = ("psycopg", "psycopg-binary", "psycopg-pool", "pyarrow", "numpy", "typing_extensions")
 #: Confs every application on the cluster needs: executors fit in a 512 MiB worker.
 APP_CONF = ("--conf", "spark.executor.memory=512m", "--conf", "spark.ui.enabled=false",
             "--conf", "spark.sql.shuffle.partitions=2")  # fmt: skip
@@ -51,7 +51,7 @@ def nodes_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The cluster's Python: lonnymq's dependencies, no lonnymq."""
     python = bare_python(tmp_path_factory.mktemp("nodes-python"), NODE_PACKAGES)
     probe = subprocess.run(
-        [str(python), "-c", "import psycopg, psycopg_pool, pyarrow; import lonnymq"],
+        [str(python), "-c", "import psycopg, psycopg_pool, pyarrow, numpy; import lonnymq"],
         env=spark_env(),
         capture_output=True,
         text=True,

@@ -24,7 +24,7 @@ from lonnymq.spark._read import COLUMNS
 from lonnymq.spark._ship import package_bytes, shipped_source
 from spark_fixtures import bare_python, spark_home
 
-NODE_PACKAGES = ("psycopg", "psycopg-binary", "psycopg-pool", "pyarrow", "typing_extensions")
+NODE_PACKAGES = ("psycopg", "psycopg-binary", "psycopg-pool", "pyarrow", "numpy", "typing_extensions")
 
 
 @pytest.fixture(scope="module")

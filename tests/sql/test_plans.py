@@ -239,8 +239,11 @@ def _reads_of_call(
     dsn: str, schema: str, call: str, table: str, params: dict[str, Any]
 ) -> tuple[list[Any], int, int]:
     """Run ``call`` (``{s}`` is the schema) in a transaction rolled back afterwards: its rows,
-    and the rows it read from ``table`` by sequential scans and fetched through indexes."""
-    with psycopg.connect(dsn) as conn:
+    and the rows it read from ``table`` by sequential scans and fetched through indexes. The
+    rotator's lock is held meanwhile: a take may rotate the generations (generations.sql), and
+    the rows a rotation moves are not the call's reads."""
+    with psycopg.connect(dsn) as rotator, psycopg.connect(dsn) as conn:
+        rotator.execute("SELECT pg_advisory_xact_lock(hashtext(%s || '/rotate'), 0)", (schema,))
         rows = conn.execute(sql.SQL(call).format(s=sql.Identifier(schema)), params).fetchall()
         # This transaction's own counters (not yet flushed anywhere).
         [(seq_read, idx_fetch)] = conn.execute(

@@ -83,8 +83,8 @@ def ship(spark: SparkSession) -> Path:
     and writers it makes, which unpickle by putting it on ``sys.path`` first: so it also reaches
     the processes Spark starts without the session's files (the driver-side planner of a
     streaming read; through Spark Connect, a streaming query's tasks). Those Python processes
-    still need lonnymq's dependencies installed: ``psycopg[binary]``, ``psycopg-pool`` and
-    ``pyarrow``. Call it once per session, and again after changing the ``spark.lonnymq.*``
+    still need lonnymq's dependencies installed: ``psycopg[binary]``, ``psycopg-pool``,
+    ``pyarrow`` and ``numpy``. Call it once per session, and again after changing the ``spark.lonnymq.*``
     confs (as :func:`register`, which keeps shipping on this session)."""
     archive = package_zip()
     if not _spark_ships(spark, archive.name):
