@@ -106,10 +106,12 @@ class QueueModel(RuleBasedStateMachine):
         got = self.db.take(self.queue, n, self.now, p_lease_ms=lease)
         ready = sorted(
             (m for m in self.msgs.values() if m.dequeue_at <= self.now), key=lambda m: (m.dequeue_at, m.id)
-        )[:n]
-        expected = []
+        )
+        expected: list[tuple[Any, ...]] = []
         for m in ready:
-            if m.attempts >= MAX_ATTEMPTS:  # its last lease expired: dead-lettered
+            if len(expected) == n:
+                break
+            if m.attempts >= MAX_ATTEMPTS:  # its last lease expired: dead-lettered, not counted
                 del self.msgs[m.id]
                 self.dead += 1
                 continue
