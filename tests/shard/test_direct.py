@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 
 import psycopg
 import pytest
@@ -22,7 +23,9 @@ pytestmark = [pytest.mark.once, pytest.mark.slow]
 
 
 def one_on_each(router: str, prefix: str) -> list[str]:
-    """Two queue names, the first held by shard 0, the second by shard 1."""
+    """Two queue names, the first held by shard 0, the second by shard 1, new to the shards (the
+    clusters serve the whole module group: tests before this one leave their queues there)."""
+    prefix = f"{prefix}{uuid.uuid4().hex[:8]}_"
     found: dict[int, str] = {}
     i = 0
     while len(found) < 2:
