@@ -142,14 +142,7 @@ class Client:
                 self._open_timeout = config.connect_timeout(connect_timeout)
                 kwargs["connect_timeout"] = config.libpq_timeout(self._open_timeout)
             self._pool_args = (pool_size, kwargs, check_connections)
-            self._pool = ConnectionPool(
-                conninfo,
-                min_size=1,
-                max_size=pool_size,
-                kwargs=kwargs,
-                open=False,
-                check=ConnectionPool.check_connection if check_connections else None,
-            )
+            self._pool = self._new_pool(conninfo)
             self._owns_pool = True
 
     @classmethod
@@ -307,21 +300,26 @@ class Client:
         assert self._pool is not None
         return self._pool
 
+    def _new_pool(self, conninfo: str) -> ConnectionPool[Any]:
+        """A pool (not open yet) of this client's size and connection arguments, checking its
+        connections when handed out if the client does (``check_connections``)."""
+        size, kwargs, check = self._pool_args
+        return ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=size,
+            kwargs=kwargs,
+            open=False,
+            check=ConnectionPool.check_connection if check else None,
+        )
+
     def _shard_pool(self, shard: int) -> ConnectionPool[Any]:
         m = self._map
         assert m is not None and self.conninfo is not None
         key = (shard, m.shards[shard])
         pool = self._shard_pools.get(key)
         if pool is None:
-            size, kwargs, check = self._pool_args
-            pool = ConnectionPool(
-                m.conninfo(shard, self.conninfo),
-                min_size=1,
-                max_size=size,
-                kwargs=kwargs,
-                open=False,
-                check=ConnectionPool.check_connection if check else None,
-            )
+            pool = self._new_pool(m.conninfo(shard, self.conninfo))
             pool.open(wait=False)
             self._shard_pools[key] = pool
         return pool
