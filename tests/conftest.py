@@ -24,6 +24,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from lonnymq import Client
+from schema_pool import SchemaPool
 
 #: The pytest-xdist worker running this process ("gw0", "gw1", ...), None without xdist.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -87,20 +88,25 @@ def dsn(server: object | None) -> Iterator[str]:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(db))
 
 
+@pytest.fixture(scope="session")
+def schema_pool(dsn: str) -> Iterator[SchemaPool]:
+    """This test process's migrated schemas, reset between tests (tests/schema_pool.py)."""
+    pool = SchemaPool(dsn)
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
-def schema(dsn: str) -> Iterator[str]:
-    """A fresh schema with lonnymq installed by its migrations; dropped after the test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with Client(dsn, schema=name, pool_size=1) as c:
-        c.migrate()
+def schema(dsn: str, schema_pool: SchemaPool) -> Iterator[str]:
+    """A schema with lonnymq installed by its migrations, in exactly the state ``migrate()``
+    leaves (a used one is reset or dropped afterwards: tests/schema_pool.py)."""
+    name = schema_pool.acquire(f"t_{uuid.uuid4().hex[:12]}")
     yield name
     if os.environ.get("LONNYMQ_SQL_COVERAGE"):  # tools/sqlcheck.py coverage: read profiles before DROP
         from sql_coverage import record_schema
 
         record_schema(dsn, name, os.environ["LONNYMQ_SQL_COVERAGE"])
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SET lock_timeout = '10s'")
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    schema_pool.release(name)
 
 
 @pytest.fixture

@@ -144,7 +144,9 @@ def test_worker_command_with_nothing_configured_says_what_to_set(tmp_path: Path)
         text=True,
         timeout=60,
     )
-    assert time.monotonic() - t0 < 5
+    # It says so at once rather than waiting out the client's 30 s connection deadline (the bound
+    # leaves room for a slow interpreter start on a loaded machine).
+    assert time.monotonic() - t0 < 25
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "LONNYMQ_DSN" in lines[0] and "lonnymq server start" in lines[0], lines
