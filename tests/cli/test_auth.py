@@ -81,7 +81,7 @@ def test_wrong_password_is_one_line_without_the_password(cluster: pgcluster.Clus
     else:
         proc, took = _lonnymq("queue", "list", **{where: _url(cluster, WRONG)})
     line = _one_line(proc)
-    assert took < 5
+    assert took < 20  # no retry, no wait (room for a slow interpreter start under load)
     assert line.startswith(f"lonnymq: cannot connect to alice@127.0.0.1:{cluster.port}/test:"), line
     assert 'password authentication failed for user "alice"' in line
     assert WRONG not in proc.stderr + proc.stdout
@@ -90,7 +90,7 @@ def test_wrong_password_is_one_line_without_the_password(cluster: pgcluster.Clus
 def test_missing_password_is_one_line(cluster: pgcluster.Cluster) -> None:
     proc, took = _lonnymq("queue", "list", "--dsn", _url(cluster, None))
     line = _one_line(proc)
-    assert took < 5
+    assert took < 20  # no retry, no wait (room for a slow interpreter start under load)
     assert "alice@127.0.0.1" in line and "no password supplied" in line
 
 

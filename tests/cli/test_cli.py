@@ -63,7 +63,9 @@ def db(dsn: str, schema: str) -> list[str]:
 def test_nothing_configured_fails_fast_naming_what_to_set(tmp_path: Path, command: list[str]) -> None:
     t0 = time.monotonic()
     line = one_line_failure(run(tmp_path, *command))
-    assert time.monotonic() - t0 < 5
+    # At once: no server started, no connection waited for (the bound only leaves room for a
+    # slow interpreter start on a loaded machine; starting a server takes longer than that).
+    assert time.monotonic() - t0 < 20
     assert "LONNYMQ_DSN" in line and "lonnymq server start" in line
     assert not (tmp_path / "no-server").exists()  # nothing was started or initialised
 
@@ -75,12 +77,14 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("before", [True, False])
-def test_unreachable_server_is_one_line_within_5s(tmp_path: Path, before: bool) -> None:
+def test_unreachable_server_is_one_line_at_once(tmp_path: Path, before: bool) -> None:
     dsn = f"postgresql://nobody@127.0.0.1:{_closed_port()}/nothing"
     args = ["--dsn", dsn, "queue", "list"] if before else ["queue", "list", "--dsn", dsn]
     t0 = time.monotonic()
     line = one_line_failure(run(tmp_path, *args))
-    assert time.monotonic() - t0 < 5
+    # No retries: a refused connection fails at once (the bound leaves room for a slow
+    # interpreter start; the client's retry deadline is 30 s).
+    assert time.monotonic() - t0 < 20
     assert line.startswith("lonnymq: cannot connect to nobody@127.0.0.1:") and "refused" in line
 
 
