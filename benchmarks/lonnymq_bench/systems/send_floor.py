@@ -15,9 +15,7 @@ import psycopg
 
 from ..harness import Ctx, payload
 from .base import System, Variant
-
-QUEUE = "bench"
-SCHEMA = "lonnymq"
+from .lonnymq import QUEUE, SCHEMA, LonnyMQ
 
 # %(q)s: the queue's id; %(gen)s: the generation current at install (any one will do for the
 # floor); %(ct)s / %(p)b: the content type and body Client.send() stores.
@@ -47,6 +45,37 @@ def _where(c: psycopg.Connection[Any]) -> dict[str, Any]:
     return {"q": row[0], "gen": row[1]}
 
 
+class SendFloor(System):
+    """Installed, emptied and counted as LonnyMQ is (its migrations, its queue); only sends."""
+
+    name = "sendfloor"
+    label = "send floor"
+    tables = (f"{SCHEMA}.message", f"{SCHEMA}.queue_stat")
+
+    def install(self, dsn: str) -> dict[str, Any]:
+        LonnyMQ().install(dsn)
+        return {"version": "INSERT message + queue_stat row, one plain statement on LonnyMQ's tables"}
+
+    def clear(self, dsn: str) -> None:
+        LonnyMQ().clear(dsn)
+
+    def remaining(self, dsn: str) -> int:
+        return LonnyMQ().remaining(dsn)
+
+    def commits(self) -> list[Variant]:
+        # A commit-style reference (only the producers benchmark runs it), not a send: the
+        # suite's send workloads leave it out.
+        return [
+            Variant(
+                self.name,
+                "INSERT message + queue_stat",
+                "one",
+                _send_one,
+                note="the rows send() writes, one plain statement on LonnyMQ's tables",
+            )
+        ]
+
+
 def _send_one(dsn: str, ctx: Ctx) -> Callable[[], int]:
     from lonnymq.client.ops import encode_payload
 
@@ -64,43 +93,3 @@ def _send_one(dsn: str, ctx: Ctx) -> Callable[[], int]:
         return n
 
     return work
-
-
-class SendFloor(System):
-    name = "sendfloor"
-    label = "send floor"
-    tables = (f"{SCHEMA}.message", f"{SCHEMA}.queue_stat")
-
-    def install(self, dsn: str) -> dict[str, Any]:
-        from lonnymq import Client
-
-        with _connect(dsn) as conn:
-            c = Client(conn, schema=SCHEMA)
-            c.migrate()
-            c.create_queue(QUEUE)
-        return {"version": "INSERT message + queue_stat row, one plain statement on LonnyMQ's tables"}
-
-    def clear(self, dsn: str) -> None:
-        with _connect(dsn) as c:
-            c.execute(f"TRUNCATE {SCHEMA}.message")
-
-    def preload(self, dsn: str, n: int) -> None:
-        raise NotImplementedError("the send floor only sends")
-
-    def remaining(self, dsn: str) -> int:
-        with _connect(dsn) as c:
-            row = c.execute(f"SELECT count(*) FROM {SCHEMA}.message").fetchone()
-            return int(row[0]) if row else 0
-
-    def commits(self) -> list[Variant]:
-        # A commit-style reference (only the producers benchmark runs it), not a send: the
-        # suite's send workloads leave it out.
-        return [
-            Variant(
-                self.name,
-                "INSERT message + queue_stat",
-                "one",
-                _send_one,
-                note="the rows send() writes, one plain statement on LonnyMQ's tables",
-            )
-        ]
