@@ -20,7 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # The scripts run with benchmarks/ as their first sys.path entry; the test imports the same way.
 sys.path.insert(0, str(BENCHMARKS))
 
-from lonnymq_bench.systems import REGISTRY  # noqa: E402 - needs the path above
+from lonnymq_bench.systems import PRODUCERS_ONLY, REGISTRY  # noqa: E402 - needs the path above
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -201,7 +201,7 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "reproduce: python benchmarks/producers.py --quick" in proc.stdout
     doc = json.loads(out.read_text())
-    assert set(doc["meta"]["versions"]) == set(REGISTRY)
+    assert set(doc["meta"]["versions"]) == set(REGISTRY) | set(PRODUCERS_ONLY)
     assert doc["meta"]["config"]["producers"] == [1, 2]
     got: dict[tuple[str, str, int], set[str]] = {}
     for r in doc["throughput"]:
@@ -210,8 +210,8 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         got.setdefault((r["workload"], r["kind"], r["procs"]), set()).add(r["system"])
     sends = {"lonnymq", "pgmq", "pgqueuer", "seed"}
     assert got == {
-        ("send", "one", 1): sends | {"floor"},
-        ("send", "one", 2): sends | {"floor"},
+        ("send", "one", 1): sends | {"floor", "sendfloor"},
+        ("send", "one", 2): sends | {"floor", "sendfloor"},
         ("send", "batch", 2): sends,
         ("pop", "one", 2): {"lonnymq", "pgmq", "seed", "floor"},
         ("drain", "one", 2): {"lonnymq", "pgmq", "pgqueuer", "leasefloor"},
@@ -226,6 +226,7 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         "send, 1 producer (serial) / pgmq",
         "send, 2 producers / bare seed INSERT",
         "send, 2 producers / commit floor",
+        "send, 1 producer (serial) / send floor",
         "send_batch(1000) / pgmq send_batch",
         "pop / seed's delete-on-dequeue",
         "drain at batch 1 / lease floor",

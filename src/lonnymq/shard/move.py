@@ -73,7 +73,6 @@ _BY_ID: tuple[LiteralString, ...] = (
     "channel",
     "archive",
     "settled",
-    "sent_count",
     "queue_stat",
     "send_key",
 )

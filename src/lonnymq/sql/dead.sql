@@ -7,8 +7,8 @@
 -- milliseconds (bigint); functions that depend on the clock take p_now so tests control time.
 
 -- Moves messages that exhausted max_attempts (or are given up) to the dead-letter queue if the
--- queue has one (counted in its sent_count), else to the archive with status 'dead'. Writes
--- message, archive, sent_count, channel, queue_stat (dead; sent for the dead-letter queue).
+-- queue has one (counted as sent there), else to the archive with status 'dead'. Writes
+-- message, archive, channel, queue_stat (dead; sent for the dead-letter queue: its total_sent).
 -- Locks: the message rows (the callers hold them already: each is found by its key and deleted
 -- by its ctid, as _deliver does), then their channels.
 CREATE OR REPLACE FUNCTION {schema}._dead_letter(q {schema}.queue, p_ids bigint[], p_errors text[], p_now bigint)
@@ -38,11 +38,8 @@ BEGIN
                                       'enqueued_at', d.enqueued_at)),
                d.state, coalesce(d.error, d.last_error), d.payload
           FROM d ORDER BY d.id
-        ), c AS (
-            -- They are sent to the dead-letter queue (its total_sent).
-            INSERT INTO {schema}.sent_count (queue_id, n)
-            SELECT q.dead_letter_queue_id, count(*) FROM d HAVING count(*) > 0
         ), st AS (
+            -- They are sent to the dead-letter queue (its total_sent).
             INSERT INTO {schema}.queue_stat (queue_id, minute, sent, dead)
             SELECT x.queue_id, p_now / 60000, x.sent, x.dead
               FROM (SELECT count(*) AS n FROM d) c
@@ -110,7 +107,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Put dead messages (all, or the given ids) back into their queue as new, ready messages with
--- a fresh attempt budget (counted as sent: sent_count, queue_stat). Returns how many were
+-- a fresh attempt budget (counted as sent: queue_stat). Returns how many were
 -- requeued.
 CREATE OR REPLACE FUNCTION {schema}.dead_requeue(p_queue text, p_ids bigint[] DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS bigint
@@ -145,7 +142,6 @@ BEGIN
             array_fill(0, ARRAY[cardinality(v_channels)]), v_now);
     END IF;
     IF v_n > 0 THEN
-        INSERT INTO {schema}.sent_count (queue_id, n) VALUES (q.id, v_n);
         PERFORM {schema}._wake(q.id, q.name);
     END IF;
     RETURN v_n;

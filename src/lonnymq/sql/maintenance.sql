@@ -9,14 +9,13 @@
 -- p_limit per call, and empty channels nothing keeps; forget settles older than an hour (at
 -- most p_limit; settled, ack's memory of its repeats), forget send keys older than the setting
 -- lonnymq.send_key_retention (an interval, default 1 hour; at most p_limit; send_key, what
--- makes a retried send safe: docs/messages.md) and fold each queue's sent_count rows
--- into one; fold per-minute counters older than a day and delete expired workers
+-- makes a retried send safe: docs/messages.md); fold per-minute counters (queue_stat, which
+-- holds total_sent too) older than a day and delete expired workers
 -- (_stats_maintain, stats.sql); forget Spark write ids past their retention (spark_prune);
 -- rotate the generations when due (rotate, generations.sql). Returns how many
 -- archive rows were deleted. Raises LQ002 for a send_key_retention that is not a
 -- non-negative interval. Writes archive, channel (SKIP LOCKED:
--- never waits for a channel in use), settled, send_key, sent_count (the rows it folds, which
--- only another maintain locks).
+-- never waits for a channel in use), settled, send_key, queue_stat (the counters it folds).
 CREATE OR REPLACE FUNCTION {schema}.maintain(p_limit integer DEFAULT 10000, p_now bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
@@ -58,16 +57,6 @@ BEGIN
      USING (SELECT o.ctid FROM {schema}.send_key o WHERE o.at_ms < v_now - v_keep
              LIMIT p_limit) old
      WHERE k.ctid = old.ctid;
-    -- Exact under concurrency: a row another maintain folded first is skipped once deleted,
-    -- and rows of sends not yet committed stay for the next run.
-    WITH d AS (
-        DELETE FROM {schema}.sent_count c
-         WHERE c.queue_id IN (SELECT g.queue_id FROM {schema}.sent_count g
-                               GROUP BY g.queue_id HAVING count(*) > 1)
-        RETURNING c.queue_id, c.n
-    )
-    INSERT INTO {schema}.sent_count (queue_id, n)
-    SELECT d.queue_id, sum(d.n)::bigint FROM d GROUP BY d.queue_id;
     PERFORM {schema}._stats_maintain(p_limit, v_now);
     -- Spark write ids and sink batches past their retention (sql/spark.sql).
     PERFORM {schema}.spark_prune(p_limit, v_now);

@@ -134,7 +134,6 @@ BEGIN
     DELETE FROM {schema}.message WHERE queue_id = q.id;
     DELETE FROM {schema}.archive WHERE queue_id = q.id;
     DELETE FROM {schema}.settled WHERE queue_id = q.id;
-    DELETE FROM {schema}.sent_count WHERE queue_id = q.id;
     DELETE FROM {schema}.queue_stat WHERE queue_id = q.id;
     BEGIN
         DELETE FROM {schema}.queue WHERE id = q.id;
@@ -251,12 +250,13 @@ END $$;
 -- dead messages are exact (index-only scans over each state's range); with p_cap, each stops
 -- at p_cap rows, and the *_at_least flag of a count that reached it says "at least" (cheap on a
 -- queue of millions). total_sent: messages ever sent to the queue (created by sends, dead
--- letters moved in, requeued dead messages; sent_count). oldest_age_ms / newest_age_ms: age of
--- the first and the last live message by id (ids grow with enqueue time), NULL when empty.
+-- letters moved in, requeued dead messages: the sum of its queue_stat rows' sent).
+-- oldest_age_ms / newest_age_ms: age of the first and the last live message by id (ids grow
+-- with enqueue time), NULL when empty.
 -- oldest_ready_age_ms: how late the most overdue ready message is (looks a bounded way into
 -- the head); next_scheduled_at: when the next scheduled message comes due. paused: the queue
 -- hands out nothing (queue_pause; its ready messages still count as ready). Raises LQ001,
--- LQ002 (bad cap). Reads message, channel, archive, sent_count; takes no lock.
+-- LQ002 (bad cap). Reads message, channel, archive, queue_stat; takes no lock.
 CREATE OR REPLACE FUNCTION {schema}.queue_metrics(p_name text, p_cap integer DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS TABLE (
     queue text, ready bigint, scheduled bigint, leased bigint, dead bigint,
@@ -299,7 +299,7 @@ BEGIN
     scheduled_at_least := coalesce(scheduled >= p_cap, false);
     leased_at_least := coalesce(leased >= p_cap, false);
     dead_at_least := coalesce(dead >= p_cap, false);
-    SELECT coalesce(sum(c.n), 0)::bigint INTO total_sent FROM {schema}.sent_count c
+    SELECT coalesce(sum(c.sent), 0)::bigint INTO total_sent FROM {schema}.queue_stat c
      WHERE c.queue_id = q.id;
     oldest_age_ms := (SELECT v_now - m.enqueued_at FROM {schema}.message m
                        WHERE m.queue_id = q.id ORDER BY m.id LIMIT 1);

@@ -20,8 +20,8 @@
 -- expired lease deletes it instead of retrying it (docs/messages.md).
 -- Within one batch the first row of a key wins for 'ignore' and the last for 'replace'.
 -- Messages get ids in input order, so a batch is FIFO. The messages created are counted in
--- sent_count (queue_metrics' total_sent) and in queue_stat (the minute's counters, stats.sql):
--- one appended row each per call, never an update.
+-- queue_stat (the minute's counters, stats.sql, whose sums are also queue_metrics' total_sent):
+-- one appended row per call, never an update.
 -- p_send_key: the call's idempotency key (after p_now so that positional calls keep working).
 -- Its send_key row is inserted before anything else is written (a repeat running concurrently
 -- waits for the first on that row's index entry) and filled with the result at the end; a call
@@ -131,7 +131,7 @@ BEGIN
 
     IF p_keys IS NULL OR NOT EXISTS (SELECT FROM unnest(p_keys) k WHERE k IS NOT NULL) THEN
         -- No keys: plain insert; ids are assigned in input order. Without channels nothing
-        -- is dropped, so the batch's sent_count row is written by the same statement.
+        -- is dropped, so the batch's queue_stat row is written by the same statement.
         WITH ins AS (
             INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
                                               priority, channel, kind, content_type, headers, payload)
@@ -146,9 +146,6 @@ BEGIN
                                                 delay_ms, priority, channel, ord)) t
              ORDER BY t.ord
             RETURNING m.id
-        ), cnt AS (
-            INSERT INTO {schema}.sent_count (queue_id, n)
-            SELECT q.id, count(*) FROM ins HAVING NOT v_book
         ), st AS (
             INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
             SELECT q.id, v_now / 60000, count(*) FROM ins HAVING NOT v_book
@@ -162,13 +159,10 @@ BEGIN
                 q, p_channels, ARRAY(SELECT generate_series(1, v_n)::bigint), v_ids,
                 array_fill('created'::text, ARRAY[v_n]), NULL, NULL, NULL, v_now) r;
             -- Dropped messages (a full channel) were not sent.
-            WITH n AS (
-                SELECT count(*) AS n FROM unnest(v_outcomes) o WHERE o = 'created'
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
-                SELECT q.id, v_now / 60000, n.n FROM n WHERE n.n > 0
-            )
-            INSERT INTO {schema}.sent_count (queue_id, n) SELECT q.id, n.n FROM n WHERE n.n > 0;
+            INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+            SELECT q.id, v_now / 60000, n.n
+              FROM (SELECT count(*) AS n FROM unnest(v_outcomes) o WHERE o = 'created') n
+             WHERE n.n > 0;
             IF p_send_key IS NOT NULL THEN
                 PERFORM {schema}._send_key_record(q.id, p_send_key, v_res, v_outcomes);
             END IF;
@@ -300,13 +294,10 @@ BEGIN
             v_now) r;
     END IF;
     -- Messages created (not updated, ignored or dropped) count as sent.
-    WITH n AS (
-        SELECT count(*) AS n FROM unnest(v_outcomes) o WHERE o = 'created'
-    ), st AS (
-        INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
-        SELECT q.id, v_now / 60000, n.n FROM n WHERE n.n > 0
-    )
-    INSERT INTO {schema}.sent_count (queue_id, n) SELECT q.id, n.n FROM n WHERE n.n > 0;
+    INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+    SELECT q.id, v_now / 60000, n.n
+      FROM (SELECT count(*) AS n FROM unnest(v_outcomes) o WHERE o = 'created') n
+     WHERE n.n > 0;
     IF p_send_key IS NOT NULL THEN
         PERFORM {schema}._send_key_record(q.id, p_send_key, v_res, v_outcomes);
     END IF;
@@ -343,8 +334,8 @@ $$;
 -- send_batch does (one row). The plain case (no key, no channel), the one producers repeat
 -- most, is a single statement with a cached plan: it finds the queue by name (its unique
 -- index), takes the writer's hold on the current generation (_gen_write) and the wake-up's
--- send lock, notifying a waiting consumer (_wake), inserts the message, its sent_count and
--- queue_stat rows and, with p_send_key, the key's send_key row (the id comes from the message
+-- send lock, notifying a waiting consumer (_wake), inserts the message, its queue_stat row
+-- (the one counter of sends) and, with p_send_key, the key's send_key row (the id comes from the message
 -- sequence first, so that the key row can hold it). Those two helpers are inlined (a nested
 -- plpgsql call costs more than all of their work); keep them in step. Everything else, and
 -- anything that statement does not write (an unknown queue, a payload over the queue's limit:
@@ -430,8 +421,6 @@ BEGIN
                   FROM q LEFT JOIN k ON k.queue_id = q.id
                  WHERE p_send_key IS NULL OR k.id IS NOT NULL
                 RETURNING m.id, m.queue_id
-            ), cnt AS (
-                INSERT INTO {schema}.sent_count (queue_id, n) SELECT ins.queue_id, 1 FROM ins
             ), st AS (
                 INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
                 SELECT ins.queue_id, v_now / 60000, 1 FROM ins

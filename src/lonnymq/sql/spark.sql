@@ -44,7 +44,7 @@ DROP FUNCTION IF EXISTS {schema}.spark_read_archive(text, bigint, bigint, text);
 -- Raises LQ101 if a part lost rows (server crash emptied staging, or the sweeper ran), and
 -- send_batch's error for a row that breaks a send rule; either way nothing is enqueued.
 -- Tables: spark_stage, spark_stage_part (delete), spark_sink_commit (insert/update/delete),
--- and the queue as send_batch (message, sent_count, queue_stat, channel). Locks: an advisory
+-- and the queue as send_batch (message, queue_stat, channel). Locks: an advisory
 -- transaction lock per (queue, sink), and send_batch's. Plans pinned to indexes (staging is
 -- never analysed; a sort or a scan of all of it would cost more than the publish).
 CREATE OR REPLACE FUNCTION {schema}.spark_write_commit(
@@ -188,8 +188,8 @@ END $$;
 -- LQ101 (_spark_lost) if rows are missing, else send_batch's error for the first bad row (its
 -- "message N" counts rows across the parts, from 1). One enqueue time p_now and one generation
 -- (_gen_write) for all; the queue's waiters are woken (_wake); the messages count in
--- sent_count and queue_stat (one row each). Returns the messages created. Writes message,
--- sent_count, queue_stat. Locks: _gen_write's shared advisory lock, _wake's.
+-- queue_stat (one row). Returns the messages created. Writes message,
+-- queue_stat. Locks: _gen_write's shared advisory lock, _wake's.
 CREATE OR REPLACE FUNCTION {schema}._spark_publish(
     q        {schema}.queue,
     p_run    uuid,
@@ -254,7 +254,6 @@ BEGIN
         v_total := v_total + v_n;
     END LOOP;
     IF v_total > 0 THEN
-        INSERT INTO {schema}.sent_count (queue_id, n) VALUES (q.id, v_total);
         INSERT INTO {schema}.queue_stat (queue_id, minute, sent) VALUES (q.id, p_now / 60000, v_total);
     END IF;
     RETURN v_total;

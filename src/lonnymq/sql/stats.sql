@@ -64,7 +64,8 @@ BEGIN
      ORDER BY q.name, x.minute;
 END $$;
 
--- Totals since the queue was created (since migration 0010 for older queues): for each queue
+-- Totals since the queue was created (sent: since migration 0002 for older queues, as
+-- queue_metrics' total_sent, which is this sum; the others since migration 0010): for each queue
 -- named in p_queues (NULL: every queue; unknown names are left out), by name, the sums of all
 -- its counter rows, zeros for a queue that never counted anything. Exact and transactional
 -- (rows of calls not yet committed are not seen). Reads queue, queue_stat; takes no lock.

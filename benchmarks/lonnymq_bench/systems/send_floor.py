@@ -1,0 +1,95 @@
+"""The send floor: the least a send with LonnyMQ's guarantees must write, in plain SQL. What
+``send()`` of one message writes, on LonnyMQ's own tables (installed by its migrations): the
+message row (its heap tuple, primary key and dequeue index entries) and the queue's one counter
+row (``queue_stat``: total_sent and the dashboard's minute), one statement, one round trip, one
+commit. No function call, no queue lookup by name, no hold on the generation, no wake-up check,
+no argument checks: everything ``send()`` does besides writing is what it costs above this
+floor (issue 12: "where a target is physically out of reach, prove it with a floor")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from ..harness import Ctx, payload
+from .base import System, Variant
+from .lonnymq import QUEUE, SCHEMA, LonnyMQ
+
+# %(q)s: the queue's id; %(gen)s: the generation current at install (any one will do for the
+# floor); %(ct)s / %(p)b: the content type and body Client.send() stores.
+SEND = f"""
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
+     ins AS (
+       INSERT INTO {SCHEMA}.message (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at, priority,
+                                     content_type, payload)
+       SELECT %(q)s, nextval('{SCHEMA}.message_id_seq'), %(gen)s, now.ms, now.ms, now.ms, 0, %(ct)s, %(p)b
+         FROM now
+       RETURNING id, enqueued_at),
+     st AS (INSERT INTO {SCHEMA}.queue_stat (queue_id, minute, sent) SELECT %(q)s, ins.enqueued_at / 60000, 1 FROM ins)
+SELECT id FROM ins
+"""
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def _where(c: psycopg.Connection[Any]) -> dict[str, Any]:
+    row = c.execute(
+        f"SELECT q.id, s.last_value FROM {SCHEMA}.queue q, {SCHEMA}.message_gen_seq s WHERE q.name = %s",
+        (QUEUE,),
+    ).fetchone()
+    assert row is not None
+    return {"q": row[0], "gen": row[1]}
+
+
+class SendFloor(System):
+    """Installed, emptied and counted as LonnyMQ is (its migrations, its queue); only sends."""
+
+    name = "sendfloor"
+    label = "send floor"
+    tables = (f"{SCHEMA}.message", f"{SCHEMA}.queue_stat")
+
+    def install(self, dsn: str) -> dict[str, Any]:
+        LonnyMQ().install(dsn)
+        return {"version": "INSERT message + queue_stat row, one plain statement on LonnyMQ's tables"}
+
+    def clear(self, dsn: str) -> None:
+        LonnyMQ().clear(dsn)
+
+    def remaining(self, dsn: str) -> int:
+        return LonnyMQ().remaining(dsn)
+
+    def commits(self) -> list[Variant]:
+        # A commit-style reference (only the producers benchmark runs it), not a send: the
+        # suite's send workloads leave it out.
+        return [
+            Variant(
+                self.name,
+                "INSERT message + queue_stat",
+                "one",
+                _send_one,
+                note="the rows send() writes, one plain statement on LonnyMQ's tables",
+            )
+        ]
+
+
+def _send_one(dsn: str, ctx: Ctx) -> Callable[[], int]:
+    from lonnymq.client.ops import encode_payload
+
+    c = _connect(dsn)
+    args = _where(c)
+    bodies = [encode_payload(payload(i)) for i in range(1000)]
+
+    def work() -> int:
+        n = 0
+        while not ctx.expired():
+            body, ctype = bodies[n % 1000]
+            c.execute(SEND, {**args, "ct": ctype, "p": body}).fetchone()
+            n += 1
+        c.close()
+        return n
+
+    return work
