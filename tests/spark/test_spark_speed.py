@@ -262,7 +262,9 @@ def test_packed_reads_return_what_the_row_functions_return(
     monkeypatch.setattr(_read, "_FIRST_PAGE", page[0])
     monkeypatch.setattr(_read, "_PAGE_ROWS", page[0])
     monkeypatch.setattr(_read, "_PAGE_BYTES", page[1])
-    client.create_queue("q", archive=True, max_attempts=1)
+    # Priorities move dequeue_at by 10 ms a step (not 1 s): a status ("scheduled" until then) must
+    # not change between the packed read and the row function's, seconds apart on a loaded machine.
+    client.create_queue("q", archive=True, max_attempts=1, priority_step=0.01)
     client.send_batch(
         "q",
         [
