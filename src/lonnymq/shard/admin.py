@@ -13,7 +13,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .. import errors
 from ..client import Client
 from ..migrations import DEFAULT_SCHEMA, check_schema
-from . import catalog
+from . import catalog, partitions
 
 #: libpq's connect_timeout of the router's connections to the shards, unless a DSN gives one.
 CONNECT_TIMEOUT = 5
@@ -46,6 +46,9 @@ class RouterStatus:
     version: int
     shards: list[ShardStatus]
     overrides: dict[str, int] = field(default_factory=dict)
+    #: The partitioned queues (one hot queue over several shards): queue -> its partitions'
+    #: shards, partition k at index k.
+    partitioned: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -160,6 +163,7 @@ def init(
             raise errors.InvalidArgument(f"shard {where(dsn)} is itself a lonnymq router")
         with Client(dsn, schema=schema, pool_size=1) as c:
             c.migrate(pgmq=pgmq)
+        stride_ids(dsn, schema, i)
     with psycopg.connect(shard_dsns[0], autocommit=True) as first:
         fns = catalog.functions(first.execute(catalog.CATALOG_QUERY, (schema,)).fetchall())
         types = first.execute(catalog.TYPES_QUERY, (schema,)).fetchall()
@@ -173,6 +177,7 @@ def init(
         # The routes of moved queues outlive a regeneration (those naming a shard that is gone
         # are dropped: status() then reports the queue as misplaced where it is).
         overrides = routes(router, schema)
+        parted = partitioned(router, schema)
         version = map_version(router, schema)
         router.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
         router.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
@@ -222,6 +227,10 @@ def init(
                 sql.SQL("INSERT INTO {}.shard_route (queue, shard) VALUES (%s, %s)").format(s),
                 [(q, i) for q, i in overrides.items() if i < len(partitions)],
             )
+            cur.executemany(
+                sql.SQL("INSERT INTO {}.shard_partition (queue, shards) VALUES (%s, %s)").format(s),
+                [(q, p) for q, p in parted.items() if max(p) < len(partitions)],
+            )
         # Never backwards across re-inits: direct clients compare it with what they remember.
         router.execute(sql.SQL("INSERT INTO {}.shard_map (version) VALUES (%s)").format(s), (version + 1,))
         for stmt in statements:
@@ -242,6 +251,12 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
                 continue
             roles.add(role)
             names = [fn.name] + ([f"_all_{fn.name}"] if catalog.route(fn).merge else [])
+            if fn.name == "queue_create":  # who may create a queue may create a partitioned one
+                conn.execute(
+                    sql.SQL("GRANT EXECUTE ON FUNCTION {}.queue_create_partitioned TO {}").format(
+                        s, sql.Identifier(role)
+                    )
+                )
             for name in names:
                 conn.execute(
                     sql.SQL("GRANT EXECUTE ON FUNCTION {}.{}({}) TO {}").format(
@@ -258,7 +273,7 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
         conn.execute(sql.SQL("GRANT SELECT ON {}.migration TO {}").format(s, r))
         # The routing functions run in the caller's role (PL/Proxy calls them as given).
         conn.execute(sql.SQL("GRANT SELECT ON {}.shard_route TO {}").format(s, r))
-        for fn_name in (catalog.SHARD_OF, catalog.SHARD_OF_NEW, catalog.SHARD_MAP):
+        for fn_name in (catalog.SHARD_OF, catalog.SHARD_OF_NEW, catalog.SHARD_MAP, *partitions.ROUTING_FUNCTIONS):
             conn.execute(
                 sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(s, sql.Identifier(fn_name), r)
             )
@@ -291,6 +306,45 @@ def map_version(conn: psycopg.Connection[Any], schema: str) -> int:
         sql.SQL("SELECT max(version) FROM {}.shard_map").format(sql.Identifier(schema))
     ).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
+
+
+def stride_ids(dsn: str, schema: str, index: int) -> None:
+    """Make shard ``index``'s message ids ``index`` modulo :data:`partitions.STRIDE` (so a
+    partitioned queue's ids say which shard made them); a no-op once they are. Ids stay
+    increasing: the next is above every id given so far."""
+    stride = partitions.STRIDE
+    with _connect(dsn, f"shard {index}", autocommit=True) as conn, conn.transaction():
+        seq = sql.SQL("{}.message_id_seq").format(sql.Identifier(schema))
+        row = conn.execute(
+            "SELECT increment_by, coalesce(last_value, 0) FROM pg_sequences"
+            " WHERE schemaname = %s AND sequencename = 'message_id_seq'",
+            (schema,),
+        ).fetchone()
+        if row is None:
+            raise errors.NotInstalled(f"shard {where(dsn)} has no {schema}.message_id_seq")
+        increment, last = int(row[0]), int(row[1])
+        if increment == stride and last % stride == index:
+            return
+        restart = (last // stride + 1) * stride + index
+        conn.execute(
+            sql.SQL("ALTER SEQUENCE {} INCREMENT BY {} RESTART WITH {}").format(
+                seq, sql.Literal(stride), sql.Literal(restart)
+            )
+        )
+
+
+def partitioned(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[int]]:
+    """The router's partitioned queues: queue -> its partitions' shards (empty for a router made
+    before partitioned queues existed)."""
+    exists = conn.execute(
+        "SELECT to_regclass(format('%%I.shard_partition', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return {}
+    rows = conn.execute(
+        sql.SQL("SELECT queue, shards FROM {}.shard_partition ORDER BY queue").format(sql.Identifier(schema))
+    ).fetchall()
+    return {str(q): [int(i) for i in p] for q, p in rows}
 
 
 def routes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
@@ -348,6 +402,7 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
         ).fetchone()
         version = int(row[0]) if row else 0
         overrides = routes(router, schema)
+        parted = partitioned(router, schema)
         shards = []
         for i, dsn in enumerate(dsns):
             try:
@@ -367,7 +422,9 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
             homes = router.execute(
                 "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (mask, names)
             ).fetchall()
-            misplaced = sorted(n for n, home in homes if overrides.get(n, home) != i)
+            misplaced = sorted(
+                n for n, home in homes if (i not in parted[n] if n in parted else overrides.get(n, home) != i)
+            )
             error = (
                 None
                 if shard_version == version
@@ -376,4 +433,4 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
             shards.append(
                 ShardStatus(i, where(dsn), error is None, error, shard_version, sorted(names), misplaced)
             )
-    return RouterStatus(schema, version, shards, overrides)
+    return RouterStatus(schema, version, shards, overrides, parted)

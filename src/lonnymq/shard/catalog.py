@@ -24,6 +24,7 @@ from psycopg import sql
 
 from .. import errors
 from ..client.ops import ROUTER_MARKER
+from . import partitions
 
 __all__ = ["NO_QUEUE_ROUTES", "ROUTER_MARKER", "CoreFunction", "NoRoute", "Route"]
 
@@ -67,9 +68,10 @@ _OR: LiteralString = "SELECT coalesce(bool_or(r), false) FROM {all} AS r"
 NO_QUEUE_ROUTES: dict[str, Route] = {
     # Listings: every shard's rows; queue_list pages by name, so the merged page is re-sorted and
     # cut to p_limit (each shard returned its first p_limit after p_after: enough).
-    "queue_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1 LIMIT p_limit"),
+    # A partitioned queue is on several shards: listed once (its settings are the same on each).
+    "queue_list": Route("all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name LIMIT p_limit"),
     "cron_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
-    "worker_queues": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    "worker_queues": Route("all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name"),
     # Per-queue rows (the dashboard's minute counters): each queue's rows come from its shard.
     "stats_minutes": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
     "stats_totals": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
@@ -135,13 +137,23 @@ ROUTE_STATEMENTS: tuple[LiteralString, ...] = (
 )""",
     """-- The shard of queue p_queue for PL/Proxy's RUN ON: its override in shard_route, else its
 -- hash (PL/Proxy masks it to the shard count). Waits while a move of the queue holds its fence.
--- Reads shard_route. Locks: advisory (transaction, shared) on (hashtext(schema || '/route'),
+-- Raises LQ002 for a partitioned queue. Reads shard_partition, shard_route. Locks: advisory (transaction, shared) on (hashtext(schema || '/route'),
 -- hashtext(p_queue)).
 CREATE FUNCTION {s}._shard_of(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     v_shard integer;
+    v_parts integer[];
 BEGIN
+    -- A partitioned queue (shard_partition, lonnymq.shard.partitions) has no one shard: the
+    -- calls that would see one partition only are refused.
+    SELECT p.shards INTO v_parts FROM {s}.shard_partition p WHERE p.queue = p_queue;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned over'
+            ' shards %s: this call would see one partition only and is not available for it'
+            ' (docs/sharding.md, one hot queue over several shards)', p_queue,
+            array_to_string(v_parts, ', '));
+    END IF;
     PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
     -- A statement after the lock: it sees the route that the move committed before releasing it.
     SELECT r.shard INTO v_shard FROM {s}.shard_route r WHERE r.queue = p_queue;
@@ -181,13 +193,14 @@ BUMP_VERSION: LiteralString = "UPDATE {s}.shard_map SET version = version + 1"
 
 
 def route_statements(schema: str) -> list[sql.Composed]:
-    """The statements of :data:`ROUTE_STATEMENTS` for ``schema``."""
+    """The statements of :data:`ROUTE_STATEMENTS` for ``schema``, then the partitioned queues'
+    (:data:`lonnymq.shard.partitions.ROUTING_STATEMENTS`)."""
     return [
         sql.SQL(stmt).format(
             s=sql.Identifier(schema), name=sql.Literal(schema), cluster=sql.Literal(cluster_name(schema))
         )
         for stmt in ROUTE_STATEMENTS
-    ]
+    ] + partitions.routing_statements(schema, cluster_name(schema))
 
 
 def bump_version(schema: str) -> sql.Composed:
@@ -283,7 +296,18 @@ def proxy_statements(schema: str, fns: Sequence[CoreFunction]) -> list[sql.Compo
         # exactly as installed): catalog output, not user input.
         args = sql.SQL(fn.arguments)
         result = sql.SQL(fn.result)
-        name = sql.Identifier(fn.name)
+        # A call that visits every partition of a partitioned queue: the proxy is the plain
+        # queue's path of a dispatcher (lonnymq.shard.partitions) that takes the public name.
+        dispatched = fn.name in partitions.DISPATCHED
+        name = sql.Identifier(f"_hash_{fn.name}" if dispatched else fn.name)
+        if fn.name in partitions.ON_SHARD:
+            if not (_PLAIN.match(schema) and _PLAIN.match(fn.name) and all(map(_PLAIN.match, fn.argnames))):
+                raise NoRoute(f"cannot name {schema}.{fn.name} and its arguments in PL/Proxy")
+            out.append(partitions.on_shard_statement(schema, cluster_name(schema), fn))
+            if dispatched:
+                out.append(partitions.dispatcher_statement(schema, fn))
+            if fn.name == "queue_create":
+                out.append(partitions.create_statement(schema, cluster_name(schema), fn))
         # PL/Proxy functions must be VOLATILE (so is a merge over them): a proxy's result comes
         # from another server, never from this one's snapshot.
         attrs = sql.SQL("VOLATILE" + (" STRICT" if fn.strict else ""))
@@ -297,8 +321,16 @@ def proxy_statements(schema: str, fns: Sequence[CoreFunction]) -> list[sql.Compo
                 if not _PLAIN.match(schema):
                     raise NoRoute(f"cannot name {schema}.{SHARD_OF} in PL/Proxy")
                 of = SHARD_OF_NEW if fn.name == "queue_create" else SHARD_OF
+                keys = [r.key]
+                if fn.name in partitions.ROUTED:
+                    # One message or one key of a queue that may be partitioned: its routing
+                    # function picks the partition from the arguments (a plain queue: _shard_of).
+                    of, wanted = partitions.ROUTED[fn.name]
+                    keys = [k for k in wanted if k in fn.argnames]
+                    if keys != list(wanted) or not all(map(_PLAIN.match, keys)):
+                        raise NoRoute(f"{fn.name} lacks the arguments {wanted} its partition route needs")
                 body = sql.SQL("CLUSTER {c}; RUN ON {f}({k});").format(
-                    c=cluster, f=sql.SQL(f"{schema}.{of}"), k=sql.SQL(r.key)
+                    c=cluster, f=sql.SQL(f"{schema}.{of}"), k=sql.SQL(", ".join(keys))
                 )
             else:
                 body = sql.SQL("CLUSTER {c}; RUN ON hashtext({k});").format(c=cluster, k=sql.SQL(r.key))
@@ -338,6 +370,8 @@ def proxy_statements(schema: str, fns: Sequence[CoreFunction]) -> list[sql.Compo
                 ).format(s=s, n=name, a=args, r=result, attrs=attrs, m=merge)
             )
             continue
+        if dispatched:  # _hash_<name> calls <name> on the shard
+            body = body + sql.SQL(" TARGET {};").format(sql.SQL(f"{schema}.{fn.name}"))
         out.append(
             sql.SQL(
                 "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plproxy {attrs} AS $proxy$\n{b}\n$proxy$"
