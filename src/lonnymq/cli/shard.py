@@ -147,5 +147,12 @@ def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> 
         moved = sorted(q for q, i in result.overrides.items() if i == s.index)
         if moved:
             print(f"    moved here (routed by override): {', '.join(moved)}")
+        parts = sorted(
+            f"{q} (partition {p.index(s.index)} of {len(p)})"
+            for q, p in result.partitioned.items()
+            if s.index in p
+        )
+        if parts:
+            print(f"    partitioned queues: {', '.join(parts)}")
         if s.misplaced:
             print(f"    misplaced (the router sends their calls elsewhere): {', '.join(s.misplaced)}")

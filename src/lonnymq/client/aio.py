@@ -46,12 +46,20 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .direct import ATTEMPTS, ShardMap, unsupported
+from .direct import ATTEMPTS, ShardMap, shard_groups, unsupported
 from .ops import ROW_FACTORY, Op, Ops, check_send_key, map_error, new_send_key, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
 from .wait import PENDING_WAIT, AsyncListener, next_wait
 
 T = TypeVar("T")
+
+
+def _pick(value: Any, positions: list[int], n: int) -> Any:
+    """A per-message argument (one value, or one per message of a batch of ``n``) for the
+    messages at ``positions``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(positions) == n:
+        return value
+    return [value[i] for i in positions] if len(value) == n else value
 
 
 def _in_transaction(c: AsyncConnection[Any]) -> bool:
@@ -287,7 +295,9 @@ class AsyncClient:
             shard = m.route(queue)
             if shard is None:
                 found = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
-                shard = m.remember(queue, found)
+                shard = m.remember(queue, *found)
+            if shard < 0:
+                return await self._run_partitioned(op, queue, retry)
             pool = await self._shard_pool(shard)
             try:
                 return await self._run_pooled(pool, fenced, retry)
@@ -295,13 +305,45 @@ class AsyncClient:
                 m.forget(queue)
                 m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
                 again = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
-                if attempt == ATTEMPTS or m.remember(queue, again) == shard:
+                if attempt == ATTEMPTS or m.remember(queue, *again) == shard:
                     raise
             except psycopg.OperationalError as e:
                 if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
                     raise
                 raise m.unavailable(shard, e) from e
         raise AssertionError("unreachable")
+
+    async def _run_partitioned(self, op: Op[T], queue: str, retry: bool) -> T:
+        """``op`` of a partitioned queue: on the shard its key or ids name, or (take) on each
+        partition in turn until one hands out messages; through the router when it spans
+        partitions (direct.ShardMap.plan)."""
+        m = self._map
+        assert m is not None
+        plan = m.plan(op, queue)
+        if plan is None:
+            return await self._run_pooled(self._router_pool(), op, retry)
+        for k, shard in enumerate(plan):
+            try:
+                result = await self._run_pooled(await self._shard_pool(shard), op, retry)
+            except errors.QueueNotFound:
+                m.forget(queue)  # dropped (or made again): ask the router next time
+                raise
+            except psycopg.OperationalError as e:
+                if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
+                    raise
+                raise m.unavailable(shard, e) from e
+            if result or k == len(plan) - 1:
+                return result
+        raise AssertionError("unreachable")
+
+    async def _shard_groups(self, messages: Sequence[Message]) -> list[list[int]]:
+        """The positions of ``messages`` grouped by the shard that made their ids, when the
+        client talks to a router (a partitioned queue's deliveries settle on their own shards,
+        one call each); else one group."""
+        groups = shard_groups([m.id for m in messages])
+        if len(groups) > 1 and (self._map is not None or await self.is_router()):
+            return groups
+        return [list(range(len(messages)))]
 
     def _router_pool(self) -> AsyncConnectionPool[Any]:
         assert self._pool is not None
@@ -422,6 +464,7 @@ class AsyncClient:
         channel_release_interval: float | timedelta | None = None,
         channel_max_size: int | None = None,
         channel_on_full: OnFull = "reject",
+        partitions: int | None = None,
         conn: AsyncConnection[Any] | None = None,
     ) -> bool:
         """Create a queue. ``lease``: default visibility timeout (seconds). ``max_attempts``:
@@ -430,7 +473,12 @@ class AsyncClient:
         message in the archive for ``retention`` seconds. ``unlogged``: faster, but the queue is
         emptied by a PostgreSQL crash. ``priority_step``: seconds one priority level is worth.
         ``channel_*``: the policy of each channel a message creates (see :meth:`set_channel`).
-        Returns False if it existed and ``if_not_exists``; raises QueueExists otherwise."""
+        ``partitions`` (a shard router only, docs/sharding.md): one hot queue over that many
+        shards, a partition on each; keyed sends go to their key's partition, takes visit the
+        partitions in turn. Returns False if it existed and ``if_not_exists``; raises
+        QueueExists otherwise."""
+        if partitions is not None and not await self.is_router(conn=conn):
+            raise errors.InvalidArgument("partitions= needs a shard router (lonnymq shard init)")
         op = self.ops.queue_create(
             name,
             lease=lease,
@@ -446,6 +494,7 @@ class AsyncClient:
             channel_release_interval=channel_release_interval,
             channel_max_size=channel_max_size,
             channel_on_full=channel_on_full,
+            partitions=partitions,
         )
         return await self.run(op, conn)
 
@@ -733,7 +782,11 @@ class AsyncClient:
         same delivery already acked (a retry after a lost reply, within an hour) succeeds and
         changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        return settled(messages, await self.run(self.ops.ack(batch, archive=archive), conn))
+        done: set[int] = set()
+        for g in await self._shard_groups(batch):
+            acked: set[int] = await self.run(self.ops.ack([batch[i] for i in g], archive=archive), conn)
+            done |= acked
+        return settled(messages, done)
 
     async def nack(
         self,
@@ -749,8 +802,17 @@ class AsyncClient:
         (for a single message: LeaseLost). A repeat by the delivery that already gave the
         message back reports the same outcome and changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        op = self.ops.nack(batch, delay=delay, error=error, state=state)
-        return settled(messages, await self.run(op, conn))
+        out: dict[int, str] = {}
+        for g in await self._shard_groups(batch):
+            op = self.ops.nack(
+                [batch[i] for i in g],
+                delay=_pick(delay, g, len(batch)),
+                error=_pick(error, g, len(batch)),
+                state=state,
+            )
+            outcomes: dict[int, str] = await self.run(op, conn)
+            out.update(outcomes)
+        return settled(messages, out)
 
     async def defer(
         self,
@@ -763,8 +825,14 @@ class AsyncClient:
         """Give deliveries back to run again after ``delay`` seconds, keeping ``state`` (a JSON
         checkpoint the next delivery sees). Does not count as a failed attempt."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        op = self.ops.nack(batch, delay=delay, state=state, count_attempt=False)
-        return settled(messages, await self.run(op, conn))
+        out: dict[int, str] = {}
+        for g in await self._shard_groups(batch):
+            op = self.ops.nack(
+                [batch[i] for i in g], delay=_pick(delay, g, len(batch)), state=state, count_attempt=False
+            )
+            outcomes: dict[int, str] = await self.run(op, conn)
+            out.update(outcomes)
+        return settled(messages, out)
 
     async def release(
         self, messages: Message | Sequence[Message], *, conn: AsyncConnection[Any] | None = None
@@ -782,7 +850,11 @@ class AsyncClient:
         """Heartbeat: push the leases to now + ``lease`` seconds (queue default). Returns
         {id: lease_until}; stale tokens are left out (for a single message: LeaseLost)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        return settled(messages, await self.run(self.ops.extend(batch, lease=lease), conn))
+        out: dict[int, int] = {}
+        for g in await self._shard_groups(batch):
+            leases: dict[int, int] = await self.run(self.ops.extend([batch[i] for i in g], lease=lease), conn)
+            out.update(leases)
+        return settled(messages, out)
 
     # -- dead letters and housekeeping -----------------------------------------------------
 

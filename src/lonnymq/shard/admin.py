@@ -273,7 +273,12 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
         conn.execute(sql.SQL("GRANT SELECT ON {}.migration TO {}").format(s, r))
         # The routing functions run in the caller's role (PL/Proxy calls them as given).
         conn.execute(sql.SQL("GRANT SELECT ON {}.shard_route TO {}").format(s, r))
-        for fn_name in (catalog.SHARD_OF, catalog.SHARD_OF_NEW, catalog.SHARD_MAP, *partitions.ROUTING_FUNCTIONS):
+        for fn_name in (
+            catalog.SHARD_OF,
+            catalog.SHARD_OF_NEW,
+            catalog.SHARD_MAP,
+            *partitions.ROUTING_FUNCTIONS,
+        ):
             conn.execute(
                 sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(s, sql.Identifier(fn_name), r)
             )

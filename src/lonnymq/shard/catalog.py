@@ -69,7 +69,9 @@ NO_QUEUE_ROUTES: dict[str, Route] = {
     # Listings: every shard's rows; queue_list pages by name, so the merged page is re-sorted and
     # cut to p_limit (each shard returned its first p_limit after p_after: enough).
     # A partitioned queue is on several shards: listed once (its settings are the same on each).
-    "queue_list": Route("all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name LIMIT p_limit"),
+    "queue_list": Route(
+        "all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name LIMIT p_limit"
+    ),
     "cron_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
     "worker_queues": Route("all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name"),
     # Per-queue rows (the dashboard's minute counters): each queue's rows come from its shard.

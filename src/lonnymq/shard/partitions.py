@@ -26,11 +26,12 @@ they are: their ids name their shard).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, LiteralString
 
 from psycopg import sql
+
+from ..client.direct import STRIDE, key_partition
 
 if TYPE_CHECKING:
     from .catalog import CoreFunction
@@ -40,13 +41,11 @@ __all__ = [
     "ROUTING_FUNCTIONS",
     "ON_SHARD",
     "ROUTED",
+    "ROUTER_ONLY",
     "STRIDE",
     "key_partition",
     "routing_statements",
 ]
-
-#: Message ids of shard i are i modulo STRIDE (at most STRIDE shards).
-STRIDE = 1024
 
 #: The partition of a key among p_n, in SQL (first 4 bytes of SHA-256, big-endian, mod p_n).
 KEY_PARTITION: LiteralString = (
@@ -55,16 +54,11 @@ KEY_PARTITION: LiteralString = (
 )
 
 
-def key_partition(key: str, n: int) -> int:
-    """The partition (0..n-1) of ``key`` in a queue of ``n`` partitions (as the router's)."""
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % n
-
-
 #: Calls of one message or one key: the router sends them to one shard, chosen by the routing
 #: function named here from the arguments given (plain queues: the queue's shard).
 ROUTED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "send": ("_send_shard", ("p_queue", "p_key")),
-    "send_batch": ("_batch_shard", ("p_queue", "p_keys")),
+    "send": ("_send_shard", ("p_queue", "p_key", "p_send_key")),
+    "send_batch": ("_batch_shard", ("p_queue", "p_keys", "p_send_key")),
     "ack": ("_id_shard", ("p_queue", "p_ids")),
     "nack": ("_id_shard", ("p_queue", "p_ids")),
     "extend": ("_id_shard", ("p_queue", "p_ids")),
@@ -91,6 +85,9 @@ DISPATCHED: dict[str, str] = {
     "wait_begin": "none",
     "wait_end": "or",
 }
+
+#: The router's public functions that are not proxies of the core's.
+ROUTER_ONLY = ("queue_create_partitioned",)
 
 #: The calls the router can make on one given shard (``_on_<name>(p_shard, ...)``).
 ON_SHARD = (*DISPATCHED, "queue_create")
@@ -141,9 +138,10 @@ BEGIN
         shard := {s}._shard_of(p_queue);
     END IF;
 END $fn$""",
-    """-- The shard of a send: a plain queue's; a partitioned queue's partition of p_key, or the
--- next partition in turn without a key. Reads shard_partition, shard_route. Locks: _shard_of's.
-CREATE FUNCTION {s}._send_shard(p_queue text, p_key text) RETURNS integer
+    """-- The shard of a send: a plain queue's; a partitioned queue's partition of p_key, else of
+-- its idempotency key p_send_key (so a repeat of the call finds the first), else the next
+-- partition in turn. Reads shard_partition, shard_route. Locks: _shard_of's.
+CREATE FUNCTION {s}._send_shard(p_queue text, p_key text, p_send_key uuid) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_parts integer[] := {s}._partitions(p_queue);
@@ -151,14 +149,16 @@ DECLARE
 BEGIN
     IF v_parts IS NULL THEN
         RETURN {s}._shard_of(p_queue);
-    ELSIF p_key IS NULL THEN
+    ELSIF p_key IS NULL AND p_send_key IS NULL THEN
         RETURN v_parts[1 + {s}._turn(v_n)];
     END IF;
+    p_key := coalesce(p_key, p_send_key::text);
     RETURN v_parts[1 + {kp}];
 END $fn$""",
     """-- The shard of a batch send: as _send_shard, for the whole batch: its keys must all fall
--- in one partition (items without a key go with them; a batch without keys: the next in turn).
-CREATE FUNCTION {s}._batch_shard(p_queue text, p_keys text[]) RETURNS integer
+-- in one partition (items without a key go with them; a batch without keys: its idempotency
+-- key's partition, else the next in turn).
+CREATE FUNCTION {s}._batch_shard(p_queue text, p_keys text[], p_send_key uuid) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_parts integer[] := {s}._partitions(p_queue);
@@ -170,12 +170,14 @@ BEGIN
     END IF;
     v_ks := ARRAY(SELECT DISTINCT (SELECT {kp} FROM (SELECT k AS p_key) x)
                     FROM unnest(p_keys) AS k WHERE k IS NOT NULL);
-    IF cardinality(v_ks) = 0 THEN
+    IF cardinality(v_ks) = 0 AND p_send_key IS NOT NULL THEN
+        RETURN {s}._send_shard(p_queue, NULL, p_send_key);
+    ELSIF cardinality(v_ks) = 0 THEN
         RETURN v_parts[1 + {s}._turn(v_n)];
     ELSIF cardinality(v_ks) > 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: the'
-            ' keys of one batch fall in partitions %s; send a batch per partition (the Python'
-            ' client does)', p_queue, array_to_string(v_ks, ', '));
+            ' keys of one batch fall in partitions %s; send a batch per partition'
+            ' (lonnymq.shard.partitions.KEY_PARTITION)', p_queue, array_to_string(v_ks, ', '));
     END IF;
     RETURN v_parts[1 + v_ks[1]];
 END $fn$""",
@@ -262,7 +264,9 @@ def _call(schema: str, name: str, args: Sequence[str], shard: str | None = None)
     """``schema.name([shard, ]args...)``: a call of the router's internal functions."""
     params: list[sql.Composable] = [sql.SQL(shard)] if shard else []
     params += [sql.Identifier(a) for a in args]
-    return sql.SQL("{}.{}({})").format(sql.Identifier(schema), sql.Identifier(name), sql.SQL(", ").join(params))
+    return sql.SQL("{}.{}({})").format(
+        sql.Identifier(schema), sql.Identifier(name), sql.SQL(", ").join(params)
+    )
 
 
 def _returns_rows(fn: CoreFunction) -> bool:
@@ -340,10 +344,12 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
         ).format(on=_call(schema, f"_on_{fn.name}", fn.argnames, "x.shard"))
     elif how == "none":
         plain = sql.SQL("RETURN {};").format(hashed)
-        part = sql.SQL("RETURN '{}';")
+        part = sql.Composed([sql.SQL("RETURN '{}';")])
     elif how == "void":
         plain = sql.SQL("PERFORM {};\n        RETURN;").format(hashed)
-        part = sql.SQL("FOREACH p_shard IN ARRAY v_parts LOOP\n        PERFORM {on};\n    END LOOP;").format(on=on)
+        part = sql.SQL("FOREACH p_shard IN ARRAY v_parts LOOP\n        PERFORM {on};\n    END LOOP;").format(
+            on=on
+        )
     else:  # one value from each partition, merged
         plain = sql.SQL("RETURN {};").format(hashed)
         decl += f" v_vals {fn.result}[] := '{{}}';"
@@ -352,13 +358,15 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
         ).format(on=on)
         after = sql.SQL("\n    RETURN ({});").format(sql.SQL(_MERGE_SCALAR[how]))
     if fn.name == "queue_drop":  # the partitions are gone: so is the record of them
-        part = sql.Composed([
-            part,
-            sql.SQL(
-                "\n    DELETE FROM {s}.shard_partition WHERE queue = p_name;"
-                "\n    UPDATE {s}.shard_map SET version = version + 1;"
-            ).format(s=s),
-        ])
+        part = sql.Composed(
+            [
+                part,
+                sql.SQL(
+                    "\n    DELETE FROM {s}.shard_partition WHERE queue = p_name;"
+                    "\n    UPDATE {s}.shard_map SET version = version + 1;"
+                ).format(s=s),
+            ]
+        )
     body = sql.SQL(
         "DECLARE {decl}\nBEGIN\n    v_parts := {s}._partitions({key});\n"
         "    IF v_parts IS NULL THEN\n        {plain}\n    END IF;\n    {part}{after}\nEND"
