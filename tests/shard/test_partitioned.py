@@ -6,6 +6,7 @@ producers and consumers."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -13,8 +14,10 @@ from collections import Counter
 import psycopg
 import pytest
 
-from lonnymq import Client, errors, shard
+from lonnymq import AsyncClient, Client, errors, shard
 from lonnymq.client.direct import STRIDE, key_partition
+from lonnymq.worker import App, GiveUp, Worker
+from worker_helpers import eventually
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -253,3 +256,56 @@ def test_concurrent_producers_and_consumers_lose_nothing(sharded, direct: bool) 
         m = c.metrics(q)
         assert (m.ready, m.scheduled, m.leased, m.total_sent) == (0, 0, 0, len(sent))
     assert all(rows == [] for rows in _on_shards(sharded, q))
+
+
+@pytest.mark.parametrize("direct", MODES)
+def test_worker_serves_a_partitioned_queue(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
+    """The worker on a partitioned queue: its takes visit both partitions, its acks, retries
+    (nack), dead-lettering (give_up) and heartbeats settle on each delivery's shard. With a
+    direct client, every one of those calls goes straight to the shards: the router's proxies
+    of the data path are dropped while it runs."""
+    q = f"hot_worker_{int(direct)}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2, lease=1)
+        c.send_batch(q, [{"i": i} for i in range(0, 30)])
+        c.send_batch(q, [{"i": i} for i in range(30, 60)])
+    app = App()
+    seen: list[int] = []
+
+    @app.handler(q)
+    async def work(job):  # type: ignore[no-untyped-def]
+        i = job.payload["i"]
+        if i % 10 == 3 and job.attempt == 1:
+            raise RuntimeError("once")  # a retry: nack
+        if i % 10 == 7:
+            raise GiveUp("never")  # dead now: give_up
+        if i % 10 == 5:
+            await asyncio.sleep(1.2)  # outlives its lease unless a heartbeat extends it
+        seen.append(i)
+
+    dropped = ("send", "send_batch", "take", "ack", "nack", "extend", "give_up", "next_ready_in")
+
+    async def main() -> None:
+        async with AsyncClient(sharded.dsn, direct=direct) as client:
+            await client.take(q, 1, lease=0.001)  # the route is known before the proxies go
+            if direct:
+                with psycopg.connect(sharded.dsn, autocommit=True) as conn:
+                    for fn in dropped:
+                        conn.execute(f"DROP FUNCTION lonnymq.{fn}")
+            w = Worker(app, client, poll_interval=0.2, concurrency=8)
+            await w.start()
+            try:
+                await eventually(lambda: len(seen) >= 48, 60, "the queue served")
+                await asyncio.sleep(1.5)  # a late duplicate would show
+            finally:
+                await w.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        if direct:
+            shard.init(sharded.dsn, sharded.shard_dsns)  # regenerates the proxies
+    assert sorted(seen) == [i for i in range(60) if i % 10 != 7]
+    with Client(sharded.dsn) as c:
+        m = c.metrics(q)
+        assert (m.ready, m.leased, m.scheduled, m.dead) == (0, 0, 0, 6)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 import psycopg
 from psycopg import AsyncConnection
@@ -46,20 +46,12 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .direct import ATTEMPTS, ShardMap, shard_groups, unsupported
+from .direct import ATTEMPTS, ShardMap, settle_merge, settle_split, unsupported
 from .ops import ROW_FACTORY, Op, Ops, check_send_key, map_error, new_send_key, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
 from .wait import PENDING_WAIT, AsyncListener, next_wait
 
 T = TypeVar("T")
-
-
-def _pick(value: Any, positions: list[int], n: int) -> Any:
-    """A per-message argument (one value, or one per message of a batch of ``n``) for the
-    messages at ``positions``."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(positions) == n:
-        return value
-    return [value[i] for i in positions] if len(value) == n else value
 
 
 def _in_transaction(c: AsyncConnection[Any]) -> bool:
@@ -210,6 +202,11 @@ class AsyncClient:
         """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
         pool a call cut off by a lost connection is repeated under the client's retry policy
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
+        if (parts := settle_split(op)) is not None and (
+            self._map is not None or await self.is_router(conn=conn)
+        ):
+            # Deliveries of several shards (a partitioned queue's): a call on each.
+            return settle_merge([await self.run(part, conn, retry=retry) for part in parts])
         if conn is None and self._map is not None and (queue := self._map.queue_of(op)) is not None:
             return await self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
@@ -319,9 +316,13 @@ class AsyncClient:
         partitions (direct.ShardMap.plan)."""
         m = self._map
         assert m is not None
+        if (riding := m.riding_acks(op)) is not None:  # the acks first, on their shards
+            await self.run(riding[0], retry=retry)
+            op = riding[1]
         plan = m.plan(op, queue)
         if plan is None:
             return await self._run_pooled(self._router_pool(), op, retry)
+        soonest: Any = None
         for k, shard in enumerate(plan):
             try:
                 result = await self._run_pooled(await self._shard_pool(shard), op, retry)
@@ -332,18 +333,13 @@ class AsyncClient:
                 if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
                     raise
                 raise m.unavailable(shard, e) from e
-            if result or k == len(plan) - 1:
+            if m.wants_min(op):
+                soonest = result if soonest is None or (result is not None and result < soonest) else soonest
+                if k == len(plan) - 1:
+                    return cast(T, soonest)
+            elif result or k == len(plan) - 1:
                 return result
         raise AssertionError("unreachable")
-
-    async def _shard_groups(self, messages: Sequence[Message]) -> list[list[int]]:
-        """The positions of ``messages`` grouped by the shard that made their ids, when the
-        client talks to a router (a partitioned queue's deliveries settle on their own shards,
-        one call each); else one group."""
-        groups = shard_groups([m.id for m in messages])
-        if len(groups) > 1 and (self._map is not None or await self.is_router()):
-            return groups
-        return [list(range(len(messages)))]
 
     def _router_pool(self) -> AsyncConnectionPool[Any]:
         assert self._pool is not None
@@ -782,11 +778,7 @@ class AsyncClient:
         same delivery already acked (a retry after a lost reply, within an hour) succeeds and
         changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        done: set[int] = set()
-        for g in await self._shard_groups(batch):
-            acked: set[int] = await self.run(self.ops.ack([batch[i] for i in g], archive=archive), conn)
-            done |= acked
-        return settled(messages, done)
+        return settled(messages, await self.run(self.ops.ack(batch, archive=archive), conn))
 
     async def nack(
         self,
@@ -802,17 +794,8 @@ class AsyncClient:
         (for a single message: LeaseLost). A repeat by the delivery that already gave the
         message back reports the same outcome and changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        out: dict[int, str] = {}
-        for g in await self._shard_groups(batch):
-            op = self.ops.nack(
-                [batch[i] for i in g],
-                delay=_pick(delay, g, len(batch)),
-                error=_pick(error, g, len(batch)),
-                state=state,
-            )
-            outcomes: dict[int, str] = await self.run(op, conn)
-            out.update(outcomes)
-        return settled(messages, out)
+        op = self.ops.nack(batch, delay=delay, error=error, state=state)
+        return settled(messages, await self.run(op, conn))
 
     async def defer(
         self,
@@ -825,14 +808,8 @@ class AsyncClient:
         """Give deliveries back to run again after ``delay`` seconds, keeping ``state`` (a JSON
         checkpoint the next delivery sees). Does not count as a failed attempt."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        out: dict[int, str] = {}
-        for g in await self._shard_groups(batch):
-            op = self.ops.nack(
-                [batch[i] for i in g], delay=_pick(delay, g, len(batch)), state=state, count_attempt=False
-            )
-            outcomes: dict[int, str] = await self.run(op, conn)
-            out.update(outcomes)
-        return settled(messages, out)
+        op = self.ops.nack(batch, delay=delay, state=state, count_attempt=False)
+        return settled(messages, await self.run(op, conn))
 
     async def release(
         self, messages: Message | Sequence[Message], *, conn: AsyncConnection[Any] | None = None
@@ -850,11 +827,7 @@ class AsyncClient:
         """Heartbeat: push the leases to now + ``lease`` seconds (queue default). Returns
         {id: lease_until}; stale tokens are left out (for a single message: LeaseLost)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        out: dict[int, int] = {}
-        for g in await self._shard_groups(batch):
-            leases: dict[int, int] = await self.run(self.ops.extend([batch[i] for i in g], lease=lease), conn)
-            out.update(leases)
-        return settled(messages, out)
+        return settled(messages, await self.run(self.ops.extend(batch, lease=lease), conn))
 
     # -- dead letters and housekeeping -----------------------------------------------------
 

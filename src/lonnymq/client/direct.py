@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, LiteralString, TypeVar
+from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -44,7 +45,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .. import errors
 from .ops import Op, Statements
 
-__all__ = ["DIRECT", "FENCE", "MAP_TTL", "STRIDE", "ShardMap", "key_partition", "shard_groups"]
+__all__ = [
+    "DIRECT",
+    "FENCE",
+    "MAP_TTL",
+    "STRIDE",
+    "ShardMap",
+    "key_partition",
+    "settle_merge",
+    "settle_split",
+]
 
 T = TypeVar("T")
 
@@ -57,6 +67,7 @@ DIRECT: tuple[str, ...] = (
     "ack",
     "nack",
     "extend",
+    "give_up",
     "next_ready_in",
     "dead_list",
     "dead_requeue",
@@ -111,17 +122,53 @@ def key_partition(key: str, n: int) -> int:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % n
 
 
-def shard_groups(ids: Sequence[int]) -> list[list[int]]:
-    """The positions of ``ids`` grouped by the shard that made them (id mod STRIDE), in order."""
+#: The calls on message ids (their second argument) that a client of a router splits by the
+#: shard the ids name: the deliveries of a partitioned queue settle on their own shards.
+_SETTLES = re.compile(r"\.(ack|nack|extend|give_up|message_cancel)\(%s::text, %[sb]::bigint\[\]")
+_settle_queries: dict[int, bool] = {}
+
+
+def settle_split(op: Op[T]) -> list[Op[T]] | None:
+    """``op`` cut into one op per shard when it settles (or cancels) message ids made by
+    several shards (id mod STRIDE), each with its share of every per-message argument; else
+    None. Its results merge with :func:`settle_merge`."""
+    p = op.params
+    if len(p) < 2 or not isinstance(p[1], list) or len(p[1]) < 2:
+        return None
+    ids = p[1]
+    first = ids[0] % STRIDE if isinstance(ids[0], int) else None
+    if first is None or all(isinstance(i, int) and i % STRIDE == first for i in ids):
+        return None
+    settles = _settle_queries.get(id(op.query))
+    if settles is None:
+        settles = _settle_queries[id(op.query)] = bool(_SETTLES.search(op.query.as_string(None)))
+    if not settles:
+        return None
     groups: dict[int, list[int]] = {}
-    for i, x in enumerate(ids):
-        groups.setdefault(x % STRIDE, []).append(i)
-    return list(groups.values())
+    for pos, i in enumerate(ids):
+        groups.setdefault(i % STRIDE, []).append(pos)
+    n = len(ids)
+    return [
+        replace(op, params=tuple([v[k] for k in g] if isinstance(v, list) and len(v) == n else v for v in p))
+        for g in groups.values()
+    ]
+
+
+def settle_merge(results: Sequence[T]) -> T:
+    """The results of :func:`settle_split`'s ops as one: ids (sets, lists) or {id: ...}."""
+    first: Any = results[0]
+    if isinstance(first, dict):
+        merged: Any = {k: v for r in results for k, v in cast(dict[Any, Any], r).items()}
+    elif isinstance(first, set):
+        merged = set().union(*cast(Sequence[set[Any]], results))
+    else:
+        merged = [x for r in results for x in cast(list[Any], r)]
+    return cast(T, merged)
 
 
 #: What a partitioned queue's call needs to pick its partition: the position of the argument
 #: that holds it (key, keys, ids) in the client's statements (ops.Statements).
-_KEY_ARG = {"send": 8, "send_batch": 8, "ack": 1, "nack": 1, "extend": 1}
+_KEY_ARG = {"send": 8, "send_batch": 8, "ack": 1, "nack": 1, "extend": 1, "give_up": 1}
 #: The position of the idempotency key of a send and of a batch send.
 _SEND_KEY_ARG = 11
 
@@ -152,6 +199,7 @@ class ShardMap:
         self._parts: dict[str, list[int]] = {}
         self._names = {id(getattr(st, name)): name for name in DIRECT}
         self._direct = frozenset(self._names)
+        self._ack_query = st.ack
         self._send_turn = itertools.count()
         self._take_turn = itertools.count()
         self._fence = sql.SQL(FENCE).format(name=sql.Literal(schema))
@@ -203,7 +251,9 @@ class ShardMap:
         n = len(parts)
         name = self._names.get(id(op.query))
         p = op.params
-        if name == "take" and not p[3]:  # (with acks riding on it: the router settles them)
+        if name == "next_ready_in":  # every partition (the soonest: wants_min)
+            return list(parts)
+        if name == "take":  # (the acks riding on it: settled before, see riding_acks)
             start = next(self._take_turn)
             return [parts[(start + k) % n] for k in range(n)]
         if name == "message_get":
@@ -211,7 +261,7 @@ class ShardMap:
         if name not in _KEY_ARG:
             return None
         arg = p[_KEY_ARG[name]]
-        if name in ("ack", "nack", "extend"):
+        if name in ("ack", "nack", "extend", "give_up"):
             return self._by_ids(parts, arg)
         keys = {key_partition(k, n) for k in ([arg] if name == "send" else arg or ()) if k is not None}
         if not keys and p[_SEND_KEY_ARG] is not None:  # a repeat of the call goes where it went
@@ -219,6 +269,20 @@ class ShardMap:
         if not keys:
             return [parts[next(self._send_turn) % n]]
         return [parts[keys.pop()]] if len(keys) == 1 else None
+
+    def wants_min(self, op: Op[Any]) -> bool:
+        """Whether :meth:`plan`'s shards all answer ``op`` and the answer is the least (the
+        wait until a partition's next message is ready), rather than the first with rows."""
+        return self._names.get(id(op.query)) == "next_ready_in"
+
+    def riding_acks(self, op: Op[T]) -> tuple[Op[set[int]], Op[T]] | None:
+        """For a take that acknowledges earlier deliveries (``take(ack=...)``) of a partitioned
+        queue: the ack of those (split by shard when run) and the take without them; else None."""
+        p = op.params
+        if self._names.get(id(op.query)) != "take" or not p[3]:
+            return None
+        ack = Op(self._ack_query, (p[0], p[3], p[4], None), lambda rows: {int(r[0]) for r in rows})
+        return ack, replace(op, params=(*p[:3], None, None))
 
     @staticmethod
     def _by_ids(parts: list[int], ids: Sequence[int]) -> list[int] | None:

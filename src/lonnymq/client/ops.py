@@ -378,6 +378,8 @@ class Statements:
             "SELECT * FROM {s}.nack(%s::text, %b::bigint[], %b::int[], %b::bigint[], %b::text[],"
             " %b::jsonb[], %s::bool)"
         )
+        # The worker's dead-lettering of deliveries whose handler gave up (worker/ops.py).
+        self.give_up = q("SELECT * FROM {s}.give_up(%s::text, %s::bigint[], %s::int[], %s::text[])")
         self.extend = q("SELECT * FROM {s}.extend(%s::text, %b::bigint[], %b::int[], %s::bigint)")
         self.next_ready_in = q("SELECT {s}.next_ready_in(%s::text)")
         self.dead_list = q(

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 import psycopg
 from psycopg import Connection
@@ -49,20 +49,12 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .direct import ATTEMPTS, ShardMap, shard_groups, unsupported
+from .direct import ATTEMPTS, ShardMap, settle_merge, settle_split, unsupported
 from .ops import ROW_FACTORY, Op, Ops, check_send_key, map_error, new_send_key, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, sleep
 from .wait_sync import PENDING_WAIT, Listener, next_wait
 
 T = TypeVar("T")
-
-
-def _pick(value: Any, positions: list[int], n: int) -> Any:
-    """A per-message argument (one value, or one per message of a batch of ``n``) for the
-    messages at ``positions``."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(positions) == n:
-        return value
-    return [value[i] for i in positions] if len(value) == n else value
 
 
 def _in_transaction(c: Connection[Any]) -> bool:
@@ -210,6 +202,8 @@ class Client:
         """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
         pool a call cut off by a lost connection is repeated under the client's retry policy
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
+        if (parts := settle_split(op)) is not None and (self._map is not None or self.is_router(conn=conn)):
+            return settle_merge([self.run(part, conn, retry=retry) for part in parts])
         if conn is None and self._map is not None and ((queue := self._map.queue_of(op)) is not None):
             return self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
@@ -312,9 +306,13 @@ class Client:
         partitions (direct.ShardMap.plan)."""
         m = self._map
         assert m is not None
+        if (riding := m.riding_acks(op)) is not None:
+            self.run(riding[0], retry=retry)
+            op = riding[1]
         plan = m.plan(op, queue)
         if plan is None:
             return self._run_pooled(self._router_pool(), op, retry)
+        soonest: Any = None
         for k, shard in enumerate(plan):
             try:
                 result = self._run_pooled(self._shard_pool(shard), op, retry)
@@ -325,18 +323,13 @@ class Client:
                 if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
                     raise
                 raise m.unavailable(shard, e) from e
-            if result or k == len(plan) - 1:
+            if m.wants_min(op):
+                soonest = result if soonest is None or (result is not None and result < soonest) else soonest
+                if k == len(plan) - 1:
+                    return cast(T, soonest)
+            elif result or k == len(plan) - 1:
                 return result
         raise AssertionError("unreachable")
-
-    def _shard_groups(self, messages: Sequence[Message]) -> list[list[int]]:
-        """The positions of ``messages`` grouped by the shard that made their ids, when the
-        client talks to a router (a partitioned queue's deliveries settle on their own shards,
-        one call each); else one group."""
-        groups = shard_groups([m.id for m in messages])
-        if len(groups) > 1 and (self._map is not None or self.is_router()):
-            return groups
-        return [list(range(len(messages)))]
 
     def _router_pool(self) -> ConnectionPool[Any]:
         assert self._pool is not None
@@ -737,11 +730,7 @@ class Client:
         same delivery already acked (a retry after a lost reply, within an hour) succeeds and
         changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        done: set[int] = set()
-        for g in self._shard_groups(batch):
-            acked: set[int] = self.run(self.ops.ack([batch[i] for i in g], archive=archive), conn)
-            done |= acked
-        return settled(messages, done)
+        return settled(messages, self.run(self.ops.ack(batch, archive=archive), conn))
 
     def nack(
         self,
@@ -757,17 +746,8 @@ class Client:
         (for a single message: LeaseLost). A repeat by the delivery that already gave the
         message back reports the same outcome and changes nothing."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        out: dict[int, str] = {}
-        for g in self._shard_groups(batch):
-            op = self.ops.nack(
-                [batch[i] for i in g],
-                delay=_pick(delay, g, len(batch)),
-                error=_pick(error, g, len(batch)),
-                state=state,
-            )
-            outcomes: dict[int, str] = self.run(op, conn)
-            out.update(outcomes)
-        return settled(messages, out)
+        op = self.ops.nack(batch, delay=delay, error=error, state=state)
+        return settled(messages, self.run(op, conn))
 
     def defer(
         self,
@@ -780,14 +760,8 @@ class Client:
         """Give deliveries back to run again after ``delay`` seconds, keeping ``state`` (a JSON
         checkpoint the next delivery sees). Does not count as a failed attempt."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        out: dict[int, str] = {}
-        for g in self._shard_groups(batch):
-            op = self.ops.nack(
-                [batch[i] for i in g], delay=_pick(delay, g, len(batch)), state=state, count_attempt=False
-            )
-            outcomes: dict[int, str] = self.run(op, conn)
-            out.update(outcomes)
-        return settled(messages, out)
+        op = self.ops.nack(batch, delay=delay, state=state, count_attempt=False)
+        return settled(messages, self.run(op, conn))
 
     def release(
         self, messages: Message | Sequence[Message], *, conn: Connection[Any] | None = None
@@ -805,11 +779,7 @@ class Client:
         """Heartbeat: push the leases to now + ``lease`` seconds (queue default). Returns
         {id: lease_until}; stale tokens are left out (for a single message: LeaseLost)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        out: dict[int, int] = {}
-        for g in self._shard_groups(batch):
-            leases: dict[int, int] = self.run(self.ops.extend([batch[i] for i in g], lease=lease), conn)
-            out.update(leases)
-        return settled(messages, out)
+        return settled(messages, self.run(self.ops.extend(batch, lease=lease), conn))
 
     def dead_letters(
         self,

@@ -62,6 +62,7 @@ ROUTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "ack": ("_id_shard", ("p_queue", "p_ids")),
     "nack": ("_id_shard", ("p_queue", "p_ids")),
     "extend": ("_id_shard", ("p_queue", "p_ids")),
+    "give_up": ("_id_shard", ("p_queue", "p_ids")),
     "message_get": ("_msg_shard", ("p_queue", "p_id", "p_key")),
     "message_cancel": ("_cancel_shard", ("p_queue", "p_ids", "p_keys")),
 }
