@@ -258,15 +258,22 @@ def test_concurrent_producers_and_consumers_lose_nothing(sharded, direct: bool) 
     assert all(rows == [] for rows in _on_shards(sharded, q))
 
 
-@pytest.mark.parametrize("direct", MODES)
-def test_worker_serves_a_partitioned_queue(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("direct", "partitions"),
+    [
+        pytest.param(False, 2, id="router"),
+        pytest.param(True, 2, id="direct"),
+        pytest.param(True, None, id="direct-plain-queue"),
+    ],
+)
+def test_worker_serves_a_partitioned_queue(sharded, direct: bool, partitions: int | None) -> None:  # type: ignore[no-untyped-def]
     """The worker on a partitioned queue: its takes visit both partitions, its acks, retries
     (nack), dead-lettering (give_up) and heartbeats settle on each delivery's shard. With a
-    direct client, every one of those calls goes straight to the shards: the router's proxies
-    of the data path are dropped while it runs."""
-    q = f"hot_worker_{int(direct)}"
+    direct client, every one of those calls goes straight to the shards (of a partitioned
+    queue, or of a plain one): the router's proxies of the data path are dropped while it runs."""
+    q = f"hot_worker_{int(direct)}_{partitions or 1}"
     with Client(sharded.dsn) as c:
-        c.create_queue(q, partitions=2, lease=1)
+        c.create_queue(q, partitions=partitions, lease=1)
         c.send_batch(q, [{"i": i} for i in range(0, 30)])
         c.send_batch(q, [{"i": i} for i in range(30, 60)])
     app = App()
