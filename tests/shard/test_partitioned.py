@@ -62,16 +62,26 @@ def test_keyed_sends_land_together_unkeyed_spread(sharded, direct: bool) -> None
         assert replaced.outcome == "updated"
         got = c.get(q, key=keys[0])
         assert got is not None and got.payload["v"] == 3
+        # get and cancel by id and by key, on the partition that holds each.
+        for k in keys[:4]:
+            by_id = c.get(q, id=first[k].id)
+            assert by_id is not None and by_id.key == k
+        assert c.cancel(q, key=keys[1]) and c.get(q, key=keys[1]) is None
+        mixed = [first[k].id for k in keys[2:8]]
+        assert {i % STRIDE for i in mixed} == {0, 1}, "keys of one partition only"
+        assert c.cancel(q, ids=mixed) == sorted(mixed)
+        assert all(c.get(q, id=i) is None for i in mixed)
         unkeyed = [c.send(q, {"u": i}) for i in range(100)]
         # Without the client's idempotency keys: the partitions in turn.
         with Client(sharded.dsn, direct=direct, idempotent_sends=False) as plain:
             turns = [plain.send(q, {"t": i}).id % STRIDE for i in range(10)]
     for k in keys:  # the id names the shard of the key's partition
         assert first[k].id % STRIDE == parts[key_partition(k, 2)]
+    live = [k for k in keys if k not in keys[1:8]]
     placed = _on_shards(sharded, q)
     for i, rows in enumerate(placed):
-        assert {k for _, k in rows if k} == {k for k in keys if parts[key_partition(k, 2)] == i}
-    assert {k for rows in placed for _, k in rows if k} == set(keys), "a key on no shard"
+        assert {k for _, k in rows if k} == {k for k in live if parts[key_partition(k, 2)] == i}
+    assert {k for rows in placed for _, k in rows if k} == set(live), "a key on no shard"
     # Each unkeyed send of the client carries an idempotency key, which picks its partition
     # (a repeat goes where the first went): spread at random, evenly.
     spread = Counter(r.id % STRIDE for r in unkeyed)

@@ -155,14 +155,15 @@ def settle_split(op: Op[T]) -> list[Op[T]] | None:
 
 
 def settle_merge(results: Sequence[T]) -> T:
-    """The results of :func:`settle_split`'s ops as one: ids (sets, lists) or {id: ...}."""
+    """The results of :func:`settle_split`'s ops as one: ids (sets; lists, in id order) or
+    {id: ...}."""
     first: Any = results[0]
     if isinstance(first, dict):
         merged: Any = {k: v for r in results for k, v in cast(dict[Any, Any], r).items()}
     elif isinstance(first, set):
         merged = set().union(*cast(Sequence[set[Any]], results))
     else:
-        merged = [x for r in results for x in cast(list[Any], r)]
+        merged = sorted(x for r in results for x in cast(list[Any], r))  # ids, in id order
     return cast(T, merged)
 
 

@@ -338,32 +338,31 @@ def stride_ids(dsn: str, schema: str, index: int) -> None:
         )
 
 
+def _queue_rows(conn: psycopg.Connection[Any], schema: str, table: str, column: str) -> list[tuple[Any, ...]]:
+    """(queue, column) of each row of the router's ``table`` by queue; none if the router was
+    made before it existed."""
+    exists = conn.execute(
+        "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL", (schema, table)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return []
+    return conn.execute(
+        sql.SQL("SELECT queue, {} FROM {}.{} ORDER BY queue").format(
+            sql.Identifier(column), sql.Identifier(schema), sql.Identifier(table)
+        )
+    ).fetchall()
+
+
 def partitioned(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[int]]:
     """The router's partitioned queues: queue -> its partitions' shards (empty for a router made
     before partitioned queues existed)."""
-    exists = conn.execute(
-        "SELECT to_regclass(format('%%I.shard_partition', %s::text)) IS NOT NULL", (schema,)
-    ).fetchone()
-    if not exists or not exists[0]:
-        return {}
-    rows = conn.execute(
-        sql.SQL("SELECT queue, shards FROM {}.shard_partition ORDER BY queue").format(sql.Identifier(schema))
-    ).fetchall()
-    return {str(q): [int(i) for i in p] for q, p in rows}
+    return {str(q): [int(i) for i in p] for q, p in _queue_rows(conn, schema, "shard_partition", "shards")}
 
 
 def routes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
     """The router's overrides: queue -> shard index, for the queues not where their hash says
     (moved). Empty for a router made before overrides existed."""
-    exists = conn.execute(
-        "SELECT to_regclass(format('%%I.shard_route', %s::text)) IS NOT NULL", (schema,)
-    ).fetchone()
-    if not exists or not exists[0]:
-        return {}
-    rows = conn.execute(
-        sql.SQL("SELECT queue, shard FROM {}.shard_route ORDER BY queue").format(sql.Identifier(schema))
-    ).fetchall()
-    return {str(q): int(i) for q, i in rows}
+    return {str(q): int(i) for q, i in _queue_rows(conn, schema, "shard_route", "shard")}
 
 
 def shard_dsns(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:

@@ -210,40 +210,29 @@ BEGIN
 END $fn$""",
     """-- The shard of message_get: by id (as _id_shard) or by key (as _send_shard).
 CREATE FUNCTION {s}._msg_shard(p_queue text, p_id bigint, p_key text) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    v_parts integer[] := {s}._partitions(p_queue);
-    v_n     integer := cardinality(v_parts);
-BEGIN
-    IF v_parts IS NULL THEN
-        RETURN {s}._shard_of(p_queue);
-    ELSIF p_id IS NOT NULL OR p_key IS NULL THEN
-        RETURN {s}._id_shard(p_queue, ARRAY[p_id]);
-    END IF;
-    RETURN v_parts[1 + {kp}];
-END $fn$""",
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT CASE WHEN p_id IS NOT NULL OR p_key IS NULL THEN {s}._id_shard(p_queue, ARRAY[p_id])
+            ELSE {s}._send_shard(p_queue, p_key, NULL) END
+$fn$""",
     """-- The shard of message_cancel: every id and key given must be of one partition.
 CREATE FUNCTION {s}._cancel_shard(p_queue text, p_ids bigint[], p_keys text[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    v_parts integer[] := {s}._partitions(p_queue);
-    v_n     integer := cardinality(v_parts);
-    v_at    integer[];
+    v_at integer[];
 BEGIN
-    IF v_parts IS NULL THEN
+    IF {s}._partitions(p_queue) IS NULL THEN
         RETURN {s}._shard_of(p_queue);
     END IF;
     v_at := ARRAY(SELECT DISTINCT x FROM (
-        SELECT (i % {stride})::integer FROM unnest(p_ids) AS i WHERE i IS NOT NULL
+        SELECT {s}._id_shard(p_queue, ARRAY[i]) FROM unnest(p_ids) AS i WHERE i IS NOT NULL
         UNION ALL
-        SELECT v_parts[1 + (SELECT {kp} FROM (SELECT k AS p_key) y)] FROM unnest(p_keys) AS k
-         WHERE k IS NOT NULL) AS t(x));
+        SELECT {s}._send_shard(p_queue, k, NULL) FROM unnest(p_keys) AS k WHERE k IS NOT NULL) AS t(x));
     IF cardinality(v_at) > 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: the'
             ' messages of one cancel are on shards %s; cancel per partition', p_queue,
             array_to_string(v_at, ', '));
     END IF;
-    RETURN {s}._id_shard(p_queue, ARRAY[coalesce(v_at[1], v_parts[1])::bigint]);
+    RETURN coalesce(v_at[1], {s}._id_shard(p_queue, '{{}}'));
 END $fn$""",
 )
 
