@@ -13,6 +13,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .. import errors
 from ..client import Client
 from ..migrations import DEFAULT_SCHEMA, check_schema
+from ..migrations import pgmq as pgmq_facade
 from . import catalog, partitions
 
 #: libpq's connect_timeout of the router's connections to the shards, unless a DSN gives one.
@@ -170,7 +171,17 @@ def init(
         migrations = first.execute(
             sql.SQL("SELECT version, name FROM {}.migration ORDER BY version").format(sql.Identifier(schema))
         ).fetchall()
+        # The pgmq facade over this schema, when the shards have it: proxied too.
+        facade = first.execute(pgmq_facade.installed_query()).fetchone()
+        has_pgmq = facade is not None and facade[0] == pgmq_facade.marker(schema)
+        pgmq_fns, pgmq_types = [], []
+        if has_pgmq:
+            pgmq_fns = catalog.functions(
+                first.execute(catalog.CATALOG_QUERY, (catalog.PGMQ_SCHEMA,)).fetchall()
+            )
+            pgmq_types = first.execute(catalog.TYPES_QUERY, (catalog.PGMQ_SCHEMA,)).fetchall()
     statements = catalog.proxy_statements(schema, fns)  # NoRoute before anything is changed
+    pgmq_statements = catalog.proxy_statements(catalog.PGMQ_SCHEMA, pgmq_fns, core=schema) if has_pgmq else []
     s = sql.Identifier(schema)
     server = sql.Identifier(catalog.cluster_name(schema))
     with _connect(router_dsn, "router") as router, router.transaction():
@@ -236,7 +247,49 @@ def init(
         for stmt in statements:
             router.execute(stmt)
         _grant(router, schema, fns)
+        _pgmq_schema(router, schema, has_pgmq, pgmq_types, pgmq_statements, pgmq_fns)
     return status(router_dsn, schema=schema)
+
+
+def _pgmq_schema(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    has_pgmq: bool,
+    types: Sequence[Sequence[Any]],
+    statements: Sequence[sql.Composed],
+    fns: Sequence[catalog.CoreFunction],
+) -> None:
+    """(Re)make the router's ``pgmq`` schema: the facade's functions proxied (when the shards
+    have the facade), else none. Refuses a ``pgmq`` schema of the router that it did not make."""
+    p = sql.Identifier(catalog.PGMQ_SCHEMA)
+    state = _router_state(conn, catalog.PGMQ_SCHEMA)
+    if state is not None and not state.startswith(catalog.ROUTER_MARKER):
+        raise errors.InvalidArgument(
+            "the router database has a pgmq schema of its own (the extension or another facade):"
+            " drop it, or give a database without it"
+        )
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(p))
+    if not has_pgmq:
+        return
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(p))
+    conn.execute(
+        sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+            p, sql.Literal(f"{catalog.ROUTER_MARKER}: the pgmq facade of {schema}, proxied")
+        )
+    )
+    for stmt in [*catalog.type_statements(catalog.PGMQ_SCHEMA, types), *statements]:
+        conn.execute(stmt)
+    # As the lonnymq schema's: the shards' EXECUTE grants, for the roles that exist here.
+    existing = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles").fetchall()}
+    conn.execute(sql.SQL("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {} FROM PUBLIC").format(p))
+    for fn in fns:
+        for role in (r for r in fn.grantees if r in existing):
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(p, sql.Identifier(role)))
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {}.{}({}) TO {}").format(
+                    p, sql.Identifier(fn.name), sql.SQL(fn.identity), sql.Identifier(role)
+                )
+            )
 
 
 def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.CoreFunction]) -> None:
