@@ -8,15 +8,17 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
 * a send with a key to the partition of the key (:data:`KEY_PARTITION`: the first 4 bytes of
   the SHA-256 of the key's UTF-8 bytes, big-endian, modulo N; the same in Python,
   :func:`key_partition`), so de-duplication and keyed updates act on one server; a send without
-  a key to the next partition in turn (a router-wide counter, so N senders spread evenly);
-* a settle (ack, nack, extend), ``get`` by id and ``cancel`` by ids to the shard that made the
+  a key to the partition of its idempotency key (a repeat of the call lands where the first
+  did), else to the next partition in turn (a router-wide counter);
+* a settle (ack, nack, extend, give_up), ``get`` by id and ``cancel`` by ids to the shard that made the
   id: each shard's message ids are ``shard index (mod STRIDE)`` (``shard init`` sets the
   increment of each shard's id sequence to :data:`STRIDE`), so the id says where the message is
   without a look-up; a stale token is refused there as on one server;
 * take: the partitions one after another from the next in turn, until one hands out messages
   (so a take never returns empty while a partition has ready messages, and takes visit every
   partition in turn); each take's deliveries come from one partition, so they settle in one call;
-* metrics, peek, next_ready_in, drop, purge, pause, resume, dead_purge: every partition, merged;
+* metrics, peek, next_ready_in, drop, purge, pause, resume, dead_purge, wait_begin/end: every
+  partition, merged (:data:`DISPATCHED`);
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
   raises InvalidArgument): it would see one partition only.
 
