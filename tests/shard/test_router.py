@@ -8,7 +8,7 @@ import pytest
 from shard_helpers import home
 
 from lonnymq import Client, errors, shard
-from lonnymq.shard import catalog
+from lonnymq.shard import catalog, partitions
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -31,11 +31,16 @@ def test_every_public_function_has_a_proxy_with_its_signature(sharded) -> None: 
             ).fetchall()
         )
     assert len(core) > 40
-    assert router == core
-    # Each is PL/Proxy itself, or SQL merging an internal PL/Proxy call on every shard.
-    assert set(languages.values()) <= {"plproxy", "sql"}
-    assert languages["send_batch"] == languages["take"] == languages["ack"] == "plproxy"
+    # The router's own public functions (partitioned queues) besides the proxies.
+    assert [f for f in router if f[0] not in partitions.ROUTER_ONLY] == core
+    assert {f[0] for f in router if f[0] in partitions.ROUTER_ONLY} == set(partitions.ROUTER_ONLY)
+    # Each is PL/Proxy itself, SQL merging an internal PL/Proxy call on every shard, or (the
+    # calls that visit every partition of a partitioned queue) plpgsql dispatching to either.
+    assert set(languages.values()) <= {"plproxy", "sql", "plpgsql"}
+    assert languages["send"] == languages["send_batch"] == languages["ack"] == "plproxy"
     assert languages["queue_list"] == "sql"
+    plpgsql = {n for n, lang in languages.items() if lang == "plpgsql"}
+    assert plpgsql == {*partitions.DISPATCHED, *partitions.ROUTER_ONLY}
 
 
 def test_a_function_without_queue_or_rule_stops_generation() -> None:

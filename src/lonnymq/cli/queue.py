@@ -28,6 +28,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c.add_argument("--max-payload-bytes", type=int, default=1024 * 1024)
     c.add_argument("--priority-step", type=float, default=1, help="seconds one priority level is worth")
     c.add_argument("--if-not-exists", action="store_true")
+    c.add_argument(
+        "--partitions",
+        type=int,
+        help="a shard router only: one hot queue over this many shards (docs/sharding.md)",
+    )
     c.set_defaults(func=create)
 
     ls = qs.add_parser("list", help="list queues and their settings")
@@ -94,6 +99,7 @@ def create(args: argparse.Namespace) -> int:
             max_payload_bytes=args.max_payload_bytes,
             priority_step=args.priority_step,
             if_not_exists=args.if_not_exists,
+            partitions=args.partitions,
         )
     _util.done(
         args,

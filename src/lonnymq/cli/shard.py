@@ -23,6 +23,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     common(i)
     i.add_argument("router", metavar="ROUTER_DSN", help="the router's database (clients connect here)")
     i.add_argument("shards", metavar="SHARD_DSN", nargs="+", help="the shards' databases, in order")
+    i.add_argument(
+        "--pgmq",
+        action="store_true",
+        help="also install the pgmq facade on the shards and proxy it on the router (pgmq clients)",
+    )
     i.set_defaults(func=init)
 
     st = ss.add_parser("status", help="the router's shards, their health and their queues")
@@ -76,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def init(args: argparse.Namespace) -> int:
-    result = shard.init(args.router, args.shards, schema=_util.schema(args))
+    result = shard.init(args.router, args.shards, schema=_util.schema(args), pgmq=args.pgmq)
     _print(args, result, f"router {shard.admin.where(args.router)} over {len(result.shards)} shard(s)")
     return 0 if result.healthy else 1
 
@@ -147,5 +152,12 @@ def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> 
         moved = sorted(q for q, i in result.overrides.items() if i == s.index)
         if moved:
             print(f"    moved here (routed by override): {', '.join(moved)}")
+        parts = sorted(
+            f"{q} (partition {p.index(s.index)} of {len(p)})"
+            for q, p in result.partitioned.items()
+            if s.index in p
+        )
+        if parts:
+            print(f"    partitioned queues: {', '.join(parts)}")
         if s.misplaced:
             print(f"    misplaced (the router sends their calls elsewhere): {', '.join(s.misplaced)}")

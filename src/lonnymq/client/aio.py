@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 import psycopg
 from psycopg import AsyncConnection
@@ -46,7 +46,7 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .direct import ATTEMPTS, ShardMap, unsupported
+from .direct import ATTEMPTS, ShardMap, settle_merge, settle_split, unsupported
 from .ops import ROW_FACTORY, Op, Ops, check_send_key, map_error, new_send_key, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, asleep
 from .wait import PENDING_WAIT, AsyncListener, next_wait
@@ -202,6 +202,11 @@ class AsyncClient:
         """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
         pool a call cut off by a lost connection is repeated under the client's retry policy
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
+        if (parts := settle_split(op)) is not None and (
+            self._map is not None or await self.is_router(conn=conn)
+        ):
+            # Deliveries of several shards (a partitioned queue's): a call on each.
+            return settle_merge([await self.run(part, conn, retry=retry) for part in parts])
         if conn is None and self._map is not None and (queue := self._map.queue_of(op)) is not None:
             return await self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
@@ -287,7 +292,9 @@ class AsyncClient:
             shard = m.route(queue)
             if shard is None:
                 found = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
-                shard = m.remember(queue, found)
+                shard = m.remember(queue, *found)
+            if shard < 0:
+                return await self._run_partitioned(op, queue, retry)
             pool = await self._shard_pool(shard)
             try:
                 return await self._run_pooled(pool, fenced, retry)
@@ -295,12 +302,43 @@ class AsyncClient:
                 m.forget(queue)
                 m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
                 again = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
-                if attempt == ATTEMPTS or m.remember(queue, again) == shard:
+                if attempt == ATTEMPTS or m.remember(queue, *again) == shard:
                     raise
             except psycopg.OperationalError as e:
                 if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
                     raise
                 raise m.unavailable(shard, e) from e
+        raise AssertionError("unreachable")
+
+    async def _run_partitioned(self, op: Op[T], queue: str, retry: bool) -> T:
+        """``op`` of a partitioned queue: on the shard its key or ids name, or (take) on each
+        partition in turn until one hands out messages; through the router when it spans
+        partitions (direct.ShardMap.plan)."""
+        m = self._map
+        assert m is not None
+        if (riding := m.riding_acks(op)) is not None:  # the acks first, on their shards
+            await self.run(riding[0], retry=retry)
+            op = riding[1]
+        plan = m.plan(op, queue)
+        if plan is None:
+            return await self._run_pooled(self._router_pool(), op, retry)
+        soonest: Any = None
+        for k, shard in enumerate(plan):
+            try:
+                result = await self._run_pooled(await self._shard_pool(shard), op, retry)
+            except errors.QueueNotFound:
+                m.forget(queue)  # dropped (or made again): ask the router next time
+                raise
+            except psycopg.OperationalError as e:
+                if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
+                    raise
+                raise m.unavailable(shard, e) from e
+            if m.wants_min(op):
+                soonest = result if soonest is None or (result is not None and result < soonest) else soonest
+                if k == len(plan) - 1:
+                    return cast(T, soonest)
+            elif result or k == len(plan) - 1:
+                return result
         raise AssertionError("unreachable")
 
     def _router_pool(self) -> AsyncConnectionPool[Any]:
@@ -422,6 +460,7 @@ class AsyncClient:
         channel_release_interval: float | timedelta | None = None,
         channel_max_size: int | None = None,
         channel_on_full: OnFull = "reject",
+        partitions: int | None = None,
         conn: AsyncConnection[Any] | None = None,
     ) -> bool:
         """Create a queue. ``lease``: default visibility timeout (seconds). ``max_attempts``:
@@ -430,7 +469,12 @@ class AsyncClient:
         message in the archive for ``retention`` seconds. ``unlogged``: faster, but the queue is
         emptied by a PostgreSQL crash. ``priority_step``: seconds one priority level is worth.
         ``channel_*``: the policy of each channel a message creates (see :meth:`set_channel`).
-        Returns False if it existed and ``if_not_exists``; raises QueueExists otherwise."""
+        ``partitions`` (a shard router only, docs/sharding.md): one hot queue over that many
+        shards, a partition on each; keyed sends go to their key's partition, takes visit the
+        partitions in turn. Returns False if it existed and ``if_not_exists``; raises
+        QueueExists otherwise."""
+        if partitions is not None and not await self.is_router(conn=conn):
+            raise errors.InvalidArgument("partitions= needs a shard router (lonnymq shard init)")
         op = self.ops.queue_create(
             name,
             lease=lease,
@@ -446,6 +490,7 @@ class AsyncClient:
             channel_release_interval=channel_release_interval,
             channel_max_size=channel_max_size,
             channel_on_full=channel_on_full,
+            partitions=partitions,
         )
         return await self.run(op, conn)
 

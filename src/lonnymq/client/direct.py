@@ -30,10 +30,13 @@ then fails with QueueNotFound: the client re-reads the map and runs the call on 
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, LiteralString, TypeVar
+from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -42,7 +45,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .. import errors
 from .ops import Op, Statements
 
-__all__ = ["DIRECT", "FENCE", "MAP_TTL", "ShardMap"]
+__all__ = [
+    "DIRECT",
+    "FENCE",
+    "MAP_TTL",
+    "STRIDE",
+    "ShardMap",
+    "key_partition",
+    "settle_merge",
+    "settle_split",
+]
 
 T = TypeVar("T")
 
@@ -55,6 +67,7 @@ DIRECT: tuple[str, ...] = (
     "ack",
     "nack",
     "extend",
+    "give_up",
     "next_ready_in",
     "dead_list",
     "dead_requeue",
@@ -98,10 +111,78 @@ _LOCATION = ("host", "hostaddr", "port", "dbname", "service")
 ATTEMPTS = 4
 
 
+#: Message ids of a router's shard i are i modulo STRIDE (``shard init`` sets each shard's id
+#: sequence so): a partitioned queue's message id names the shard that holds it.
+STRIDE = 1024
+
+
+def key_partition(key: str, n: int) -> int:
+    """The partition (0..n-1) of ``key`` in a queue of ``n`` partitions: the first 4 bytes of
+    the SHA-256 of its UTF-8 bytes, big-endian, modulo n (the router's KEY_PARTITION)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % n
+
+
+#: The calls on message ids (their second argument) that a client of a router splits by the
+#: shard the ids name: the deliveries of a partitioned queue settle on their own shards.
+_SETTLES = re.compile(r"\.(ack|nack|extend|give_up|message_cancel)\(%s::text, %[sb]::bigint\[\]")
+_settle_queries: dict[int, bool] = {}
+
+
+def settle_split(op: Op[T]) -> list[Op[T]] | None:
+    """``op`` cut into one op per shard when it settles (or cancels) message ids made by
+    several shards (id mod STRIDE), each with its share of every per-message argument; else
+    None. Its results merge with :func:`settle_merge`."""
+    p = op.params
+    if len(p) < 2 or not isinstance(p[1], list) or len(p[1]) < 2:
+        return None
+    ids = p[1]
+    first = ids[0] % STRIDE if isinstance(ids[0], int) else None
+    if first is None or all(isinstance(i, int) and i % STRIDE == first for i in ids):
+        return None
+    settles = _settle_queries.get(id(op.query))
+    if settles is None:
+        settles = _settle_queries[id(op.query)] = bool(_SETTLES.search(op.query.as_string(None)))
+    if not settles:
+        return None
+    groups: dict[int, list[int]] = {}
+    for pos, i in enumerate(ids):
+        groups.setdefault(i % STRIDE, []).append(pos)
+    n = len(ids)
+    return [
+        replace(op, params=tuple([v[k] for k in g] if isinstance(v, list) and len(v) == n else v for v in p))
+        for g in groups.values()
+    ]
+
+
+def settle_merge(results: Sequence[T]) -> T:
+    """The results of :func:`settle_split`'s ops as one: ids (sets; lists, in id order) or
+    {id: ...}."""
+    first: Any = results[0]
+    if isinstance(first, dict):
+        merged: Any = {k: v for r in results for k, v in cast(dict[Any, Any], r).items()}
+    elif isinstance(first, set):
+        merged = set().union(*cast(Sequence[set[Any]], results))
+    else:
+        merged = sorted(x for r in results for x in cast(list[Any], r))  # ids, in id order
+    return cast(T, merged)
+
+
+#: What a partitioned queue's call needs to pick its partition: the position of the argument
+#: that holds it (key, keys, ids) in the client's statements (ops.Statements).
+_KEY_ARG = {"send": 8, "send_batch": 8, "ack": 1, "nack": 1, "extend": 1, "give_up": 1}
+#: The position of the idempotency key of a send and of a batch send.
+_SEND_KEY_ARG = 11
+
+
 def _map_decode(rows: list[Any]) -> tuple[int, list[str]]:
     if not rows or rows[0][0] is None or not rows[0][1]:
         raise errors.InvalidArgument("the router's shard map is empty: run `lonnymq shard init` again")
     return int(rows[0][0]), [str(s) for s in rows[0][1]]
+
+
+def _route_decode(rows: list[Any]) -> tuple[int | None, list[int] | None]:
+    shard, parts = rows[0]
+    return (None if shard is None else int(shard)), (None if parts is None else [int(i) for i in parts])
 
 
 class ShardMap:
@@ -115,12 +196,17 @@ class ShardMap:
         self.version: int | None = None
         self.shards: list[str] = []
         self.loaded_at = 0.0
-        self._routes: dict[str, int] = {}
-        self._direct = frozenset(id(getattr(st, name)) for name in DIRECT)
+        self._routes: dict[str, int] = {}  # -1: partitioned, see _parts
+        self._parts: dict[str, list[int]] = {}
+        self._names = {id(getattr(st, name)): name for name in DIRECT}
+        self._direct = frozenset(self._names)
+        self._ack_query = st.ack
+        self._send_turn = itertools.count()
+        self._take_turn = itertools.count()
         self._fence = sql.SQL(FENCE).format(name=sql.Literal(schema))
         self._fenced: dict[int, sql.Composed] = {}
         self._map_query = sql.SQL("SELECT version, shards FROM {}._shard_map()").format(s)
-        self._route_query = sql.SQL("SELECT {}._shard_of(%s::text)").format(s)
+        self._route_query = sql.SQL("SELECT shard, partitions FROM {}._route_of(%s::text)").format(s)
 
     # -- what goes where ---------------------------------------------------------------------
 
@@ -142,13 +228,67 @@ class ShardMap:
         """The queue's shard if known (None: ask the router, :meth:`route_op`)."""
         return self._routes.get(queue)
 
-    def remember(self, queue: str, shard: int) -> int:
+    def remember(self, queue: str, shard: int | None, partitions: Sequence[int] | None = None) -> int:
+        """Remember the router's answer (:meth:`route_op`): the queue's shard, or -1 for a
+        partitioned queue (its partitions' shards: :meth:`plan`)."""
+        if partitions:
+            self._parts[queue] = list(partitions)
+            self._routes[queue] = -1
+            return -1
+        assert shard is not None
         i = shard & (len(self.shards) - 1)  # an override is an index; a hash is masked (PL/Proxy)
         self._routes[queue] = i
         return i
 
     def forget(self, queue: str) -> None:
         self._routes.pop(queue, None)
+        self._parts.pop(queue, None)
+
+    def plan(self, op: Op[Any], queue: str) -> list[int] | None:
+        """The shards that run ``op`` of partitioned ``queue``, tried in order until one returns
+        rows (take: the partitions in turn); None: through the router (a call over every
+        partition, or one this client cannot place)."""
+        parts = self._parts[queue]
+        n = len(parts)
+        name = self._names.get(id(op.query))
+        p = op.params
+        if name == "next_ready_in":  # every partition (the soonest: wants_min)
+            return list(parts)
+        if name == "take":  # (the acks riding on it: settled before, see riding_acks)
+            start = next(self._take_turn)
+            return [parts[(start + k) % n] for k in range(n)]
+        if name == "message_get":
+            return self._by_ids(parts, [p[1]]) if p[1] is not None else [parts[key_partition(p[2], n)]]
+        if name not in _KEY_ARG:
+            return None
+        arg = p[_KEY_ARG[name]]
+        if name in ("ack", "nack", "extend", "give_up"):
+            return self._by_ids(parts, arg)
+        keys = {key_partition(k, n) for k in ([arg] if name == "send" else arg or ()) if k is not None}
+        if not keys and p[_SEND_KEY_ARG] is not None:  # a repeat of the call goes where it went
+            keys = {key_partition(str(p[_SEND_KEY_ARG]), n)}
+        if not keys:
+            return [parts[next(self._send_turn) % n]]
+        return [parts[keys.pop()]] if len(keys) == 1 else None
+
+    def wants_min(self, op: Op[Any]) -> bool:
+        """Whether :meth:`plan`'s shards all answer ``op`` and the answer is the least (the
+        wait until a partition's next message is ready), rather than the first with rows."""
+        return self._names.get(id(op.query)) == "next_ready_in"
+
+    def riding_acks(self, op: Op[T]) -> tuple[Op[set[int]], Op[T]] | None:
+        """For a take that acknowledges earlier deliveries (``take(ack=...)``) of a partitioned
+        queue: the ack of those (split by shard when run) and the take without them; else None."""
+        p = op.params
+        if self._names.get(id(op.query)) != "take" or not p[3]:
+            return None
+        ack = Op(self._ack_query, (p[0], p[3], p[4], None), lambda rows: {int(r[0]) for r in rows})
+        return ack, replace(op, params=(*p[:3], None, None))
+
+    @staticmethod
+    def _by_ids(parts: list[int], ids: Sequence[int]) -> list[int] | None:
+        at = {i % STRIDE for i in ids}
+        return [at.pop()] if len(at) == 1 and next(iter(at)) in parts else None
 
     def stale(self) -> bool:
         return self.version is None or time.monotonic() - self.loaded_at > self.ttl
@@ -168,8 +308,8 @@ class ShardMap:
     def map_op(self) -> Op[tuple[int, list[str]]]:
         return Op(self._map_query, (), _map_decode, safe_to_retry=True)
 
-    def route_op(self, queue: str) -> Op[int]:
-        return Op(self._route_query, (queue,), lambda rows: int(rows[0][0]), safe_to_retry=True)
+    def route_op(self, queue: str) -> Op[tuple[int | None, list[int] | None]]:
+        return Op(self._route_query, (queue,), _route_decode, safe_to_retry=True)
 
     # -- logging into a shard ----------------------------------------------------------------
 

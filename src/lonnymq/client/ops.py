@@ -342,6 +342,12 @@ class Statements:
             " %s::bigint, %s::bool, %s::int, %s::bigint, %s::bool, %s::int, %s::bigint,"
             " %s::bigint, %s::text)"
         )
+        # A shard router's (lonnymq.shard.partitions): the queue over p_partitions shards.
+        self.queue_create_partitioned = q(
+            "SELECT {s}.queue_create_partitioned(%s::text, %s::int, %s::bigint, %s::int, %s::text,"
+            " %s::bool, %s::bigint, %s::bool, %s::int, %s::bigint, %s::bool, %s::int, %s::bigint,"
+            " %s::bigint, %s::text)"
+        )
         self.queue_drop = q("SELECT {s}.queue_drop(%s::text, %s::bool)")
         self.queue_purge = q("SELECT {s}.queue_purge(%s::text)")
         self.queue_pause = q("SELECT {s}.queue_pause(%s::text)")
@@ -372,6 +378,8 @@ class Statements:
             "SELECT * FROM {s}.nack(%s::text, %b::bigint[], %b::int[], %b::bigint[], %b::text[],"
             " %b::jsonb[], %s::bool)"
         )
+        # The worker's dead-lettering of deliveries whose handler gave up (worker/ops.py).
+        self.give_up = q("SELECT * FROM {s}.give_up(%s::text, %s::bigint[], %s::int[], %s::text[])")
         self.extend = q("SELECT * FROM {s}.extend(%s::text, %b::bigint[], %b::int[], %s::bigint)")
         self.next_ready_in = q("SELECT {s}.next_ready_in(%s::text)")
         self.dead_list = q(
@@ -525,6 +533,7 @@ class Ops:
         channel_release_interval: float | timedelta | None = None,
         channel_max_size: int | None = None,
         channel_on_full: OnFull = "reject",
+        partitions: int | None = None,
     ) -> Op[bool]:
         check_queue(name)
         policy = _channel_policy(
@@ -554,6 +563,10 @@ class Ops:
             bool(if_not_exists),
             *policy,
         )
+        if partitions is not None:
+            if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+                raise errors.InvalidArgument(f"partitions must be a positive integer, got {partitions!r}")
+            return Op(self.st.queue_create_partitioned, (name, partitions, *params[1:]), _scalar)
         return Op(self.st.queue_create, params, _scalar)
 
     def queue_drop(self, name: str, *, if_exists: bool = False) -> Op[bool]:

@@ -78,7 +78,7 @@ def add(
         partitions, _ = admin._partitions([*dsns, *fresh])
         if len(set(partitions)) != len(partitions):
             raise errors.InvalidArgument("a shard is given twice: each shard must be its own database")
-        _prepare_new_shards(fresh, schema, pgmq)
+        _prepare_new_shards(fresh, schema, pgmq, n)
         _widen(router_dsn, schema, fresh, partitions[n:], n, lock_timeout, attempts, retry_delay)
         before, after = n, 2 * n
     else:  # a retry with the shards already added: only the moves
@@ -95,7 +95,7 @@ def _same_db(a: str, b: str) -> bool:
     return all(str(da.get(k) or "") == str(db.get(k) or "") for k in keys)
 
 
-def _prepare_new_shards(fresh: Sequence[str], schema: str, pgmq: bool) -> None:
+def _prepare_new_shards(fresh: Sequence[str], schema: str, pgmq: bool, first: int) -> None:
     from ..client import Client
 
     s = sql.Identifier(schema)
@@ -106,6 +106,7 @@ def _prepare_new_shards(fresh: Sequence[str], schema: str, pgmq: bool) -> None:
             raise errors.InvalidArgument(f"{admin.where(dsn)} is itself a lonnymq router")
         with Client(dsn, schema=schema, pool_size=1) as c:
             c.migrate(pgmq=pgmq)
+        admin.stride_ids(dsn, schema, first + i)  # the shard's index once added
         with admin._connect(dsn, f"new shard {i}", autocommit=True) as conn:
             names = [
                 r[0]
@@ -141,6 +142,8 @@ def _widen(
                     )
                     router.execute("SELECT pg_advisory_xact_lock(hashtext(%s || '/map'), 0)", (schema,))
                     overrides = admin.routes(router, schema)
+                    # Partitioned queues stay where they are (their ids name their shards).
+                    overrides.update(dict.fromkeys(admin.partitioned(router, schema), -1))
                     pins: list[tuple[str, int]] = []
                     for i, dsn in enumerate(dsns):
                         with admin._connect(dsn, f"shard {i}", autocommit=True) as conn:

@@ -13,7 +13,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .. import errors
 from ..client import Client
 from ..migrations import DEFAULT_SCHEMA, check_schema
-from . import catalog
+from ..migrations import pgmq as pgmq_facade
+from . import catalog, partitions
 
 #: libpq's connect_timeout of the router's connections to the shards, unless a DSN gives one.
 CONNECT_TIMEOUT = 5
@@ -46,6 +47,9 @@ class RouterStatus:
     version: int
     shards: list[ShardStatus]
     overrides: dict[str, int] = field(default_factory=dict)
+    #: The partitioned queues (one hot queue over several shards): queue -> its partitions'
+    #: shards, partition k at index k.
+    partitioned: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -160,19 +164,31 @@ def init(
             raise errors.InvalidArgument(f"shard {where(dsn)} is itself a lonnymq router")
         with Client(dsn, schema=schema, pool_size=1) as c:
             c.migrate(pgmq=pgmq)
+        stride_ids(dsn, schema, i)
     with psycopg.connect(shard_dsns[0], autocommit=True) as first:
         fns = catalog.functions(first.execute(catalog.CATALOG_QUERY, (schema,)).fetchall())
         types = first.execute(catalog.TYPES_QUERY, (schema,)).fetchall()
         migrations = first.execute(
             sql.SQL("SELECT version, name FROM {}.migration ORDER BY version").format(sql.Identifier(schema))
         ).fetchall()
+        # The pgmq facade over this schema, when the shards have it: proxied too.
+        facade = first.execute(pgmq_facade.installed_query()).fetchone()
+        has_pgmq = facade is not None and facade[0] == pgmq_facade.marker(schema)
+        pgmq_fns, pgmq_types = [], []
+        if has_pgmq:
+            pgmq_fns = catalog.functions(
+                first.execute(catalog.CATALOG_QUERY, (catalog.PGMQ_SCHEMA,)).fetchall()
+            )
+            pgmq_types = first.execute(catalog.TYPES_QUERY, (catalog.PGMQ_SCHEMA,)).fetchall()
     statements = catalog.proxy_statements(schema, fns)  # NoRoute before anything is changed
+    pgmq_statements = catalog.proxy_statements(catalog.PGMQ_SCHEMA, pgmq_fns, core=schema) if has_pgmq else []
     s = sql.Identifier(schema)
     server = sql.Identifier(catalog.cluster_name(schema))
     with _connect(router_dsn, "router") as router, router.transaction():
         # The routes of moved queues outlive a regeneration (those naming a shard that is gone
         # are dropped: status() then reports the queue as misplaced where it is).
         overrides = routes(router, schema)
+        parted = partitioned(router, schema)
         version = map_version(router, schema)
         router.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
         router.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
@@ -222,12 +238,58 @@ def init(
                 sql.SQL("INSERT INTO {}.shard_route (queue, shard) VALUES (%s, %s)").format(s),
                 [(q, i) for q, i in overrides.items() if i < len(partitions)],
             )
+            cur.executemany(
+                sql.SQL("INSERT INTO {}.shard_partition (queue, shards) VALUES (%s, %s)").format(s),
+                [(q, p) for q, p in parted.items() if max(p) < len(partitions)],
+            )
         # Never backwards across re-inits: direct clients compare it with what they remember.
         router.execute(sql.SQL("INSERT INTO {}.shard_map (version) VALUES (%s)").format(s), (version + 1,))
         for stmt in statements:
             router.execute(stmt)
         _grant(router, schema, fns)
+        _pgmq_schema(router, schema, has_pgmq, pgmq_types, pgmq_statements, pgmq_fns)
     return status(router_dsn, schema=schema)
+
+
+def _pgmq_schema(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    has_pgmq: bool,
+    types: Sequence[Sequence[Any]],
+    statements: Sequence[sql.Composed],
+    fns: Sequence[catalog.CoreFunction],
+) -> None:
+    """(Re)make the router's ``pgmq`` schema: the facade's functions proxied (when the shards
+    have the facade), else none. Refuses a ``pgmq`` schema of the router that it did not make."""
+    p = sql.Identifier(catalog.PGMQ_SCHEMA)
+    state = _router_state(conn, catalog.PGMQ_SCHEMA)
+    if state is not None and not state.startswith(catalog.ROUTER_MARKER):
+        raise errors.InvalidArgument(
+            "the router database has a pgmq schema of its own (the extension or another facade):"
+            " drop it, or give a database without it"
+        )
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(p))
+    if not has_pgmq:
+        return
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(p))
+    conn.execute(
+        sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+            p, sql.Literal(f"{catalog.ROUTER_MARKER}: the pgmq facade of {schema}, proxied")
+        )
+    )
+    for stmt in [*catalog.type_statements(catalog.PGMQ_SCHEMA, types), *statements]:
+        conn.execute(stmt)
+    # As the lonnymq schema's: the shards' EXECUTE grants, for the roles that exist here.
+    existing = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles").fetchall()}
+    conn.execute(sql.SQL("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {} FROM PUBLIC").format(p))
+    for fn in fns:
+        for role in (r for r in fn.grantees if r in existing):
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(p, sql.Identifier(role)))
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {}.{}({}) TO {}").format(
+                    p, sql.Identifier(fn.name), sql.SQL(fn.identity), sql.Identifier(role)
+                )
+            )
 
 
 def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.CoreFunction]) -> None:
@@ -242,6 +304,12 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
                 continue
             roles.add(role)
             names = [fn.name] + ([f"_all_{fn.name}"] if catalog.route(fn).merge else [])
+            if fn.name == "queue_create":  # who may create a queue may create a partitioned one
+                conn.execute(
+                    sql.SQL("GRANT EXECUTE ON FUNCTION {}.queue_create_partitioned TO {}").format(
+                        s, sql.Identifier(role)
+                    )
+                )
             for name in names:
                 conn.execute(
                     sql.SQL("GRANT EXECUTE ON FUNCTION {}.{}({}) TO {}").format(
@@ -258,7 +326,12 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
         conn.execute(sql.SQL("GRANT SELECT ON {}.migration TO {}").format(s, r))
         # The routing functions run in the caller's role (PL/Proxy calls them as given).
         conn.execute(sql.SQL("GRANT SELECT ON {}.shard_route TO {}").format(s, r))
-        for fn_name in (catalog.SHARD_OF, catalog.SHARD_OF_NEW, catalog.SHARD_MAP):
+        for fn_name in (
+            catalog.SHARD_OF,
+            catalog.SHARD_OF_NEW,
+            catalog.SHARD_MAP,
+            *partitions.ROUTING_FUNCTIONS,
+        ):
             conn.execute(
                 sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(s, sql.Identifier(fn_name), r)
             )
@@ -293,18 +366,56 @@ def map_version(conn: psycopg.Connection[Any], schema: str) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
+def stride_ids(dsn: str, schema: str, index: int) -> None:
+    """Make shard ``index``'s message ids ``index`` modulo :data:`partitions.STRIDE` (so a
+    partitioned queue's ids say which shard made them); a no-op once they are. Ids stay
+    increasing: the next is above every id given so far."""
+    stride = partitions.STRIDE
+    with _connect(dsn, f"shard {index}", autocommit=True) as conn, conn.transaction():
+        seq = sql.SQL("{}.message_id_seq").format(sql.Identifier(schema))
+        row = conn.execute(
+            "SELECT increment_by, coalesce(last_value, 0) FROM pg_sequences"
+            " WHERE schemaname = %s AND sequencename = 'message_id_seq'",
+            (schema,),
+        ).fetchone()
+        if row is None:
+            raise errors.NotInstalled(f"shard {where(dsn)} has no {schema}.message_id_seq")
+        increment, last = int(row[0]), int(row[1])
+        if increment == stride and last % stride == index:
+            return
+        restart = (last // stride + 1) * stride + index
+        conn.execute(
+            sql.SQL("ALTER SEQUENCE {} INCREMENT BY {} RESTART WITH {}").format(
+                seq, sql.Literal(stride), sql.Literal(restart)
+            )
+        )
+
+
+def _queue_rows(conn: psycopg.Connection[Any], schema: str, table: str, column: str) -> list[tuple[Any, ...]]:
+    """(queue, column) of each row of the router's ``table`` by queue; none if the router was
+    made before it existed."""
+    exists = conn.execute(
+        "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL", (schema, table)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return []
+    return conn.execute(
+        sql.SQL("SELECT queue, {} FROM {}.{} ORDER BY queue").format(
+            sql.Identifier(column), sql.Identifier(schema), sql.Identifier(table)
+        )
+    ).fetchall()
+
+
+def partitioned(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[int]]:
+    """The router's partitioned queues: queue -> its partitions' shards (empty for a router made
+    before partitioned queues existed)."""
+    return {str(q): [int(i) for i in p] for q, p in _queue_rows(conn, schema, "shard_partition", "shards")}
+
+
 def routes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
     """The router's overrides: queue -> shard index, for the queues not where their hash says
     (moved). Empty for a router made before overrides existed."""
-    exists = conn.execute(
-        "SELECT to_regclass(format('%%I.shard_route', %s::text)) IS NOT NULL", (schema,)
-    ).fetchone()
-    if not exists or not exists[0]:
-        return {}
-    rows = conn.execute(
-        sql.SQL("SELECT queue, shard FROM {}.shard_route ORDER BY queue").format(sql.Identifier(schema))
-    ).fetchall()
-    return {str(q): int(i) for q, i in rows}
+    return {str(q): int(i) for q, i in _queue_rows(conn, schema, "shard_route", "shard")}
 
 
 def shard_dsns(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
@@ -348,6 +459,7 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
         ).fetchone()
         version = int(row[0]) if row else 0
         overrides = routes(router, schema)
+        parted = partitioned(router, schema)
         shards = []
         for i, dsn in enumerate(dsns):
             try:
@@ -367,7 +479,9 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
             homes = router.execute(
                 "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (mask, names)
             ).fetchall()
-            misplaced = sorted(n for n, home in homes if overrides.get(n, home) != i)
+            misplaced = sorted(
+                n for n, home in homes if (i not in parted[n] if n in parted else overrides.get(n, home) != i)
+            )
             error = (
                 None
                 if shard_version == version
@@ -376,4 +490,4 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
             shards.append(
                 ShardStatus(i, where(dsn), error is None, error, shard_version, sorted(names), misplaced)
             )
-    return RouterStatus(schema, version, shards, overrides)
+    return RouterStatus(schema, version, shards, overrides, parted)

@@ -24,6 +24,7 @@ from psycopg import sql
 
 from .. import errors
 from ..client.ops import ROUTER_MARKER
+from . import partitions
 
 __all__ = ["NO_QUEUE_ROUTES", "ROUTER_MARKER", "CoreFunction", "NoRoute", "Route"]
 
@@ -67,9 +68,12 @@ _OR: LiteralString = "SELECT coalesce(bool_or(r), false) FROM {all} AS r"
 NO_QUEUE_ROUTES: dict[str, Route] = {
     # Listings: every shard's rows; queue_list pages by name, so the merged page is re-sorted and
     # cut to p_limit (each shard returned its first p_limit after p_after: enough).
-    "queue_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1 LIMIT p_limit"),
+    # A partitioned queue is on several shards: listed once (its settings are the same on each).
+    "queue_list": Route(
+        "all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name LIMIT p_limit"
+    ),
     "cron_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
-    "worker_queues": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    "worker_queues": Route("all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name"),
     # Per-queue rows (the dashboard's minute counters): each queue's rows come from its shard.
     "stats_minutes": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
     "stats_totals": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
@@ -135,13 +139,23 @@ ROUTE_STATEMENTS: tuple[LiteralString, ...] = (
 )""",
     """-- The shard of queue p_queue for PL/Proxy's RUN ON: its override in shard_route, else its
 -- hash (PL/Proxy masks it to the shard count). Waits while a move of the queue holds its fence.
--- Reads shard_route. Locks: advisory (transaction, shared) on (hashtext(schema || '/route'),
+-- Raises LQ002 for a partitioned queue. Reads shard_partition, shard_route. Locks: advisory (transaction, shared) on (hashtext(schema || '/route'),
 -- hashtext(p_queue)).
 CREATE FUNCTION {s}._shard_of(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     v_shard integer;
+    v_parts integer[];
 BEGIN
+    -- A partitioned queue (shard_partition, lonnymq.shard.partitions) has no one shard: the
+    -- calls that would see one partition only are refused.
+    SELECT p.shards INTO v_parts FROM {s}.shard_partition p WHERE p.queue = p_queue;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned over'
+            ' shards %s: this call would see one partition only and is not available for it'
+            ' (docs/sharding.md, one hot queue over several shards)', p_queue,
+            array_to_string(v_parts, ', '));
+    END IF;
     PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
     -- A statement after the lock: it sees the route that the move committed before releasing it.
     SELECT r.shard INTO v_shard FROM {s}.shard_route r WHERE r.queue = p_queue;
@@ -181,13 +195,14 @@ BUMP_VERSION: LiteralString = "UPDATE {s}.shard_map SET version = version + 1"
 
 
 def route_statements(schema: str) -> list[sql.Composed]:
-    """The statements of :data:`ROUTE_STATEMENTS` for ``schema``."""
+    """The statements of :data:`ROUTE_STATEMENTS` for ``schema``, then the partitioned queues'
+    (:data:`lonnymq.shard.partitions.ROUTING_STATEMENTS`)."""
     return [
         sql.SQL(stmt).format(
             s=sql.Identifier(schema), name=sql.Literal(schema), cluster=sql.Literal(cluster_name(schema))
         )
         for stmt in ROUTE_STATEMENTS
-    ]
+    ] + partitions.routing_statements(schema, cluster_name(schema))
 
 
 def bump_version(schema: str) -> sql.Composed:
@@ -195,8 +210,44 @@ def bump_version(schema: str) -> sql.Composed:
     return sql.SQL(BUMP_VERSION).format(s=sql.Identifier(schema))
 
 
-def route(fn: CoreFunction) -> Route:
-    """Where a call of ``fn`` runs (raises NoRoute when the generator has no rule for it)."""
+_INT_SUM: LiteralString = "SELECT coalesce(sum(r), 0)::integer FROM {all} AS r"
+
+#: Routes of the pgmq facade's functions (schema ``pgmq``, docs/pgmq.md) that take no queue
+#: name; the others run on the shard of their ``queue_name``, which is the LonnyMQ queue's.
+PGMQ_ROUTES: dict[str, Route] = {
+    # A partitioned queue (lonnymq.shard.partitions) is on several shards: listed once.
+    "list_queues": Route(
+        "all", merge="SELECT DISTINCT ON (r.queue_name) * FROM {all} AS r ORDER BY r.queue_name"
+    ),
+    "metrics_all": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    "list_notify_insert_throttles": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    "list_topic_bindings": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
+    "test_routing": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
+    "create_fifo_indexes_all": Route("all", merge="SELECT count(*) FROM {all}"),
+    # Topic sends: a binding lives on its queue's shard (bind_topic routes by queue_name), so
+    # each shard sends to the queues bound there; the counts add up, the rows are concatenated.
+    "send_topic": Route("all", merge=_INT_SUM),
+    "send_batch_topic": Route("all"),
+    "validate_routing_key": Route("one"),
+    "validate_topic_pattern": Route("one"),
+}
+
+#: The schema of the pgmq facade, proxied on the router when the shards have it.
+PGMQ_SCHEMA = "pgmq"
+
+
+def route(fn: CoreFunction, *, pgmq: bool = False) -> Route:
+    """Where a call of ``fn`` runs (raises NoRoute when the generator has no rule for it);
+    ``pgmq``: a function of the pgmq facade."""
+    if pgmq:
+        if "queue_name" in fn.argnames:
+            return Route("hash", key="queue_name")
+        if fn.name in PGMQ_ROUTES:
+            return PGMQ_ROUTES[fn.name]
+        raise NoRoute(
+            f"pgmq function {fn.name}({fn.identity}) has no queue argument and no routing rule"
+            " (lonnymq.shard.catalog.PGMQ_ROUTES)"
+        )
     if "p_queue" in fn.argnames:
         return Route("hash", key="p_queue")
     if fn.name.startswith("queue_") and "p_name" in fn.argnames:
@@ -271,19 +322,35 @@ def cluster_name(schema: str) -> str:
     return f"lonnymq_{schema}"
 
 
-def proxy_statements(schema: str, fns: Sequence[CoreFunction]) -> list[sql.Composed]:
+def proxy_statements(
+    schema: str, fns: Sequence[CoreFunction], *, core: str | None = None
+) -> list[sql.Composed]:
     """CREATE FUNCTION statements of the router: one proxy per core function (plus, for calls
-    merged over all shards, an internal ``_all_<name>`` that returns every shard's rows)."""
+    merged over all shards, an internal ``_all_<name>`` that returns every shard's rows).
+    ``core``: ``fns`` are the pgmq facade's (in ``schema``), over the LonnyMQ schema ``core``
+    (its cluster and queue routes)."""
     s = sql.Identifier(schema)
-    cluster = sql.Literal(cluster_name(schema))
+    home = schema if core is None else core  # the LonnyMQ schema: cluster, _shard_of
+    cluster = sql.Literal(cluster_name(home))
     out: list[sql.Composed] = []
     for fn in fns:
-        r = route(fn)
+        r = route(fn, pgmq=core is not None)
         # The signature text comes from pg_get_function_* of the core (names, types and defaults
         # exactly as installed): catalog output, not user input.
         args = sql.SQL(fn.arguments)
         result = sql.SQL(fn.result)
-        name = sql.Identifier(fn.name)
+        # A call that visits every partition of a partitioned queue: the proxy is the plain
+        # queue's path of a dispatcher (lonnymq.shard.partitions) that takes the public name.
+        dispatched = core is None and fn.name in partitions.DISPATCHED
+        name = sql.Identifier(f"_hash_{fn.name}" if dispatched else fn.name)
+        if core is None and fn.name in partitions.ON_SHARD:
+            if not (_PLAIN.match(schema) and _PLAIN.match(fn.name) and all(map(_PLAIN.match, fn.argnames))):
+                raise NoRoute(f"cannot name {schema}.{fn.name} and its arguments in PL/Proxy")
+            out.append(partitions.on_shard_statement(schema, cluster_name(schema), fn))
+            if dispatched:
+                out.append(partitions.dispatcher_statement(schema, fn))
+            if fn.name == "queue_create":
+                out.append(partitions.create_statement(schema, cluster_name(schema), fn))
         # PL/Proxy functions must be VOLATILE (so is a merge over them): a proxy's result comes
         # from another server, never from this one's snapshot.
         attrs = sql.SQL("VOLATILE" + (" STRICT" if fn.strict else ""))
@@ -291,14 +358,22 @@ def proxy_statements(schema: str, fns: Sequence[CoreFunction]) -> list[sql.Compo
             assert r.key is not None
             if not _PLAIN.match(r.key):  # PL/Proxy knows arguments by their bare names only
                 raise NoRoute(f"cannot name argument {r.key!r} of {fn.name} in PL/Proxy")
-            if r.key in QUEUE_KEYS:
+            if r.key in QUEUE_KEYS or core is not None:
                 # The queue's shard: its override (a moved queue) or its hash, behind the fence
                 # that a move holds (see ROUTE_STATEMENTS).
-                if not _PLAIN.match(schema):
+                if not _PLAIN.match(home):
                     raise NoRoute(f"cannot name {schema}.{SHARD_OF} in PL/Proxy")
                 of = SHARD_OF_NEW if fn.name == "queue_create" else SHARD_OF
+                keys = [r.key]
+                if core is None and fn.name in partitions.ROUTED:
+                    # One message or one key of a queue that may be partitioned: its routing
+                    # function picks the partition from the arguments (a plain queue: _shard_of).
+                    of, wanted = partitions.ROUTED[fn.name]
+                    keys = [k for k in wanted if k in fn.argnames]
+                    if keys != list(wanted) or not all(map(_PLAIN.match, keys)):
+                        raise NoRoute(f"{fn.name} lacks the arguments {wanted} its partition route needs")
                 body = sql.SQL("CLUSTER {c}; RUN ON {f}({k});").format(
-                    c=cluster, f=sql.SQL(f"{schema}.{of}"), k=sql.SQL(r.key)
+                    c=cluster, f=sql.SQL(f"{home}.{of}"), k=sql.SQL(", ".join(keys))
                 )
             else:
                 body = sql.SQL("CLUSTER {c}; RUN ON hashtext({k});").format(c=cluster, k=sql.SQL(r.key))
@@ -338,6 +413,8 @@ def proxy_statements(schema: str, fns: Sequence[CoreFunction]) -> list[sql.Compo
                 ).format(s=s, n=name, a=args, r=result, attrs=attrs, m=merge)
             )
             continue
+        if dispatched:  # _hash_<name> calls <name> on the shard
+            body = body + sql.SQL(" TARGET {};").format(sql.SQL(f"{schema}.{fn.name}"))
         out.append(
             sql.SQL(
                 "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plproxy {attrs} AS $proxy$\n{b}\n$proxy$"

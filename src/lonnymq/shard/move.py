@@ -230,6 +230,11 @@ def move(
     with admin._connect(router_dsn, "router", autocommit=True) as router:
         admin.check_movable(router, schema)
         overrides = admin.routes(router, schema)
+        if queue in admin.partitioned(router, schema):
+            raise errors.InvalidArgument(
+                f"queue {queue!r} is partitioned over several shards: its partitions do not move"
+                " (their message ids name their shard)"
+            )
         row = router.execute("SELECT hashtext(%s) & %s", (queue, mask)).fetchone()
         assert row is not None
         source = overrides.get(queue, int(row[0]))

@@ -64,7 +64,7 @@ class WorkerOps:
         self._version = q("SELECT coalesce(max(version), 0) FROM {s}.migration")
         self._now = q("SELECT {s}.now_ms()")
         self._nack = statements(schema).nack  # the client's own statement (binary arrays)
-        self._give_up = q("SELECT * FROM {s}.give_up(%s::text, %s::bigint[], %s::int[], %s::text[])")
+        self._give_up = statements(schema).give_up  # the client's: a direct client runs it on the shard
         self._worker_queues = q("SELECT * FROM {s}.worker_queues(%s::text[])")
         self._cron_list = q("SELECT * FROM {s}.cron_list()")
         self._cron_fire = q("SELECT {s}.cron_fire(%s::text, %s::bigint)")

@@ -1,0 +1,460 @@
+"""One hot queue over several shards: the router's side of partitioned queues (I/O-free).
+
+A queue created with ``partitions=N`` (``queue_create_partitioned`` on the router,
+``Client.create_queue(..., partitions=N)``) is N queues of the same name, one on each of N
+distinct shards (its *partitions*): partition k on shard ``(home + k) mod shards``, ``home`` the
+shard its name hashes to. The router records them in ``shard_partition`` and routes each call:
+
+* a send with a key to the partition of the key (:data:`KEY_PARTITION`: the first 4 bytes of
+  the SHA-256 of the key's UTF-8 bytes, big-endian, modulo N; the same in Python,
+  :func:`key_partition`), so de-duplication and keyed updates act on one server; a send without
+  a key to the partition of its idempotency key (a repeat of the call lands where the first
+  did), else to the next partition in turn (a router-wide counter);
+* a settle (ack, nack, extend, give_up), ``get`` by id and ``cancel`` by ids to the shard that made the
+  id: each shard's message ids are ``shard index (mod STRIDE)`` (``shard init`` sets the
+  increment of each shard's id sequence to :data:`STRIDE`), so the id says where the message is
+  without a look-up; a stale token is refused there as on one server;
+* take: the partitions one after another from the next in turn, until one hands out messages
+  (so a take never returns empty while a partition has ready messages, and takes visit every
+  partition in turn); each take's deliveries come from one partition, so they settle in one call;
+* metrics, peek, next_ready_in, drop, purge, pause, resume, dead_purge, wait_begin/end: every
+  partition, merged (:data:`DISPATCHED`);
+* every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
+  raises InvalidArgument): it would see one partition only.
+
+Partitioned queues do not move (``shard move`` refuses them, ``shard add`` leaves them where
+they are: their ids name their shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, LiteralString
+
+from psycopg import sql
+
+from ..client.direct import STRIDE, key_partition
+
+if TYPE_CHECKING:
+    from .catalog import CoreFunction
+
+__all__ = [
+    "DISPATCHED",
+    "ROUTING_FUNCTIONS",
+    "ON_SHARD",
+    "ROUTED",
+    "ROUTER_ONLY",
+    "STRIDE",
+    "key_partition",
+    "routing_statements",
+]
+
+#: The partition of a key among p_n, in SQL (first 4 bytes of SHA-256, big-endian, mod p_n).
+KEY_PARTITION: LiteralString = (
+    "((('x' || encode(substr(sha256(convert_to({key}, 'UTF8')), 1, 4), 'hex'))::bit(32)::bigint"
+    " % {n})::integer)"
+)
+
+
+#: Calls of one message or one key: the router sends them to one shard, chosen by the routing
+#: function named here from the arguments given (plain queues: the queue's shard).
+ROUTED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "send": ("_send_shard", ("p_queue", "p_key", "p_send_key")),
+    "send_batch": ("_batch_shard", ("p_queue", "p_keys", "p_send_key")),
+    "ack": ("_id_shard", ("p_queue", "p_ids")),
+    "nack": ("_id_shard", ("p_queue", "p_ids")),
+    "extend": ("_id_shard", ("p_queue", "p_ids")),
+    "give_up": ("_id_shard", ("p_queue", "p_ids")),
+    "message_get": ("_msg_shard", ("p_queue", "p_id", "p_key")),
+    "message_cancel": ("_cancel_shard", ("p_queue", "p_ids", "p_keys")),
+}
+
+#: Calls that visit every partition of a partitioned queue: the router's function is a plpgsql
+#: dispatcher (plain queues: the PL/Proxy call ``_hash_<name>``, as before), with what it does
+#: for a partitioned queue: ``first`` (take: partitions in turn until one answers with rows),
+#: ``concat`` (rows of each, up to p_limit), or a merge of each partition's row/value.
+DISPATCHED: dict[str, str] = {
+    "take": "first",
+    "peek": "concat",
+    "queue_metrics": "metrics",
+    "next_ready_in": "min",
+    "queue_drop": "or",
+    "queue_purge": "void",
+    "queue_pause": "or",
+    "queue_resume": "or",
+    "dead_purge": "sum",
+    # receive()'s registration as a waiter: NOTIFY is sent on the shards, where no one listens
+    # through a router (receive polls), so a partitioned queue's registers nowhere.
+    "wait_begin": "none",
+    "wait_end": "or",
+}
+
+#: The router's public functions that are not proxies of the core's.
+ROUTER_ONLY = ("queue_create_partitioned",)
+
+#: The calls the router can make on one given shard (``_on_<name>(p_shard, ...)``).
+ON_SHARD = (*DISPATCHED, "queue_create")
+
+#: The routing functions that PL/Proxy calls in the caller's role (EXECUTE granted with the
+#: queue functions); ``_route_of`` is for clients that go straight to the shards.
+ROUTING_FUNCTIONS = ("_send_shard", "_batch_shard", "_id_shard", "_msg_shard", "_cancel_shard", "_route_of")
+
+_MERGE_SCALAR = {
+    "or": "SELECT coalesce(bool_or(r), false) FROM unnest(v_vals) AS r",
+    "sum": "SELECT coalesce(sum(r), 0)::bigint FROM unnest(v_vals) AS r",
+    "min": "SELECT min(r) FROM unnest(v_vals) AS r",
+}
+
+#: The router's partition state and routing functions; ``{s}`` the schema identifier, ``{name}``
+#: its name as a literal, ``{cluster}`` the cluster's name as a literal, ``{stride}`` STRIDE,
+#: ``{kp}`` KEY_PARTITION of (key, n) with ``p_key``/``v_n``.
+ROUTING_STATEMENTS: tuple[LiteralString, ...] = (
+    """-- The partitioned queues: each partition's shard, partition k at shards[k + 1].
+CREATE TABLE {s}.shard_partition (
+    queue      text PRIMARY KEY,
+    shards     integer[] NOT NULL CHECK (cardinality(shards) > 1),
+    created_at timestamptz NOT NULL DEFAULT now()
+)""",
+    """-- Whose turn: an unkeyed send of a partitioned queue goes to the next partition.
+CREATE SEQUENCE {s}.partition_send_turn AS bigint CYCLE""",
+    """-- Whose turn: a take of a partitioned queue starts at the next partition.
+CREATE SEQUENCE {s}.partition_take_turn AS bigint CYCLE""",
+    """-- The shards of partitioned queue p_queue (partition order), NULL for any other queue.
+-- Reads shard_partition. Locks: none.
+CREATE FUNCTION {s}._partitions(p_queue text) RETURNS integer[]
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT p.shards FROM {s}.shard_partition p WHERE p.queue = p_queue
+$fn$""",
+    """-- The next partition in turn among p_n, for a send or (p_take) a take. Locks: none.
+CREATE FUNCTION {s}._turn(p_n integer, p_take boolean DEFAULT false) RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT (CASE WHEN p_take THEN nextval('{s}.partition_take_turn')
+             ELSE nextval('{s}.partition_send_turn') END % p_n)::integer
+$fn$""",
+    """-- Where a client that goes straight to the shards sends a queue's calls: its shard (a
+-- plain queue, as _shard_of, behind the router's fence) or its partitions' shards.
+CREATE FUNCTION {s}._route_of(p_queue text, OUT shard integer, OUT partitions integer[])
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    partitions := {s}._partitions(p_queue);
+    IF partitions IS NULL THEN
+        shard := {s}._shard_of(p_queue);
+    END IF;
+END $fn$""",
+    """-- The shard of a send: a plain queue's; a partitioned queue's partition of p_key, else of
+-- its idempotency key p_send_key (so a repeat of the call finds the first), else the next
+-- partition in turn. Reads shard_partition, shard_route. Locks: _shard_of's.
+CREATE FUNCTION {s}._send_shard(p_queue text, p_key text, p_send_key uuid) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parts integer[] := {s}._partitions(p_queue);
+    v_n     integer := cardinality(v_parts);
+BEGIN
+    IF v_parts IS NULL THEN
+        RETURN {s}._shard_of(p_queue);
+    ELSIF p_key IS NULL AND p_send_key IS NULL THEN
+        RETURN v_parts[1 + {s}._turn(v_n)];
+    END IF;
+    p_key := coalesce(p_key, p_send_key::text);
+    RETURN v_parts[1 + {kp}];
+END $fn$""",
+    """-- The shard of a batch send: as _send_shard, for the whole batch: its keys must all fall
+-- in one partition (items without a key go with them; a batch without keys: its idempotency
+-- key's partition, else the next in turn).
+CREATE FUNCTION {s}._batch_shard(p_queue text, p_keys text[], p_send_key uuid) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parts integer[] := {s}._partitions(p_queue);
+    v_n     integer := cardinality(v_parts);
+    v_ks    integer[];
+BEGIN
+    IF v_parts IS NULL THEN
+        RETURN {s}._shard_of(p_queue);
+    END IF;
+    v_ks := ARRAY(SELECT DISTINCT (SELECT {kp} FROM (SELECT k AS p_key) x)
+                    FROM unnest(p_keys) AS k WHERE k IS NOT NULL);
+    IF cardinality(v_ks) = 0 AND p_send_key IS NOT NULL THEN
+        RETURN {s}._send_shard(p_queue, NULL, p_send_key);
+    ELSIF cardinality(v_ks) = 0 THEN
+        RETURN v_parts[1 + {s}._turn(v_n)];
+    ELSIF cardinality(v_ks) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: the'
+            ' keys of one batch fall in partitions %s; send a batch per partition'
+            ' (lonnymq.shard.partitions.KEY_PARTITION)', p_queue, array_to_string(v_ks, ', '));
+    END IF;
+    RETURN v_parts[1 + v_ks[1]];
+END $fn$""",
+    """-- The shard of a call on message ids (settles): a plain queue's; for a partitioned queue
+-- the shard that made the ids (id mod {stride}), which must be one of its partitions' and the
+-- same for all (empty: the first partition).
+CREATE FUNCTION {s}._id_shard(p_queue text, p_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parts integer[] := {s}._partitions(p_queue);
+    v_at    integer[];
+BEGIN
+    IF v_parts IS NULL THEN
+        RETURN {s}._shard_of(p_queue);
+    END IF;
+    v_at := ARRAY(SELECT DISTINCT (i % {stride})::integer FROM unnest(p_ids) AS i WHERE i IS NOT NULL);
+    IF cardinality(v_at) = 0 THEN
+        RETURN v_parts[1];
+    ELSIF cardinality(v_at) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: the'
+            ' messages of one call come from shards %s; settle each partition''s in its own call'
+            ' (the Python client does)', p_queue, array_to_string(v_at, ', '));
+    ELSIF NOT v_at[1] = ANY (v_parts) THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned over'
+            ' shards %s: message ids of shard %s are not its', p_queue,
+            array_to_string(v_parts, ', '), v_at[1]);
+    END IF;
+    RETURN v_at[1];
+END $fn$""",
+    """-- The shard of message_get: by id (as _id_shard) or by key (as _send_shard).
+CREATE FUNCTION {s}._msg_shard(p_queue text, p_id bigint, p_key text) RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT CASE WHEN p_id IS NOT NULL OR p_key IS NULL THEN {s}._id_shard(p_queue, ARRAY[p_id])
+            ELSE {s}._send_shard(p_queue, p_key, NULL) END
+$fn$""",
+    """-- The shard of message_cancel: every id and key given must be of one partition.
+CREATE FUNCTION {s}._cancel_shard(p_queue text, p_ids bigint[], p_keys text[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_at integer[];
+BEGIN
+    IF {s}._partitions(p_queue) IS NULL THEN
+        RETURN {s}._shard_of(p_queue);
+    END IF;
+    v_at := ARRAY(SELECT DISTINCT x FROM (
+        SELECT {s}._id_shard(p_queue, ARRAY[i]) FROM unnest(p_ids) AS i WHERE i IS NOT NULL
+        UNION ALL
+        SELECT {s}._send_shard(p_queue, k, NULL) FROM unnest(p_keys) AS k WHERE k IS NOT NULL) AS t(x));
+    IF cardinality(v_at) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: the'
+            ' messages of one cancel are on shards %s; cancel per partition', p_queue,
+            array_to_string(v_at, ', '));
+    END IF;
+    RETURN coalesce(v_at[1], {s}._id_shard(p_queue, '{{}}'));
+END $fn$""",
+)
+
+
+def _fmt(stmt: LiteralString, schema: str, cluster: str) -> sql.Composed:
+    s = sql.Identifier(schema)
+    kp = sql.SQL(KEY_PARTITION).format(key=sql.SQL("p_key"), n=sql.SQL("v_n"))
+    return sql.SQL(stmt).format(
+        s=s, name=sql.Literal(schema), cluster=sql.Literal(cluster), stride=sql.SQL(str(STRIDE)), kp=kp
+    )
+
+
+def routing_statements(schema: str, cluster: str) -> list[sql.Composed]:
+    """The statements of :data:`ROUTING_STATEMENTS` for ``schema``."""
+    return [_fmt(stmt, schema, cluster) for stmt in ROUTING_STATEMENTS]
+
+
+def _call(schema: str, name: str, args: Sequence[str], shard: str | None = None) -> sql.Composed:
+    """``schema.name([shard, ]args...)``: a call of the router's internal functions."""
+    params: list[sql.Composable] = [sql.SQL(shard)] if shard else []
+    params += [sql.Identifier(a) for a in args]
+    return sql.SQL("{}.{}({})").format(
+        sql.Identifier(schema), sql.Identifier(name), sql.SQL(", ").join(params)
+    )
+
+
+def _returns_rows(fn: CoreFunction) -> bool:
+    return fn.retset or fn.result.startswith("TABLE")
+
+
+def on_shard_statement(schema: str, cluster: str, fn: CoreFunction) -> sql.Composed:
+    """``_on_<name>(p_shard integer, <fn's arguments>)``: the call on shard p_shard."""
+    # PL/Proxy's SELECT names the arguments bare; schema and function names are plain
+    # lower-case identifiers (check_schema; the core's names), checked by the caller.
+    target = sql.SQL("{}.{}({})").format(
+        sql.SQL(schema), sql.SQL(fn.name), sql.SQL(", ").join(sql.SQL(a) for a in fn.argnames)
+    )
+    select = sql.SQL("SELECT * FROM {}" if _returns_rows(fn) else "SELECT {}").format(target)
+    return sql.SQL(
+        "CREATE FUNCTION {s}.{n}(p_shard integer, {a}) RETURNS {r} LANGUAGE plproxy VOLATILE AS $proxy$\n"
+        "CLUSTER {c}; RUN ON p_shard; {sel};\n$proxy$"
+    ).format(
+        s=sql.Identifier(schema),
+        n=sql.Identifier(f"_on_{fn.name}"),
+        a=sql.SQL(fn.identity),
+        r=sql.SQL(fn.result),
+        c=sql.Literal(cluster),
+        sel=select,
+    )
+
+
+def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
+    """The router's public function for a call of :data:`DISPATCHED`: a plain queue's call goes
+    to ``_hash_<name>`` (its shard, as every proxy), a partitioned queue's to each partition."""
+    how = DISPATCHED[fn.name]
+    key = "p_queue" if "p_queue" in fn.argnames else "p_name"
+    s = sql.Identifier(schema)
+    hashed = _call(schema, f"_hash_{fn.name}", fn.argnames)
+    on = _call(schema, f"_on_{fn.name}", fn.argnames, "p_shard")
+    decl = "v_parts integer[]; p_shard integer; v_i integer; v_got bigint; v_start integer;"
+    plain = sql.SQL("RETURN QUERY SELECT * FROM {};\n        RETURN;").format(hashed)
+    after: sql.Composable = sql.SQL("")
+    if how == "first":  # take: the partitions in turn until one hands out messages
+        part = sql.SQL(
+            "IF p_ack_ids IS NOT NULL THEN  -- the acks riding on the take: each on its shard\n"
+            "        PERFORM count(*)\n"
+            "           FROM (SELECT array_agg(t.i) AS i, array_agg(t.k) AS k\n"
+            "                   FROM unnest(p_ack_ids, p_ack_tokens) AS t(i, k) GROUP BY t.i % {stride}) g,\n"
+            "                LATERAL {s}.ack(p_queue, g.i, g.k, NULL, p_now) AS a;\n"
+            "        p_ack_ids := NULL;\n"
+            "        p_ack_tokens := NULL;\n"
+            "    END IF;\n"
+            "    v_start := {s}._turn(cardinality(v_parts), true);\n"
+            "    FOR v_i IN 0 .. cardinality(v_parts) - 1 LOOP\n"
+            "        p_shard := v_parts[1 + (v_start + v_i) % cardinality(v_parts)];\n"
+            "        RETURN QUERY SELECT * FROM {on};\n"
+            "        GET DIAGNOSTICS v_got = ROW_COUNT;\n"
+            "        EXIT WHEN v_got > 0;\n"
+            "    END LOOP;"
+        ).format(s=s, on=on, stride=sql.SQL(str(STRIDE)))
+    elif how == "concat":  # peek: each partition's next, up to p_limit in all
+        part = sql.SQL(
+            "v_got := 0;\n"
+            "    FOREACH p_shard IN ARRAY v_parts LOOP\n"
+            "        EXIT WHEN v_got >= p_limit;\n"
+            "        RETURN QUERY SELECT * FROM {on} LIMIT p_limit - v_got;\n"
+            "        GET DIAGNOSTICS v_i = ROW_COUNT;\n"
+            "        v_got := v_got + v_i;\n"
+            "    END LOOP;"
+        ).format(on=on)
+    elif how == "metrics":  # counts summed, ages of the oldest/newest over all partitions
+        part = sql.SQL(
+            "RETURN QUERY SELECT p_name, sum(m.ready)::bigint, sum(m.scheduled)::bigint,"
+            " sum(m.leased)::bigint, sum(m.dead)::bigint, max(m.oldest_ready_age_ms),"
+            " min(m.next_scheduled_at), sum(m.total_sent)::bigint, max(m.oldest_age_ms),"
+            " min(m.newest_age_ms), bool_or(m.ready_at_least), bool_or(m.scheduled_at_least),"
+            " bool_or(m.leased_at_least), bool_or(m.dead_at_least), bool_or(m.paused)\n"
+            "      FROM unnest(v_parts) AS x(shard), LATERAL {on} AS m;"
+        ).format(on=_call(schema, f"_on_{fn.name}", fn.argnames, "x.shard"))
+    elif how == "none":
+        plain = sql.SQL("RETURN {};").format(hashed)
+        part = sql.Composed([sql.SQL("RETURN '{}';")])
+    elif how == "void":
+        plain = sql.SQL("PERFORM {};\n        RETURN;").format(hashed)
+        part = sql.SQL("FOREACH p_shard IN ARRAY v_parts LOOP\n        PERFORM {on};\n    END LOOP;").format(
+            on=on
+        )
+    else:  # one value from each partition, merged
+        plain = sql.SQL("RETURN {};").format(hashed)
+        decl += f" v_vals {fn.result}[] := '{{}}';"
+        part = sql.SQL(
+            "FOREACH p_shard IN ARRAY v_parts LOOP\n        v_vals := v_vals || {on};\n    END LOOP;"
+        ).format(on=on)
+        after = sql.SQL("\n    RETURN ({});").format(sql.SQL(_MERGE_SCALAR[how]))
+    if fn.name == "queue_drop":  # the partitions are gone: so is the record of them
+        part = sql.Composed(
+            [
+                part,
+                sql.SQL(
+                    "\n    DELETE FROM {s}.shard_partition WHERE queue = p_name;"
+                    "\n    UPDATE {s}.shard_map SET version = version + 1;"
+                ).format(s=s),
+            ]
+        )
+    body = sql.SQL(
+        "DECLARE {decl}\nBEGIN\n    v_parts := {s}._partitions({key});\n"
+        "    IF v_parts IS NULL THEN\n        {plain}\n    END IF;\n    {part}{after}\nEND"
+    ).format(decl=sql.SQL(decl), s=s, key=sql.Identifier(key), plain=plain, part=part, after=after)
+    return sql.SQL(
+        "-- {name} on the router: a plain queue's call on its shard; a partitioned queue's on each\n"
+        "-- partition (lonnymq.shard.partitions.DISPATCHED: {how}).\n"
+        "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plpgsql VOLATILE{strict} SECURITY DEFINER"
+        " SET search_path = pg_catalog, pg_temp AS $fn$\n{b}\n$fn$"
+    ).format(
+        name=sql.SQL(fn.name),
+        how=sql.SQL(how),
+        s=s,
+        n=sql.Identifier(fn.name),
+        a=sql.SQL(fn.arguments),
+        r=sql.SQL(fn.result),
+        strict=sql.SQL(" STRICT" if fn.strict else ""),
+        b=body,
+    )
+
+
+def create_statement(schema: str, cluster: str, fn: CoreFunction) -> sql.Composed:
+    """``queue_create_partitioned(p_name, p_partitions, <queue_create's other arguments>)``:
+    the queue on p_partitions distinct shards (1: a plain queue, as queue_create)."""
+    s = sql.Identifier(schema)
+    rest = fn.arguments.split(",", 1)[1].strip()  # queue_create's arguments after p_name
+    args = sql.SQL(", ").join(sql.Identifier(a) for a in fn.argnames)
+    created = _call(schema, "_on_queue_create", fn.argnames, "p_shard")
+    body = sql.SQL(
+        """DECLARE
+    v_n     integer;
+    v_home  integer;
+    v_parts integer[];
+    v_done  integer[] := '{{}}';
+    p_shard integer;
+BEGIN
+    IF p_partitions IS NULL OR p_partitions < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = 'partitions must be a positive integer';
+    ELSIF p_partitions = 1 THEN
+        RETURN {s}.queue_create({args});
+    END IF;
+    -- As queue_create: not while `shard add` changes the shard count; one create of a name at a time.
+    PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/map'), 0);
+    PERFORM pg_advisory_xact_lock(hashtext({name} || '/route'), hashtext(p_name));
+    SELECT count(*) INTO v_n FROM pg_foreign_server f, unnest(f.srvoptions) AS o
+     WHERE f.srvname = {cluster} AND o ~ '^p[0-9]+=';
+    IF p_partitions > v_n THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('partitions must be at most the'
+            ' number of shards (%s): each partition is on its own shard', v_n);
+    ELSIF p_dead_letter_queue IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = 'a partitioned queue cannot have a'
+            ' dead-letter queue (its dead letters stay in each partition''s archive)';
+    END IF;
+    IF EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue = p_name) THEN
+        IF p_if_not_exists THEN
+            RETURN false;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'LQ005', MESSAGE = format('queue %s already exists', p_name);
+    END IF;
+    v_home := {s}._shard_of(p_name) & (v_n - 1);
+    v_parts := ARRAY(SELECT ((v_home + k) % v_n)::integer FROM generate_series(0, p_partitions - 1) k);
+    BEGIN
+        FOREACH p_shard IN ARRAY v_parts LOOP
+            -- The home shard first: a plain queue of that name there stops it before any other.
+            IF NOT {created} THEN
+                IF p_shard = v_home AND p_if_not_exists THEN
+                    RETURN false;  -- a plain queue of that name
+                END IF;
+                RAISE EXCEPTION USING ERRCODE = 'LQ005', MESSAGE = format('queue %s already exists'
+                    ' on shard %s', p_name, p_shard);
+            END IF;
+            v_done := v_done || p_shard;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        -- Each shard committed its create: undo those (they are empty) before failing.
+        FOREACH p_shard IN ARRAY v_done LOOP
+            PERFORM {s}._on_queue_drop(p_shard, p_name, true);
+        END LOOP;
+        RAISE;
+    END;
+    INSERT INTO {s}.shard_partition (queue, shards) VALUES (p_name, v_parts);
+    UPDATE {s}.shard_map SET version = version + 1;
+    RETURN true;
+END"""
+    ).format(
+        s=s,
+        args=args,
+        name=sql.Literal(schema),
+        cluster=sql.Literal(cluster),
+        created=created,
+    )
+    return sql.SQL(
+        "-- A queue over p_partitions shards (lonnymq.shard.partitions): partition k on shard\n"
+        "-- (home + k) mod shards, recorded in shard_partition. Returns false if it existed and\n"
+        "-- p_if_not_exists. Locks: the map lock shared, the queue's route lock exclusive.\n"
+        "CREATE FUNCTION {s}.queue_create_partitioned(p_name text, p_partitions integer, {rest})"
+        " RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER"
+        " SET search_path = pg_catalog, pg_temp AS $fn$\n{b}\n$fn$"
+    ).format(s=s, rest=sql.SQL(rest), b=body)
