@@ -259,6 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--db-prefix", default="facade_bench", help="scratch databases <prefix>_facade, <prefix>_pgmq"
     )
     ap.add_argument("--keep", action="store_true", help="keep the scratch databases")
+    ap.add_argument(
+        "--commit",
+        choices=("on", "off"),
+        default="on",
+        help="synchronous_commit of the three connections (off: the server's work without the wait"
+        " for the WAL flush; default on)",
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.seconds, a.reps, a.backlog = 0.2, 1, 500
@@ -281,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 psycopg.connect(facade_dsn, autocommit=True) as nc,
                 psycopg.connect(pgmq_dsn, autocommit=True) as pc,
             ):
+                for conn in (fc, nc, pc):
+                    conn.execute("SELECT set_config('synchronous_commit', %s, false)", [a.commit])
                 fc.execute("SELECT pgmq.create('bq')")
                 pc.execute("SELECT pgmq.create('bq')")
                 sides = [
@@ -310,7 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "seconds": round(time.time() - started),
                 "server": server,
                 "loadavg_at_end": load_end,
-                "config": {"seconds": a.seconds, "reps": a.reps, "batch": a.batch, "backlog": a.backlog},
+                "config": {
+                    "seconds": a.seconds,
+                    "reps": a.reps,
+                    "batch": a.batch,
+                    "backlog": a.backlog,
+                    "synchronous_commit": a.commit,
+                },
                 "payload_bytes": harness.PAYLOAD_BYTES,
                 "pgmq": f"pgmq SQL {get_embedded_sql_version()} (Python package {version('pgmq')})",
             },
