@@ -369,10 +369,12 @@ END $$;
 -- archive through _ack/_dead_letter). Locks: the rows it leases, FOR UPDATE SKIP LOCKED.
 -- take(queue, 1, ack => previous) is what a one-at-a-time consumer runs for every message, so
 -- it has a lean path: the checks run inline and call the raising helper only when they fail,
--- _ack() is called only when there is something to acknowledge, and one message is locked and
--- leased by two statements of its own (830-890 us per call through seven nested plpgsql calls,
--- 410-455 us this way, PostgreSQL 15). Batches, channel queues, explicit clocks and messages at
--- their last attempt take the general path (_lock_ready, _deliver), with the same semantics.
+-- _ack() is called only when there is something to acknowledge, the generation counters are
+-- read by one statement, and one message is locked and leased by one UPDATE of its own (830-890
+-- us per call through seven nested plpgsql calls, 410-455 us with a candidate query and an
+-- UPDATE by key, PostgreSQL 15; one statement less again since). Batches, channel queues, and
+-- a take(1) that leased nothing (an empty queue, a message at its last attempt) take the
+-- general path (_lock_ready, _deliver), with the same semantics.
 -- Pinned plans (also take_tx): generic ones (see settle.sql's header), and no sort where an
 -- index gives the order (enable_sort = off; jit = off, which the cost of an unavoidable sort
 -- would otherwise trigger): with statistics taken while a snapshot was held, the generic plan
