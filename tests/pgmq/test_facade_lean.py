@@ -34,7 +34,10 @@ def test_delete_of_one_id_writes_what_message_cancel_writes(pg: Conn, lq: Client
     as LonnyMQ's message_cancel (the array form) does; an unknown id deletes nothing and counts
     nothing; an unknown queue raises pgmq's error."""
     pg.execute("SELECT pgmq.create('q')")
-    ids = [r["id"] for r in pg.execute("SELECT pgmq.send_batch('q', ARRAY['{\"a\": 1}', '{\"a\": 2}']::jsonb[]) AS id")]
+    ids = [
+        r["id"]
+        for r in pg.execute("SELECT pgmq.send_batch('q', ARRAY['{\"a\": 1}', '{\"a\": 2}']::jsonb[]) AS id")
+    ]
     later = pg.execute("SELECT pgmq.send('q', '{\"a\": 3}', 3600) AS id").fetchone()
     assert later is not None
     [read] = pg.execute("SELECT * FROM pgmq.read('q', 30, 1)").fetchall()
@@ -79,7 +82,9 @@ def test_delete_of_one_id_leaves_the_channel(pg: Conn, lq: Client) -> None:
 
 def _delete_statement(pg: Conn) -> str:
     """The DELETE of the one-id pgmq.delete, as installed, with q.id, msg_id and v_now as $1-$3."""
-    row = pg.execute("SELECT prosrc FROM pg_proc WHERE oid = 'pgmq.delete(text, bigint)'::regprocedure").fetchone()
+    row = pg.execute(
+        "SELECT prosrc FROM pg_proc WHERE oid = 'pgmq.delete(text, bigint)'::regprocedure"
+    ).fetchone()
     assert row is not None
     match = re.search(r"(WITH d AS \(\s+DELETE .*?FROM d)\s*;", row["prosrc"], re.S)
     assert match, "the DELETE is not in pgmq.delete(text, bigint)"
@@ -121,4 +126,6 @@ def test_plan_of_the_one_id_delete(db_dsn: str, lq: Client, statistics: str) -> 
         nodes = list(_nodes(plan))
         assert not [x for x in nodes if x["Node Type"] == "Seq Scan"], plan
         scans = [x for x in nodes if x.get("Relation Name", "").startswith("message_")]
-        assert scans and all(x["Node Type"] == "Index Scan" and x["Index Name"].endswith("_pkey") for x in scans), plan
+        assert scans and all(
+            x["Node Type"] == "Index Scan" and x["Index Name"].endswith("_pkey") for x in scans
+        ), plan

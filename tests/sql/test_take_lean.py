@@ -25,7 +25,14 @@ def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str) -> None:
     conn.execute(sql.SQL("ANALYZE {}.message").format(s))
     qid = conn.execute(sql.SQL("SELECT id FROM {}.queue WHERE name = 'q'").format(s)).fetchone()[0]
     gen = conn.execute(sql.SQL("SELECT last_value FROM {}.message_gen_seq").format(s)).fetchone()[0]
-    names = {"q.id": "$1", "v_gen": "$2", "v_now": "$3", "v_lease": "$4", "q.max_attempts": "$5", "v_held": "$6"}
+    names = {
+        "q.id": "$1",
+        "v_gen": "$2",
+        "v_now": "$3",
+        "v_lease": "$4",
+        "q.max_attempts": "$5",
+        "v_held": "$6",
+    }
     stmt = _statement("take", r"RETURN QUERY\s+(UPDATE .*?m\.last_error, m\.payload);", names, schema)
     plan = _generic_plan(
         conn,
