@@ -8,10 +8,12 @@
 -- queue_purge, queue_drop) and these functions are SECURITY INVOKER: a caller needs EXECUTE on
 -- the {schema} functions it ends up calling. What that API has no function for (conditional
 -- and grouped reads, set_vt of a message that is not leased, the q_/a_ views, insert
--- notifications, the wake-ups of the *_with_poll reads) is done on {schema}'s tables by a few
--- SECURITY DEFINER functions ("Internal: on {schema}'s tables" below), each granted only to
--- the roles that may execute the {schema} function it stands for: the facade lets no role do
--- more than {schema}'s own policy (docs/security.md) allows.
+-- notifications, the wake-ups of the *_with_poll reads), and the one-id delete that every pgmq
+-- consumer runs after each read (message_cancel's work for one message, in one statement), is
+-- done on {schema}'s tables by a few SECURITY DEFINER functions ("Internal: on {schema}'s
+-- tables" below, and delete), each granted only to the roles that may execute the {schema}
+-- function it stands for: the facade lets no role do more than {schema}'s own policy
+-- (docs/security.md) allows.
 --
 -- State: the facade keeps pgmq's topic bindings and insert-notification settings in two
 -- tables of its own (notify_insert_throttle, topic_bindings); a reinstall carries them over.
