@@ -263,16 +263,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("\nServer CPU per message (the backends' run time from /proc; lower is better):\n")
     print("| operation | facade | native | pgmq | facade / native | facade / pgmq |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    formats = [(f"{side} cpu_us", "{:,.0f} us") for side in SIDES]
+    formats += [(f"cpu facade/{ref}", "{:.2f}x") for ref in ("native", "pgmq")]
     for r in rows:
-
-        def us(key: str, r: dict[str, Any] = r) -> str:
-            return "" if r[key] is None else f"{r[key]:,.0f} us"
-
-        def times(key: str, r: dict[str, Any] = r) -> str:
-            return "" if r[key] is None else f"{r[key]:.2f}x"
-
-        cells = [us("facade cpu_us"), us("native cpu_us"), us("pgmq cpu_us")]
-        cells += [times("cpu facade/native"), times("cpu facade/pgmq")]
+        cells = ["" if r[key] is None else fmt.format(r[key]) for key, fmt in formats]
         print(f"| {what.get(r['op'], r['op'])} | {' | '.join(cells)} |")
 
 
