@@ -69,6 +69,23 @@ class Side:
     units: dict[str, Unit]
     fill: Callable[[int], None]  # n ready messages, untimed
     clear: Callable[[], None]
+    cpu: Callable[[], int | None]  # the side's backend's CPU time so far (ns), if readable
+
+
+def backend_cpu(c: psycopg.Connection[Any]) -> Callable[[], int | None]:
+    """The CPU time (ns) the server process of connection ``c`` has run, from Linux's
+    /proc/<pid>/schedstat: readable when the server runs on this machine (None otherwise). On a
+    busy machine it measures a side's work without the time its calls waited for a CPU."""
+    row = c.execute("SELECT pg_backend_pid()").fetchone()
+    path = Path(f"/proc/{row[0] if row else 0}/schedstat")
+
+    def read() -> int | None:
+        try:
+            return int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    return read
 
 
 def pgmq_side(name: str, dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
@@ -102,7 +119,7 @@ def pgmq_side(name: str, dsn: str, c: psycopg.Connection[Any], queue: str, batch
 
     units: dict[str, Unit] = {"send": send, "read+delete": read_delete, "pop": pop, "batch send": send_batch}
     tables = ("lonnymq.message",) if name == "facade" else (f"pgmq.q_{queue}", f"pgmq.a_{queue}")
-    return Side(name, dsn, tables, units, fill, clear)
+    return Side(name, dsn, tables, units, fill, clear, backend_cpu(c))
 
 
 def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
@@ -143,13 +160,14 @@ def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) ->
         call(ops.queue_purge(queue))
 
     units: dict[str, Unit] = {"send": send, "read+delete": take_ack, "pop": pop, "batch send": send_batch}
-    return Side("native", dsn, ("lonnymq.message",), units, fill, clear)
+    return Side("native", dsn, ("lonnymq.message",), units, fill, clear, backend_cpu(c))
 
 
 def measure(sides: list[Side], reps: int, seconds: float, backlog: int) -> list[dict[str, Any]]:
     """Per repetition and operation: empty (and refill) every side's queue, vacuum, then run the
     sides' units in turn, one after the other, for ``seconds``, timing each: the machine's
-    drifts hit every side alike. A side's rate is its messages over the time spent in its units."""
+    drifts hit every side alike. A side's rate is its messages over the time spent in its units;
+    its CPU, the time its server process ran over the phase, per message (when readable)."""
     out = []
     for rep in range(reps):
         for op in OPS:
@@ -160,6 +178,7 @@ def measure(sides: list[Side], reps: int, seconds: float, backlog: int) -> list[
                 harness.vacuum(side.dsn, side.tables)
             spent = dict.fromkeys((s.name for s in sides), 0.0)
             done = dict.fromkeys((s.name for s in sides), 0)
+            cpu0 = {s.name: s.cpu() for s in sides}
             end = time.monotonic() + seconds * len(sides)
             i = 0
             while time.monotonic() < end:
@@ -173,10 +192,20 @@ def measure(sides: list[Side], reps: int, seconds: float, backlog: int) -> list[
                 i += 1
             for side in sides:
                 rate = done[side.name] / spent[side.name]
+                start, stop = cpu0[side.name], side.cpu()
+                cpu = None if start is None or stop is None else (stop - start) / done[side.name] / 1000
                 out.append(
-                    {"rep": rep, "op": op, "side": side.name, "n": done[side.name], "rate": round(rate, 1)}
+                    {
+                        "rep": rep,
+                        "op": op,
+                        "side": side.name,
+                        "n": done[side.name],
+                        "rate": round(rate, 1),
+                        "cpu_us": None if cpu is None else round(cpu, 1),
+                    }
                 )
-                print(f"  rep {rep} {op:<12} {side.name:<7} {rate:>9,.0f} msg/s", flush=True)
+                extra = "" if cpu is None else f", server CPU {cpu:,.0f} us/msg"
+                print(f"  rep {rep} {op:<12} {side.name:<7} {rate:>9,.0f} msg/s{extra}", flush=True)
     return out
 
 
@@ -196,6 +225,15 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row[f"facade/{ref}"] = round(median(ratios), 3) if ratios else None
             row[f"facade/{ref} per rep"] = [round(x, 3) for x in ratios]
             row[f"facade/{ref} met"] = None if not ratios else median(ratios) >= goal
+        # Server CPU per message (lower is better): the facade's over the other side's.
+        cpu = {(r["side"], r["rep"]): r.get("cpu_us") for r in runs if r["op"] == op}
+        for side in SIDES:
+            values = [v for k in reps if (v := cpu.get((side, k))) is not None]
+            row[f"{side} cpu_us"] = round(median(values), 1) if values else None
+        for ref in ("native", "pgmq"):
+            fc = [(cpu.get(("facade", k)), cpu.get((ref, k))) for k in reps]
+            ratios = [f / o for f, o in fc if f is not None and o]
+            row[f"cpu facade/{ref}"] = round(median(ratios), 3) if ratios else None
         rows.append(row)
     return rows
 
@@ -220,6 +258,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"| {name} | {rate('facade')} | {rate('native')} | {rate('pgmq')} | {ratio('native')} | {ratio('pgmq')} |"
         )
+    if all(r["facade cpu_us"] is None for r in rows):
+        return
+    print("\nServer CPU per message (the backends' run time from /proc; lower is better):\n")
+    print("| operation | facade | native | pgmq | facade / native | facade / pgmq |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    formats = [(f"{side} cpu_us", "{:,.0f} us") for side in SIDES]
+    formats += [(f"cpu facade/{ref}", "{:.2f}x") for ref in ("native", "pgmq")]
+    for r in rows:
+        cells = ["" if r[key] is None else fmt.format(r[key]) for key, fmt in formats]
+        print(f"| {what.get(r['op'], r['op'])} | {' | '.join(cells)} |")
 
 
 @contextlib.contextmanager
@@ -259,6 +307,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--db-prefix", default="facade_bench", help="scratch databases <prefix>_facade, <prefix>_pgmq"
     )
     ap.add_argument("--keep", action="store_true", help="keep the scratch databases")
+    ap.add_argument(
+        "--commit",
+        choices=("on", "off"),
+        default="on",
+        help="synchronous_commit of the three connections (off: the server's work without the wait"
+        " for the WAL flush; default on)",
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.seconds, a.reps, a.backlog = 0.2, 1, 500
@@ -281,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 psycopg.connect(facade_dsn, autocommit=True) as nc,
                 psycopg.connect(pgmq_dsn, autocommit=True) as pc,
             ):
+                for conn in (fc, nc, pc):
+                    conn.execute("SELECT set_config('synchronous_commit', %s, false)", [a.commit])
                 fc.execute("SELECT pgmq.create('bq')")
                 pc.execute("SELECT pgmq.create('bq')")
                 sides = [
@@ -310,7 +367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "seconds": round(time.time() - started),
                 "server": server,
                 "loadavg_at_end": load_end,
-                "config": {"seconds": a.seconds, "reps": a.reps, "batch": a.batch, "backlog": a.backlog},
+                "config": {
+                    "seconds": a.seconds,
+                    "reps": a.reps,
+                    "batch": a.batch,
+                    "backlog": a.backlog,
+                    "synchronous_commit": a.commit,
+                },
                 "payload_bytes": harness.PAYLOAD_BYTES,
                 "pgmq": f"pgmq SQL {get_embedded_sql_version()} (Python package {version('pgmq')})",
             },

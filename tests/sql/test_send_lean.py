@@ -270,6 +270,18 @@ def _generic_plan(conn: psycopg.Connection[Any], prepare: str, execute: str) -> 
     return row[0][0]["Plan"]  # type: ignore[no-any-return]
 
 
+def _assert_changed_by_ctid(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan of a lean path's statement (pop's DELETE, take(1)'s UPDATE): no sequential scan,
+    the candidates from the dequeue index, the rows changed by ctid (TID scans). Its nodes."""
+    nodes = list(_nodes(plan))
+    assert not [x for x in nodes if x["Node Type"] == "Seq Scan"], plan
+    changes = [x for x in nodes if x["Node Type"] == "Tid Scan"]
+    assert changes and all("ctid = ANY" in x.get("TID Cond", "") for x in changes), plan
+    candidates = [x for x in nodes if x.get("Index Name", "").startswith("message_logged_gen")]
+    assert candidates, plan
+    return nodes
+
+
 def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
     """The plain send's statement: the queue found through its name's unique index, no
     sequential scan anywhere, with 300 queues analysed."""
@@ -338,11 +350,6 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         f"PREPARE lean_pop(integer, bigint, bigint, integer, integer, tid[], bigint[], bigint[], boolean[]) AS {stmt}",
         f"lean_pop({qid}, {gen}, {_now(conn, s)}, 10, 5, '{{}}', '{{}}', '{{}}', '{{}}')",
     )
-    nodes = list(_nodes(plan))
-    assert not [x for x in nodes if x["Node Type"] == "Seq Scan"], plan
-    # The rows deleted: by ctid, nothing read from the primary key.
-    deletes = [x for x in nodes if x["Node Type"] == "Tid Scan"]
-    assert deletes and all("ctid = ANY" in x.get("TID Cond", "") for x in deletes), plan
+    nodes = _assert_changed_by_ctid(plan)
+    # Nothing read from the primary key.
     assert not [x for x in nodes if "_pkey" in x.get("Index Name", "")], plan
-    candidates = [x for x in nodes if x.get("Index Name", "").startswith("message_logged_gen")]
-    assert candidates, plan

@@ -369,10 +369,12 @@ END $$;
 -- archive through _ack/_dead_letter). Locks: the rows it leases, FOR UPDATE SKIP LOCKED.
 -- take(queue, 1, ack => previous) is what a one-at-a-time consumer runs for every message, so
 -- it has a lean path: the checks run inline and call the raising helper only when they fail,
--- _ack() is called only when there is something to acknowledge, and one message is locked and
--- leased by two statements of its own (830-890 us per call through seven nested plpgsql calls,
--- 410-455 us this way, PostgreSQL 15). Batches, channel queues, explicit clocks and messages at
--- their last attempt take the general path (_lock_ready, _deliver), with the same semantics.
+-- _ack() is called only when there is something to acknowledge, the generation counters are
+-- read by one statement, and one message is locked and leased by one UPDATE of its own (830-890
+-- us per call through seven nested plpgsql calls, 410-455 us with a candidate query and an
+-- UPDATE by key, PostgreSQL 15; one statement less again since). Batches, channel queues, and
+-- a take(1) that leased nothing (an empty queue, a message at its last attempt) take the
+-- general path (_lock_ready, _deliver), with the same semantics.
 -- Pinned plans (also take_tx): generic ones (see settle.sql's header), and no sort where an
 -- index gives the order (enable_sort = off; jit = off, which the cost of an unavoidable sort
 -- would otherwise trigger): with statistics taken while a snapshot was held, the generic plan
@@ -395,12 +397,10 @@ DECLARE
     v_lease bigint;
     v_want  integer := p_limit;
     v_round integer := 0;
-    v_id    bigint;
-    v_tries integer;
-    v_live  boolean;
     v_ids   bigint[];
     v_dead  bigint[];
     v_gen   bigint;
+    v_started bigint;
     v_frozen bigint[];
     v_old   bigint;
     v_held  bigint;
@@ -424,16 +424,25 @@ BEGIN
     END IF;
     v_lease := coalesce(p_lease_ms, q.lease_ms);
 
+    -- The generation counters and the queue's frozen generations, in one statement (a PL/pgSQL
+    -- expression with a subquery is a statement of its own too).
+    SELECT s.last_value, st.last_value,
+           (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
+      INTO v_gen, v_started, v_frozen
+      FROM {schema}.message_gen_seq s, {schema}.message_gen_started_seq st;
     -- Keep the generations moving (generations.sql) when one is due: not in a caller's
     -- transaction, whose end would hold the rows moved: none that has written anything or
     -- started more than 100 ms before this statement. (Not "statement_timestamp() =
     -- transaction_timestamp()": over the extended protocol, which every driver with parameters
     -- uses, the transaction starts at Bind and the statement at Execute, so that never held and
     -- take never rotated.)
-    IF v_now - (SELECT s.last_value FROM {schema}.message_gen_started_seq s) >= 2000
+    IF v_now - v_started >= 2000
        AND pg_current_xact_id_if_assigned() IS NULL
        AND statement_timestamp() - transaction_timestamp() < interval '100 milliseconds' THEN
         PERFORM {schema}.rotate(p_now => v_now);
+        SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
+          INTO v_gen, v_frozen
+          FROM {schema}.message_gen_seq s;
     END IF;
 
     IF p_ack_ids IS NOT NULL THEN
@@ -449,13 +458,18 @@ BEGIN
         RETURN;
     END IF;
 
-    -- One message: _lock_ready's candidate queries for one row, and _deliver's lease of it: the
-    -- first ready row of the queue's frozen generations, oldest first (a backlog), merged with
-    -- the first of each generation of the window.
+    -- One message: _lock_ready's candidate queries for one row and _deliver's lease of it, in
+    -- one statement: the first ready row of the queue's frozen generations, oldest first (a
+    -- backlog), is locked first; the UPDATE then leases, by ctid (as take_tx's lean path
+    -- deletes; see there), the first of it and the first row of each generation of the window,
+    -- if it may be delivered. Nothing leased (an empty queue; a candidate whose lease expired
+    -- on its last attempt, or a superseded version whose lease expired; a row changed and
+    -- committed by another transaction between this statement's start and its lock): the
+    -- general path below, which sees the rows this one locked, deals with them and looks
+    -- further: an empty queue's take(1) thus runs a few statements more than before, every
+    -- delivering one a statement less (a statement's executor start-up over the partitioned
+    -- message table is most of a take's server time).
     IF p_limit = 1 THEN
-        SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
-          INTO v_gen, v_frozen
-          FROM {schema}.message_gen_seq s;
         FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
             SELECT x.id INTO v_held
               FROM (SELECT m.id FROM {schema}.message m
@@ -466,40 +480,39 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) x;
             EXIT WHEN v_held IS NOT NULL;
         END LOOP;
-        SELECT x.id, x.attempts, x.live INTO v_id, v_tries, v_live
-          FROM ((SELECT w.*
-                   FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
-                  CROSS JOIN LATERAL (
-                        SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
-                          FROM {schema}.message m
-                         WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                           AND m.dequeue_at <= v_now
-                         ORDER BY m.dequeue_at, m.id
-                         LIMIT 1
-                           FOR UPDATE SKIP LOCKED) w)
-                UNION ALL
-                (SELECT m.id, m.dequeue_at, m.attempts, m.superseded_by IS NULL AS live
-                   FROM {schema}.message m
-                  WHERE m.queue_id = q.id AND m.id = v_held)) x
-         ORDER BY x.dequeue_at, x.id
-         LIMIT 1;
-        IF NOT FOUND THEN
+        RETURN QUERY
+        UPDATE {schema}.message m
+           SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+               deliveries = m.deliveries + 1, leased = true
+         WHERE m.ctid = ANY (ARRAY(
+               SELECT c.tid
+                 FROM (SELECT x.tid, x.ok
+                         FROM ((SELECT w.*
+                                  FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                 CROSS JOIN LATERAL (
+                                       SELECT m.id, m.ctid AS tid, m.dequeue_at,
+                                              m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                         FROM {schema}.message m
+                                        WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                          AND m.dequeue_at <= v_now
+                                        ORDER BY m.dequeue_at, m.id
+                                        LIMIT 1
+                                          FOR UPDATE SKIP LOCKED) w)
+                               UNION ALL
+                               (SELECT m.id, m.ctid, m.dequeue_at,
+                                       m.attempts < q.max_attempts AND m.superseded_by IS NULL
+                                  FROM {schema}.message m
+                                 WHERE m.queue_id = q.id AND m.id = v_held)) x
+                        ORDER BY x.dequeue_at, x.id
+                        LIMIT 1) c
+                WHERE c.ok))
+           AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
+        RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                  m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                  m.last_error, m.payload;
+        IF FOUND THEN
             RETURN;
         END IF;
-        IF v_tries < q.max_attempts AND v_live THEN
-            RETURN QUERY
-            UPDATE {schema}.message m
-               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
-                   deliveries = m.deliveries + 1, leased = true
-             WHERE m.queue_id = q.id AND m.id = v_id
-            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
-                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
-                      m.last_error, m.payload;
-            RETURN;
-        END IF;
-        -- Its lease expired on the last attempt, or it is a superseded version whose lease
-        -- expired: the general path below (which sees the row we hold) dead-letters or deletes
-        -- it and looks further.
     END IF;
 
     -- The general path: messages found dead do not count against p_limit.

@@ -1,0 +1,65 @@
+"""take(queue, 1)'s lean path (sql/take.sql): one UPDATE leases the first ready message, found
+by the candidate queries that test_plans.py tests and changed by ctid. Its plan, taken verbatim
+from take(); and what it does when it leases nothing: the general path deals with what it
+locked (a lease expired on the last attempt is dead-lettered, the next message delivered)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import sql
+from test_send_lean import _assert_changed_by_ctid, _generic_plan, _now, _statement
+
+from lonnymq import Client
+
+
+def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str) -> None:
+    """The UPDATE of take(1): the candidates from the dequeue index in order, the row leased by
+    ctid (a TID scan: never a scan of the queue's part of the primary key), no sequential scan;
+    on a queue with ready and leased messages beside another queue's, analysed."""
+    s = sql.Identifier(schema)
+    for name in ("other", "q"):
+        client.create_queue(name)
+        client.send_batch(name, [b"x"] * 4000)
+    client.take("q", 1000)  # leased: new entries at the end of the dequeue index
+    conn.execute(sql.SQL("ANALYZE {}.message").format(s))
+    [(qid, gen)] = conn.execute(
+        sql.SQL("SELECT q.id, g.last_value FROM {}.queue q, {}.message_gen_seq g WHERE q.name = 'q'").format(
+            s, s
+        )
+    ).fetchall()
+    names = {
+        "q.id": "$1",
+        "v_gen": "$2",
+        "v_now": "$3",
+        "v_lease": "$4",
+        "q.max_attempts": "$5",
+        "v_held": "$6",
+    }
+    stmt = _statement("take", r"RETURN QUERY\s+(UPDATE .*?m\.last_error, m\.payload);", names, schema)
+    plan = _generic_plan(
+        conn,
+        f"PREPARE lean_take(integer, bigint, bigint, bigint, integer, bigint) AS {stmt}",
+        f"lean_take({qid}, {gen}, {_now(conn, s)}, 30000, 5, NULL)",
+    )
+    _assert_changed_by_ctid(plan)
+
+
+def test_take_one_dead_letters_an_expired_last_attempt_and_delivers_the_next(
+    client: Client, conn: Any, schema: str
+) -> None:
+    """The first candidate's lease expired on its last attempt: the lean UPDATE leases nothing,
+    the general path dead-letters it and the same call delivers the next message."""
+    s = sql.Identifier(schema)
+    client.create_queue("q", max_attempts=1)
+    first = client.send("q", b"1")
+    now = _now(conn, s)
+    second = client.send("q", b"2", at=now + 1500)  # due after the first's lease expires
+    take = sql.SQL("SELECT id, attempt FROM {}.take('q', 1, 1000, NULL, NULL, %s)").format(s)
+    assert conn.execute(take, (now,)).fetchall() == [(first.id, 1)]
+    assert conn.execute(take, (now + 2000,)).fetchall() == [(second.id, 1)]  # first's lease expired
+    conn.commit()
+    left = sql.SQL("SELECT id FROM {}.message ORDER BY id").format(s)
+    assert conn.execute(left).fetchall() == [(second.id,)]
+    dead = sql.SQL("SELECT sum(dead) FROM {}.queue_stat").format(s)
+    assert conn.execute(dead).fetchone() == (1,)
