@@ -18,8 +18,13 @@ Every series prints messages (or calls) per second and the ratio to its smallest
   message per visit, two round trips for both systems: LonnyMQ ``take(1)`` then ``ack``, pgmq
   ``read`` then ``delete``; a consumer of many queues rarely takes twice in a row from one, so
   ``take(1, ack=previous)`` would not apply). Rate, latency per message (p50, p99, max), takes
-  that found nothing, and the most relation locks held at once (all backends, sampled from
-  ``pg_locks``). Both systems are reset (purged and vacuumed / truncated) before each rep.
+  that found nothing, the most relation locks held at once (all backends, sampled from
+  ``pg_locks``), the client backends' wait events (``pg_stat_activity``) and the lock requests
+  not granted, sampled every 0.1 s, and the CPU time per message of the client processes and
+  of their server processes (``/proc``: a server on this machine). ``--nocheck`` adds LonnyMQ's
+  client without its pool's connection check (one round trip less per call); ``--functions``
+  records the server's self time per SQL function (``track_functions``). Both systems are reset
+  (purged and vacuumed / truncated or, beyond 100 queues, deleted) before each rep.
 * Channel series (``--channels``): one LonnyMQ queue whose backlog is spread over C channels
   (round robin), single send (cycling over the channels), take+ack and batch take+ack of 100;
   checks that every delivery kept the round robin fair (no channel served twice before every
@@ -31,7 +36,9 @@ Every series prints messages (or calls) per second and the ratio to its smallest
   ``list_queues``, all of it, one queue's metrics and the dashboard's overview and queue page
   (``lonnymq.web.queries``, on the dashboard's own connection settings), and ``maintain()``.
 
-pgmq stops at ``--pgmq-max`` queues (10,000 pgmq queues are 20,000 tables: minutes to create).
+pgmq stops at ``--pgmq-max`` queues (10,000 pgmq queues are 20,000 tables: 9 minutes to create
+on 2 loaded cores, 100 a transaction; with ``--dsn`` and ``--keep-fleets`` a second run reuses
+the queue databases a first one left).
 ``--cluster`` runs everything on a throwaway Debian PostgreSQL 15 (tools/pgcluster.py) with
 PostgreSQL's default settings (max_connections 100, max_locks_per_transaction 64, fsync on);
 without it, on ``--dsn`` or a throwaway embedded PostgreSQL 16 (max_connections 200).
@@ -125,19 +132,25 @@ class Fleet:
     statement; pgmq one queue per transaction, which a default server's lock table needs), so
     every count can be measured in turn within one rep. Records how long creating them took."""
 
-    def __init__(self, base_dsn: str, n: int, pgmq_max: int, functions: bool = False) -> None:
+    def __init__(
+        self, base_dsn: str, n: int, pgmq_max: int, functions: bool = False, keep: bool = False
+    ) -> None:
         self.n = n
         self.dbname = f"{SCHEMA}_{n}"
         self.base_dsn = base_dsn
+        self.keep = keep
+        self.dsn = make_conninfo(base_dsn, dbname=self.dbname)
+        self.created_s: dict[str, float] = {}
+        self.have_pgmq = n <= pgmq_max
+        if keep and self._left_by_a_run_before():
+            log(f"{n:,} queues: the databases of a run before (--keep-fleets), pgmq: {self.have_pgmq}")
+            self.track_functions(functions)
+            return
         db = sql.Identifier(self.dbname)
         with psycopg.connect(base_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(db))
             conn.execute(sql.SQL("CREATE DATABASE {}").format(db))
-        self.dsn = make_conninfo(base_dsn, dbname=self.dbname)
-        self.created_s: dict[str, float] = {}
-        if functions:
-            with psycopg.connect(base_dsn, autocommit=True) as conn:
-                conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(db))
+        self.track_functions(functions)
         with Client(self.dsn, schema=SCHEMA, pool_size=1) as c:
             c.migrate()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -149,7 +162,6 @@ class Fleet:
                 [n],
             )
             self.created_s["lonnymq"] = time.perf_counter() - t
-        self.have_pgmq = n <= pgmq_max
         try:
             from pgmq import install_pgmq_from_sql
         except ImportError:
@@ -172,10 +184,38 @@ class Fleet:
                 self.created_s["pgmq"] = time.perf_counter() - t
         log(f"{n:,} queues created: {self.created_s}")
 
+    def _left_by_a_run_before(self) -> bool:
+        """Whether an earlier run with --keep-fleets left this fleet whole (both systems' N
+        queues, pgmq's only if wanted): creating 10,000 pgmq queues takes 10 minutes here."""
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {s}.queue WHERE name LIKE 'q%%'").format(s=S)
+                )
+                if row.fetchone() != (self.n,):
+                    return False
+                if self.have_pgmq:
+                    with_pgmq = conn.execute("SELECT count(*) FROM pgmq.meta WHERE queue_name LIKE 'q%%'")
+                    return with_pgmq.fetchone() == (self.n,)
+                return True
+        except psycopg.Error:
+            return False
+
+    def track_functions(self, on: bool) -> None:
+        """--functions: the server's time by function (``track_functions``), on new sessions."""
+        with psycopg.connect(self.base_dsn, autocommit=True) as conn:
+            db = sql.Identifier(self.dbname)
+            if on:
+                conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(db))
+            else:
+                conn.execute(sql.SQL("ALTER DATABASE {} RESET track_functions").format(db))
+
     def names(self) -> list[str]:
         return [f"q{i}" for i in range(1, self.n + 1)]
 
     def drop(self) -> None:
+        if self.keep:
+            return
         with psycopg.connect(self.base_dsn, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.dbname))
@@ -990,6 +1030,11 @@ def main() -> None:
         action="store_true",
         help="track_functions = 'pl' on the fleets' databases: each phase's server time by function",
     )
+    p.add_argument(
+        "--keep-fleets",
+        action="store_true",
+        help="with --dsn: keep the queue databases for the next run, and reuse those a run left",
+    )
     p.add_argument("--json", help="write the results here too")
     a = p.parse_args()
     series = {"queues": ints(a.queues), "concurrent": ints(a.concurrent), "lifecycle": ints(a.lifecycle)}
@@ -1008,7 +1053,7 @@ def main() -> None:
         log(f"server: {results['settings']}")
         started = time.perf_counter()
         counts = sorted({n for v in series.values() for n in v})
-        fleets = {n: Fleet(dsn, n, a.pgmq_max, a.functions) for n in counts}
+        fleets = {n: Fleet(dsn, n, a.pgmq_max, a.functions, a.keep_fleets) for n in counts}
         results["created_s"] = {n: f.created_s for n, f in fleets.items()}
         try:
             # Each rep measures every count in turn (the order reversed every other rep), so a

@@ -166,7 +166,7 @@ DECLARE
     f        {schema}.message_gen_frozen;
     v_gen    bigint;
     v_n      bigint;
-    v_budget bigint := p_max;
+    v_budget bigint := p_max::bigint;
     v_done   bigint[];
 BEGIN
     DELETE FROM {schema}.message_gen_frozen x
