@@ -18,8 +18,13 @@ Every series prints messages (or calls) per second and the ratio to its smallest
   message per visit, two round trips for both systems: LonnyMQ ``take(1)`` then ``ack``, pgmq
   ``read`` then ``delete``; a consumer of many queues rarely takes twice in a row from one, so
   ``take(1, ack=previous)`` would not apply). Rate, latency per message (p50, p99, max), takes
-  that found nothing, and the most relation locks held at once (all backends, sampled from
-  ``pg_locks``). Both systems are reset (purged and vacuumed / truncated) before each rep.
+  that found nothing, the most relation locks held at once (all backends, sampled from
+  ``pg_locks``), the client backends' wait events (``pg_stat_activity``) and the lock requests
+  not granted, sampled every 0.1 s, and the CPU time per message of the client processes and
+  of their server processes (``/proc``: a server on this machine). ``--nocheck`` adds LonnyMQ's
+  client without its pool's connection check (one round trip less per call); ``--functions``
+  records the server's self time per SQL function (``track_functions``). Both systems are reset
+  (purged and vacuumed / truncated or, beyond 100 queues, deleted) before each rep.
 * Channel series (``--channels``): one LonnyMQ queue whose backlog is spread over C channels
   (round robin), single send (cycling over the channels), take+ack and batch take+ack of 100;
   checks that every delivery kept the round robin fair (no channel served twice before every
@@ -31,7 +36,9 @@ Every series prints messages (or calls) per second and the ratio to its smallest
   ``list_queues``, all of it, one queue's metrics and the dashboard's overview and queue page
   (``lonnymq.web.queries``, on the dashboard's own connection settings), and ``maintain()``.
 
-pgmq stops at ``--pgmq-max`` queues (10,000 pgmq queues are 20,000 tables: minutes to create).
+pgmq stops at ``--pgmq-max`` queues (10,000 pgmq queues are 20,000 tables: 9 minutes to create
+on 2 loaded cores, 100 a transaction; with ``--dsn`` and ``--keep-fleets`` a second run reuses
+the queue databases a first one left).
 ``--cluster`` runs everything on a throwaway Debian PostgreSQL 15 (tools/pgcluster.py) with
 PostgreSQL's default settings (max_connections 100, max_locks_per_transaction 64, fsync on);
 without it, on ``--dsn`` or a throwaway embedded PostgreSQL 16 (max_connections 200).
@@ -72,6 +79,8 @@ DEFAULTS = {
     "synchronous_commit": "on",
     "full_page_writes": "on",
 }
+#: The systems of the concurrent series ("lonnymq-nocheck": the client without its pool's check).
+SYSTEMS = ("lonnymq", "lonnymq-nocheck", "pgmq")
 SHOWN_SETTINGS = ("server_version", "max_connections", "max_locks_per_transaction", "shared_buffers", "fsync")
 
 S = sql.Identifier(SCHEMA)
@@ -123,16 +132,25 @@ class Fleet:
     statement; pgmq one queue per transaction, which a default server's lock table needs), so
     every count can be measured in turn within one rep. Records how long creating them took."""
 
-    def __init__(self, base_dsn: str, n: int, pgmq_max: int) -> None:
+    def __init__(
+        self, base_dsn: str, n: int, pgmq_max: int, functions: bool = False, keep: bool = False
+    ) -> None:
         self.n = n
         self.dbname = f"{SCHEMA}_{n}"
         self.base_dsn = base_dsn
+        self.keep = keep
+        self.dsn = make_conninfo(base_dsn, dbname=self.dbname)
+        self.created_s: dict[str, float] = {}
+        self.have_pgmq = n <= pgmq_max
+        if keep and self._left_by_a_run_before():
+            log(f"{n:,} queues: the databases of a run before (--keep-fleets), pgmq: {self.have_pgmq}")
+            self.track_functions(functions)
+            return
         db = sql.Identifier(self.dbname)
         with psycopg.connect(base_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(db))
             conn.execute(sql.SQL("CREATE DATABASE {}").format(db))
-        self.dsn = make_conninfo(base_dsn, dbname=self.dbname)
-        self.created_s: dict[str, float] = {}
+        self.track_functions(functions)
         with Client(self.dsn, schema=SCHEMA, pool_size=1) as c:
             c.migrate()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -144,7 +162,6 @@ class Fleet:
                 [n],
             )
             self.created_s["lonnymq"] = time.perf_counter() - t
-        self.have_pgmq = n <= pgmq_max
         try:
             from pgmq import install_pgmq_from_sql
         except ImportError:
@@ -153,18 +170,52 @@ class Fleet:
             with psycopg.connect(self.dsn) as c:
                 install_pgmq_from_sql(conn=c)
             with psycopg.connect(self.dsn, autocommit=True) as conn:
+                # Setup, not measured: 100 queues a transaction (about 900 locks: within a
+                # default server's lock table) without waiting for each commit's flush.
+                conn.execute("SET synchronous_commit = off")
                 t = time.perf_counter()
-                for i in range(1, n + 1):
-                    conn.execute("SELECT pgmq.create(%s)", [f"q{i}"])
-                    if i % 1000 == 0:
-                        log(f"  pgmq: {i:,} queues, {time.perf_counter() - t:.0f} s")
+                for i in range(1, n + 1, 100):
+                    conn.execute(
+                        "SELECT count(pgmq.create('q' || i)) FROM generate_series(%s::int, %s::int) i",
+                        [i, min(n, i + 99)],
+                    )
+                    if (i + 99) % 1000 == 0:
+                        log(f"  pgmq: {i + 99:,} queues, {time.perf_counter() - t:.0f} s")
                 self.created_s["pgmq"] = time.perf_counter() - t
         log(f"{n:,} queues created: {self.created_s}")
+
+    def _left_by_a_run_before(self) -> bool:
+        """Whether an earlier run with --keep-fleets left this fleet whole (both systems' N
+        queues, pgmq's only if wanted): creating 10,000 pgmq queues takes 10 minutes here."""
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {s}.queue WHERE name LIKE 'q%%'").format(s=S)
+                )
+                if row.fetchone() != (self.n,):
+                    return False
+                if self.have_pgmq:
+                    with_pgmq = conn.execute("SELECT count(*) FROM pgmq.meta WHERE queue_name LIKE 'q%%'")
+                    return with_pgmq.fetchone() == (self.n,)
+                return True
+        except psycopg.Error:
+            return False
+
+    def track_functions(self, on: bool) -> None:
+        """--functions: the server's time by function (``track_functions``), on new sessions."""
+        with psycopg.connect(self.base_dsn, autocommit=True) as conn:
+            db = sql.Identifier(self.dbname)
+            if on:
+                conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(db))
+            else:
+                conn.execute(sql.SQL("ALTER DATABASE {} RESET track_functions").format(db))
 
     def names(self) -> list[str]:
         return [f"q{i}" for i in range(1, self.n + 1)]
 
     def drop(self) -> None:
+        if self.keep:
+            return
         with psycopg.connect(self.base_dsn, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.dbname))
@@ -247,13 +298,31 @@ def _mine(names: Sequence[str], index: int, procs: int) -> list[str]:
     return list(names[index::procs]) or [names[index % len(names)]]
 
 
-def _loop(ctx: Ctx, queues: Sequence[str], call: Callable[[str], tuple[int, bool]]) -> dict[str, Any]:
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the server process ``pid`` has used: /proc, so only for a
+    server on this machine (NaN otherwise)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _loop(
+    ctx: Ctx, queues: Sequence[str], call: Callable[[str], tuple[int, bool]], backend: int
+) -> dict[str, Any]:
     """Visit ``queues`` in turn until the deadline, one timed call each; ``call`` returns the
-    messages it completed and whether it found nothing."""
+    messages it completed and whether it found nothing. Also the CPU time this client process
+    and its server process (``backend``) used meanwhile: on a machine where clients and server
+    share the cores, the rate is what that CPU allows."""
     lat: list[float] = []
     done = empty = 0
     i = 0
     started = time.monotonic()
+    cpu, server = time.process_time(), _backend_cpu(backend)
     while not ctx.expired():
         q = queues[i % len(queues)]
         i += 1
@@ -262,16 +331,33 @@ def _loop(ctx: Ctx, queues: Sequence[str], call: Callable[[str], tuple[int, bool
         lat.append(time.perf_counter() - t)
         done += n
         empty += nothing
-    return {"n": done, "elapsed": time.monotonic() - started, "lat": lat, "empty": empty}
+    return {
+        "n": done,
+        "elapsed": time.monotonic() - started,
+        "lat": lat,
+        "empty": empty,
+        "client_cpu": time.process_time() - cpu,
+        "server_cpu": _backend_cpu(backend) - server,
+    }
 
 
 def lonnymq_worker(
-    dsn: str, names: Sequence[str], procs: int, phase: str
+    check: bool,
+) -> Callable[[str, Sequence[str], int, str], Callable[[Ctx], Callable[[], Any]]]:
+    """The LonnyMQ worker: the client as configured by default, or (``check`` false) without
+    its pool's connection check, one round trip more per call (README: restarts)."""
+    return lambda dsn, names, procs, phase: _lonnymq_worker(dsn, names, procs, phase, check)
+
+
+def _lonnymq_worker(
+    dsn: str, names: Sequence[str], procs: int, phase: str, check: bool
 ) -> Callable[[Ctx], Callable[[], Any]]:
     def prepare(ctx: Ctx) -> Callable[[], Any]:
         queues = _mine(names, ctx.index, procs)
-        c = Client(dsn, schema=SCHEMA, pool_size=1)
+        c = Client(dsn, schema=SCHEMA, pool_size=1, check_connections=check)
         c.open()
+        with c.connection() as conn:  # the pool's one connection
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
 
         def send(q: str) -> tuple[int, bool]:
             c.send(q, PAYLOAD)
@@ -284,7 +370,7 @@ def lonnymq_worker(
             return len(got), not got
 
         def work() -> dict[str, Any]:
-            out = _loop(ctx, queues, send if phase == "send" else take_ack)
+            out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
             c.close()
             return out
 
@@ -298,6 +384,7 @@ def pgmq_worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Calla
         queues = _mine(names, ctx.index, procs)
         conn = psycopg.connect(dsn, autocommit=True)
         body = Jsonb(PAYLOAD)
+        backend = conn.info.backend_pid
 
         def send(q: str) -> tuple[int, bool]:
             conn.execute("SELECT * FROM pgmq.send(%s::text, %s::jsonb)", [q, body]).fetchall()
@@ -311,7 +398,7 @@ def pgmq_worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Calla
             return 1, False
 
         def work() -> dict[str, Any]:
-            out = _loop(ctx, queues, send if phase == "send" else take_ack)
+            out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
             conn.close()
             return out
 
@@ -322,11 +409,17 @@ def pgmq_worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Calla
 
 class LockSampler:
     """The most relation locks held on the server at once (all backends; fast-path slots and the
-    shared lock table), sampled every ``every`` seconds while it runs."""
+    shared lock table), and what the database's client backends were doing, sampled every
+    ``every`` seconds while it runs: ``waits`` counts, over all samples, each backend's wait
+    event (``CPU`` for an active backend not waiting, ``idle`` for one waiting for its client),
+    and ``blocked`` the lock requests not granted, by lock type (which row, transaction,
+    advisory or object lock the waits are for)."""
 
-    def __init__(self, dsn: str, every: float = 0.25) -> None:
+    def __init__(self, dsn: str, every: float = 0.1) -> None:
         self.dsn, self.every = dsn, every
-        self.most = self.most_shared = 0
+        self.most = self.most_shared = self.samples = 0
+        self.waits: Counter[str] = Counter()
+        self.blocked: Counter[str] = Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -339,7 +432,32 @@ class LockSampler:
                 ).fetchone()
                 assert row is not None
                 self.most, self.most_shared = max(self.most, row[0]), max(self.most_shared, row[1])
+                for what, n in conn.execute(
+                    "SELECT CASE WHEN state = 'active' THEN coalesce(wait_event_type || ':' || wait_event, 'CPU')"
+                    "            ELSE coalesce(state, '?') END, count(*)"
+                    "  FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND backend_type = 'client backend'"
+                    "   AND pid <> pg_backend_pid() GROUP BY 1"
+                ):
+                    self.waits[what] += n
+                for what, n in conn.execute(
+                    "SELECT locktype || ' ' || mode, count(*) FROM pg_locks WHERE NOT granted GROUP BY 1"
+                ):
+                    self.blocked[what] += n
+                self.samples += 1
                 self._stop.wait(self.every)
+
+    def profile(self) -> dict[str, Any]:
+        """The share of backend samples per wait event and the blocked lock requests per
+        sample (the most frequent first)."""
+        total = sum(self.waits.values()) or 1
+        return {
+            "samples": self.samples,
+            "waits": {k: round(v / total, 3) for k, v in self.waits.most_common(8)},
+            "blocked_per_sample": {
+                k: round(v / max(self.samples, 1), 2) for k, v in self.blocked.most_common(5)
+            },
+        }
 
     def __enter__(self) -> LockSampler:
         self._thread.start()
@@ -351,50 +469,82 @@ class LockSampler:
 
 
 def reset(dsn: str, system: str, names: Sequence[str]) -> None:
-    """Empty every queue, leaving no dead rows: LonnyMQ purges and vacuums its message table,
-    pgmq's tables are truncated (one queue per transaction)."""
+    """Empty every queue: LonnyMQ purges and vacuums its message table; pgmq's tables are
+    truncated (up to 100 queues; beyond, a truncate each would take minutes, so their rows are
+    deleted, 500 queues a transaction: a few dead rows a table)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        if system == "lonnymq":
+        conn.execute("SET synchronous_commit = off")
+        if system.startswith("lonnymq"):
             conn.execute(sql.SQL("SELECT count({s}.queue_purge(name)) FROM {s}.queue").format(s=S))
             conn.execute(sql.SQL("VACUUM {s}.message").format(s=S))
-        else:
+        elif len(names) <= 100:
             for q in names:
                 conn.execute(sql.SQL("TRUNCATE pgmq.{}").format(sql.Identifier(f"q_{q}")))
+        else:
+            for i in range(0, len(names), 500):
+                with conn.transaction():
+                    for q in names[i : i + 500]:
+                        conn.execute(sql.SQL("DELETE FROM pgmq.{}").format(sql.Identifier(f"q_{q}")))
 
 
 def preload(dsn: str, system: str, names: Sequence[str], total: int) -> None:
-    """``total`` messages spread evenly over ``names`` (batches of at most 5,000)."""
+    """``total`` messages spread evenly over ``names``: one batch send per queue, up to 100
+    queues a statement (setup, not measured: commits not waited for)."""
     per = -(-total // len(names))
-    chunks = [min(5000, per - i) for i in range(0, per, 5000)]
-    if system == "lonnymq":
-        with Client(dsn, schema=SCHEMA, pool_size=1) as c:
-            for q in names:
-                for k in chunks:
-                    c.send_batch(q, [PAYLOAD] * k)
-    else:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for q in names:
-                for k in chunks:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = off")
+        for i in range(0, len(names), 100):
+            chunk = list(names[i : i + 100])
+            for k in [min(5000, per - j) for j in range(0, per, 5000)]:
+                if system.startswith("lonnymq"):
                     conn.execute(
-                        "SELECT count(*) FROM pgmq.send_batch(%s::text, %s::jsonb[])",
-                        [q, [Jsonb(PAYLOAD)] * k],
+                        sql.SQL(
+                            "SELECT count(*) FROM unnest(%s::text[]) q,"
+                            " LATERAL {s}.send_batch(q, array_fill(%s::bytea, ARRAY[%s::int]))"
+                        ).format(s=S),
+                        [chunk, json.dumps(PAYLOAD).encode(), k],
                     )
+                else:
+                    conn.execute(
+                        "SELECT count(*) FROM unnest(%s::text[]) q,"
+                        " LATERAL pgmq.send_batch(q, array_fill(%s::jsonb, ARRAY[%s::int]))",
+                        [chunk, Jsonb(PAYLOAD), k],
+                    )
+
+
+def function_times(dsn: str, since: Counter[str] | None = None) -> Counter[str]:
+    """Self time (ms) of each function of the database (``track_functions``, which --functions
+    sets): as of now, or since ``since``. Empty where the setting is off."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        now: Counter[str] = Counter(
+            dict(conn.execute("SELECT schemaname || '.' || funcname, self_time FROM pg_stat_user_functions"))
+        )
+    if since is not None:
+        now.subtract(since)
+        now = +now
+    return now
 
 
 def concurrent_run(
     dsn: str, system: str, names: Sequence[str], procs: int, seconds: float, total: int
 ) -> dict[str, Any]:
     """One rep: reset, the send phase, the backlog topped up by ``total``, the take+ack phase."""
-    worker = lonnymq_worker if system == "lonnymq" else pgmq_worker
+    worker = (
+        pgmq_worker
+        if system == "pgmq"
+        else lonnymq_worker(check=system == "lonnymq")  # "lonnymq-nocheck": Client(check_connections=False)
+    )
     out: dict[str, Any] = {}
     reset(dsn, system, names)
     for phase in ("send", "take+ack"):
         if phase == "take+ack":
             preload(dsn, system, names, total)
         checkpoint(dsn)
+        before = function_times(dsn)
         with LockSampler(dsn) as locks:
             run = run_procs(worker(dsn, names, procs, phase), procs, seconds=seconds)
         res = run.results
+        spent = function_times(dsn, before)
         lat = [x for r in res for x in r["lat"]]
         out[phase] = {
             "rate": sum(r["n"] for r in res) / statistics.mean(r["elapsed"] for r in res),
@@ -403,31 +553,37 @@ def concurrent_run(
             **latency(lat),
             "locks_max": locks.most,
             "locks_shared_max": locks.most_shared,
+            "activity": locks.profile(),
+            # --functions: the server's time in each SQL function, µs of self time a message.
+            "function_self_us": {
+                k: round(v * 1000 / max(1, sum(r["n"] for r in res))) for k, v in spent.most_common(8)
+            },
+            # CPU per message completed, µs: the client processes', their server processes'.
+            "client_cpu_us": round(
+                sum(r["client_cpu"] for r in res) / max(1, sum(r["n"] for r in res)) * 1e6
+            ),
+            "server_cpu_us": round(
+                sum(r["server_cpu"] for r in res) / max(1, sum(r["n"] for r in res)) * 1e6
+            ),
         }
+        log(
+            f"  {system} {phase}: {out[phase]['rate']:,.0f}/s, client/server CPU"
+            f" {out[phase]['client_cpu_us']}/{out[phase]['server_cpu_us']} us a message,"
+            f" {json.dumps(out[phase]['activity'])} {json.dumps(out[phase]['function_self_us'])}"
+        )
     return out
 
 
 def concurrent_cells(
-    fleet: Fleet, procs: int, seconds: float, total: int, flip: bool
+    fleet: Fleet, procs: int, seconds: float, total: int, flip: bool, nocheck: bool
 ) -> dict[str, dict[str, Any]]:
     """One rep of the concurrent series on ``fleet``, both systems (in turn)."""
-    out: dict[str, dict[str, Any]] = {"lonnymq": {}, "pgmq": {}}
+    out: dict[str, dict[str, Any]] = {s: {} for s in SYSTEMS}
     names = fleet.names()
-    systems = ["lonnymq"] + (["pgmq"] if fleet.have_pgmq else [])
+    systems = ["lonnymq"] + (["lonnymq-nocheck"] if nocheck else []) + (["pgmq"] if fleet.have_pgmq else [])
     for system in systems[::-1] if flip else systems:
         out[system] = concurrent_run(fleet.dsn, system, names, procs, seconds, total)
         reset(fleet.dsn, system, names)
-    return out
-
-
-def concurrent_summary(reps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Median of each number over the reps (max latency and locks: the largest)."""
-    out: dict[str, dict[str, float]] = {}
-    for phase in ("send", "take+ack"):
-        rows = [r[phase] for r in reps]
-        out[phase] = {k: med([x[k] for x in rows]) for k in rows[0]}
-        for k in ("max_ms", "locks_max", "locks_shared_max"):
-            out[phase][k] = max(x[k] for x in rows)
     return out
 
 
@@ -760,22 +916,24 @@ def report(results: dict[str, Any]) -> str:
         procs = results["args"]["consumers"]
         lines += ["", f"Concurrent series ({procs} connections spread over the queues; median of reps):", ""]
         lines.append(
-            "| system | workload | queues | msg/s | vs the fewest queues | vs pgmq | p50 / p99 / max ms | empty takes | relation locks at most |"
+            "| system | workload | queues | msg/s | vs the fewest queues | vs pgmq | p50 / p99 / max ms"
+            " | empty takes | relation locks at most | CPU µs a message, client / server |"
         )
-        lines.append("|---" * 9 + "|")
-        for system in ("lonnymq", "pgmq"):
-            have = [n for n in counts if cc[n][0][system]]
+        lines.append("|---" * 10 + "|")
+        for system in SYSTEMS:
+            have = [n for n in counts if cc[n][0].get(system)]
             for phase in ("send", "take+ack"):
                 for n in have:
                     reps = [r[system][phase] for r in cc[n]]
                     v = med([x["rate"] for x in reps])
                     base = med([r[system][phase]["rate"] for r in cc[have[0]]])
                     vs = ""
-                    if system == "lonnymq" and cc[n][0]["pgmq"]:
-                        vs = f"{med([r['lonnymq'][phase]['rate'] / r['pgmq'][phase]['rate'] for r in cc[n]]):.2f}x"
+                    if system != "pgmq" and cc[n][0].get("pgmq"):
+                        vs = f"{med([r[system][phase]['rate'] / r['pgmq'][phase]['rate'] for r in cc[n]]):.2f}x"
+                    cpu = f"{med([x['client_cpu_us'] for x in reps]):,.0f} / {med([x['server_cpu_us'] for x in reps]):,.0f}"
                     lines.append(
                         f"| {system} | {phase} | {n:,} | {v:,.0f} | {v / base:.2f}x | {vs} | {_lat(reps)} |"
-                        f" {med([x['empty'] for x in reps]):,.0f} | {max(x['locks_max'] for x in reps):,} |"
+                        f" {med([x['empty'] for x in reps]):,.0f} | {max(x['locks_max'] for x in reps):,} | {cpu} |"
                     )
     ch = results.get("channels") or {}
     if ch:
@@ -862,6 +1020,21 @@ def main() -> None:
     p.add_argument("--preload", type=int, default=60_000, help="backlog of each take+ack phase")
     p.add_argument("--ops", type=int, default=200, help="queues created and dropped per lifecycle rep")
     p.add_argument("--load-seconds", type=float, default=9.0, help="the busy queue's run (lifecycle)")
+    p.add_argument(
+        "--nocheck",
+        action="store_true",
+        help="concurrent series: also LonnyMQ's client with check_connections=False",
+    )
+    p.add_argument(
+        "--functions",
+        action="store_true",
+        help="track_functions = 'pl' on the fleets' databases: each phase's server time by function",
+    )
+    p.add_argument(
+        "--keep-fleets",
+        action="store_true",
+        help="with --dsn: keep the queue databases for the next run, and reuse those a run left",
+    )
     p.add_argument("--json", help="write the results here too")
     a = p.parse_args()
     series = {"queues": ints(a.queues), "concurrent": ints(a.concurrent), "lifecycle": ints(a.lifecycle)}
@@ -880,7 +1053,7 @@ def main() -> None:
         log(f"server: {results['settings']}")
         started = time.perf_counter()
         counts = sorted({n for v in series.values() for n in v})
-        fleets = {n: Fleet(dsn, n, a.pgmq_max) for n in counts}
+        fleets = {n: Fleet(dsn, n, a.pgmq_max, a.functions, a.keep_fleets) for n in counts}
         results["created_s"] = {n: f.created_s for n, f in fleets.items()}
         try:
             # Each rep measures every count in turn (the order reversed every other rep), so a
@@ -894,7 +1067,7 @@ def main() -> None:
                         log(f"queues {n:,} rep {r + 1}: {json.dumps(results['queues'][n][-1])}")
                     if n in series["concurrent"]:
                         results["concurrent"][n].append(
-                            concurrent_cells(f, a.consumers, a.concurrent_seconds, a.preload, flip)
+                            concurrent_cells(f, a.consumers, a.concurrent_seconds, a.preload, flip, a.nocheck)
                         )
                         log(f"concurrent {n:,} rep {r + 1}: {json.dumps(results['concurrent'][n][-1])}")
                     if n in series["lifecycle"]:

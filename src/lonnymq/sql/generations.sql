@@ -30,11 +30,14 @@
 -- down to p_max_moves and moved forward. Rotation itself never stops.
 --
 -- Nor does a rotation's work grow with the number of queues (issue 19): it moves at most
--- 10 × p_max_moves rows out of the generation leaving the window (when many queues each hold a
--- few, the ones holding most stay frozen like a backlog) and as many out of frozen generations.
+-- p_max_moves rows out of the generation leaving the window (when many queues each hold a few,
+-- the ones holding most stay frozen like a backlog) and as many out of frozen generations.
 -- Moving every queue's few rows cost a rotation at 10,000 queues of 6 waiting messages each a
 -- second or two of rewriting 60,000 rows, which the takes of the other consumers, skipping the
--- rows it held, found empty meanwhile.
+-- rows it held, found empty meanwhile; and a budget of 10 × p_max_moves still rewrote up to
+-- 20,000 rows every 2 s (the same idle rows, frozen, thawed and moved again) while 50 consumers
+-- of 1,000 queues took 100 a second on a loaded 2-core machine, rotation then taking half of
+-- the server's time per message (benchmarks/scale.py --functions).
 --
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
@@ -104,14 +107,23 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_no_more boolean := {schema}._gen_writers_gone(p_gen);
 BEGIN
-    -- A queue that keeps p_gen frozen is one key probe away (thousands of them may).
+    -- A queue that keeps p_gen frozen is one key probe away (thousands of them may). The rows
+    -- go by ctid (a TID scan): a join of the candidates with the table is planned from
+    -- statistics, and a sweep so planned took seconds at 1,000 queues (issue 19). A row that
+    -- another transaction changed after this statement began stays locked, unmoved, and keeps
+    -- the generation pending for the next sweep. The conditions are checked again on the row
+    -- changed: a ctid names a row of either partition (a row of the other one with the same
+    -- ctid is moved only if it is a candidate too, then waited for rather than skipped).
     UPDATE {schema}.message m SET gen = p_target
-      FROM (SELECT x.queue_id, x.id FROM {schema}.message x
-             WHERE x.gen = p_gen AND x.channel IS NULL
-               AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
-                                WHERE f.queue_id = x.queue_id AND p_gen = ANY (f.gens))
-               FOR UPDATE OF x SKIP LOCKED) c
-     WHERE m.queue_id = c.queue_id AND m.id = c.id;
+     WHERE m.ctid = ANY (ARRAY(
+           SELECT x.ctid FROM {schema}.message x
+            WHERE x.gen = p_gen AND x.channel IS NULL
+              AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
+                               WHERE f.queue_id = x.queue_id AND p_gen = ANY (f.gens))
+              FOR UPDATE OF x SKIP LOCKED))
+       AND (m.gen = p_gen AND m.channel IS NULL) IS TRUE
+       AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
+                        WHERE f.queue_id = m.queue_id AND p_gen = ANY (f.gens));
     RETURN v_no_more AND NOT EXISTS (SELECT FROM {schema}.message x
                                       WHERE x.gen = p_gen AND x.channel IS NULL
                                         AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
@@ -121,8 +133,8 @@ END $$;
 
 -- Freeze generation p_gen (leaving the window) for the queues whose rows there are not to move:
 -- every queue holding more than p_max of its plain messages there (a backlog), and, while the
--- others together hold more than 10 × p_max, the ones holding most of them (thousands of
--- queues with a few messages each), so that what moves stays within that. Their rows stay, and
+-- others together hold more than p_max, the ones holding most of them (thousands of queues
+-- with a few messages each), so that what moves stays within that. Their rows stay, and
 -- p_gen joins each one's frozen list. One walk of the generation. Writes message_gen_frozen.
 CREATE OR REPLACE FUNCTION {schema}._gen_freeze(p_gen bigint, p_max integer) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
@@ -136,14 +148,14 @@ BEGIN
                AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen g
                                 WHERE g.queue_id = x.queue_id AND p_gen = ANY (g.gens))
              GROUP BY x.queue_id) c
-     WHERE c.n > p_max OR c.upto > 10 * p_max::bigint
+     WHERE c.n > p_max OR c.upto > p_max
     ON CONFLICT (queue_id) DO UPDATE SET gens = f.gens || p_gen
      WHERE NOT p_gen = ANY (f.gens);
 END $$;
 
 -- Thaw frozen generations: forget queues that are gone; move forward, for up to 100 frozen
 -- queues picked at random, the rows of their oldest frozen generations (up to four a queue)
--- where the queue holds p_max rows or fewer, 10 × p_max rows in all; then drop from every
+-- where the queue holds p_max rows or fewer, p_max rows in all; then drop from every
 -- queue's list the generations where it holds no row any more and no writer can add one. So a
 -- rotation's work stays bounded however many queues are frozen. Writes message (gen),
 -- message_gen_frozen. Locks: the rows it moves (SKIP LOCKED); tries the generations' advisory
@@ -154,7 +166,7 @@ DECLARE
     f        {schema}.message_gen_frozen;
     v_gen    bigint;
     v_n      bigint;
-    v_budget bigint := 10 * p_max::bigint;
+    v_budget bigint := p_max::bigint;
     v_done   bigint[];
 BEGIN
     DELETE FROM {schema}.message_gen_frozen x
@@ -172,10 +184,11 @@ BEGIN
                                             LIMIT p_max + 1) c;
             CONTINUE WHEN v_n = 0 OR v_n > p_max OR v_n > v_budget;
             UPDATE {schema}.message m SET gen = p_target
-              FROM (SELECT x.id FROM {schema}.message x
-                     WHERE x.gen = v_gen AND x.queue_id = f.queue_id AND x.channel IS NULL
-                       FOR UPDATE SKIP LOCKED) c
-             WHERE m.queue_id = f.queue_id AND m.id = c.id;
+             WHERE m.ctid = ANY (ARRAY(
+                   SELECT x.ctid FROM {schema}.message x
+                    WHERE x.gen = v_gen AND x.queue_id = f.queue_id AND x.channel IS NULL
+                      FOR UPDATE SKIP LOCKED))
+               AND (m.gen = v_gen AND m.queue_id = f.queue_id) IS TRUE;  -- (its partition)
             v_budget := v_budget - v_n;
         END LOOP;
     END LOOP;
@@ -199,9 +212,9 @@ END $$;
 
 -- Open a new generation when the current one is p_period_ms old (or p_force): the one that
 -- leaves the window is frozen for the queues that hold more than p_max_moves rows there (their
--- backlog is not rewritten), and for the queues holding most of the rest beyond 10 ×
--- p_max_moves, and its other live plain messages move forward; then pending generations are
--- swept and frozen ones thawed (10 × p_max_moves rows at most). One rotator at a time: another caller returns
+-- backlog is not rewritten), and for the queues holding most of the rest beyond p_max_moves,
+-- and its other live plain messages move forward; then pending generations are swept and
+-- frozen ones thawed (p_max_moves rows at most). One rotator at a time: another caller returns
 -- NULL at once. Returns the current generation. Called by take() when due, by maintain(), or
 -- directly. Writes message (gen), message_gen_pending, message_gen_frozen, the generation
 -- sequences. Locks: an advisory transaction lock (try), the rows it moves (SKIP LOCKED).

@@ -25,17 +25,28 @@ DECLARE
     v_keep bigint := {schema}._send_key_retention_ms();
 BEGIN
     PERFORM {schema}._check_limit(p_limit);
-    WITH old AS (
-        SELECT a.queue_id, a.id
-          FROM {schema}.queue q
-          JOIN LATERAL (SELECT a.queue_id, a.id FROM {schema}.archive a
-                         WHERE a.queue_id = q.id AND a.status = 'acked'
-                           AND a.archived_at < v_now - q.retention_ms
-                         LIMIT p_limit) a ON true
-         LIMIT p_limit
-    )
-    DELETE FROM {schema}.archive a USING old
-     WHERE a.queue_id = old.queue_id AND a.id = old.id;
+    -- Only the queues that have archive rows, found by a skip scan of the archive's key (one
+    -- probe each, and one more), each queue's retention by its key: walking every queue cost
+    -- 91 ms at 10,000 queues (issue 19), most of them with no archive at all. The rows go by
+    -- ctid (a TID scan, never a join planned from statistics).
+    DELETE FROM {schema}.archive a
+     WHERE a.ctid = ANY (ARRAY(
+           WITH RECURSIVE aq AS (
+               (SELECT x.queue_id FROM {schema}.archive x ORDER BY x.queue_id LIMIT 1)
+               UNION ALL
+               SELECT (SELECT x.queue_id FROM {schema}.archive x WHERE x.queue_id > aq.queue_id
+                        ORDER BY x.queue_id LIMIT 1)
+                 FROM aq WHERE aq.queue_id IS NOT NULL
+           )
+           SELECT o.tid
+             FROM aq
+            CROSS JOIN LATERAL (SELECT q.retention_ms FROM {schema}.queue q
+                                 WHERE q.id = aq.queue_id OFFSET 0) q
+            CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM {schema}.archive x
+                                 WHERE x.queue_id = aq.queue_id AND x.status = 'acked'
+                                   AND x.archived_at < v_now - q.retention_ms
+                                 LIMIT p_limit) o
+            LIMIT p_limit));
     GET DIAGNOSTICS v_n = ROW_COUNT;
     -- Empty channels nothing keeps (not configured, out of their release interval) go too;
     -- SKIP LOCKED: never wait for a channel in use.
