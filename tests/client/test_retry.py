@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import ConnectionPool
 
 from lonnymq import Client, errors
 from lonnymq.client.retry import RetryPolicy
@@ -105,6 +106,28 @@ def test_dead_pooled_connections_are_replaced_on_checkout(make_client: Any, conn
     # Every pooled connection is dead: the checkout check replaces it, the send never sees it.
     assert c.send("q", 2).outcome == "created"
     assert [m.payload for m in c.peek("q")] == [1, 2]
+
+
+def test_the_check_costs_no_round_trip_until_the_server_ends_the_session(
+    make_client: Any, dsn: str, conn: Any, app_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check looks at the socket: an empty query only when there is something to read there.
+    trips: list[object] = []
+    full_check = ConnectionPool.check_connection
+    monkeypatch.setattr(ConnectionPool, "check_connection", lambda c: trips.append(c) or full_check(c))
+    c = make_client(idempotent_sends=False)  # no idempotency key: a dead connection would raise
+    for i in range(20):
+        c.send("q", i)
+    assert trips == []
+    # pg_terminate_backend(pid, timeout) returns once the backend has exited (closed its socket).
+    killed = conn.execute(
+        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name = %s",
+        (app_name,),
+    ).fetchall()
+    assert killed and all(ok for (ok,) in killed)
+    assert c.send("q", 20).outcome == "created"  # the dead one was seen, checked and replaced
+    assert len(trips) >= 1
+    assert len(c.peek("q", 100)) == 21
 
 
 def test_without_the_check_a_dead_connection_fails_the_send(

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import select
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +21,7 @@ from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 
@@ -1031,3 +1033,22 @@ def _per_message(
     if len(values) != n:
         raise errors.InvalidArgument(f"{what} must be one value or one per message")
     return values
+
+
+def connection_quiet(conn: psycopg.BaseConnection[Any]) -> bool:
+    """True when a pooled connection needs no round trip to be trusted: open, idle outside a
+    transaction, and nothing to read on its socket. A server that ended the session (a restart,
+    a failover, ``pg_terminate_backend``) has closed the socket or sent the reason, both of which
+    read, so the pool's check falls back to an empty query for those (and for a connection that
+    has notifications waiting); a healthy idle connection costs one ``select()``, not a round trip.
+    """
+    if conn.closed or conn.broken:
+        return False
+    pg = conn.pgconn
+    if pg.status != ConnStatus.OK or pg.transaction_status != TransactionStatus.IDLE:
+        return False
+    try:
+        readable, _, _ = select.select([pg.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.OperationalError):
+        return False
+    return not readable

@@ -50,7 +50,17 @@ from ..models import (
 from ..serializer import Serializer
 from . import config
 from .direct import ATTEMPTS, ShardMap, settle_merge, settle_split, unsupported
-from .ops import ROW_FACTORY, Op, Ops, check_send_key, map_error, new_send_key, settled, to_ms
+from .ops import (
+    ROW_FACTORY,
+    Op,
+    Ops,
+    check_send_key,
+    connection_quiet,
+    map_error,
+    new_send_key,
+    settled,
+    to_ms,
+)
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, sleep
 from .wait_sync import PENDING_WAIT, Listener, next_wait
 
@@ -60,6 +70,13 @@ T = TypeVar("T")
 def _in_transaction(c: Connection[Any]) -> bool:
     """A call on ``c`` joins the caller's transaction (open, or begun by the call itself)."""
     return not c.autocommit or c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
+def _check_connection(conn: Connection[Any]) -> None:
+    """The pool's check of a connection it hands out: a round trip only when the socket says the
+    server may have ended the session (:func:`~lonnymq.client.ops.connection_quiet`)."""
+    if not connection_quiet(conn):
+        ConnectionPool.check_connection(conn)
 
 
 class Client:
@@ -77,9 +94,10 @@ class Client:
     content type on receipt (default: JSON that also takes datetime, UUID and Decimal; see
     :mod:`lonnymq.serializer`).
 
-    On the client's pool, ``check_connections`` checks each connection as it is handed out (an
-    empty query, ~one round trip) so one left dead by a PostgreSQL restart or failover is replaced,
-    not used; ``retry`` (a :class:`~lonnymq.client.retry.RetryPolicy`, None: never) says how
+    On the client's pool, ``check_connections`` checks each connection as it is handed out so one
+    left dead by a PostgreSQL restart or failover is replaced, not used: an empty query (one round
+    trip) when its socket has something to read (a server that ended the session has closed it or
+    sent why), else nothing more than that look at the socket; ``retry`` (a :class:`~lonnymq.client.retry.RetryPolicy`, None: never) says how
     calls cut off by a lost connection are repeated: those that never reached the server, and
     those safe to run twice (take, receive, peek, metrics, listings); any other call so cut off
     raises :class:`~lonnymq.errors.ConnectionLost` (``may_have_committed``).
@@ -345,7 +363,7 @@ class Client:
             max_size=size,
             kwargs=kwargs,
             open=False,
-            check=ConnectionPool.check_connection if check else None,
+            check=_check_connection if check else None,
         )
 
     def _shard_pool(self, shard: int) -> ConnectionPool[Any]:
