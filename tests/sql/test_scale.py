@@ -442,3 +442,39 @@ def test_listing_a_page_of_channels_reads_that_page(dsn: str, schema: str) -> No
     with psycopg.connect(dsn, options="-c plan_cache_mode=force_generic_plan") as conn:
         assert _reads(conn, schema, "channel", "SELECT * FROM {s}.channel_list('q', 50, 't2000')") <= 51
         assert _reads(conn, schema, "channel", "SELECT * FROM {s}.channel_set('q', 't2500', 2)") <= 5
+
+
+def test_dropping_a_queue_among_many_reads_a_few_queue_rows(dsn: str, schema: str) -> None:
+    """With 2,000 queues, dropping one reads a few queue rows (its own; whether a queue names it
+    as its dead-letter queue, asked by queue_drop and by the foreign key, is an index probe:
+    migration 0016), on generic plans, where it used to read every queue row twice."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        Sql(conn, schema).q(
+            "SELECT count({s}.queue_create('q' || lpad(i::text, 4, '0'))) FROM generate_series(1, 2000) i"
+        )
+        Sql(conn, schema).q(
+            "SELECT {s}.queue_create('dlq'), {s}.queue_create('uses', p_dead_letter_queue => 'dlq')"
+        )
+        conn.execute(sql.SQL("ANALYZE {}.queue").format(sql.Identifier(schema)))
+
+    def reads(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(
+            "SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0) FROM pg_stat_xact_user_tables"
+            " WHERE schemaname = %s AND relname = 'queue'",
+            (schema,),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with psycopg.connect(dsn, options="-c plan_cache_mode=force_generic_plan") as conn, conn.transaction():
+        db = Sql(conn, schema)
+        for i in range(1, 8):  # PL/pgSQL's generic plans
+            db.q(f"SELECT {{s}}.queue_drop('q{i:04d}')")
+        before = reads(conn)
+        db.q("SELECT {s}.queue_drop('q1500')")
+        assert reads(conn) - before <= 10
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        pytest.raises(psycopg.Error, match="is the dead-letter queue of"),
+    ):
+        Sql(conn, schema).q("SELECT {s}.queue_drop('dlq')")  # still refused while a queue names it
