@@ -370,8 +370,14 @@ BEGIN
             -- take() returns fewer than asked when it dead-letters expired last attempts; only
             -- an empty take means nothing is ready.
             EXIT WHEN v_ids IS NULL;
+            INSERT INTO {schema}.spark_stream_batch (stream_id, batch_id, chunk, ids, tokens, lease_until)
+            VALUES (p_stream, p_after + 1, v_chunk, v_ids, v_tokens, v_now + p_lease_ms);
+            v_chunk := v_chunk + 1;
         ELSE
-            SELECT r.ids, r.dead INTO v_locked, v_dead FROM {schema}._lock_ready(q, v_n, v_ready) r;
+            -- All at once: each statement that locks candidates reads the dequeue index from
+            -- its start, past the entries of every row this transaction leased before it, so
+            -- one per chunk would read the batch's entries over and over.
+            SELECT r.ids, r.dead INTO v_locked, v_dead FROM {schema}._lock_ready(q, v_left, v_ready) r;
             -- Only dead letters (they left the ready set): look again. Nothing: nothing ready.
             EXIT WHEN v_locked IS NULL AND v_dead IS NULL;
             CONTINUE WHEN v_locked IS NULL;
@@ -391,10 +397,13 @@ BEGIN
             SELECT array_agg(u.id ORDER BY u.ord), array_agg(u.deliveries ORDER BY u.ord)
               INTO v_ids, v_tokens
               FROM u;
+            -- Logged in chunks of p_chunk (a chunk is read by one task).
+            INSERT INTO {schema}.spark_stream_batch (stream_id, batch_id, chunk, ids, tokens, lease_until)
+            SELECT p_stream, p_after + 1, v_chunk + c.i, v_ids[c.i * p_chunk + 1 : (c.i + 1) * p_chunk],
+                   v_tokens[c.i * p_chunk + 1 : (c.i + 1) * p_chunk], v_now + p_lease_ms
+              FROM generate_series(0, (cardinality(v_ids) - 1) / p_chunk) AS c(i);
+            v_chunk := v_chunk + (cardinality(v_ids) - 1) / p_chunk + 1;
         END IF;
-        INSERT INTO {schema}.spark_stream_batch (stream_id, batch_id, chunk, ids, tokens, lease_until)
-        VALUES (p_stream, p_after + 1, v_chunk, v_ids, v_tokens, v_now + p_lease_ms);
-        v_chunk := v_chunk + 1;
         messages := messages + cardinality(v_ids);
         v_left := v_left - cardinality(v_ids);
     END LOOP;
