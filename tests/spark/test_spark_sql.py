@@ -215,6 +215,44 @@ def test_stream_batches_are_planned_once_read_and_acked(client: Client, conn: Co
     assert [r[0] for r in archived] == ids[:3]
 
 
+def test_stream_leases_as_take_does_and_acks_the_whole_batch_at_once(
+    client: Client, conn: Conn, schema: str
+) -> None:
+    """The set-wise lease of a plain queue keeps take()'s rules: delivery order, a message whose
+    lease expired on its last attempt is dead-lettered, not delivered, and does not count against
+    the batch's limit; the commit acks every chunk of the batch at once."""
+    client.create_queue("q", max_attempts=1, archive=True)
+    s = sql.Identifier(schema)
+    t = 1_000_000_000_000
+    send = sql.SQL("SELECT id FROM {}.send_batch(p_queue => 'q', p_payloads => %s::bytea[], p_now => %s)")
+    [(first,)] = conn.execute(send.format(s), ([b"first"], t)).fetchall()
+    take = sql.SQL("SELECT id FROM {}.take(p_queue => 'q', p_lease_ms => 1000, p_now => %s)")
+    assert conn.execute(take.format(s), (t,)).fetchall() == [(first,)]  # its only attempt
+    ids = [i for (i,) in conn.execute(send.format(s), ([b"m%d" % i for i in range(5)], t + 5000))]
+    # Its lease expired (at t + 1000) before the others were sent: it is first in line, and dead.
+    stream = uuid.uuid4()
+    nxt = {"p_stream": stream, "p_queue": "q", "p_after": 0, "p_limit": 4, "p_chunk": 3, "p_now": t + 9000}
+    assert call(conn, schema, "spark_stream_next", **nxt) == [(1, 4)]
+    chunks = call(conn, schema, "spark_stream_chunks", p_stream=stream, p_after=0, p_upto=1)
+    assert chunks == [(1, 0, 3), (1, 1, 1)]
+    read = [
+        r[1]
+        for c in chunks
+        for r in call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=c[0], p_chunk=c[1])
+    ]
+    assert read == ids[:4]  # in delivery order
+    status = sql.SQL("SELECT id, status FROM {}.archive ORDER BY id").format(s)
+    assert conn.execute(status).fetchall() == [(first, "dead")]
+    live = sql.SQL("SELECT id, deliveries, leased, dequeue_at FROM {}.message ORDER BY id").format(s)
+    lease_end = t + 9000 + 600_000
+    assert conn.execute(live).fetchall() == [(i, 1, True, lease_end) for i in ids[:4]] + [
+        (ids[4], 0, False, t + 5000)
+    ]
+    assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1, p_now=t + 9500) == [(4,)]
+    assert conn.execute(status).fetchall() == [(first, "dead")] + [(i, "acked") for i in ids[:4]]
+    assert conn.execute(live).fetchall() == [(ids[4], 0, False, t + 5000)]
+
+
 def test_stream_ready_bound_and_lease_renewal(client: Client, conn: Conn, schema: str) -> None:
     client.create_queue("q")
     t = 1_000_000_000_000
