@@ -40,6 +40,15 @@ def call(conn: Conn, schema: str, function: str, **params: Any) -> list[tuple[An
     return conn.execute(query, list(params.values())).fetchall()
 
 
+def stream_ids(conn: Conn, schema: str, stream: uuid.UUID, chunks: list[tuple[Any, ...]]) -> list[int]:
+    """The ids spark_stream_read returns for the (batch, chunk, n) rows of spark_stream_chunks."""
+    return [
+        r[1]
+        for c in chunks
+        for r in call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=c[0], p_chunk=c[1])
+    ]
+
+
 def stage(conn: Conn, schema: str, run: uuid.UUID, part: int, payloads: list[str], queue: str = "q") -> int:
     s = sql.Identifier(schema)
     conn.execute(
@@ -196,11 +205,7 @@ def test_stream_batches_are_planned_once_read_and_acked(client: Client, conn: Co
     assert client.metrics("q").ready == 2
     chunks = call(conn, schema, "spark_stream_chunks", p_stream=stream, p_after=0, p_upto=1)
     assert chunks == [(1, 0, 2), (1, 1, 1)]
-    read = [
-        r[1]
-        for c in chunks
-        for r in call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=c[0], p_chunk=c[1])
-    ]
+    read = stream_ids(conn, schema, stream, chunks)
     assert read == ids[:3]
     assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(3,)]
     assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(0,)]  # idempotent
@@ -235,11 +240,7 @@ def test_stream_leases_as_take_does_and_acks_the_whole_batch_at_once(
     assert call(conn, schema, "spark_stream_next", **nxt) == [(1, 4)]
     chunks = call(conn, schema, "spark_stream_chunks", p_stream=stream, p_after=0, p_upto=1)
     assert chunks == [(1, 0, 3), (1, 1, 1)]
-    read = [
-        r[1]
-        for c in chunks
-        for r in call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=c[0], p_chunk=c[1])
-    ]
+    read = stream_ids(conn, schema, stream, chunks)
     assert read == ids[:4]  # in delivery order
     status = sql.SQL("SELECT id, status FROM {}.archive ORDER BY id").format(s)
     assert conn.execute(status).fetchall() == [(first, "dead")]
