@@ -15,7 +15,12 @@ before anything is timed) goes, on the same server and Spark session:
   default parallelism, ``fetchsize`` 10,000), both into Spark's ``noop`` sink;
 * **streaming consumption**: ``spark.readStream.format("lonnymq")`` with ``ack=delete``,
   ``trigger(availableNow=True)`` into the ``noop`` sink: messages consumed *and acknowledged*
-  per second, end to end (query start to the queue's last ack), next to our own batch read.
+  per second, end to end (query start to the queue's last ack), next to our own batch read,
+  and next to its floor, measured in the same repetition: the same rows read by a streaming
+  source that neither leases nor acks (our batch reader's partitions in one micro-batch: Spark's
+  and the Python data source's own cost of a micro-batch, plus the read), plus one bare
+  lock + ``UPDATE`` (the lease) and one bare ``DELETE`` (the ack) of a copy of the rows, the
+  least SQL a stream that leases and acks must run. Their seconds add up to the floor.
 
 Repetitions interleave the two sides (ABBA), with VACUUM ANALYZE and CHECKPOINT before every
 timed phase (a server with autovacuum off would otherwise penalise whoever runs later). Medians
