@@ -423,10 +423,13 @@ $$;
 -- Spark is done with batches <= p_batch: ack their deliveries (delete, or archive per
 -- p_archive / the queue's setting) and forget them. Deliveries whose token went stale (their
 -- lease expired and someone else took them) are not touched. Idempotent. Returns the acks.
--- One set-wise ack (the core _ack, as ack() runs it: rows locked in id order, deleted or
--- archived, remembered in settled, their channels updated) of every delivery of the batches,
--- not one ack() per chunk. Plans pinned as ack()'s (settle.sql's header). Writes spark_stream,
--- spark_stream_batch, and what _ack writes. Locks: the stream's row, then _ack's.
+-- The core _ack (as ack() runs it: rows locked in id order, deleted or archived, remembered in
+-- settled, their channels updated) of each logged chunk, without ack()'s look for repeats (the
+-- log is deleted in the same transaction, so a batch is acked once). A chunk (10,000 rows) at
+-- a time: one _ack of a whole 200,000-row batch ran at a third of the speed (200,000 rows, one
+-- process: 19,200 rows/s against a bare DELETE's 55,600; per chunk 40,100 against 36,500).
+-- Plans pinned as ack()'s (settle.sql's header). Writes spark_stream, spark_stream_batch, and
+-- what _ack writes. Locks: the stream's row, then _ack's.
 CREATE OR REPLACE FUNCTION {schema}.spark_stream_commit(
     p_stream  uuid,
     p_batch   bigint,
@@ -438,26 +441,20 @@ DECLARE
     v_now    bigint := {schema}._now(p_now);
     v_s      {schema}.spark_stream;
     q        {schema}.queue;
-    v_ids    bigint[];
-    v_tokens integer[];
+    v_r      record;
     v_n      bigint := 0::bigint;
 BEGIN
     SELECT * INTO v_s FROM {schema}.spark_stream s WHERE s.stream_id = p_stream FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 0::bigint;
     END IF;
-    WITH d AS (
-        DELETE FROM {schema}.spark_stream_batch b
-         WHERE b.stream_id = p_stream AND b.batch_id <= p_batch
-        RETURNING b.ids, b.tokens
-    )
-    SELECT array_agg(t.id), array_agg(t.token) INTO v_ids, v_tokens
-      FROM d CROSS JOIN LATERAL unnest(d.ids, d.tokens) AS t(id, token);
-    IF v_ids IS NOT NULL THEN
+    FOR v_r IN DELETE FROM {schema}.spark_stream_batch b
+                WHERE b.stream_id = p_stream AND b.batch_id <= p_batch
+               RETURNING b.ids, b.tokens LOOP
         q := {schema}._queue(v_s.queue);
-        SELECT count(*) INTO v_n
-          FROM {schema}._ack(q, v_ids, v_tokens, coalesce(p_archive, q.archive), v_now) a;
-    END IF;
+        SELECT v_n + count(*) INTO v_n
+          FROM {schema}._ack(q, v_r.ids, v_r.tokens, coalesce(p_archive, q.archive), v_now) a;
+    END LOOP;
     UPDATE {schema}.spark_stream s
        SET committed_batch = greatest(s.committed_batch, p_batch), seen_at = v_now
      WHERE s.stream_id = p_stream;
