@@ -40,6 +40,15 @@ def call(conn: Conn, schema: str, function: str, **params: Any) -> list[tuple[An
     return conn.execute(query, list(params.values())).fetchall()
 
 
+def stream_ids(conn: Conn, schema: str, stream: uuid.UUID, chunks: list[tuple[Any, ...]]) -> list[int]:
+    """The ids spark_stream_read returns for the (batch, chunk, n) rows of spark_stream_chunks."""
+    return [
+        r[1]
+        for c in chunks
+        for r in call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=c[0], p_chunk=c[1])
+    ]
+
+
 def stage(conn: Conn, schema: str, run: uuid.UUID, part: int, payloads: list[str], queue: str = "q") -> int:
     s = sql.Identifier(schema)
     conn.execute(
@@ -196,11 +205,7 @@ def test_stream_batches_are_planned_once_read_and_acked(client: Client, conn: Co
     assert client.metrics("q").ready == 2
     chunks = call(conn, schema, "spark_stream_chunks", p_stream=stream, p_after=0, p_upto=1)
     assert chunks == [(1, 0, 2), (1, 1, 1)]
-    read = [
-        r[1]
-        for c in chunks
-        for r in call(conn, schema, "spark_stream_read", p_stream=stream, p_batch=c[0], p_chunk=c[1])
-    ]
+    read = stream_ids(conn, schema, stream, chunks)
     assert read == ids[:3]
     assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(3,)]
     assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1) == [(0,)]  # idempotent
@@ -213,6 +218,40 @@ def test_stream_batches_are_planned_once_read_and_acked(client: Client, conn: Co
         call(conn, schema, "spark_stream_next", p_after=2, **{**nxt, "p_queue": "other"})
     archived = conn.execute(sql.SQL("SELECT id FROM {}.archive ORDER BY id").format(sql.Identifier(schema)))
     assert [r[0] for r in archived] == ids[:3]
+
+
+def test_stream_leases_as_take_does_and_acks_the_whole_batch_at_once(
+    client: Client, conn: Conn, schema: str
+) -> None:
+    """The set-wise lease of a plain queue keeps take()'s rules: delivery order, a message whose
+    lease expired on its last attempt is dead-lettered, not delivered, and does not count against
+    the batch's limit; the commit acks every chunk of the batch at once."""
+    client.create_queue("q", max_attempts=1, archive=True)
+    s = sql.Identifier(schema)
+    t = 1_000_000_000_000
+    send = sql.SQL("SELECT id FROM {}.send_batch(p_queue => 'q', p_payloads => %s::bytea[], p_now => %s)")
+    [(first,)] = conn.execute(send.format(s), ([b"first"], t)).fetchall()
+    take = sql.SQL("SELECT id FROM {}.take(p_queue => 'q', p_lease_ms => 1000, p_now => %s)")
+    assert conn.execute(take.format(s), (t,)).fetchall() == [(first,)]  # its only attempt
+    ids = [i for (i,) in conn.execute(send.format(s), ([b"m%d" % i for i in range(5)], t + 5000))]
+    # Its lease expired (at t + 1000) before the others were sent: it is first in line, and dead.
+    stream = uuid.uuid4()
+    nxt = {"p_stream": stream, "p_queue": "q", "p_after": 0, "p_limit": 4, "p_chunk": 3, "p_now": t + 9000}
+    assert call(conn, schema, "spark_stream_next", **nxt) == [(1, 4)]
+    chunks = call(conn, schema, "spark_stream_chunks", p_stream=stream, p_after=0, p_upto=1)
+    assert chunks == [(1, 0, 3), (1, 1, 1)]
+    read = stream_ids(conn, schema, stream, chunks)
+    assert read == ids[:4]  # in delivery order
+    status = sql.SQL("SELECT id, status FROM {}.archive ORDER BY id").format(s)
+    assert conn.execute(status).fetchall() == [(first, "dead")]
+    live = sql.SQL("SELECT id, deliveries, leased, dequeue_at FROM {}.message ORDER BY id").format(s)
+    lease_end = t + 9000 + 600_000
+    assert conn.execute(live).fetchall() == [(i, 1, True, lease_end) for i in ids[:4]] + [
+        (ids[4], 0, False, t + 5000)
+    ]
+    assert call(conn, schema, "spark_stream_commit", p_stream=stream, p_batch=1, p_now=t + 9500) == [(4,)]
+    assert conn.execute(status).fetchall() == [(first, "dead")] + [(i, "acked") for i in ids[:4]]
+    assert conn.execute(live).fetchall() == [(ids[4], 0, False, t + 5000)]
 
 
 def test_stream_ready_bound_and_lease_renewal(client: Client, conn: Conn, schema: str) -> None:
