@@ -90,9 +90,9 @@ class _Pristine:
     """What a schema looked like right after ``migrate()``."""
 
     fingerprint: str
-    tables: list[str]  # every table, for TRUNCATE
-    rows: list[tuple[str, list[str], bytes]]  # (table, columns, COPY data) of the non-empty ones
+    rows: dict[str, tuple[list[str], bytes, str]]  # non-empty table -> columns, COPY data, md5
     sequences: list[tuple[str, int, bool]]  # (sequence, last_value, is_called)
+    referenced_by: dict[str, set[str]]  # table -> the tables whose foreign keys reference it
 
 
 @dataclass
@@ -140,13 +140,29 @@ def _fingerprint(conn: psycopg.Connection[tuple[object, ...]], name: str) -> str
     return str(row[0])
 
 
+_FOREIGN_KEYS = """
+SELECT confrelid::regclass::text, conrelid::regclass::text FROM pg_constraint
+ WHERE contype = 'f' AND connamespace = %(schema)s::regnamespace
+"""
+
+_SIZES = """
+SELECT c.oid::regclass::text, pg_relation_size(c.oid) > 0 FROM pg_class c
+ WHERE c.relnamespace = %(schema)s::regnamespace AND c.relkind = 'r'
+"""
+
+
+def _content_md5(conn: psycopg.Connection[tuple[object, ...]], table: str) -> str:
+    query = sql.SQL("SELECT md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), '')) FROM {} t")
+    row = conn.execute(query.format(sql.SQL(table))).fetchone()  # a regclass text: quoted already
+    assert row is not None
+    return str(row[0])
+
+
 def _capture(conn: psycopg.Connection[tuple[object, ...]], name: str) -> _Pristine:
     fingerprint = _fingerprint(conn, name)
     assert fingerprint is not None
-    tables: list[str] = []
-    rows: list[tuple[str, list[str], bytes]] = []
+    rows: dict[str, tuple[list[str], bytes, str]] = {}
     for table, kind, columns in conn.execute(_TABLES, {"schema": name}).fetchall():
-        tables.append(table)
         if kind != "r":  # a partitioned table's rows are its partitions'
             continue
         cols = sql.SQL(", ").join(sql.SQL(c) for c in columns)  # quote_ident()ed by the catalog
@@ -156,13 +172,36 @@ def _capture(conn: psycopg.Connection[tuple[object, ...]], name: str) -> _Pristi
             for chunk in copy:
                 data.write(chunk)
         if data.tell():
-            rows.append((table, columns, data.getvalue()))
+            rows[table] = (columns, data.getvalue(), _content_md5(conn, table))
     sequences = []
     for (seq,) in conn.execute(_SEQUENCES, {"schema": name}).fetchall():
         query = sql.SQL("SELECT last_value, is_called FROM {}").format(sql.SQL(seq))
         last_value, is_called = conn.execute(query).fetchone() or (1, False)
         sequences.append((seq, int(last_value), bool(is_called)))
-    return _Pristine(fingerprint, tables, rows, sequences)
+    referenced_by: dict[str, set[str]] = {}
+    for referenced, referencing in conn.execute(_FOREIGN_KEYS, {"schema": name}).fetchall():
+        referenced_by.setdefault(referenced, set()).add(referencing)
+    return _Pristine(fingerprint, rows, sequences, referenced_by)
+
+
+def _dirty(conn: psycopg.Connection[tuple[object, ...]], name: str, pristine: _Pristine) -> list[str]:
+    """The tables to truncate: every table with storage that was empty after migrate() (a
+    freshly truncated table has none: any row written since, live or dead, gives it a page), the
+    initially filled ones whose content changed, and what references them by foreign key."""
+    dirty = set()
+    for table, used in conn.execute(_SIZES, {"schema": name}).fetchall():
+        if table in pristine.rows:
+            if _content_md5(conn, table) != pristine.rows[table][2]:
+                dirty.add(table)
+        elif used:
+            dirty.add(table)
+    todo = list(dirty)
+    while todo:  # TRUNCATE wants every table whose foreign key references one it truncates
+        for other in pristine.referenced_by.get(todo.pop(), ()):
+            if other not in dirty:
+                dirty.add(other)
+                todo.append(other)
+    return sorted(dirty)
 
 
 def _reset(conn: psycopg.Connection[tuple[object, ...]], name: str, pristine: _Pristine) -> bool:
@@ -173,15 +212,22 @@ def _reset(conn: psycopg.Connection[tuple[object, ...]], name: str, pristine: _P
         with conn.transaction():
             conn.execute("SET LOCAL lock_timeout = '3s'")
             conn.execute("SET LOCAL session_replication_role = replica")  # no triggers on restore
-            tables = sql.SQL(", ").join(sql.SQL(t) for t in pristine.tables)
-            conn.execute(sql.SQL("TRUNCATE {}").format(tables))
-            for table, columns, data in pristine.rows:
+            dirty = _dirty(conn, name, pristine)
+            if dirty:
+                conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(sql.SQL(t) for t in dirty)))
+            for table in dirty:
+                if table not in pristine.rows:
+                    continue
+                columns, data, _ = pristine.rows[table]
                 cols = sql.SQL(", ").join(sql.SQL(c) for c in columns)
                 query = sql.SQL("COPY {} ({}) FROM STDIN").format(sql.SQL(table), cols)
                 with conn.cursor().copy(query) as copy:
                     copy.write(data)
-            for seq, last_value, is_called in pristine.sequences:
-                conn.execute("SELECT setval(%s::regclass, %s, %s)", (seq, last_value, is_called))
+            conn.execute(
+                "SELECT setval(s::regclass, v, c) FROM unnest(%s::text[], %s::bigint[], %s::bool[]) x(s, v, c)",
+                ([q[0] for q in pristine.sequences], [q[1] for q in pristine.sequences],
+                 [q[2] for q in pristine.sequences]),
+            )  # fmt: skip
     except psycopg.errors.LockNotAvailable:
         return False
     return True
