@@ -96,9 +96,13 @@ def test_migrate_waits_for_the_advisory_lock(dsn: str, new_schema: str) -> None:
                 while time.monotonic() < deadline and not waiting:
                     with psycopg.connect(dsn, autocommit=True) as probe:
                         waiting = probe.execute(
+                            # This schema's migrate lock only: other tests on the same server
+                            # (the coverage pass shares one) wait on advisory locks of their own.
                             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                            " AND pid <> %s",
-                            (holder.info.backend_pid,),
+                            " AND pid <> %s AND database = (SELECT oid FROM pg_database"
+                            " WHERE datname = current_database()) AND objsubid = 2"
+                            " AND classid = hashtext('lonnymq.migrate')::oid AND objid = hashtext(%s)::oid",
+                            (holder.info.backend_pid, new_schema),
                         ).fetchone()[0]
                     time.sleep(0.05)
                 assert waiting == 1, "migrate() did not queue behind the advisory lock"
