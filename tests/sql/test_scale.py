@@ -389,25 +389,26 @@ def test_queue_work_never_waits_for_queues_being_created_dropped_or_purged(dsn: 
 # -- listings read one page ------------------------------------------------------------------------
 
 
+def _rows_read(conn: psycopg.Connection[Any], schema: str, table: str) -> int:
+    """Rows this transaction has read from ``table`` so far (sequential scans and index fetches)."""
+    row = conn.execute(
+        "SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0) FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = %s AND relname = %s",
+        (schema, table),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _reads(conn: psycopg.Connection[Any], schema: str, table: str, query: str, params: Any = ()) -> int:
-    """Rows the query read from ``table`` (sequential scans and index fetches), from the
-    transaction's own statistics; the query runs seven times first (PL/pgSQL's generic plans)."""
-
-    def read() -> int:
-        row = conn.execute(
-            "SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0) FROM pg_stat_xact_user_tables"
-            " WHERE schemaname = %s AND relname = %s",
-            (schema, table),
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
+    """Rows the query read from ``table``, from the transaction's own statistics; the query runs
+    seven times first (PL/pgSQL's generic plans)."""
     with conn.transaction():
         for _ in range(7):
             conn.execute(sql.SQL(query).format(s=sql.Identifier(schema)), params).fetchall()  # type: ignore[arg-type]
-        before = read()
+        before = _rows_read(conn, schema, table)
         conn.execute(sql.SQL(query).format(s=sql.Identifier(schema)), params).fetchall()  # type: ignore[arg-type]
-        return read() - before
+        return _rows_read(conn, schema, table) - before
 
 
 @pytest.mark.parametrize("settings", ["", "-c enable_seqscan=off -c jit=off"], ids=["default", "dashboard"])
@@ -457,22 +458,13 @@ def test_dropping_a_queue_among_many_reads_a_few_queue_rows(dsn: str, schema: st
         )
         conn.execute(sql.SQL("ANALYZE {}.queue").format(sql.Identifier(schema)))
 
-    def reads(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute(
-            "SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0) FROM pg_stat_xact_user_tables"
-            " WHERE schemaname = %s AND relname = 'queue'",
-            (schema,),
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
     with psycopg.connect(dsn, options="-c plan_cache_mode=force_generic_plan") as conn, conn.transaction():
         db = Sql(conn, schema)
         for i in range(1, 8):  # PL/pgSQL's generic plans
             db.q(f"SELECT {{s}}.queue_drop('q{i:04d}')")
-        before = reads(conn)
+        before = _rows_read(conn, schema, "queue")
         db.q("SELECT {s}.queue_drop('q1500')")
-        assert reads(conn) - before <= 10
+        assert _rows_read(conn, schema, "queue") - before <= 10
     with (
         psycopg.connect(dsn, autocommit=True) as conn,
         pytest.raises(psycopg.Error, match="is the dead-letter queue of"),
