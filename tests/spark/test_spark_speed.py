@@ -225,12 +225,14 @@ def test_publish_refuses_what_send_refuses_and_enqueues_nothing(
 
 
 def _expected(conn: Conn, reader: _read.BatchReader) -> list[dict[str, Any]]:
-    """What a read returns, from the row function (spark_read_messages / spark_read_archive)."""
+    """What a read returns, from the row function (spark_read_messages / spark_read_archive), in
+    id order: the packed read pages by id, the row function promises no order (a small table is
+    read sequentially, where a leased message's new version sits after the others)."""
     out = []
     for p in reader.partitions():
         if p.lo < p.hi:
             query, params = reader.query(p)
-            for row in conn.execute(query, params).fetchall():
+            for row in sorted(conn.execute(query, params).fetchall(), key=lambda r: r[1]):
                 d = dict(zip([n for n, _ in _read.COLUMNS], row, strict=True))
                 d["payload"] = bytes(d["payload"]).decode("utf-8", "replace")
                 d["headers"] = _read._headers(d["headers"])
