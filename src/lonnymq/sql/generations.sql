@@ -97,69 +97,179 @@ BEGIN
     RETURN false;
 END $$;
 
--- Move the plain messages of generation p_gen (outside the window) into p_target, skipping rows
--- others hold and the rows of queues that keep p_gen frozen. Returns true when p_gen is
--- finished: no writer can still commit rows there and no row was left behind but frozen ones.
--- Writes message (gen). Locks: the rows it moves (SKIP LOCKED); tries the generation's advisory
--- lock (never waits).
-CREATE OR REPLACE FUNCTION {schema}._gen_sweep(p_gen bigint, p_target bigint) RETURNS boolean
+-- Add generation p_gen to queue p_queue_id's frozen list (kept oldest first), if not there.
+-- Writes message_gen_frozen.
+CREATE OR REPLACE FUNCTION {schema}._gen_frozen_add(p_queue_id integer, p_gen bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO {schema}.message_gen_frozen AS f (queue_id, gens) VALUES (p_queue_id, ARRAY[p_gen])
+    ON CONFLICT (queue_id) DO UPDATE
+       SET gens = ARRAY(SELECT g.gen FROM unnest(f.gens || p_gen) AS g(gen) ORDER BY g.gen)
+     WHERE NOT p_gen = ANY (f.gens);
+END $$;
+
+-- Settle queue p_queue_id's plain messages in generation p_gen (outside the window): nothing if
+-- the queue keeps p_gen frozen; freeze p_gen for it if it holds more than p_max rows there (their
+-- rows stay; takes read them there); else move them into p_target, skipping rows others hold.
+-- Reads the queue's range of the dequeue index only (at most p_max + 1 rows, plus one probe).
+-- Returns moved (rows moved) and held (rows were left behind, held by others: visit again).
+-- Writes message (gen), message_gen_frozen. Locks: the rows it moves (SKIP LOCKED).
+CREATE OR REPLACE FUNCTION {schema}._gen_sweep_queue(p_gen bigint, p_queue_id integer, p_target bigint,
+                                          p_max integer, OUT moved integer, OUT held boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_no_more boolean := {schema}._gen_writers_gone(p_gen);
+    v_n integer;
 BEGIN
-    -- A queue that keeps p_gen frozen is one key probe away (thousands of them may). The rows
-    -- go by ctid (a TID scan): a join of the candidates with the table is planned from
-    -- statistics, and a sweep so planned took seconds at 1,000 queues (issue 19). A row that
-    -- another transaction changed after this statement began stays locked, unmoved, and keeps
-    -- the generation pending for the next sweep. The conditions are checked again on the row
-    -- changed: a ctid names a row of either partition (a row of the other one with the same
-    -- ctid is moved only if it is a candidate too, then waited for rather than skipped).
+    moved := 0;
+    held := false;
+    IF EXISTS (SELECT FROM {schema}.message_gen_frozen f
+                WHERE f.queue_id = p_queue_id AND p_gen = ANY (f.gens)) THEN
+        RETURN;
+    END IF;
+    SELECT count(*) INTO v_n FROM (SELECT FROM {schema}.message x
+                                    WHERE x.gen = p_gen AND x.queue_id = p_queue_id AND x.channel IS NULL
+                                    LIMIT p_max + 1) c;
+    IF v_n = 0 THEN
+        RETURN;
+    ELSIF v_n > p_max THEN
+        PERFORM {schema}._gen_frozen_add(p_queue_id, p_gen);
+        RETURN;
+    END IF;
+    -- By ctid (a TID scan): a join with the table would be planned from statistics. A row that
+    -- another transaction changed after this statement began stays locked, unmoved (held).
     UPDATE {schema}.message m SET gen = p_target
      WHERE m.ctid = ANY (ARRAY(
            SELECT x.ctid FROM {schema}.message x
-            WHERE x.gen = p_gen AND x.channel IS NULL
-              AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
-                               WHERE f.queue_id = x.queue_id AND p_gen = ANY (f.gens))
+            WHERE x.gen = p_gen AND x.queue_id = p_queue_id AND x.channel IS NULL
               FOR UPDATE OF x SKIP LOCKED))
-       AND (m.gen = p_gen AND m.channel IS NULL) IS TRUE
-       AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
-                        WHERE f.queue_id = m.queue_id AND p_gen = ANY (f.gens));
-    RETURN v_no_more AND NOT EXISTS (SELECT FROM {schema}.message x
-                                      WHERE x.gen = p_gen AND x.channel IS NULL
-                                        AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
-                                                         WHERE f.queue_id = x.queue_id
-                                                           AND p_gen = ANY (f.gens)));
+       AND (m.gen = p_gen AND m.queue_id = p_queue_id AND m.channel IS NULL) IS TRUE;  -- (its partition)
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    held := EXISTS (SELECT FROM {schema}.message x
+                     WHERE x.gen = p_gen AND x.queue_id = p_queue_id AND x.channel IS NULL);
 END $$;
 
 -- Freeze generation p_gen (leaving the window) for the queues whose rows there are not to move:
 -- every queue holding more than p_max of its plain messages there (a backlog), and, while the
 -- others together hold more than p_max, the ones holding most of them (thousands of queues
 -- with a few messages each), so that what moves stays within that. Their rows stay, and
--- p_gen joins each one's frozen list. One walk of the generation. Writes message_gen_frozen.
-CREATE OR REPLACE FUNCTION {schema}._gen_freeze(p_gen bigint, p_max integer) RETURNS void
+-- p_gen joins each one's frozen list. One walk of the generation, done once per generation
+-- (_gen_sweep). Returns the queues whose rows are to move, p_max rows at most in all. Writes
+-- message_gen_frozen.
+CREATE OR REPLACE FUNCTION {schema}._gen_freeze(p_gen bigint, p_max integer) RETURNS integer[]
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_move integer[];
 BEGIN
-    INSERT INTO {schema}.message_gen_frozen AS f (queue_id, gens)
-    SELECT c.queue_id, ARRAY[p_gen]
-      FROM (SELECT x.queue_id, count(*) AS n,
-                   sum(count(*)) OVER (ORDER BY count(*), x.queue_id) AS upto
-              FROM {schema}.message x
-             WHERE x.gen = p_gen AND x.channel IS NULL
-               AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen g
-                                WHERE g.queue_id = x.queue_id AND p_gen = ANY (g.gens))
-             GROUP BY x.queue_id) c
-     WHERE c.n > p_max OR c.upto > p_max
-    ON CONFLICT (queue_id) DO UPDATE SET gens = f.gens || p_gen
-     WHERE NOT p_gen = ANY (f.gens);
+    WITH c AS MATERIALIZED (
+        SELECT y.queue_id, (y.n > p_max OR y.upto > p_max) AS freeze
+          FROM (SELECT x.queue_id, count(*) AS n,
+                       sum(count(*)) OVER (ORDER BY count(*), x.queue_id) AS upto
+                  FROM {schema}.message x
+                 WHERE x.gen = p_gen AND x.channel IS NULL
+                   AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen g
+                                    WHERE g.queue_id = x.queue_id AND p_gen = ANY (g.gens))
+                 GROUP BY x.queue_id) y
+    ), frozen AS (
+        INSERT INTO {schema}.message_gen_frozen AS f (queue_id, gens)
+        SELECT c.queue_id, ARRAY[p_gen] FROM c WHERE c.freeze
+        ON CONFLICT (queue_id) DO UPDATE
+           SET gens = ARRAY(SELECT g.gen FROM unnest(f.gens || p_gen) AS g(gen) ORDER BY g.gen)
+         WHERE NOT p_gen = ANY (f.gens)
+    )
+    SELECT coalesce(array_agg(c.queue_id ORDER BY c.queue_id), ARRAY[]::integer[]) INTO v_move
+      FROM c WHERE NOT c.freeze;
+    RETURN v_move;
 END $$;
 
--- Thaw frozen generations: forget queues that are gone; move forward, for up to 100 frozen
--- queues picked at random, the rows of their oldest frozen generations (up to four a queue)
--- where the queue holds p_max rows or fewer, p_max rows in all; then drop from every
--- queue's list the generations where it holds no row any more and no writer can add one. So a
--- rotation's work stays bounded however many queues are frozen. Writes message (gen),
--- message_gen_frozen. Locks: the rows it moves (SKIP LOCKED); tries the generations' advisory
--- locks (never waits).
+-- Sweep pending generation p_gen (outside the window) towards p_target: what is left there,
+-- besides the rows of queues that keep it frozen, moves forward. Returns true when p_gen is
+-- finished (its message_gen_pending row is then deleted): no writer can still commit rows there
+-- and no row is left but frozen ones. Work per call: the first call freezes the generation and
+-- moves the rows of its other queues (one walk of the generation, _gen_freeze); later calls
+-- visit only the queues whose rows were held by others then, one index range each, and, if a
+-- writer still held the generation at the first call, pass once over its queues (p_max queues
+-- a call, a skip scan of (gen, queue_id) that passes over a frozen queue's rows with one
+-- descent) once no writer is left. So a rotation never walks the rows that frozen queues keep
+-- in pending generations again (it walked every one of them three times a rotation while any
+-- row of the generation was held: 60,000 at 10,000 queues, issue 19). Writes message (gen),
+-- message_gen_frozen, message_gen_pending. Locks: the rows it moves (SKIP LOCKED); tries the
+-- generation's advisory lock (never waits).
+CREATE OR REPLACE FUNCTION {schema}._gen_sweep(p_gen bigint, p_target bigint, p_max integer) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    p        {schema}.message_gen_pending;
+    r        record;
+    v_queue  integer;
+    v_held   integer[] := ARRAY[]::integer[];
+    v_visits integer := p_max;
+    v_from   bigint;
+BEGIN
+    SELECT * INTO p FROM {schema}.message_gen_pending x WHERE x.gen = p_gen;
+    IF NOT FOUND THEN
+        RETURN true;
+    END IF;
+    IF NOT p.swept THEN
+        -- Before the walk: a writer that is gone now has committed what it wrote there.
+        p.scan := NOT {schema}._gen_writers_gone(p_gen);
+        p.scan_after := NULL;
+        FOREACH v_queue IN ARRAY {schema}._gen_freeze(p_gen, p_max) LOOP
+            r := {schema}._gen_sweep_queue(p_gen, v_queue, p_target, p_max);
+            IF r.held THEN
+                v_held := v_held || v_queue;
+            END IF;
+        END LOOP;
+        p.swept := true;
+    ELSE
+        FOREACH v_queue IN ARRAY p.leftover LOOP
+            r := {schema}._gen_sweep_queue(p_gen, v_queue, p_target, p_max);
+            IF r.held THEN
+                v_held := v_held || v_queue;
+            END IF;
+        END LOOP;
+        -- The pass starts once no writer is left (rows committed before that are seen by it).
+        IF p.scan AND (p.scan_after IS NOT NULL OR {schema}._gen_writers_gone(p_gen)) THEN
+            LOOP
+                IF v_visits <= 0 THEN
+                    EXIT;
+                END IF;
+                v_visits := v_visits - 1;
+                v_from := coalesce(p.scan_after::bigint + 1, -2147483648);
+                v_queue := (SELECT x.queue_id FROM {schema}.message x
+                             WHERE x.gen = p_gen AND x.channel IS NULL AND x.queue_id >= v_from
+                             ORDER BY x.queue_id LIMIT 1);
+                IF v_queue IS NULL THEN
+                    p.scan := false;
+                    p.scan_after := NULL;
+                    EXIT;
+                END IF;
+                r := {schema}._gen_sweep_queue(p_gen, v_queue, p_target, p_max);
+                IF r.held AND NOT v_queue = ANY (v_held) THEN
+                    v_held := v_held || v_queue;
+                END IF;
+                p.scan_after := v_queue;
+            END LOOP;
+        END IF;
+    END IF;
+    IF NOT p.scan AND cardinality(v_held) = 0 THEN
+        DELETE FROM {schema}.message_gen_pending x WHERE x.gen = p_gen;
+        RETURN true;
+    END IF;
+    UPDATE {schema}.message_gen_pending x
+       SET swept = p.swept, leftover = v_held, scan = p.scan, scan_after = p.scan_after
+     WHERE x.gen = p_gen;
+    RETURN false;
+END $$;
+
+-- Thaw frozen generations, for the next p_max frozen queues in a round over them all (resumed
+-- where the last rotation stopped: message_gen_thaw_seq): forget those that are gone; move
+-- forward the rows of their oldest frozen generations (up to four a queue) where the queue
+-- holds p_max rows or fewer, p_max rows counted and p_max moved in all (the round resumes at
+-- the first queue not counted); then drop from their lists the generations where they hold no
+-- row any more and no writer can add one. So a rotation's work stays bounded however many
+-- queues are frozen (visiting all of them every rotation cost a key probe per queue and
+-- generation: 10,000 at 10,000 frozen queues). Writes message (gen),
+-- message_gen_frozen, message_gen_thaw_seq. Locks: the rows it moves (SKIP LOCKED); tries the
+-- generations' advisory locks (never waits).
 CREATE OR REPLACE FUNCTION {schema}._gen_thaw(p_target bigint, p_max integer) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -167,21 +277,41 @@ DECLARE
     v_gen    bigint;
     v_n      bigint;
     v_budget bigint := p_max::bigint;
+    v_reads  bigint := p_max::bigint;
+    v_after  integer;
+    v_next   integer;
+    v_round  integer[];
     v_done   bigint[];
 BEGIN
+    SELECT s.last_value INTO v_after FROM {schema}.message_gen_thaw_seq s;
+    v_round := ARRAY(SELECT x.queue_id FROM {schema}.message_gen_frozen x
+                      WHERE x.queue_id > v_after ORDER BY x.queue_id LIMIT p_max);
+    -- The round resumes after the last queue visited, or from the start once it has seen them all.
+    v_next := CASE WHEN cardinality(v_round) = p_max THEN v_round[p_max] ELSE -2147483648 END;
+    IF coalesce(cardinality(v_round), 0) = 0 THEN
+        PERFORM setval('{schema}.message_gen_thaw_seq', v_next);
+        RETURN;
+    END IF;
     DELETE FROM {schema}.message_gen_frozen x
-     WHERE NOT EXISTS (SELECT FROM {schema}.queue q WHERE q.id = x.queue_id);
+     WHERE x.queue_id = ANY (v_round)
+       AND NOT EXISTS (SELECT FROM {schema}.queue q WHERE q.id = x.queue_id);
     -- Before moving: a writer that is gone now cannot commit rows there later.
     v_done := ARRAY(SELECT d.gen FROM (SELECT DISTINCT unnest(x.gens) AS gen
-                                         FROM {schema}.message_gen_frozen x) d
+                                         FROM {schema}.message_gen_frozen x
+                                        WHERE x.queue_id = ANY (v_round)) d
                      WHERE {schema}._gen_writers_gone(d.gen));
-    FOR f IN SELECT * FROM {schema}.message_gen_frozen ORDER BY random() LIMIT 100 LOOP
-        EXIT WHEN v_budget <= 0;
+    FOR f IN SELECT * FROM {schema}.message_gen_frozen x WHERE x.queue_id = ANY (v_round)
+              ORDER BY x.queue_id LOOP
+        IF v_budget <= 0 OR v_reads <= 0 THEN
+            v_next := greatest(f.queue_id, -2147483647) - 1;  -- counted nothing of it: next round
+            EXIT;
+        END IF;
         FOREACH v_gen IN ARRAY f.gens[1:4] LOOP
             SELECT count(*) INTO v_n FROM (SELECT FROM {schema}.message x
                                             WHERE x.gen = v_gen AND x.queue_id = f.queue_id
                                               AND x.channel IS NULL
                                             LIMIT p_max + 1) c;
+            v_reads := v_reads - v_n;
             CONTINUE WHEN v_n = 0 OR v_n > p_max OR v_n > v_budget;
             UPDATE {schema}.message m SET gen = p_target
              WHERE m.ctid = ANY (ARRAY(
@@ -192,9 +322,10 @@ BEGIN
             v_budget := v_budget - v_n;
         END LOOP;
     END LOOP;
-    -- Every queue's list, in one statement: a key probe per generation listed (a scalar
-    -- subquery, so that the probe keeps both columns: as NOT EXISTS the planner made it an anti
-    -- join on queue_id alone, 2 ms a queue, 30 s at 8,000 frozen queues).
+    PERFORM setval('{schema}.message_gen_thaw_seq', v_next);
+    -- Their lists, in one statement: a key probe per generation listed (a scalar subquery, so
+    -- that the probe keeps both columns: as NOT EXISTS the planner made it an anti join on
+    -- queue_id alone, 2 ms a queue, 30 s at 8,000 frozen queues).
     UPDATE {schema}.message_gen_frozen x
        SET gens = k.kept
       FROM (SELECT y.queue_id, y.gens,
@@ -205,9 +336,10 @@ BEGIN
                                              AND m.channel IS NULL
                                            LIMIT 1) IS NULL)
                           ORDER BY g.ord) AS kept
-              FROM {schema}.message_gen_frozen y) k
+              FROM {schema}.message_gen_frozen y
+             WHERE y.queue_id = ANY (v_round)) k
      WHERE x.queue_id = k.queue_id AND k.kept <> k.gens;
-    DELETE FROM {schema}.message_gen_frozen x WHERE cardinality(x.gens) = 0;
+    DELETE FROM {schema}.message_gen_frozen x WHERE x.queue_id = ANY (v_round) AND cardinality(x.gens) = 0;
 END $$;
 
 -- Open a new generation when the current one is p_period_ms old (or p_force): the one that
@@ -243,10 +375,7 @@ BEGIN
     -- Generations pushed out earlier that may still hold rows (a backlog there stays frozen).
     FOR v_old IN SELECT p.gen FROM {schema}.message_gen_pending p WHERE p.gen < v_gen - 1
                   ORDER BY p.gen LOOP
-        PERFORM {schema}._gen_freeze(v_old, p_max_moves);
-        IF {schema}._gen_sweep(v_old, v_gen) THEN
-            DELETE FROM {schema}.message_gen_pending p WHERE p.gen = v_old;
-        END IF;
+        PERFORM {schema}._gen_sweep(v_old, v_gen, p_max_moves);
     END LOOP;
     PERFORM {schema}._gen_thaw(v_gen, p_max_moves);
     PERFORM setval('{schema}.message_gen_started_seq', v_now);
@@ -264,9 +393,6 @@ BEGIN
     END IF;
     v_gen := nextval('{schema}.message_gen_seq');
     INSERT INTO {schema}.message_gen_pending (gen) VALUES (v_gen) ON CONFLICT DO NOTHING;
-    PERFORM {schema}._gen_freeze(v_gen - 2, p_max_moves);
-    IF {schema}._gen_sweep(v_gen - 2, v_gen) THEN
-        DELETE FROM {schema}.message_gen_pending p WHERE p.gen = v_gen - 2;
-    END IF;
+    PERFORM {schema}._gen_sweep(v_gen - 2, v_gen, p_max_moves);
     RETURN v_gen;
 END $$;
