@@ -30,6 +30,12 @@ Every series prints messages (or calls) per second and the ratio to its smallest
   checks that every delivery kept the round robin fair (no channel served twice before every
   channel with messages was served once), then that ``max_concurrency = 1`` held for every
   channel with 4 consumer processes taking batches at once (sampled: channels with two leases).
+* Rotation series (``--rotation``, LonnyMQ only, a schema of its own): N queues of 6 waiting
+  messages in one generation, and one row of it held by another transaction (a take or an ack
+  in flight) while the generation leaves the window, which keeps it pending; then
+  ``--rotations`` forced rotations, each timed with the message rows it read (issue 19: the
+  sweep used to walk every row that the frozen queues keep in a pending generation, three
+  times a rotation), and the rotation after the row is let go, which must finish the generation.
 * Lifecycle series (``--lifecycle``): with N queues, ``--ops`` queue creations and drops one
   call each (LonnyMQ and pgmq), a take+ack loop on a busy queue before and during a run of
   creations and drops (its latency: is anything shared locked?), and the listings: a page of
@@ -727,6 +733,89 @@ def channel_series(dsn: str, counts: list[int], seconds: float, reps: int) -> di
     return out
 
 
+# -- rotation series --------------------------------------------------------------------------------
+
+
+def _message_rows_read(conn: psycopg.Connection[Any], schema: str) -> int:
+    row = conn.execute(
+        "SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0) FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = %s AND relname = 'message_logged'",
+        [schema],
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def rotation_cells(dsn: str, n: int, rotations: int) -> dict[str, Any]:
+    """N queues of 6 waiting messages, all in one generation, and one row of it held by another
+    transaction (a take or an ack in flight) while the generation leaves the window: the
+    rotations that follow (forced, rotate()'s default budget), timed, with the message rows
+    each read; then the row is let go and the generation must be finished within a rotation."""
+    schema = f"{SCHEMA}_rot"
+    s = sql.Identifier(schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
+    with Client(dsn, schema=schema, pool_size=1) as c:
+        c.migrate()
+    out: dict[str, Any] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
+        conn.execute(sql.SQL("SELECT {}.queue_create('held')").format(s))
+        [(held,)] = conn.execute(
+            sql.SQL("SELECT id FROM {}.send_batch('held', ARRAY['x']::bytea[])").format(s)
+        ).fetchall()
+        conn.execute(
+            sql.SQL("SELECT count({s}.queue_create('q' || i)) FROM generate_series(1, %s::int) i").format(
+                s=s
+            ),
+            [n],
+        )
+        conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM generate_series(1, %s::int) i,"
+                " LATERAL {s}.send_batch('q' || i, array_fill('m'::bytea, ARRAY[6]))"
+            ).format(s=s),
+            [n],
+        )
+        conn.execute(sql.SQL("ANALYZE {}.message").format(s))
+        holder.execute(sql.SQL("SELECT 1 FROM {}.message WHERE id = %s FOR UPDATE").format(s), [held])
+
+        def rotate() -> tuple[float, int]:
+            with conn.transaction():
+                before = _message_rows_read(conn, schema)
+                t = time.perf_counter()
+                conn.execute(sql.SQL("SELECT {}.rotate(p_force => true)").format(s))
+                took = time.perf_counter() - t
+                return took, _message_rows_read(conn, schema) - before
+
+        leaving = [rotate() for _ in range(3)]  # the generation leaves the window: its first sweep
+        held_on = [rotate() for _ in range(rotations)]
+        holder.rollback()
+        after = rotate()
+        [(pending,)] = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {s}.message_gen_pending p, {s}.message_gen_seq q"
+                " WHERE p.gen < q.last_value - 1"
+            ).format(s=s)
+        ).fetchall()
+        out = {
+            "leaving_ms": [ms(t) for t, _ in leaving],
+            "leaving_rows": [r for _, r in leaving],
+            **{f"held_{k}": v for k, v in latency([t for t, _ in held_on]).items()},
+            "held_rows_max": max(r for _, r in held_on),
+            "released_ms": ms(after[0]),
+            "pending_after": int(pending),
+        }
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(s))
+    return out
+
+
+def rotation_series(dsn: str, counts: list[int], rotations: int) -> dict[int, dict[str, Any]]:
+    out = {}
+    for n in counts:
+        out[n] = rotation_cells(dsn, n, rotations)
+        log(f"  rotation {n:,}: {json.dumps(out[n])}")
+    return out
+
+
 # -- lifecycle series -------------------------------------------------------------------------------
 
 
@@ -956,6 +1045,31 @@ def report(results: dict[str, Any]) -> str:
             )
             + " |"
         )
+    rot = results.get("rotation") or {}
+    if rot:
+        counts = sorted(rot)
+        lines += [
+            "",
+            "Rotation series (N queues of 6 messages in one generation, one of its rows held;"
+            " forced rotations, ms):",
+            "",
+        ]
+        lines.append("| what | " + " | ".join(f"{n:,} queues" for n in counts) + " |")
+        lines.append("|---" * (1 + len(counts)) + "|")
+        for label, cell in (
+            (
+                "the 3 rotations the generation leaves in",
+                lambda r: " / ".join(f"{x:.0f}" for x in r["leaving_ms"]),
+            ),
+            (
+                "a rotation while the row is held: p50 / p99 / max",
+                lambda r: f"{r['held_p50_ms']:.1f} / {r['held_p99_ms']:.1f} / {r['held_max_ms']:.1f}",
+            ),
+            ("message rows read by one of those, at most", lambda r: f"{r['held_rows_max']:,}"),
+            ("the rotation after the row is let go", lambda r: f"{r['released_ms']:.1f}"),
+            ("pending generations left after it", lambda r: str(r["pending_after"])),
+        ):
+            lines.append(f"| {label} | " + " | ".join(cell(rot[n]) for n in counts) + " |")
     lc = results.get("lifecycle") or {}
     if lc:
         counts = sorted(lc)
@@ -1010,6 +1124,8 @@ def main() -> None:
     p.add_argument("--concurrent", default="1,10000", help="concurrent series counts ('' to skip)")
     p.add_argument("--channels", default="10,1000,100000", help="channel series counts ('' to skip)")
     p.add_argument("--lifecycle", default="1,100,10000", help="lifecycle series counts ('' to skip)")
+    p.add_argument("--rotation", default="", help="rotation series counts ('' to skip), e.g. 1000,10000")
+    p.add_argument("--rotations", type=int, default=20, help="rotations timed per count (rotation series)")
     p.add_argument("--pgmq-max", type=int, default=10_000, help="pgmq queues for counts up to this")
     p.add_argument("--seconds", type=float, default=5.0, help="per cell of the queue and channel series")
     p.add_argument("--reps", type=int, default=3)
@@ -1076,6 +1192,8 @@ def main() -> None:
         finally:
             for f in fleets.values():
                 f.drop()
+        if ints(a.rotation):
+            results["rotation"] = rotation_series(dsn, ints(a.rotation), a.rotations)
         if ints(a.channels):
             try:
                 results["channels"] = channel_series(dsn, ints(a.channels), a.seconds, a.reps)

@@ -118,7 +118,7 @@ CREATE OR REPLACE FUNCTION {schema}._gen_sweep_queue(p_gen bigint, p_queue_id in
                                           p_max integer, OUT moved integer, OUT held boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_n integer;
+    v_n bigint;
 BEGIN
     moved := 0;
     held := false;
@@ -278,7 +278,7 @@ DECLARE
     v_n      bigint;
     v_budget bigint := p_max::bigint;
     v_reads  bigint := p_max::bigint;
-    v_after  integer;
+    v_after  bigint;
     v_next   integer;
     v_round  integer[];
     v_done   bigint[];
