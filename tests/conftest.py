@@ -55,6 +55,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.flaky(reruns=2, only_rerun=[SPARK_WORKER_TIMEOUT]))
 
 
+#: The longest xdist groups, longest first (minutes each in CI; the rest take seconds). ./run test
+#: hands work out in collection order (--no-loadscope-reorder) and gives a worker its next unit
+#: only when it is nearly done, so these start at once on separate workers, the many short tests
+#: fill the others, and the run is not left waiting for a long group that started last.
+LONG_GROUPS = ("test_cluster", "shard", "test_spark", "test_spark_streaming", "test_spark_pipeline",
+               "test_spark_connect", "web", "test_spark_sql", "test_spark_speed")  # fmt: skip
+
+
+def _group(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name"))
+
+
+# trylast: after every conftest (tests/shard's too) has named the groups.
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_long_groups_first(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_GROUPS)}
+    slow = len(LONG_GROUPS)  # then the other tests marked slow, then the rest, in their order
+    items.sort(
+        key=lambda item: rank.get(_group(item) or "", slow if item.get_closest_marker("slow") else slow + 1)
+    )
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[object | None]:
     """The embedded server of this run (None when LONNYMQ_TEST_DSN points elsewhere)."""
