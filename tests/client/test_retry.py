@@ -19,7 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
-from lonnymq import Client, errors
+from lonnymq import Client, Envelope, errors
 from lonnymq.client.retry import RetryPolicy
 
 
@@ -256,3 +256,58 @@ def test_backoff_grows_with_jitter_and_stops_at_the_deadline() -> None:
     assert 0.15 <= waits[2] <= 0.3 and 0.15 <= waits[3] <= 0.3  # capped at max_delay
     time.sleep(0.5)
     assert b.next_delay() is None
+
+
+def _deadlocks(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _deadlock_a_send(make_client: Any, dsn: str, schema: str, conn: Any, app_name: str, **kw: Any) -> Any:
+    """A send_batch to channels a and b, which locks their rows in name order, while another
+    transaction holds b and then asks for a: the server detects the deadlock and rolls back the
+    send, whose backend waited longest (the other one's deadlock_timeout is set far off).
+    Returns the send's result or exception, with the server's count of deadlocks it caused."""
+    c = make_client(**kw)
+    c.send_batch("q", [Envelope("a0", channel="a"), Envelope("b0", channel="b")])  # the two rows
+    before = _deadlocks(conn)
+    out: dict[str, Any] = {}
+
+    def send() -> None:
+        try:
+            out["result"] = c.send_batch("q", [Envelope("a1", channel="a"), Envelope("b1", channel="b")])
+        except BaseException as e:  # handed to the test thread
+            out["error"] = e
+
+    row = sql.SQL("SELECT 1 FROM {}.channel WHERE name = %s FOR UPDATE").format(sql.Identifier(schema))
+    with psycopg.connect(dsn) as other:
+        other.execute("SET deadlock_timeout = '60s'")
+        other.execute(row, ("b",))
+        t = threading.Thread(target=send)
+        t.start()
+        wait_blocked(conn, app_name)  # the send holds a and waits for b
+        other.execute(row, ("a",))  # granted once the server has rolled the send back
+        other.rollback()
+    t.join(30)
+    assert not t.is_alive()
+    return out, _deadlocks(conn) - before
+
+
+def test_a_call_rolled_back_by_a_deadlock_is_repeated(
+    make_client: Any, dsn: str, schema: str, conn: Any, app_name: str
+) -> None:
+    out, deadlocks = _deadlock_a_send(make_client, dsn, schema, conn, app_name)
+    assert deadlocks == 1 and "error" not in out, out
+    # Repeated once the other transaction let go: each message once, in each channel's order.
+    assert len(out["result"]) == 2
+    c = make_client()
+    assert sorted(m.payload for m in c.peek("q", 10)) == ["a0", "a1", "b0", "b1"]
+
+
+def test_without_a_retry_policy_a_deadlock_is_raised(
+    make_client: Any, dsn: str, schema: str, conn: Any, app_name: str
+) -> None:
+    out, deadlocks = _deadlock_a_send(make_client, dsn, schema, conn, app_name, retry=None)
+    assert deadlocks == 1 and isinstance(out.get("error"), psycopg.errors.DeadlockDetected), out
+    assert sorted(m.payload for m in make_client().peek("q", 10)) == ["a0", "b0"]  # nothing of it

@@ -245,6 +245,7 @@ class AsyncClient:
         ran = False  # an attempt reached the server: it may have committed
         while True:
             sent = False
+            undone: float | None = None  # the wait before repeating a call the server rolled back
             try:
                 if pool is self._pool and not self._opened and backoff is not None and self._owns_pool:
                     # Not open(): its wait closes the pool for good if the server is down now;
@@ -257,15 +258,27 @@ class AsyncClient:
             except psycopg.OperationalError as e:  # no connection (PoolTimeout): nothing was sent
                 lost = e
             else:
+                before, ran = ran, True
                 try:
-                    sent = ran = True
+                    sent = True
                     return await self._execute(c, op)
+                except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                    # A deadlock or a serialization failure: the call is one statement in its own
+                    # transaction, which the server rolled back whole, so repeating it is safe
+                    # (a send without a key too) and it did not commit.
+                    undone = None if backoff is None else backoff.next_delay()
+                    if undone is None or c.broken or c.closed:
+                        raise
+                    ran = before
                 except psycopg.OperationalError as e:
                     if not (c.broken or c.closed):
                         raise
                     lost = e
                 finally:
                     await pool.putconn(c)
+            if undone is not None:
+                await asleep(undone)
+                continue
             if backoff is None and not sent:
                 raise lost  # retries off, nothing sent: the pool's own error
             unsafe = sent and not op.safe_to_retry

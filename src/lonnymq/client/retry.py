@@ -11,6 +11,10 @@ A call is repeated only when repeating it cannot do harm:
   idempotency key, which the client gives each send it may repeat (``idempotent_sends``): a
   repeat of a call that committed creates nothing and returns the first call's result).
 
+A call the server rolled back whole, because it deadlocked with another transaction or failed
+to serialize with one (SQLSTATE 40P01, 40001), is repeated too, whatever it is: the client runs
+each call as one statement in its own transaction, so nothing of it committed.
+
 Any other call cut off midway (a send without a key, a settle, an admin call) raises
 :class:`~lonnymq.errors.ConnectionLost` with ``may_have_committed=True``: a repeated send could
 create a second message, and a repeated ack of a delivery the first attempt already acked

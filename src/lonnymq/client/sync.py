@@ -242,6 +242,7 @@ class Client:
         ran = False
         while True:
             sent = False
+            undone: float | None = None
             try:
                 if pool is self._pool and (not self._opened) and (backoff is not None) and self._owns_pool:
                     pool.open(wait=False)
@@ -252,15 +253,24 @@ class Client:
             except psycopg.OperationalError as e:
                 lost = e
             else:
+                before, ran = (ran, True)
                 try:
-                    sent = ran = True
+                    sent = True
                     return self._execute(c, op)
+                except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                    undone = None if backoff is None else backoff.next_delay()
+                    if undone is None or c.broken or c.closed:
+                        raise
+                    ran = before
                 except psycopg.OperationalError as e:
                     if not (c.broken or c.closed):
                         raise
                     lost = e
                 finally:
                     pool.putconn(c)
+            if undone is not None:
+                sleep(undone)
+                continue
             if backoff is None and (not sent):
                 raise lost
             unsafe = sent and (not op.safe_to_retry)
