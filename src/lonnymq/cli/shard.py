@@ -161,3 +161,8 @@ def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> 
             print(f"    partitioned queues: {', '.join(parts)}")
         if s.misplaced:
             print(f"    misplaced (the router sends their calls elsewhere): {', '.join(s.misplaced)}")
+    for q, down in sorted(result.degraded.items()):
+        print(
+            f"  partitioned queue {q}: partition(s) on shard(s) {', '.join(map(str, down))} unreachable;"
+            " takes serve the others, its sends and settles there fail"
+        )

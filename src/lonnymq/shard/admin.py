@@ -55,6 +55,14 @@ class RouterStatus:
     def healthy(self) -> bool:
         return all(s.healthy and not s.misplaced for s in self.shards)
 
+    @property
+    def degraded(self) -> dict[str, list[int]]:
+        """The partitioned queues with a partition on an unhealthy shard: queue -> those
+        shards. Their takes skip those partitions (serving the others); sends and settles that
+        belong there fail with ShardUnavailable."""
+        down = {s.index for s in self.shards if not s.healthy}
+        return {q: [i for i in p if i in down] for q, p in self.partitioned.items() if down & set(p)}
+
 
 def _where(parts: dict[str, Any]) -> str:
     host = str(parts.get("host") or parts.get("hostaddr") or "local socket")
