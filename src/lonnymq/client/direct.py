@@ -190,7 +190,7 @@ _SEND_KEY_ARG = 11
 
 def _map_decode(rows: list[Any]) -> tuple[int, list[str]]:
     if not rows or rows[0][0] is None or not rows[0][1]:
-        raise errors.InvalidArgument("the router's shard map is empty: run `lonnymq shard init` again")
+        raise errors.InvalidArgument("the router's shard map is empty: run `lonnymq shard upgrade`")
     return int(rows[0][0]), [str(s) for s in rows[0][1]]
 
 
