@@ -10,18 +10,11 @@ import time
 
 import psycopg
 import pytest
-from shard_helpers import Traffic, drain, home
+from shard_helpers import Traffic, drain, home, map_version
 
 from lonnymq import Client, errors, shard
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
-
-
-def _version(dsn: str) -> int:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT max(version) FROM lonnymq.shard_map").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_upgrade_keeps_queues_while_in_use(sharded) -> None:  # type: ignore[no-untyped-def]
@@ -40,7 +33,7 @@ def test_upgrade_keeps_queues_while_in_use(sharded) -> None:  # type: ignore[no-
         conn.execute("DROP FUNCTION lonnymq.stats_totals(text[])")
     with Client(r) as c, pytest.raises(errors.NotInstalled):
         c.run(c.ops.stats_totals([plain]))
-    before = _version(r)
+    before = map_version(r)
     with Traffic(r, plain) as traffic:
         time.sleep(0.3)
         result = shard.upgrade(r)
@@ -49,7 +42,7 @@ def test_upgrade_keeps_queues_while_in_use(sharded) -> None:  # type: ignore[no-
     assert not traffic.errors, traffic.errors[:3]
     assert len(traffic.sent) > during, "no send after the upgrade"
     assert result.healthy, result
-    assert _version(r) > before  # direct clients re-read the map
+    assert map_version(r) > before  # direct clients re-read the map
     assert result.overrides[moved] == target and sorted(result.partitioned[hot]) == [0, 1]
     with Client(r) as c:
         [totals] = c.run(c.ops.stats_totals([hot]))  # the function is back, summed over partitions
@@ -66,13 +59,13 @@ def test_upgrade_keeps_queues_while_in_use(sharded) -> None:  # type: ignore[no-
 
 def test_upgrade_gives_up_behind_a_held_map_and_cli(sharded) -> None:  # type: ignore[no-untyped-def]
     r = sharded.dsn
-    before = _version(r)
+    before = map_version(r)
     with psycopg.connect(r) as holder:  # e.g. a queue_create stuck in an open transaction
         holder.execute("SELECT pg_advisory_xact_lock(hashtext('lonnymq/map'), 0)")
         with pytest.raises(shard.InitBlocked, match="gave up after 2 attempt"):
             shard.upgrade(r, lock_timeout=0.2, attempts=2, retry_delay=0.05)
         holder.rollback()
-    assert _version(r) == before  # unchanged
+    assert map_version(r) == before  # unchanged
     out = subprocess.run(
         [sys.executable, "-m", "lonnymq", "shard", "upgrade", r],
         capture_output=True,
@@ -81,4 +74,4 @@ def test_upgrade_gives_up_behind_a_held_map_and_cli(sharded) -> None:  # type: i
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "upgraded" in out.stdout and "shard 1" in out.stdout
-    assert _version(r) == before + 1
+    assert map_version(r) == before + 1
