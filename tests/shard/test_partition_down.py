@@ -5,9 +5,12 @@ degraded; once the shard is back, its partition's messages are all there."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lonnymq import Client, errors, shard
+from lonnymq.cli import main
 from lonnymq.client.direct import STRIDE, key_partition
 from lonnymq.client.retry import RetryPolicy
 
@@ -21,7 +24,7 @@ def _key_on(parts: list[int], shard_index: int, prefix: str) -> str:
     )
 
 
-def test_take_skips_a_partition_whose_shard_is_down(sharded) -> None:  # type: ignore[no-untyped-def]
+def test_take_skips_a_partition_whose_shard_is_down(sharded, capsys) -> None:  # type: ignore[no-untyped-def]
     q = "hot_down"
     down_shard = sharded.shards[1]
     with Client(sharded.dsn) as c:
@@ -65,9 +68,16 @@ def test_take_skips_a_partition_whose_shard_is_down(sharded) -> None:  # type: i
                 with pytest.raises(errors.ShardUnavailable):
                     c.send(q, {"late": True}, key=down_key)
                 c.send(q, {"p": 0, "late": True}, key=up_key)  # the other partition takes sends
+            for c in (router_client, direct_client):  # receive()'s wait: the live partition's
+                assert c.run(c.ops.next_ready_in(q)) == 0
             st = shard.status(sharded.dsn)
             assert not st.healthy and st.degraded[q] == [1]
             assert not st.shards[1].healthy and st.shards[0].healthy
+            capsys.readouterr()
+            assert main(["shard", "status", sharded.dsn]) == 1
+            assert f"partitioned queue {q}: partition(s) on shard(s) 1 unreachable" in capsys.readouterr().out
+            assert main(["shard", "status", sharded.dsn, "--json"]) == 1
+            assert json.loads(capsys.readouterr().out)["degraded"][q] == [1]
             # Every message of the up partition drains while the other is down.
             with Client(sharded.dsn, direct=True) as d:
                 seen: list[int] = []

@@ -168,7 +168,7 @@ def add(args: argparse.Namespace) -> int:
 
 def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> None:
     if args.json:
-        _util.print_json(result)
+        _util.print_json({**_util.jsonable(result), "degraded": result.degraded})
         return
     print(title)
     for s in result.shards:
