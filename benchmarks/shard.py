@@ -8,6 +8,9 @@ PostgreSQL 15 clusters (tools/pgcluster.py; fsync and synchronous_commit on, as 
    sending single messages to its own queue (``send_batch`` of one message per transaction),
    on one shard cluster and on two, each routed directly (a producer connects to the shard that
    holds its queue; two pgbench runs side by side) and through a router (one pgbench run on it).
+   The same for drains (``--drain``): as many consumers, each taking one message of its own
+   queue (filled beforehand) and acking it, two statements (two shard transactions, routed or
+   direct), per second.
 
 3. Direct routing (``Client(router_dsn, direct=True)``) against the router and against a plain
    client of the shard's own DSN, Python clients all: single calls in sequence on one connection
@@ -20,6 +23,7 @@ PostgreSQL 15 clusters (tools/pgcluster.py; fsync and synchronous_commit on, as 
     .venv/bin/python benchmarks/shard.py --quick     # as the postgres OS user) and plproxy
     .venv/bin/python benchmarks/shard.py --json out.json
     .venv/bin/python benchmarks/shard.py --parts direct --json out.json   # part 3 only
+    .venv/bin/python benchmarks/shard.py --parts router,scale --levels 8 --drain   # parts 1-2, drains
 
 The numbers of the run quoted in docs/sharding.md come from the first command. On a shared
 machine they move by 10-20 % from run to run: compare ratios within one run.
@@ -138,6 +142,32 @@ def per_call(direct_dsn: str, router_dsn: str, queue: str, seconds: float, round
 SCRIPT = "SELECT id FROM lonnymq.send_batch('{prefix}' || :client_id, ARRAY['{{\"n\": 1}}'::bytea]);\n"
 
 
+#: A drain: take one message of queue PREFIX<i> and ack it (two statements, two transactions,
+#: as a consumer makes them). The queues are filled beforehand well beyond what a run drains;
+#: an empty take would ack nothing (id 0) and is checked for after the run.
+DRAIN_SCRIPT = (
+    "SELECT coalesce(max(t.id), 0) AS mid, coalesce(max(t.token), 0) AS mtok"
+    " FROM lonnymq.take('{prefix}' || :client_id, 1) AS t \\gset\n"
+    "SELECT count(*) FROM lonnymq.ack('{prefix}' || :client_id, ARRAY[:mid]::bigint[], ARRAY[:mtok]::integer[]);\n"
+)
+
+#: Messages put in each queue before a drain (a run drains far fewer).
+DRAIN_FILL = 4000
+
+
+def fill(dsn: str, prefix: str, n: int, per_queue: int) -> None:
+    with Client(dsn) as c:
+        for i in range(n):
+            c.purge_queue(f"{prefix}{i}")
+            for _ in range(per_queue // 1000):
+                c.send_batch(f"{prefix}{i}", [b"1"] * 1000)
+
+
+def min_ready(dsn: str, prefix: str, n: int) -> int:
+    with Client(dsn) as c:
+        return min(c.metrics(f"{prefix}{i}").ready for i in range(n))
+
+
 def balanced_prefix(router_dsn: str, n: int, shards: int, stem: str) -> str:
     """A prefix P such that the queues P0..P(n-1) split evenly over the router's shards."""
     with psycopg.connect(router_dsn) as conn:
@@ -158,12 +188,13 @@ def create_queues(dsn: str, prefix: str, n: int) -> None:
             c.create_queue(f"{prefix}{i}", if_not_exists=True)
 
 
-def pgbench(runs: list[tuple[str, str, int]], seconds: float, workdir: Path) -> float:
-    """Sum of the transactions per second of concurrent pgbench runs, each (dsn, prefix, clients)."""
+def pgbench(runs: list[tuple[str, str, int]], seconds: float, workdir: Path, template: str = SCRIPT) -> float:
+    """Sum of the transactions per second of concurrent pgbench runs, each (dsn, prefix, clients),
+    each client running ``template`` (default: a single-message send)."""
     procs = []
     for k, (dsn, prefix, clients) in enumerate(runs):
         script = workdir / f"send_{k}.sql"
-        script.write_text(SCRIPT.format(prefix=prefix))
+        script.write_text(template.format(prefix=prefix))
         argv = [
             str(pgcluster.BINDIR / "pgbench"),
             "-n",
@@ -360,6 +391,21 @@ def print_direct(results: dict[str, Any]) -> None:
     print(f"load average {results['load_average_before']:.1f} -> {results['load_average_after']:.1f}")
 
 
+def _ratios(row: dict[str, float]) -> None:
+    row["2 clusters / 1, direct"] = round(row["2 clusters, direct"] / row["1 cluster, direct"], 2)
+    row["2 clusters / 1, router"] = round(row["2 clusters, router"] / row["1 cluster, router"], 2)
+    row["router / direct, 2 clusters"] = round(row["2 clusters, router"] / row["2 clusters, direct"], 2)
+
+
+def _table(title: str, what: str, rows: dict[str, dict[str, float]]) -> None:
+    print(f"\n{title}")
+    cols = list(next(iter(rows.values())).keys())
+    widths = [max(len(c), 8) + 2 for c in cols]
+    print(f"{what:<10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
+    for n, row in rows.items():
+        print(f"{n:<10}" + "".join(f"{row[c]:>{w}}" for c, w in zip(cols, widths, strict=True)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short cases (a smoke run)")
@@ -369,6 +415,7 @@ def main() -> int:
         "--parts", default="router,scale,direct", help="parts to run (default router,scale,direct)"
     )
     ap.add_argument("--producers", type=int, default=8, help="producers of part 3 (default 8)")
+    ap.add_argument("--drain", action="store_true", help="part 2 also for drains (take 1 + ack)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     seconds = 1 if args.quick else 3
@@ -397,7 +444,9 @@ def main() -> int:
             c.create_queue(q0)
         if "router" in parts:
             print("per-call cost (direct on shard 0 vs through the router)...", file=sys.stderr)
+            load = os.getloadavg()[0]
             results["per_call"] = per_call(a.dsn, router.dsn, q0, call_seconds, rounds)
+            results["per_call_load_average"] = [load, os.getloadavg()[0]]
         if "direct" in parts:
             print("direct=True: single calls...", file=sys.stderr)
             q1 = queue_on(router.dsn, 0, 2, "dcall", taken)
@@ -418,6 +467,7 @@ def main() -> int:
             results["direct"] = direct
 
         scale: dict[str, dict[str, float]] = {}
+        drains: dict[str, dict[str, float]] = {}
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lonnymq-shard-bench-")))
         for n in levels if "scale" in parts else []:
             both = balanced_prefix(router.dsn, n, 2, f"p{n}x")  # n/2 queues on each shard
@@ -431,17 +481,29 @@ def main() -> int:
                 "2 clusters, direct": [(a.dsn, f"a{n}_", n // 2), (b.dsn, f"b{n}_", n // 2)],
                 "2 clusters, router": [(router.dsn, both, n)],
             }
-            row: dict[str, float] = {}
+            row: dict[str, float] = {"load average before": os.getloadavg()[0]}
             for name, runs in cases.items():
                 print(f"{n} producers, {name}...", file=sys.stderr)
                 row[name] = round(pgbench(runs, seconds, workdir))
-            row["2 clusters / 1, direct"] = round(row["2 clusters, direct"] / row["1 cluster, direct"], 2)
-            row["2 clusters / 1, router"] = round(row["2 clusters, router"] / row["1 cluster, router"], 2)
-            row["router / direct, 2 clusters"] = round(
-                row["2 clusters, router"] / row["2 clusters, direct"], 2
-            )
+            _ratios(row)
+            row["load average after"] = os.getloadavg()[0]
             scale[str(n)] = row
+            if args.drain:
+                drow: dict[str, float] = {"load average before": os.getloadavg()[0]}
+                for name, runs in cases.items():
+                    for dsn, prefix, k in runs:
+                        fill(dsn, prefix, k, DRAIN_FILL)
+                    print(f"{n} consumers (drain), {name}...", file=sys.stderr)
+                    drow[name] = round(pgbench(runs, seconds, workdir, DRAIN_SCRIPT))
+                    drow["least left in a queue"] = min(
+                        [min_ready(dsn, prefix, k) for dsn, prefix, k in runs]
+                        + [int(drow.get("least left in a queue", DRAIN_FILL))]
+                    )
+                _ratios(drow)
+                drow["load average after"] = os.getloadavg()[0]
+                drains[str(n)] = drow
         results["scale"] = scale
+        results["drains"] = drains
 
     if "per_call" in results:
         print("\n1. per call, one connection, queue on shard 0 (ops/s; us per message)")
@@ -452,12 +514,9 @@ def main() -> int:
                 f"{r['direct_us_per_call']:>11}{r['router_us_per_call']:>11}"
             )
     if scale:
-        print("\n2. single-message producers, messages/s")
-        cols = list(next(iter(scale.values())).keys())
-        widths = [max(len(c), 8) + 2 for c in cols]
-        print(f"{'producers':<10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
-        for n, row in scale.items():
-            print(f"{n:<10}" + "".join(f"{row[c]:>{w}}" for c, w in zip(cols, widths, strict=True)))
+        _table("2. single-message producers, messages/s", "producers", scale)
+    if drains:
+        _table("2b. drains (take 1 + ack), messages/s", "consumers", drains)
     if "direct" in results:
         print_direct(results["direct"])
     if args.json:

@@ -41,6 +41,14 @@ def home(router_dsn: str, queue: str, shards: int = 2) -> int:
     return int(row[0])
 
 
+def map_version(router: str) -> int:
+    """The version of the router's shard map."""
+    with psycopg.connect(router) as conn:
+        row = conn.execute("SELECT version FROM lonnymq._shard_map()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 class Traffic:
     """A producer and a consumer of one queue through the router, in threads: the producer sends
     numbered messages one by one, the consumer takes up to 10, holds them briefly (so leases

@@ -7,6 +7,7 @@ import pytest
 from shard_helpers import home
 
 from lonnymq import AsyncClient, Client
+from lonnymq.client.direct import STRIDE
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -52,3 +53,34 @@ def test_dashboard_overview_through_the_router(sharded, direct: bool) -> None:  
         assert page.status_code == 200 and all(q in page.text for q in queues)
         for path in ("/api/workers", "/api/cron", f"/api/queues/{queues[1]}/dead"):
             assert http.get(path).status_code == 200, path
+
+
+def test_partitioned_queue_counted_once(sharded) -> None:  # type: ignore[no-untyped-def]
+    """A partitioned queue's per-minute counters and totals come from each partition, summed:
+    the dashboard shows it once, with every partition's sends and acks."""
+    q = "dash_hot"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2)
+        try:
+            for k in range(10):
+                c.send(q, {"k": k}, key=f"key-{k}")
+            on = {i % STRIDE for i in (m.id for m in c.peek(q, 10))}
+            assert on == {0, 1}, "all sends on one partition"
+            acked = 0
+            while batch := c.take(q, 3):
+                acked += len(c.ack(batch))
+            assert acked == 10
+            minutes = c.run(c.ops.stats_minutes([q]))
+            assert len({m.minute_at for m in minutes}) == len(minutes), minutes  # a row per minute
+            assert (sum(m.sent for m in minutes), sum(m.acked for m in minutes)) == (10, 10)
+            [total] = c.run(c.ops.stats_totals([q]))
+            assert (total.queue, total.sent, total.acked) == (q, 10, 10)
+            app = web.create_app(sharded.dsn, token="t0ken")
+            with testclient.TestClient(app) as http:
+                got = http.get("/api/queues")
+                assert got.status_code == 200, got.text
+                rows = [row for row in got.json()["queues"] if row["name"] == q]
+                assert len(rows) == 1
+                assert sum(x["sent"] for x in rows[0]["minutes"]) == 10
+        finally:
+            c.drop_queue(q)

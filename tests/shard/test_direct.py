@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from shard_helpers import Traffic, drain, home
+from shard_helpers import Traffic, drain, home, map_version
 
 from lonnymq import AsyncClient, Client, errors, shard
 from lonnymq.client.direct import DIRECT, ShardMap
@@ -32,13 +32,6 @@ def one_on_each(router: str, prefix: str) -> list[str]:
         found.setdefault(home(router, f"{prefix}{i}"), f"{prefix}{i}")
         i += 1
     return [found[0], found[1]]
-
-
-def map_version(router: str) -> int:
-    with psycopg.connect(router) as conn:
-        row = conn.execute("SELECT version FROM lonnymq._shard_map()").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_calls_of_a_queue_go_straight_to_its_shard(sharded) -> None:  # type: ignore[no-untyped-def]

@@ -349,9 +349,9 @@ def test_a_router_made_before_routes_is_refused(sharded) -> None:  # type: ignor
     try:
         with pytest.raises(errors.InvalidArgument, match="made by an older lonnymq"):
             shard.move(r, "mv_old", 1 - where_is(r, "mv_old"))
-        with pytest.raises(errors.InvalidArgument, match="shard init"):
+        with pytest.raises(errors.InvalidArgument, match="shard upgrade"):
             shard.add(r, sharded.shard_dsns)
     finally:
-        shard.init(r, sharded.shard_dsns)
+        shard.upgrade(r)  # the fence and routes back
     with Client(r) as c:
         c.send("mv_old", "routed again")

@@ -1,4 +1,4 @@
-"""``lonnymq shard init|status|move|add``: a PL/Proxy router over several LonnyMQ servers
+"""``lonnymq shard init|upgrade|status|move|add``: a PL/Proxy router over several LonnyMQ servers
 (docs/sharding.md)."""
 
 from __future__ import annotations
@@ -29,6 +29,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="also install the pgmq facade on the shards and proxy it on the router (pgmq clients)",
     )
     i.set_defaults(func=init)
+
+    u = ss.add_parser(
+        "upgrade",
+        help="after upgrading lonnymq: migrate the router's shards and rebuild its functions",
+        description="Runs `shard init` again with the router's own shards (read from the router:"
+        " give a superuser's DSN) and the pgmq facade if the router proxies it. Moved queues,"
+        " partitioned queues and messages are kept; clients keep calling (the rebuild waits at"
+        " most --lock-timeout per attempt for the router's locks).",
+    )
+    common(u)
+    u.add_argument(
+        "router", metavar="ROUTER_DSN", nargs="?", help="the router (default: --dsn / $LONNYMQ_DSN ...)"
+    )
+    u.add_argument(
+        "--lock-timeout", type=float, default=2.0, metavar="SECONDS", help="per attempt (default 2)"
+    )
+    u.add_argument("--attempts", type=int, default=5, help="attempts before giving up (default 5)")
+    u.set_defaults(func=upgrade)
 
     st = ss.add_parser("status", help="the router's shards, their health and their queues")
     common(st)
@@ -83,6 +101,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def init(args: argparse.Namespace) -> int:
     result = shard.init(args.router, args.shards, schema=_util.schema(args), pgmq=args.pgmq)
     _print(args, result, f"router {shard.admin.where(args.router)} over {len(result.shards)} shard(s)")
+    return 0 if result.healthy else 1
+
+
+def upgrade(args: argparse.Namespace) -> int:
+    router = args.router or _util.resolve(args)
+    result = shard.upgrade(
+        router, schema=_util.schema(args), lock_timeout=args.lock_timeout, attempts=args.attempts
+    )
+    _print(args, result, f"router {shard.admin.where(router)} upgraded, schema version {result.version}")
     return 0 if result.healthy else 1
 
 
@@ -141,7 +168,7 @@ def add(args: argparse.Namespace) -> int:
 
 def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> None:
     if args.json:
-        _util.print_json(result)
+        _util.print_json({**_util.jsonable(result), "degraded": result.degraded})
         return
     print(title)
     for s in result.shards:
@@ -161,3 +188,8 @@ def _print(args: argparse.Namespace, result: shard.RouterStatus, title: str) -> 
             print(f"    partitioned queues: {', '.join(parts)}")
         if s.misplaced:
             print(f"    misplaced (the router sends their calls elsewhere): {', '.join(s.misplaced)}")
+    for q, down in sorted(result.degraded.items()):
+        print(
+            f"  partitioned queue {q}: partition(s) on shard(s) {', '.join(map(str, down))} unreachable;"
+            " takes serve the others, its sends and settles there fail"
+        )

@@ -46,7 +46,7 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .direct import ATTEMPTS, ShardMap, settle_merge, settle_split, unsupported
+from .direct import ATTEMPTS, PARTITION_WAIT, ShardMap, settle_merge, settle_split, unsupported
 from .ops import (
     ROW_FACTORY,
     Op,
@@ -238,9 +238,12 @@ class AsyncClient:
                 await self._refuse_on_router(c)
         return await self._run_pooled(pool, op, retry)
 
-    async def _run_pooled(self, pool: AsyncConnectionPool[Any], op: Op[T], retry: bool) -> T:
+    async def _run_pooled(
+        self, pool: AsyncConnectionPool[Any], op: Op[T], retry: bool, wait: float | None = None
+    ) -> T:
         """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
-        under the retry policy (see :meth:`run`)."""
+        under the retry policy (see :meth:`run`); without retries, waiting at most ``wait``
+        seconds for a connection (None: the pool's timeout)."""
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False  # an attempt reached the server: it may have committed
         while True:
@@ -254,7 +257,7 @@ class AsyncClient:
                     self._opened = True
                 elif pool is self._pool and not self._opened:  # (a shard's pool is opened when made)
                     await self.open()
-                c = await pool.getconn(None if backoff is None else backoff.remaining())
+                c = await pool.getconn(wait if backoff is None else backoff.remaining())
             except psycopg.OperationalError as e:  # no connection (PoolTimeout): nothing was sent
                 lost = e
             else:
@@ -353,24 +356,37 @@ class AsyncClient:
         plan = m.plan(op, queue)
         if plan is None:
             return await self._run_pooled(self._router_pool(), op, retry)
-        soonest: Any = None
-        for k, shard in enumerate(plan):
+        skips = m.skips_down(op, plan)
+        if skips:  # a partition whose shard is down is skipped: the others still serve
+            plan = m.reachable(plan)
+        result: Any = None
+        answered = False
+        down: tuple[int, psycopg.OperationalError] | None = None
+        for shard in plan:
+            pool = await self._shard_pool(shard)
             try:
-                result = await self._run_pooled(await self._shard_pool(shard), op, retry)
+                got = await self._run_pooled(pool, op, retry and not skips, PARTITION_WAIT if skips else None)
             except errors.QueueNotFound:
                 m.forget(queue)  # dropped (or made again): ask the router next time
                 raise
             except psycopg.OperationalError as e:
+                if skips:
+                    m.mark_down(shard)
+                    down = (shard, e)
+                    continue
                 if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
                     raise
                 raise m.unavailable(shard, e) from e
-            if m.wants_min(op):
-                soonest = result if soonest is None or (result is not None and result < soonest) else soonest
-                if k == len(plan) - 1:
-                    return cast(T, soonest)
-            elif result or k == len(plan) - 1:
-                return result
-        raise AssertionError("unreachable")
+            if not m.wants_min(op):
+                result = got
+                if got:
+                    return got
+            elif got is not None and (result is None or got < result):
+                result = got  # the soonest
+            answered = True
+        if not answered and down is not None:
+            raise m.unavailable(*down) from down[1]
+        return cast(T, result)
 
     def _router_pool(self) -> AsyncConnectionPool[Any]:
         assert self._pool is not None

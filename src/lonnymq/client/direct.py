@@ -47,6 +47,8 @@ from .ops import Op, Statements
 
 __all__ = [
     "DIRECT",
+    "DOWN_SKIP",
+    "PARTITION_WAIT",
     "FENCE",
     "MAP_TTL",
     "STRIDE",
@@ -110,6 +112,18 @@ _LOCATION = ("host", "hostaddr", "port", "dbname", "service")
 #: while the call runs needs more than one).
 ATTEMPTS = 4
 
+
+#: Seconds a client (and a router session) leaves alone a partition whose shard it could not
+#: reach: its takes serve the other partitions meanwhile, then try it again.
+DOWN_SKIP = 5.0
+
+#: Longest wait for a connection to a partition's shard in a take of several partitions: one
+#: that gives none sooner is skipped as down (its shard refuses or does not answer).
+PARTITION_WAIT = 1.0
+
+#: The calls of a partitioned queue that skip a partition whose shard cannot be reached,
+#: failing only when every partition's does (the router's dispatchers do the same).
+_SKIPS_DOWN = ("take", "next_ready_in")
 
 #: Message ids of a router's shard i are i modulo STRIDE (``shard init`` sets each shard's id
 #: sequence so): a partitioned queue's message id names the shard that holds it.
@@ -176,7 +190,7 @@ _SEND_KEY_ARG = 11
 
 def _map_decode(rows: list[Any]) -> tuple[int, list[str]]:
     if not rows or rows[0][0] is None or not rows[0][1]:
-        raise errors.InvalidArgument("the router's shard map is empty: run `lonnymq shard init` again")
+        raise errors.InvalidArgument("the router's shard map is empty: run `lonnymq shard upgrade`")
     return int(rows[0][0]), [str(s) for s in rows[0][1]]
 
 
@@ -203,6 +217,7 @@ class ShardMap:
         self._ack_query = st.ack
         self._send_turn = itertools.count()
         self._take_turn = itertools.count()
+        self._down: dict[int, float] = {}  # shard -> monotonic time until which it is skipped
         self._fence = sql.SQL(FENCE).format(name=sql.Literal(schema))
         self._fenced: dict[int, sql.Composed] = {}
         self._map_query = sql.SQL("SELECT version, shards FROM {}._shard_map()").format(s)
@@ -275,6 +290,21 @@ class ShardMap:
         """Whether :meth:`plan`'s shards all answer ``op`` and the answer is the least (the
         wait until a partition's next message is ready), rather than the first with rows."""
         return self._names.get(id(op.query)) == "next_ready_in"
+
+    def skips_down(self, op: Op[Any], plan: Sequence[int]) -> bool:
+        """Whether ``op``, planned over several partitions, skips those it cannot reach (a take:
+        the others still serve; ``next_ready_in``: the soonest of those that answer)."""
+        return len(plan) > 1 and self._names.get(id(op.query)) in _SKIPS_DOWN
+
+    def reachable(self, plan: list[int]) -> list[int]:
+        """``plan`` without the shards found down in the last :data:`DOWN_SKIP` seconds, unless
+        that leaves none (then all: the error is then the shards' own)."""
+        now = time.monotonic()
+        up = [s for s in plan if self._down.get(s, 0.0) <= now]
+        return up or plan
+
+    def mark_down(self, shard: int) -> None:
+        self._down[shard] = time.monotonic() + DOWN_SKIP
 
     def riding_acks(self, op: Op[T]) -> tuple[Op[set[int]], Op[T]] | None:
         """For a take that acknowledges earlier deliveries (``take(ack=...)``) of a partitioned

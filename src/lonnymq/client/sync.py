@@ -49,7 +49,7 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .direct import ATTEMPTS, ShardMap, settle_merge, settle_split, unsupported
+from .direct import ATTEMPTS, PARTITION_WAIT, ShardMap, settle_merge, settle_split, unsupported
 from .ops import (
     ROW_FACTORY,
     Op,
@@ -235,9 +235,10 @@ class Client:
                 self._refuse_on_router(c)
         return self._run_pooled(pool, op, retry)
 
-    def _run_pooled(self, pool: ConnectionPool[Any], op: Op[T], retry: bool) -> T:
+    def _run_pooled(self, pool: ConnectionPool[Any], op: Op[T], retry: bool, wait: float | None = None) -> T:
         """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
-        under the retry policy (see :meth:`run`)."""
+        under the retry policy (see :meth:`run`); without retries, waiting at most ``wait``
+        seconds for a connection (None: the pool's timeout)."""
         backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False
         while True:
@@ -249,7 +250,7 @@ class Client:
                     self._opened = True
                 elif pool is self._pool and (not self._opened):
                     self.open()
-                c = pool.getconn(None if backoff is None else backoff.remaining())
+                c = pool.getconn(wait if backoff is None else backoff.remaining())
             except psycopg.OperationalError as e:
                 lost = e
             else:
@@ -340,24 +341,37 @@ class Client:
         plan = m.plan(op, queue)
         if plan is None:
             return self._run_pooled(self._router_pool(), op, retry)
-        soonest: Any = None
-        for k, shard in enumerate(plan):
+        skips = m.skips_down(op, plan)
+        if skips:
+            plan = m.reachable(plan)
+        result: Any = None
+        answered = False
+        down: tuple[int, psycopg.OperationalError] | None = None
+        for shard in plan:
+            pool = self._shard_pool(shard)
             try:
-                result = self._run_pooled(self._shard_pool(shard), op, retry)
+                got = self._run_pooled(pool, op, retry and (not skips), PARTITION_WAIT if skips else None)
             except errors.QueueNotFound:
                 m.forget(queue)
                 raise
             except psycopg.OperationalError as e:
+                if skips:
+                    m.mark_down(shard)
+                    down = (shard, e)
+                    continue
                 if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
                     raise
                 raise m.unavailable(shard, e) from e
-            if m.wants_min(op):
-                soonest = result if soonest is None or (result is not None and result < soonest) else soonest
-                if k == len(plan) - 1:
-                    return cast(T, soonest)
-            elif result or k == len(plan) - 1:
-                return result
-        raise AssertionError("unreachable")
+            if not m.wants_min(op):
+                result = got
+                if got:
+                    return got
+            elif got is not None and (result is None or got < result):
+                result = got
+            answered = True
+        if not answered and down is not None:
+            raise m.unavailable(*down) from down[1]
+        return cast(T, result)
 
     def _router_pool(self) -> ConnectionPool[Any]:
         assert self._pool is not None

@@ -8,6 +8,7 @@ router as to any LonnyMQ database; a call runs in the shard's own transaction, n
     from lonnymq import shard
     shard.init(router_dsn, [shard0_dsn, shard1_dsn])
     print(shard.status(router_dsn))
+    shard.upgrade(router_dsn)   # after upgrading lonnymq: shards migrated, router rebuilt
     shard.move(router_dsn, "orders", 1)   # the queue, with its messages, to shard 1
     shard.add(router_dsn, [shard2_dsn, shard3_dsn])   # 2 -> 4 shards, queues rehomed
 
@@ -17,13 +18,14 @@ direct=True)`` reads the shard map from the router and calls the queue's shard i
 """
 
 from .add import AddResult, add
-from .admin import RouterStatus, ShardStatus, init, shard_dsns, status
+from .admin import InitBlocked, RouterStatus, ShardStatus, init, shard_dsns, status, upgrade
 from .catalog import ROUTER_MARKER, NoRoute
 from .move import MoveBlocked, MoveError, MoveResult, move
 
 __all__ = [
     "ROUTER_MARKER",
     "AddResult",
+    "InitBlocked",
     "MoveBlocked",
     "MoveError",
     "MoveResult",
@@ -35,4 +37,5 @@ __all__ = [
     "move",
     "shard_dsns",
     "status",
+    "upgrade",
 ]

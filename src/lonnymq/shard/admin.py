@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -21,6 +23,11 @@ CONNECT_TIMEOUT = 5
 
 #: Seconds to wait for a shard when checking its health.
 STATUS_CONNECT_TIMEOUT = 3
+
+
+class InitBlocked(errors.LonnyMQError):
+    """``shard init`` (or ``shard upgrade``) could not get the router's locks within its
+    lock_timeout through every attempt; the router was left as it was."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,14 @@ class RouterStatus:
     @property
     def healthy(self) -> bool:
         return all(s.healthy and not s.misplaced for s in self.shards)
+
+    @property
+    def degraded(self) -> dict[str, list[int]]:
+        """The partitioned queues with a partition on an unhealthy shard: queue -> those
+        shards. Their takes skip those partitions (serving the others); sends and settles that
+        belong there fail with ShardUnavailable."""
+        down = {s.index for s in self.shards if not s.healthy}
+        return {q: [i for i in p if i in down] for q, p in self.partitioned.items() if down & set(p)}
 
 
 def _where(parts: dict[str, Any]) -> str:
@@ -127,7 +142,14 @@ def _router_state(conn: psycopg.Connection[Any], schema: str) -> str | None:
 
 
 def init(
-    router_dsn: str, shard_dsns: Sequence[str], *, schema: str = DEFAULT_SCHEMA, pgmq: bool = False
+    router_dsn: str,
+    shard_dsns: Sequence[str],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    pgmq: bool = False,
+    lock_timeout: float = 2.0,
+    attempts: int = 5,
+    retry_delay: float = 0.5,
 ) -> RouterStatus:
     """Make ``router_dsn``'s database a router over ``shard_dsns`` (a power-of-two count).
 
@@ -138,6 +160,13 @@ def init(
     ``hashtext(queue)`` or run on all shards and merged (:mod:`lonnymq.shard.catalog`). Running it
     again with the same shards refreshes the functions (after an upgrade of the shards); with
     other shards, queues whose hash moved are reported as ``misplaced`` by :func:`status`.
+    Moved queues' routes, partitioned queues and the map's version (bumped) survive a re-run.
+
+    The router is rebuilt in one transaction, while clients keep calling: it takes the shard
+    map's lock (``queue_create``, ``shard add`` and ``shard move`` wait on it) and the router's
+    tables, each asked for with ``lock_timeout`` seconds so that it never queues the router's
+    calls behind a long transaction; it tries ``attempts`` times, ``retry_delay`` seconds apart,
+    then raises :class:`InitBlocked` with the router unchanged (the shards stay migrated).
     Raises InvalidArgument (count, DSNs, a router schema that holds a lonnymq install) and
     psycopg errors of the servers."""
     check_schema(schema)
@@ -182,73 +211,146 @@ def init(
             pgmq_types = first.execute(catalog.TYPES_QUERY, (catalog.PGMQ_SCHEMA,)).fetchall()
     statements = catalog.proxy_statements(schema, fns)  # NoRoute before anything is changed
     pgmq_statements = catalog.proxy_statements(catalog.PGMQ_SCHEMA, pgmq_fns, core=schema) if has_pgmq else []
+    timeout_ms = max(1, int(lock_timeout * 1000))
+    with _connect(router_dsn, "router") as router:
+        for attempt in range(1, attempts + 1):
+            try:
+                with router.transaction():
+                    router.execute(
+                        sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms"))
+                    )
+                    _rebuild(router, schema, partitions, mapping, migrations, types, statements, fns)
+                    _pgmq_schema(router, schema, has_pgmq, pgmq_types, pgmq_statements, pgmq_fns)
+                break
+            except (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected) as e:
+                if attempt == attempts:
+                    raise InitBlocked(
+                        f"rebuilding the router gave up after {attempts} attempt(s): a transaction on"
+                        f" the router held its shard map or tables longer than lock_timeout"
+                        f" ({lock_timeout:g} s) ({' '.join(str(e).split())}); the router is unchanged,"
+                        " the shards are migrated: run it again"
+                    ) from e
+                time.sleep(retry_delay)
+    return status(router_dsn, schema=schema)
+
+
+def _rebuild(
+    router: psycopg.Connection[Any],
+    schema: str,
+    partitions: Sequence[str],
+    mapping: dict[str, str],
+    migrations: Sequence[Sequence[Any]],
+    types: Sequence[Sequence[Any]],
+    statements: Sequence[sql.Composed],
+    fns: Sequence[catalog.CoreFunction],
+) -> None:
+    """The router's schema and cluster made again (in the caller's transaction, under its
+    lock_timeout), keeping the routes of moved queues, the partitioned queues and the map's
+    version (bumped)."""
     s = sql.Identifier(schema)
     server = sql.Identifier(catalog.cluster_name(schema))
-    with _connect(router_dsn, "router") as router, router.transaction():
-        # The routes of moved queues outlive a regeneration (those naming a shard that is gone
-        # are dropped: status() then reports the queue as misplaced where it is).
-        overrides = routes(router, schema)
-        parted = partitioned(router, schema)
-        version = map_version(router, schema)
-        router.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
-        router.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
-        router.execute(sql.SQL("DROP SERVER IF EXISTS {} CASCADE").format(server))
-        options = sql.SQL(", ").join(
-            sql.SQL("{} {}").format(sql.Identifier(f"p{i}"), sql.Literal(p)) for i, p in enumerate(partitions)
-        )
-        router.execute(
-            sql.SQL(
-                "CREATE SERVER {} FOREIGN DATA WRAPPER plproxy OPTIONS (connection_lifetime '1800', {})"
-            ).format(server, options)
-        )
-        umap = sql.SQL(", ").join(
-            sql.SQL("{} {}").format(sql.Identifier(k), sql.Literal(v)) for k, v in mapping.items()
-        )
-        router.execute(
-            sql.SQL("CREATE USER MAPPING FOR PUBLIC SERVER {}{}").format(
-                server, sql.SQL(" OPTIONS ({})").format(umap) if mapping else sql.SQL("")
+    # First the locks that keep the state read below from changing before the schema is
+    # rebuilt: the map's (queue_create, shard add) and the tables moves and creates write, in
+    # the order the router's calls read them (_partitions, then _shard_of), so that a call
+    # holding one never waits for the other behind this transaction (a deadlock).
+    router.execute("SELECT pg_advisory_xact_lock(hashtext(%s || '/map'), 0)", (schema,))
+    for table in ("shard_partition", "shard_route", "shard_map", "migration"):
+        found = router.execute(
+            "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL", (schema, table)
+        ).fetchone()
+        if found and found[0]:
+            router.execute(
+                sql.SQL("LOCK TABLE {}.{} IN ACCESS EXCLUSIVE MODE").format(s, sql.Identifier(table))
             )
+    # The routes of moved queues outlive a regeneration (those naming a shard that is gone
+    # are dropped: status() then reports the queue as misplaced where it is).
+    overrides = routes(router, schema)
+    parted = partitioned(router, schema)
+    version = map_version(router, schema)
+    router.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
+    router.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
+    router.execute(sql.SQL("DROP SERVER IF EXISTS {} CASCADE").format(server))
+    options = sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.Identifier(f"p{i}"), sql.Literal(p)) for i, p in enumerate(partitions)
+    )
+    router.execute(
+        sql.SQL(
+            "CREATE SERVER {} FOREIGN DATA WRAPPER plproxy OPTIONS (connection_lifetime '1800', {})"
+        ).format(server, options)
+    )
+    umap = sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.Identifier(k), sql.Literal(v)) for k, v in mapping.items()
+    )
+    router.execute(
+        sql.SQL("CREATE USER MAPPING FOR PUBLIC SERVER {}{}").format(
+            server, sql.SQL(" OPTIONS ({})").format(umap) if mapping else sql.SQL("")
         )
-        router.execute(sql.SQL("CREATE SCHEMA {}").format(s))
-        router.execute(
-            sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
-                s,
-                sql.Literal(
-                    f"{catalog.ROUTER_MARKER}: {len(partitions)} shards, cluster {catalog.cluster_name(schema)}"
-                ),
-            )
+    )
+    router.execute(sql.SQL("CREATE SCHEMA {}").format(s))
+    router.execute(
+        sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+            s,
+            sql.Literal(
+                f"{catalog.ROUTER_MARKER}: {len(partitions)} shards, cluster {catalog.cluster_name(schema)}"
+            ),
         )
-        # What clients and workers read besides the functions: the schema version.
-        router.execute(
-            sql.SQL(
-                "CREATE TABLE {s}.migration (version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(s=s)
+    )
+    # What clients and workers read besides the functions: the schema version.
+    router.execute(
+        sql.SQL(
+            "CREATE TABLE {s}.migration (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(s=s)
+    )
+    with router.cursor() as cur:
+        cur.executemany(
+            sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(s), migrations
         )
-        with router.cursor() as cur:
-            cur.executemany(
-                sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(s), migrations
-            )
-        for stmt in catalog.type_statements(schema, types):
-            router.execute(stmt)
-        for stmt in catalog.route_statements(schema):
-            router.execute(stmt)
-        with router.cursor() as cur:
-            cur.executemany(
-                sql.SQL("INSERT INTO {}.shard_route (queue, shard) VALUES (%s, %s)").format(s),
-                [(q, i) for q, i in overrides.items() if i < len(partitions)],
-            )
-            cur.executemany(
-                sql.SQL("INSERT INTO {}.shard_partition (queue, shards) VALUES (%s, %s)").format(s),
-                [(q, p) for q, p in parted.items() if max(p) < len(partitions)],
-            )
-        # Never backwards across re-inits: direct clients compare it with what they remember.
-        router.execute(sql.SQL("INSERT INTO {}.shard_map (version) VALUES (%s)").format(s), (version + 1,))
-        for stmt in statements:
-            router.execute(stmt)
-        _grant(router, schema, fns)
-        _pgmq_schema(router, schema, has_pgmq, pgmq_types, pgmq_statements, pgmq_fns)
-    return status(router_dsn, schema=schema)
+    for stmt in catalog.type_statements(schema, types):
+        router.execute(stmt)
+    for stmt in catalog.route_statements(schema):
+        router.execute(stmt)
+    with router.cursor() as cur:
+        cur.executemany(
+            sql.SQL("INSERT INTO {}.shard_route (queue, shard) VALUES (%s, %s)").format(s),
+            [(q, i) for q, i in overrides.items() if i < len(partitions)],
+        )
+        cur.executemany(
+            sql.SQL("INSERT INTO {}.shard_partition (queue, shards) VALUES (%s, %s)").format(s),
+            [(q, p) for q, p in parted.items() if max(p) < len(partitions)],
+        )
+    # Never backwards across re-inits: direct clients compare it with what they remember.
+    router.execute(sql.SQL("INSERT INTO {}.shard_map (version) VALUES (%s)").format(s), (version + 1,))
+    for stmt in statements:
+        router.execute(stmt)
+    _grant(router, schema, fns)
+
+
+def upgrade(
+    router_dsn: str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    lock_timeout: float = 2.0,
+    attempts: int = 5,
+    retry_delay: float = 0.5,
+) -> RouterStatus:
+    """After an upgrade of lonnymq: :func:`init` again with the router's own shards (read from
+    its cluster and user mapping: a superuser's DSN, as init needs), with the pgmq facade if the
+    router proxies it. Migrates the shards and rebuilds the router's functions, keeping moved
+    queues' routes, partitioned queues and every message (they live on the shards)."""
+    check_schema(schema)
+    dsns = shard_dsns(router_dsn, schema=schema)
+    with _connect(router_dsn, "router", autocommit=True) as router:
+        state = _router_state(router, catalog.PGMQ_SCHEMA)
+    return init(
+        router_dsn,
+        dsns,
+        schema=schema,
+        pgmq=state is not None and state.startswith(catalog.ROUTER_MARKER),
+        lock_timeout=lock_timeout,
+        attempts=attempts,
+        retry_delay=retry_delay,
+    )
 
 
 def _pgmq_schema(
@@ -349,7 +451,7 @@ def check_movable(conn: psycopg.Connection[Any], schema: str) -> None:
     if not row or not row[0]:
         raise errors.InvalidArgument(
             f"the router {schema!r} was made by an older lonnymq (without queue routes or the shard"
-            " map's version): run `lonnymq shard init` with the same shards again first"
+            " map's version): run `lonnymq shard upgrade` first"
         )
 
 
@@ -485,7 +587,7 @@ def status(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> RouterStatus:
             error = (
                 None
                 if shard_version == version
-                else f"schema version {shard_version}, router {version}: run `lonnymq shard init` again"
+                else f"schema version {shard_version}, router {version}: run `lonnymq shard upgrade`"
             )
             shards.append(
                 ShardStatus(i, where(dsn), error is None, error, shard_version, sorted(names), misplaced)

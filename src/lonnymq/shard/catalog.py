@@ -64,6 +64,11 @@ class Route:
 _SUM: LiteralString = "SELECT coalesce(sum(r), 0)::bigint FROM {all} AS r"
 _OR: LiteralString = "SELECT coalesce(bool_or(r), false) FROM {all} AS r"
 
+#: The counters of stats_minutes/stats_totals rows ``r``, summed over the shards.
+_COUNTERS: LiteralString = ", ".join(
+    f"sum(r.{c})::bigint" for c in ("sent", "acked", "nacked", "dead", "cancelled")
+)
+
 #: Routes of the public functions that take no queue name.
 NO_QUEUE_ROUTES: dict[str, Route] = {
     # Listings: every shard's rows; queue_list pages by name, so the merged page is re-sorted and
@@ -74,9 +79,15 @@ NO_QUEUE_ROUTES: dict[str, Route] = {
     ),
     "cron_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
     "worker_queues": Route("all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name"),
-    # Per-queue rows (the dashboard's minute counters): each queue's rows come from its shard.
-    "stats_minutes": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
-    "stats_totals": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    # Per-queue rows (the dashboard's minute counters): each queue's rows come from its shard; a
+    # partitioned queue's from each partition's, summed into one row (per minute).
+    "stats_minutes": Route(
+        "all",
+        merge="SELECT r.queue, r.minute_at, " + _COUNTERS + " FROM {all} AS r GROUP BY 1, 2 ORDER BY 1, 2",
+    ),
+    "stats_totals": Route(
+        "all", merge="SELECT r.queue, " + _COUNTERS + " FROM {all} AS r GROUP BY 1 ORDER BY 1"
+    ),
     # The worker registry: a worker's row lives on the shard its id hashes to; the list is all.
     "worker_beat": Route("hash", key="p_id"),
     "worker_leave": Route("hash", key="p_id"),

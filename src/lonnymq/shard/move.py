@@ -152,7 +152,7 @@ def _plan(src: psycopg.Connection[Any], dst: psycopg.Connection[Any], schema: st
         names = _columns(dst, schema, table)
         if set(names) != set(_columns(src, schema, table)):
             raise errors.InvalidArgument(
-                f"table {table} differs between the shards: run `lonnymq shard init`"
+                f"table {table} differs between the shards: run `lonnymq shard upgrade`"
             )
         plan[table] = names
     src.rollback()
@@ -256,7 +256,7 @@ def move(
             if src_version != dst_version:
                 raise errors.InvalidArgument(
                     f"shard {source} is at schema version {src_version}, shard {target} at"
-                    f" {dst_version}: run `lonnymq shard init` first"
+                    f" {dst_version}: run `lonnymq shard upgrade` first"
                 )
             homes = dict(
                 router.execute(

@@ -17,6 +17,9 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
 * take: the partitions one after another from the next in turn, until one hands out messages
   (so a take never returns empty while a partition has ready messages, and takes visit every
   partition in turn); each take's deliveries come from one partition, so they settle in one call;
+  a partition whose shard cannot be reached is skipped (and then left alone for
+  :data:`DOWN_SKIP` seconds by that router session), the take fails only when every partition's
+  shard is unreachable; ``next_ready_in`` the same (:data:`SKIPS_DOWN`);
 * metrics, peek, next_ready_in, drop, purge, pause, resume, dead_purge, wait_begin/end: every
   partition, merged (:data:`DISPATCHED`);
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
@@ -33,7 +36,8 @@ from typing import TYPE_CHECKING, LiteralString
 
 from psycopg import sql
 
-from ..client.direct import STRIDE, key_partition
+from ..client.direct import DOWN_SKIP, STRIDE, key_partition
+from ..client.ops import _PLPROXY_LOST as PLPROXY_LOST
 
 if TYPE_CHECKING:
     from .catalog import CoreFunction
@@ -89,6 +93,16 @@ DISPATCHED: dict[str, str] = {
     "wait_end": "or",
 }
 
+#: The dispatched calls that skip a partition whose shard cannot be reached (failing only when
+#: every partition's does): a take serves the partitions that answer.
+SKIPS_DOWN = ("take", "next_ready_in")
+
+#: A PL/Proxy error of a shard it cannot reach (the client's test, ops._shard_unavailable, in
+#: SQL): ``{state}`` and ``{msg}`` the error's SQLSTATE and message.
+UNREACHABLE: LiteralString = (
+    "({state} LIKE '08%' OR {state} LIKE '57P%' OR {msg} ~ '" + "|".join(PLPROXY_LOST) + "')"
+)
+
 #: The router's public functions that are not proxies of the core's.
 ROUTER_ONLY = ("queue_create_partitioned",)
 
@@ -124,6 +138,20 @@ CREATE SEQUENCE {s}.partition_take_turn AS bigint CYCLE""",
 CREATE FUNCTION {s}._partitions(p_queue text) RETURNS integer[]
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 SELECT p.shards FROM {s}.shard_partition p WHERE p.queue = p_queue
+$fn$""",
+    """-- Whether this session found shard p_shard unreachable less than {down_skip} s ago (a take
+-- then skips its partition). Session state (a setting), no table: a router session finds out
+-- for itself. Locks: none.
+CREATE FUNCTION {s}._shard_down(p_shard integer) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT coalesce(nullif(current_setting('lonnymq_shard.down_' || {name} || '_' || p_shard, true), ''),
+                '0')::float8 > extract(epoch FROM clock_timestamp())
+$fn$""",
+    """-- Remember for {down_skip} s in this session that shard p_shard cannot be reached.
+CREATE FUNCTION {s}._mark_down(p_shard integer) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT set_config('lonnymq_shard.down_' || {name} || '_' || p_shard,
+                  (extract(epoch FROM clock_timestamp()) + {down_skip})::text, false)
 $fn$""",
     """-- The next partition in turn among p_n, for a send or (p_take) a take. Locks: none.
 CREATE FUNCTION {s}._turn(p_n integer, p_take boolean DEFAULT false) RETURNS integer
@@ -243,7 +271,12 @@ def _fmt(stmt: LiteralString, schema: str, cluster: str) -> sql.Composed:
     s = sql.Identifier(schema)
     kp = sql.SQL(KEY_PARTITION).format(key=sql.SQL("p_key"), n=sql.SQL("v_n"))
     return sql.SQL(stmt).format(
-        s=s, name=sql.Literal(schema), cluster=sql.Literal(cluster), stride=sql.SQL(str(STRIDE)), kp=kp
+        s=s,
+        name=sql.Literal(schema),
+        cluster=sql.Literal(cluster),
+        stride=sql.SQL(str(STRIDE)),
+        kp=kp,
+        down_skip=sql.SQL(str(DOWN_SKIP)),
     )
 
 
@@ -286,6 +319,43 @@ def on_shard_statement(schema: str, cluster: str, fn: CoreFunction) -> sql.Compo
     )
 
 
+#: Before the partitions of a call of SKIPS_DOWN: skip those this session found down lately
+#: only if some partition is not (else try them all, so the error is the shards' own).
+_SKIP_INIT: LiteralString = "v_skip := NOT (SELECT bool_and({s}._shard_down(x)) FROM unnest(v_parts) AS x);"
+#: After them: every partition unreachable fails the call with the last shard's error.
+_ALL_DOWN: LiteralString = (
+    "IF v_down = cardinality(v_parts) THEN\n"
+    "        RAISE EXCEPTION USING ERRCODE = v_state, MESSAGE = v_msg;\n"
+    "    END IF;"
+)
+
+
+def _skipping(s: sql.Identifier, call: sql.Composable) -> sql.Composed:
+    """``call`` on partition p_shard, skipped when its shard cannot be reached (PL/Proxy's
+    error), counted in v_down, the shard remembered as down (:data:`DOWN_SKIP` s)."""
+    return sql.SQL(
+        "IF v_skip AND {s}._shard_down(p_shard) THEN\n"
+        "            v_down := v_down + 1;\n"
+        "            CONTINUE;\n"
+        "        END IF;\n"
+        "        v_got := 0;\n"
+        "        BEGIN\n"
+        "            {call}\n"
+        "        EXCEPTION WHEN OTHERS THEN\n"
+        "            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;\n"
+        "            IF NOT {unreachable} THEN\n"
+        "                RAISE;\n"
+        "            END IF;\n"
+        "            PERFORM {s}._mark_down(p_shard);\n"
+        "            v_down := v_down + 1;\n"
+        "        END;"
+    ).format(
+        s=s,
+        call=call,
+        unreachable=sql.SQL(UNREACHABLE).format(state=sql.SQL("v_state"), msg=sql.SQL("v_msg")),
+    )
+
+
 def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
     """The router's public function for a call of :data:`DISPATCHED`: a plain queue's call goes
     to ``_hash_<name>`` (its shard, as every proxy), a partitioned queue's to each partition."""
@@ -295,6 +365,8 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
     hashed = _call(schema, f"_hash_{fn.name}", fn.argnames)
     on = _call(schema, f"_on_{fn.name}", fn.argnames, "p_shard")
     decl = "v_parts integer[]; p_shard integer; v_i integer; v_got bigint; v_start integer;"
+    if fn.name in SKIPS_DOWN:
+        decl += " v_skip boolean; v_down integer := 0; v_state text; v_msg text;"
     plain = sql.SQL("RETURN QUERY SELECT * FROM {};\n        RETURN;").format(hashed)
     after: sql.Composable = sql.SQL("")
     if how == "first":  # take: the partitions in turn until one hands out messages
@@ -308,13 +380,25 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
             "        p_ack_tokens := NULL;\n"
             "    END IF;\n"
             "    v_start := {s}._turn(cardinality(v_parts), true);\n"
+            "    {skip_init}\n"
             "    FOR v_i IN 0 .. cardinality(v_parts) - 1 LOOP\n"
             "        p_shard := v_parts[1 + (v_start + v_i) % cardinality(v_parts)];\n"
-            "        RETURN QUERY SELECT * FROM {on};\n"
-            "        GET DIAGNOSTICS v_got = ROW_COUNT;\n"
+            "        {attempt}\n"
             "        EXIT WHEN v_got > 0;\n"
-            "    END LOOP;"
-        ).format(s=s, on=on, stride=sql.SQL(str(STRIDE)))
+            "    END LOOP;\n"
+            "    {all_down}"
+        ).format(
+            s=s,
+            stride=sql.SQL(str(STRIDE)),
+            skip_init=sql.SQL(_SKIP_INIT).format(s=s),
+            attempt=_skipping(
+                s,
+                sql.SQL("RETURN QUERY SELECT * FROM {on};\n GET DIAGNOSTICS v_got = ROW_COUNT;").format(
+                    on=on
+                ),
+            ),
+            all_down=sql.SQL(_ALL_DOWN),
+        )
     elif how == "concat":  # peek: each partition's next, up to p_limit in all
         part = sql.SQL(
             "v_got := 0;\n"
@@ -342,6 +426,17 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
         part = sql.SQL("FOREACH p_shard IN ARRAY v_parts LOOP\n        PERFORM {on};\n    END LOOP;").format(
             on=on
         )
+    elif fn.name in SKIPS_DOWN:  # one value from each partition that answers, merged
+        plain = sql.SQL("RETURN {};").format(hashed)
+        decl += f" v_vals {fn.result}[] := '{{}}';"
+        part = sql.SQL(
+            "{skip_init}\n    FOREACH p_shard IN ARRAY v_parts LOOP\n        {attempt}\n    END LOOP;\n    {all_down}"
+        ).format(
+            skip_init=sql.SQL(_SKIP_INIT).format(s=s),
+            attempt=_skipping(s, sql.SQL("v_vals := v_vals || {on};").format(on=on)),
+            all_down=sql.SQL(_ALL_DOWN),
+        )
+        after = sql.SQL("\n    RETURN ({});").format(sql.SQL(_MERGE_SCALAR[how]))
     else:  # one value from each partition, merged
         plain = sql.SQL("RETURN {};").format(hashed)
         decl += f" v_vals {fn.result}[] := '{{}}';"
