@@ -76,6 +76,11 @@ async def _check_connection(conn: AsyncConnection[Any]) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
+#: Errors after which the server has rolled a call back whole (it runs as one statement in its own
+#: transaction): a deadlock, a serialization failure. Repeating such a call is always safe.
+ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
 class AsyncClient:
     """A LonnyMQ client on asyncio.
 
@@ -265,7 +270,7 @@ class AsyncClient:
                 try:
                     sent = True
                     return await self._execute(c, op)
-                except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                except ROLLED_BACK:
                     # A deadlock or a serialization failure: the call is one statement in its own
                     # transaction, which the server rolled back whole, so repeating it is safe
                     # (a send without a key too) and it did not commit.
@@ -370,7 +375,7 @@ class AsyncClient:
                 m.forget(queue)  # dropped (or made again): ask the router next time
                 raise
             except psycopg.OperationalError as e:
-                if skips:
+                if skips and not isinstance(e, ROLLED_BACK):  # (a deadlock is no shard down)
                     m.mark_down(shard)
                     down = (shard, e)
                     continue

@@ -79,6 +79,9 @@ def _check_connection(conn: Connection[Any]) -> None:
         ConnectionPool.check_connection(conn)
 
 
+ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
 class Client:
     """A LonnyMQ client (synchronous; thread-safe when built on a pool).
 
@@ -258,7 +261,7 @@ class Client:
                 try:
                     sent = True
                     return self._execute(c, op)
-                except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                except ROLLED_BACK:
                     undone = None if backoff is None else backoff.next_delay()
                     if undone is None or c.broken or c.closed:
                         raise
@@ -355,7 +358,7 @@ class Client:
                 m.forget(queue)
                 raise
             except psycopg.OperationalError as e:
-                if skips:
+                if skips and (not isinstance(e, ROLLED_BACK)):
                     m.mark_down(shard)
                     down = (shard, e)
                     continue
