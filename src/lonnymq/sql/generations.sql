@@ -190,9 +190,10 @@ END $$;
 -- and no row is left but frozen ones. Work per call: the first call freezes the generation and
 -- moves the rows of its other queues (one walk of the generation, _gen_freeze); later calls
 -- visit only the queues whose rows were held by others then, one index range each, and, if a
--- writer still held the generation at the first call, pass once over its queues (p_max queues
--- a call, a skip scan of (gen, queue_id) that passes over a frozen queue's rows with one
--- descent) once no writer is left. So a rotation never walks the rows that frozen queues keep
+-- writer still held the generation at the first call, pass once over its queues (10 × p_max
+-- queues a call, so that a late message is still moved by the next rotation at up to 10,000
+-- queues by default: a skip scan of (gen, queue_id) that passes over a frozen queue's rows with
+-- one descent and a key probe) once no writer is left. So a rotation never walks the rows that frozen queues keep
 -- in pending generations again (it walked every one of them three times a rotation while any
 -- row of the generation was held: 60,000 at 10,000 queues, issue 19). Writes message (gen),
 -- message_gen_frozen, message_gen_pending. Locks: the rows it moves (SKIP LOCKED); tries the
@@ -204,7 +205,7 @@ DECLARE
     r        record;
     v_queue  integer;
     v_held   integer[] := ARRAY[]::integer[];
-    v_visits integer := p_max;
+    v_visits bigint := 10 * p_max::bigint;
     v_from   bigint;
 BEGIN
     SELECT * INTO p FROM {schema}.message_gen_pending x WHERE x.gen = p_gen;
