@@ -37,7 +37,10 @@
 -- rows it held, found empty meanwhile; and a budget of 10 × p_max_moves still rewrote up to
 -- 20,000 rows every 2 s (the same idle rows, frozen, thawed and moved again) while 50 consumers
 -- of 1,000 queues took 100 a second on a loaded 2-core machine, rotation then taking half of
--- the server's time per message (benchmarks/scale.py --functions).
+-- the server's time per message (benchmarks/scale.py --functions). Nor with the rows frozen
+-- queues keep in a pending generation: it is frozen and swept once, and later rotations visit
+-- only the queues whose rows were held then (and, after a late writer, pass once over its
+-- queues in slices); the thaw visits the frozen queues in rounds (_gen_sweep, _gen_thaw).
 --
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
@@ -187,9 +190,10 @@ END $$;
 -- and no row is left but frozen ones. Work per call: the first call freezes the generation and
 -- moves the rows of its other queues (one walk of the generation, _gen_freeze); later calls
 -- visit only the queues whose rows were held by others then, one index range each, and, if a
--- writer still held the generation at the first call, pass once over its queues (p_max queues
--- a call, a skip scan of (gen, queue_id) that passes over a frozen queue's rows with one
--- descent) once no writer is left. So a rotation never walks the rows that frozen queues keep
+-- writer still held the generation at the first call, pass once over its queues (10 × p_max
+-- queues a call, so that a late message is still moved by the next rotation at up to 10,000
+-- queues by default: a skip scan of (gen, queue_id) that passes over a frozen queue's rows with
+-- one descent and a key probe) once no writer is left. So a rotation never walks the rows that frozen queues keep
 -- in pending generations again (it walked every one of them three times a rotation while any
 -- row of the generation was held: 60,000 at 10,000 queues, issue 19). Writes message (gen),
 -- message_gen_frozen, message_gen_pending. Locks: the rows it moves (SKIP LOCKED); tries the
@@ -201,7 +205,7 @@ DECLARE
     r        record;
     v_queue  integer;
     v_held   integer[] := ARRAY[]::integer[];
-    v_visits integer := p_max;
+    v_visits bigint := 10 * p_max::bigint;
     v_from   bigint;
 BEGIN
     SELECT * INTO p FROM {schema}.message_gen_pending x WHERE x.gen = p_gen;
@@ -263,9 +267,10 @@ END $$;
 -- Thaw frozen generations, for the next p_max frozen queues in a round over them all (resumed
 -- where the last rotation stopped: message_gen_thaw_seq): forget those that are gone; move
 -- forward the rows of their oldest frozen generations (up to four a queue) where the queue
--- holds p_max rows or fewer, p_max rows counted and p_max moved in all (the round resumes at
--- the first queue not counted); then drop from their lists the generations where they hold no
--- row any more and no writer can add one. So a rotation's work stays bounded however many
+-- holds p_max rows or fewer (in its newest one, only once none of them waits: all leased),
+-- p_max rows counted and p_max moved in all (the round resumes at the first queue not
+-- counted); then drop from their lists the generations where they hold no row any more and no
+-- writer can add one. So a rotation's work stays bounded however many
 -- queues are frozen (visiting all of them every rotation cost a key probe per queue and
 -- generation: 10,000 at 10,000 frozen queues). Writes message (gen),
 -- message_gen_frozen, message_gen_thaw_seq. Locks: the rows it moves (SKIP LOCKED); tries the
@@ -276,6 +281,7 @@ DECLARE
     f        {schema}.message_gen_frozen;
     v_gen    bigint;
     v_n      bigint;
+    v_waiting bigint;
     v_budget bigint := p_max::bigint;
     v_reads  bigint := p_max::bigint;
     v_after  bigint;
@@ -307,12 +313,16 @@ BEGIN
             EXIT;
         END IF;
         FOREACH v_gen IN ARRAY f.gens[1:4] LOOP
-            SELECT count(*) INTO v_n FROM (SELECT FROM {schema}.message x
-                                            WHERE x.gen = v_gen AND x.queue_id = f.queue_id
-                                              AND x.channel IS NULL
-                                            LIMIT p_max + 1) c;
+            SELECT count(*), count(*) FILTER (WHERE c.waiting) INTO v_n, v_waiting
+              FROM (SELECT x.leased IS NOT TRUE AS waiting FROM {schema}.message x
+                     WHERE x.gen = v_gen AND x.queue_id = f.queue_id AND x.channel IS NULL
+                     LIMIT p_max + 1) c;
             v_reads := v_reads - v_n;
-            CONTINUE WHEN v_n = 0 OR v_n > p_max OR v_n > v_budget;
+            -- A queue's newest frozen generation stays while messages wait there: its takes
+            -- read it anyway, and moving them forward only for the next rotation to freeze them
+            -- again was a churn of idle small queues (p_max rows rewritten a rotation, issue 19).
+            CONTINUE WHEN v_n = 0 OR v_n > p_max OR v_n > v_budget
+                       OR (v_waiting > 0 AND v_gen = f.gens[cardinality(f.gens)]);
             UPDATE {schema}.message m SET gen = p_target
              WHERE m.ctid = ANY (ARRAY(
                    SELECT x.ctid FROM {schema}.message x
