@@ -284,7 +284,8 @@ def _assert_changed_by_ctid(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
     """The plain send's statement: the queue found through its name's unique index, no
-    sequential scan anywhere, with 300 queues analysed."""
+    sequential scan anywhere, with 300 queues analysed; it reads and writes no table but the
+    queue, the generation's sequence, message and queue_stat (no send_key: issue 12)."""
     for i in range(300):
         client.create_queue(f"q{i}")
     conn.execute(sql.SQL("ANALYZE {}.queue").format(s))
@@ -297,17 +298,16 @@ def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Id
         "p_kind": "$6",
         "p_content_type": "$7",
         "p_headers": "$8",
-        "p_send_key": "$9",
+        "v_id": "$9",
     }
-    types = "text, bytea, bigint, integer, bigint, text, text, jsonb, uuid"
+    types = "text, bytea, bigint, integer, bigint, text, text, jsonb, bigint"
     stmt = _statement("send", r"RETURN QUERY\s+(WITH q AS .*?FROM ins);", names, schema)
-    # Without a send key and with one: the same statement (its key insert selects nothing
-    # without one).
-    for n, key in enumerate(("NULL", "'0193a5b0-0000-7000-8000-000000000001'")):
+    # Without a send key (the id from the sequence) and with one (the id its claim took).
+    for n, id_ in enumerate(("NULL", "12345")):
         plan = _generic_plan(
             conn,
             f"PREPARE lean_send{n}({types}) AS {stmt}",
-            f"lean_send{n}('q7', '\\x00', 0, 0, 0, NULL, NULL, NULL, {key})",
+            f"lean_send{n}('q7', '\\x00', 0, 0, 0, NULL, NULL, NULL, {id_})",
         )
         nodes = list(_nodes(plan))
         # A sequence (the generation's) is read by a Seq Scan of its one row.
@@ -317,6 +317,57 @@ def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Id
         [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
         assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
         assert lookup["Index Name"] == "queue_name_key"
+        assert {x["Relation Name"] for x in nodes if "Relation Name" in x} == {
+            "queue",
+            "message_gen_seq",
+            "message",
+            "queue_stat",
+        }, plan
+
+
+def test_plan_of_the_send_key_claim(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
+    """A keyed send's claim of its key: the queue through its name's unique index, no
+    sequential scan, with 300 queues analysed."""
+    for i in range(300):
+        client.create_queue(f"q{i}")
+    conn.execute(sql.SQL("ANALYZE {}.queue").format(s))
+    names = {"p_send_key": "$1", "v_now": "$2", "p_queue": "$3", "p_payload": "$4"}
+    stmt = _statement(
+        "send", r"IF p_send_key IS NOT NULL THEN\s+(INSERT INTO \{schema\}\.send_key .*?DO NOTHING)", names, schema
+    )
+    plan = _generic_plan(
+        conn,
+        f"PREPARE claim(uuid, bigint, text, bytea) AS {stmt} RETURNING queue_id",
+        "claim('0193a5b0-0000-7000-8000-000000000001', 0, 'q7', '\\x00')",
+    )
+    nodes = list(_nodes(plan))
+    assert not [x for x in nodes if x["Node Type"] == "Seq Scan"], plan
+    [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
+    assert lookup["Index Name"] == "queue_name_key", lookup
+
+
+def test_a_plain_send_opens_no_send_key(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
+    """What a plain send's transaction locks: the queue, the generation's sequence, message
+    and queue_stat (and their indexes and partitions), never send_key (whose insert a keyed
+    send's claim alone carries); a keyed send locks send_key."""
+    client.create_queue("q")
+
+    def locked(send_key: str | None) -> set[str]:
+        with conn.transaction():
+            conn.execute(sql.SQL("SELECT * FROM {}.send('q', '\\x01', p_send_key => %s)").format(s), (send_key,))
+            rows = conn.execute(
+                "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND c.relnamespace = %s::regnamespace",
+                (schema,),
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    plain = locked(None)
+    assert "message_pkey" in plain or any(n.startswith("message") for n in plain), plain
+    assert "queue_stat" in plain, plain
+    assert not [n for n in plain if n.startswith("send_key")], plain
+    keyed = locked("0193a5b0-0000-7000-8000-000000000002")
+    assert "send_key" in keyed, keyed
 
 
 def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:

@@ -1,0 +1,149 @@
+"""What one send costs the server: backend CPU (µs per call, from the backend's ``utime + stime``
+in ``/proc``, so the client's Python and the other processes on the box do not count) and WAL
+bytes per call (``pg_current_wal_insert_lsn()`` around the calls: run it on a server of your own,
+where nothing else writes WAL), for ``send()`` of two source trees side by side and the send
+floor (the rows a send writes, one plain statement on LonnyMQ's tables; see
+``lonnymq_bench/systems/send_floor.py``), alternating in rounds on one connection each.
+
+``synchronous_commit`` is ``off`` by default (``--commit on`` to include the flush wait in the
+wall time; CPU is the same). The server must run on this machine (``/proc/<backend pid>``).
+
+    python benchmarks/send_cpu.py --before ../main/src --after src --dsn postgresql://... \\
+        [--calls 2000] [--rounds 5] [--commit off] [--key]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from send_path import _setup  # type: ignore[import-not-found,unused-ignore]
+from send_path_sql import PAYLOAD  # type: ignore[import-not-found,unused-ignore]
+
+LEAN = (
+    "SELECT id, outcome FROM {s}.send(%s::text, %b::bytea, %s::text, %s::text, %b::jsonb, %s::bigint,"
+    " %s::bigint, %s::int2, %s::text, %s::text, %s::text, %s::uuid)"
+)
+FLOOR = """
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
+     ins AS (
+       INSERT INTO {s}.message (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at, priority,
+                                content_type, payload)
+       SELECT %s, nextval('{s}.message_id_seq'), %s, now.ms, now.ms, now.ms, 0, %s, %b
+         FROM now
+       RETURNING id, enqueued_at),
+     st AS (INSERT INTO {s}.queue_stat (queue_id, minute, sent) SELECT %s, ins.enqueued_at / 60000, 1 FROM ins)
+SELECT id FROM ins
+"""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int) -> float:
+    """The backend's CPU seconds so far: ``/proc/<pid>/schedstat``'s time on a CPU (ns), else
+    ``utime + stime`` from ``/proc/<pid>/stat`` (clock ticks)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except OSError:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dsn", default=os.environ.get("LONNYMQ_DSN", "postgresql://root@127.0.0.1:5432/test"))
+    ap.add_argument("--before", required=True)
+    ap.add_argument("--after", required=True)
+    ap.add_argument("--commit", default="off", choices=["on", "off"])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--key", action="store_true", help="also send() with an idempotency key")
+    args = ap.parse_args()
+
+    import psycopg
+    from psycopg import sql
+
+    tag = uuid.uuid4().hex[:6]
+    b, a = f"scpu_before_{tag}", f"scpu_after_{tag}"
+    for src, schema in ((args.before, b), (args.after, a)):
+        _setup(src, args.dsn, schema)
+
+    def lean(s: str, key: bool) -> tuple[str, Callable[[], Any]]:
+        return LEAN.format(s=s), lambda: (
+            "q",
+            PAYLOAD,
+            "application/json",
+            None,
+            None,
+            None,
+            None,
+            0,
+            None,
+            None,
+            "ignore",
+            uuid.uuid4() if key else None,
+        )
+
+    variants: dict[str, tuple[str, Callable[[], Any]]] = {"send_before": lean(b, False), "send_after": lean(a, False)}
+    if args.key:
+        variants["send_before_key"] = lean(b, True)
+        variants["send_after_key"] = lean(a, True)
+    conns: dict[str, psycopg.Connection[Any]] = {}
+    cpu: dict[str, list[float]] = {}
+    wal: dict[str, list[float]] = {}
+    wall: dict[str, list[float]] = {}
+    try:
+        with psycopg.connect(args.dsn, autocommit=True) as c0:
+            qid, gen = c0.execute(
+                sql.SQL("SELECT q.id, s.last_value FROM {s}.queue q, {s}.message_gen_seq s WHERE q.name = 'q'").format(
+                    s=sql.Identifier(a)
+                )
+            ).fetchone() or (0, 0)
+        variants["floor"] = (FLOOR.format(s=a), lambda: (qid, gen, "application/json", PAYLOAD, qid))
+        for n in variants:
+            c = psycopg.connect(args.dsn, autocommit=True, prepare_threshold=0)
+            c.execute(sql.SQL("SET synchronous_commit = {}").format(sql.Literal(args.commit)))
+            conns[n] = c
+            cpu[n], wal[n], wall[n] = [], [], []
+        for _ in range(args.rounds):
+            for n, (query, params) in variants.items():
+                c = conns[n]
+                pid = c.info.backend_pid
+                for _ in range(20):  # warm: the plan is cached
+                    c.execute(query, params()).fetchall()
+                lsn0 = c.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+                t0, c0cpu = time.perf_counter(), _cpu(pid)
+                for _ in range(args.calls):
+                    c.execute(query, params()).fetchall()
+                t1, c1cpu = time.perf_counter(), _cpu(pid)
+                d = c.execute("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn", (lsn0,)).fetchone()[0]  # type: ignore[index]
+                cpu[n].append((c1cpu - c0cpu) / args.calls * 1e6)
+                wall[n].append((t1 - t0) / args.calls * 1e6)
+                wal[n].append(float(d) / args.calls)
+    finally:
+        for c in conns.values():
+            c.close()
+        with psycopg.connect(args.dsn, autocommit=True) as c:
+            for s in (b, a):
+                c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(s)))
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds x {args.calls} calls, synchronous_commit={args.commit}")
+    print(f"{'variant':16} {'server CPU us/call':>24} {'WAL B/call':>12} {'wall us/call':>14}")
+    for n in variants:
+        print(
+            f"{n:16} {statistics.median(cpu[n]):10.1f} (min {min(cpu[n]):6.1f}) "
+            f"{statistics.median(wal[n]):12.0f} {statistics.median(wall[n]):14.1f}"
+        )
+    fl = statistics.median(cpu["floor"])
+    for n in variants:
+        if n != "floor":
+            print(f"floor CPU / {n} CPU: {fl / statistics.median(cpu[n]):.2f}")
+
+
+if __name__ == "__main__":
+    main()
