@@ -282,10 +282,12 @@ def _assert_changed_by_ctid(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return nodes
 
 
-def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
-    """The plain send's statement: the queue found through its name's unique index, no
-    sequential scan anywhere, with 300 queues analysed; it reads and writes no table but the
-    queue, the generation's sequence, message and queue_stat (no send_key: issue 12)."""
+@pytest.mark.parametrize("keyed", [False, True])
+def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Identifier, keyed: bool) -> None:
+    """The plain send's statements (without a send key and with one): the queue found through
+    its name's unique index, no sequential scan anywhere, with 300 queues analysed. Without a
+    key the statement reads and writes nothing but the queue, the generation's sequence,
+    message and queue_stat: no send_key (issue 12)."""
     for i in range(300):
         client.create_queue(f"q{i}")
     conn.execute(sql.SQL("ANALYZE {}.queue").format(s))
@@ -298,52 +300,25 @@ def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Id
         "p_kind": "$6",
         "p_content_type": "$7",
         "p_headers": "$8",
-        "v_id": "$9",
+        "p_send_key": "$9",
     }
-    types = "text, bytea, bigint, integer, bigint, text, text, jsonb, bigint"
-    stmt = _statement("send", r"RETURN QUERY\s+(WITH q AS .*?FROM ins);", names, schema)
-    # Without a send key (the id from the sequence) and with one (the id its claim took).
-    for n, id_ in enumerate(("NULL", "12345")):
-        plan = _generic_plan(
-            conn,
-            f"PREPARE lean_send{n}({types}) AS {stmt}",
-            f"lean_send{n}('q7', '\\x00', 0, 0, 0, NULL, NULL, NULL, {id_})",
-        )
-        nodes = list(_nodes(plan))
-        # A sequence (the generation's) is read by a Seq Scan of its one row.
-        assert not [
-            x for x in nodes if x["Node Type"] == "Seq Scan" and x["Relation Name"] != "message_gen_seq"
-        ], plan
-        [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
-        assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
-        assert lookup["Index Name"] == "queue_name_key"
-        assert {x["Relation Name"] for x in nodes if "Relation Name" in x} == {
-            "queue",
-            "message_gen_seq",
-            "message",
-            "queue_stat",
-        }, plan
-
-
-def test_plan_of_the_send_key_claim(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
-    """A keyed send's claim of its key: the queue through its name's unique index, no
-    sequential scan, with 300 queues analysed."""
-    for i in range(300):
-        client.create_queue(f"q{i}")
-    conn.execute(sql.SQL("ANALYZE {}.queue").format(s))
-    names = {"p_send_key": "$1", "v_now": "$2", "p_queue": "$3", "p_payload": "$4"}
-    stmt = _statement(
-        "send", r"IF p_send_key IS NOT NULL THEN\s+(INSERT INTO \{schema\}\.send_key .*?DO NOTHING)", names, schema
-    )
+    types = "text, bytea, bigint, integer, bigint, text, text, jsonb, uuid"
+    branch = r"\bELSE\s+(?:--[^\n]*\n\s*)*" if keyed else r"IF p_send_key IS NULL THEN\s+"
+    stmt = _statement("send", branch + r"RETURN QUERY\s+(WITH q AS .*?FROM ins);", names, schema)
+    key = "'0193a5b0-0000-7000-8000-000000000001'" if keyed else "NULL"
     plan = _generic_plan(
         conn,
-        f"PREPARE claim(uuid, bigint, text, bytea) AS {stmt} RETURNING queue_id",
-        "claim('0193a5b0-0000-7000-8000-000000000001', 0, 'q7', '\\x00')",
+        f"PREPARE lean_send({types}) AS {stmt}",
+        f"lean_send('q7', '\\x00', 0, 0, 0, NULL, NULL, NULL, {key})",
     )
     nodes = list(_nodes(plan))
-    assert not [x for x in nodes if x["Node Type"] == "Seq Scan"], plan
+    # A sequence (the generation's) is read by a Seq Scan of its one row.
+    assert not [x for x in nodes if x["Node Type"] == "Seq Scan" and x["Relation Name"] != "message_gen_seq"], plan
     [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
-    assert lookup["Index Name"] == "queue_name_key", lookup
+    assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
+    assert lookup["Index Name"] == "queue_name_key"
+    relations = {x["Relation Name"] for x in nodes if "Relation Name" in x}
+    assert relations == {"queue", "message_gen_seq", "message", "queue_stat"} | ({"send_key"} if keyed else set())
 
 
 def test_a_plain_send_opens_no_send_key(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:

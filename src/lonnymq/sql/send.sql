@@ -336,18 +336,16 @@ $$;
 -- index), takes the writer's hold on the current generation (_gen_write) and the wake-up's
 -- send lock, notifying a waiting consumer (_wake), inserts the message and its queue_stat row
 -- (the one counter of sends). Those two helpers are inlined (a nested plpgsql call costs more
--- than all of their work); keep them in step. That statement writes nothing else: it names no
--- other table, so its executor start-up opens and locks only what a send writes (a send_key
--- insert in it, even one that selects nothing, opened send_key and its two indexes on every
--- call; issue 12). With p_send_key, one statement before it claims the key: it inserts the
--- key's send_key row holding the id the message will get (from the message sequence); a key
--- the queue has recorded (or that a running call holds: the insert waits for it) inserts
--- nothing and goes to send_batch, which returns the recorded result.
--- Everything else, and anything those statements do not write (an unknown queue, a payload
--- over the queue's limit: errors; a key already recorded: a repeat; a generation that moved
--- while we took it: rare, then send_batch sends it and the claimed key records its result)
--- goes through send_batch, which raises, replays or sends with the same semantics. Paused
--- queues accept sends; an UNLOGGED queue's message goes to message_unlogged like any other.
+-- than all of their work); keep them in step. With p_send_key a statement of its own does the
+-- same and first inserts the key's send_key row (the id comes from the message sequence first,
+-- so that the key row can hold it). Two statements, not one that inserts the key when there is
+-- one: a statement that names send_key opens and locks it and its two indexes at every
+-- executor start-up, key or none (a tenth of a plain send's server CPU, issue 12); keep the
+-- two in step. Everything else, and anything those statements do not write (an unknown queue,
+-- a payload over the queue's limit: errors; a key already recorded: a repeat; a generation
+-- that moved while we took it: rare) goes through send_batch, which raises, replays or sends
+-- with the same semantics. Paused queues accept sends; an UNLOGGED queue's message goes to
+-- message_unlogged like any other.
 -- Pinned plans, as take's: enable_seqscan = off (a plan made while the queue table was tiny
 -- would scan it; tests/sql/test_plans.py), jit = off.
 CREATE OR REPLACE FUNCTION {schema}.send(
@@ -371,10 +369,6 @@ DECLARE
     v_now  bigint;
     v_at   bigint;
     v_prio integer := coalesce(p_priority, 0);
-    v_qid  integer;   -- with p_send_key: the queue whose key this call claimed
-    v_id   bigint;    -- and the message id its send_key row holds
-    v_ids  bigint[];
-    v_outs text[];
 BEGIN
     IF p_now IS NULL THEN
         v_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
@@ -388,15 +382,7 @@ BEGIN
        AND (p_headers IS NULL OR jsonb_typeof(p_headers) = 'object')
        AND p_on_conflict IN ('ignore', 'replace', 'error') THEN
         v_at := coalesce(p_at_ms, v_now + coalesce(p_delay_ms, 0));
-        IF p_send_key IS NOT NULL THEN
-            INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
-            SELECT x.id, p_send_key, v_now, ARRAY[nextval('{schema}.message_id_seq')]
-              FROM {schema}.queue x
-             WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
-            ON CONFLICT (queue_id, key) DO NOTHING
-            RETURNING k.queue_id, k.ids[1] INTO v_qid, v_id;
-        END IF;
-        IF p_send_key IS NULL OR v_id IS NOT NULL THEN
+        IF p_send_key IS NULL THEN
             RETURN QUERY
                 WITH q AS (
                     SELECT x.id, x.priority_step_ms, g.gen
@@ -426,7 +412,7 @@ BEGIN
                 ), ins AS (
                     INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
                                                       priority, kind, content_type, headers, payload)
-                    SELECT q.id, coalesce(v_id, nextval('{schema}.message_id_seq')), q.gen,
+                    SELECT q.id, nextval('{schema}.message_id_seq'), q.gen,
                            {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at, v_now, v_prio,
                            p_kind, p_content_type, p_headers, p_payload
                       FROM q
@@ -436,25 +422,58 @@ BEGIN
                     SELECT ins.queue_id, v_now / 60000, 1 FROM ins
                 )
                 SELECT ins.id, 'created'::text FROM ins;
-            IF FOUND THEN
-                RETURN;
-            END IF;
+        ELSE
+            -- The same statement (keep them in step), the key's send_key row first: it takes
+            -- the message's id from the sequence, so that the key row can hold it; a key the
+            -- queue has recorded (or that a running call holds: the insert waits for it)
+            -- inserts nothing.
+            RETURN QUERY
+                WITH q AS (
+                    SELECT x.id, x.priority_step_ms, g.gen
+                      FROM {schema}.queue x
+                     CROSS JOIN LATERAL (
+                           SELECT s.last_value AS gen,
+                                  pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
+                                                               (s.last_value % 2147483647)::integer)::text AS held,
+                                  CASE WHEN current_setting('lonnymq.wake', true) = 'always'
+                                         OR NOT pg_try_advisory_xact_lock_shared(
+                                                hashtext({schema_name} || '/send') & 2147483647, x.id)
+                                       THEN pg_notify({schema_name}, x.name)::text
+                                       WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
+                                       THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
+                                       ELSE pg_notify({schema_name}, x.name)::text END AS woke
+                             FROM {schema}.message_gen_seq s
+                           OFFSET 0) g
+                     WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
+                       AND g.held IS NOT NULL AND g.woke IS NOT NULL
+                       AND g.gen = (SELECT s.last_value FROM {schema}.message_gen_seq s
+                                     WHERE s.last_value >= g.gen)
+                ), k AS (
+                    INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
+                    SELECT q.id, p_send_key, v_now, ARRAY[nextval('{schema}.message_id_seq')] FROM q
+                    ON CONFLICT (queue_id, key) DO NOTHING
+                    RETURNING k.queue_id, k.ids[1] AS id
+                ), ins AS (
+                    INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                                      priority, kind, content_type, headers, payload)
+                    SELECT q.id, k.id, q.gen,
+                           {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at, v_now, v_prio,
+                           p_kind, p_content_type, p_headers, p_payload
+                      FROM q JOIN k ON k.queue_id = q.id
+                    RETURNING m.id, m.queue_id
+                ), st AS (
+                    INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+                    SELECT ins.queue_id, v_now / 60000, 1 FROM ins
+                )
+                SELECT ins.id, 'created'::text FROM ins;
+        END IF;
+        IF FOUND THEN
+            RETURN;
         END IF;
     END IF;
-    IF v_id IS NULL THEN
-        RETURN QUERY
-        SELECT s.id, s.outcome
-          FROM {schema}.send_batch(p_queue, ARRAY[p_payload], ARRAY[p_kind], ARRAY[p_content_type],
-                                   ARRAY[p_headers], ARRAY[p_at_ms], ARRAY[p_delay_ms], ARRAY[p_priority],
-                                   ARRAY[p_key], ARRAY[p_channel], p_on_conflict, p_now, p_send_key) s;
-        RETURN;
-    END IF;
-    -- This call claimed its key but the generation moved under the insert: send_batch sends the
-    -- message (the key's row is ours already) and the key records what it did.
-    SELECT array_agg(s.id ORDER BY s.ord), array_agg(s.outcome ORDER BY s.ord) INTO v_ids, v_outs
+    RETURN QUERY
+    SELECT s.id, s.outcome
       FROM {schema}.send_batch(p_queue, ARRAY[p_payload], ARRAY[p_kind], ARRAY[p_content_type],
                                ARRAY[p_headers], ARRAY[p_at_ms], ARRAY[p_delay_ms], ARRAY[p_priority],
-                               NULL, NULL, p_on_conflict, p_now) s;
-    PERFORM {schema}._send_key_record(v_qid, p_send_key, v_ids, v_outs);
-    RETURN QUERY SELECT * FROM unnest(v_ids, v_outs);
+                               ARRAY[p_key], ARRAY[p_channel], p_on_conflict, p_now, p_send_key) s;
 END $$;
