@@ -1,9 +1,11 @@
-"""What one send costs the server: backend CPU (µs per call, from the backend's ``utime + stime``
-in ``/proc``, so the client's Python and the other processes on the box do not count) and WAL
+"""What one send costs the server: backend CPU (µs per call: the backend's time on a CPU from
+``/proc/<pid>/schedstat``, so the client's Python and the other processes do not count) and WAL
 bytes per call (``pg_current_wal_insert_lsn()`` around the calls: run it on a server of your own,
 where nothing else writes WAL), for ``send()`` of two source trees side by side and the send
 floor (the rows a send writes, one plain statement on LonnyMQ's tables; see
-``lonnymq_bench/systems/send_floor.py``), alternating in rounds on one connection each.
+``lonnymq_bench/systems/send_floor.py``) and the seed queue's ``INSERT ... RETURNING id`` (one
+table, one index), alternating in rounds on one connection each. The ratios are the median over
+rounds of each round's floor CPU / send CPU (side by side: the load of a round is common to both).
 
 ``synchronous_commit`` is ``off`` by default (``--commit on`` to include the flush wait in the
 wall time; CPU is the same). The server must run on this machine (``/proc/<backend pid>``).
@@ -14,7 +16,6 @@ wall time; CPU is the same). The server must run on this machine (``/proc/<backe
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -23,12 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from send_path import _setup  # type: ignore[import-not-found,unused-ignore]
-from send_path_sql import PAYLOAD  # type: ignore[import-not-found,unused-ignore]
+from send_path_sql import LEAN, PAYLOAD, before_after_args  # type: ignore[import-not-found,unused-ignore]
 
-LEAN = (
-    "SELECT id, outcome FROM {s}.send(%s::text, %b::bytea, %s::text, %s::text, %b::jsonb, %s::bigint,"
-    " %s::bigint, %s::int2, %s::text, %s::text, %s::text, %s::uuid)"
-)
 FLOOR = """
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
      ins AS (
@@ -40,6 +37,7 @@ WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms
      st AS (INSERT INTO {s}.queue_stat (queue_id, minute, sent) SELECT %s, ins.enqueued_at / 60000, 1 FROM ins)
 SELECT id FROM ins
 """
+SEED = "INSERT INTO {s}.scpu_seed (payload) VALUES (%s::jsonb) RETURNING id"
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -56,13 +54,7 @@ def _cpu(pid: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dsn", default=os.environ.get("LONNYMQ_DSN", "postgresql://root@127.0.0.1:5432/test"))
-    ap.add_argument("--before", required=True)
-    ap.add_argument("--after", required=True)
-    ap.add_argument("--commit", default="off", choices=["on", "off"])
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = before_after_args(__doc__, calls=2000, rounds=5)
     ap.add_argument("--key", action="store_true", help="also send() with an idempotency key")
     args = ap.parse_args()
 
@@ -74,23 +66,17 @@ def main() -> None:
     for src, schema in ((args.before, b), (args.after, a)):
         _setup(src, args.dsn, schema)
 
-    def lean(s: str, key: bool) -> tuple[str, Callable[[], Any]]:
-        return LEAN.format(s=s), lambda: (
-            "q",
-            PAYLOAD,
-            "application/json",
-            None,
-            None,
-            None,
-            None,
-            0,
-            None,
-            None,
-            "ignore",
-            uuid.uuid4() if key else None,
-        )
+    # send()'s arguments as Client.send() passes them: queue, payload, content type, kind,
+    # headers, at, delay, priority, key, channel, on_conflict, send key.
+    plain = ("q", PAYLOAD, "application/json", *[None] * 4, 0, None, None, "ignore")
 
-    variants: dict[str, tuple[str, Callable[[], Any]]] = {"send_before": lean(b, False), "send_after": lean(a, False)}
+    def lean(s: str, key: bool) -> tuple[str, Callable[[], Any]]:
+        return LEAN.format(s=s), lambda: (*plain, uuid.uuid4() if key else None)
+
+    variants: dict[str, tuple[str, Callable[[], Any]]] = {
+        "send_before": lean(b, False),
+        "send_after": lean(a, False),
+    }
     if args.key:
         variants["send_before_key"] = lean(b, True)
         variants["send_after_key"] = lean(a, True)
@@ -101,11 +87,17 @@ def main() -> None:
     try:
         with psycopg.connect(args.dsn, autocommit=True) as c0:
             qid, gen = c0.execute(
-                sql.SQL("SELECT q.id, s.last_value FROM {s}.queue q, {s}.message_gen_seq s WHERE q.name = 'q'").format(
-                    s=sql.Identifier(a)
-                )
+                sql.SQL(
+                    "SELECT q.id, s.last_value FROM {s}.queue q, {s}.message_gen_seq s WHERE q.name = 'q'"
+                ).format(s=sql.Identifier(a))
             ).fetchone() or (0, 0)
+            c0.execute(
+                sql.SQL(
+                    "CREATE TABLE {}.scpu_seed (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
+                ).format(sql.Identifier(a))
+            )
         variants["floor"] = (FLOOR.format(s=a), lambda: (qid, gen, "application/json", PAYLOAD, qid))
+        variants["seed"] = (SEED.format(s=a), lambda: (PAYLOAD.decode(),))
         for n in variants:
             c = psycopg.connect(args.dsn, autocommit=True, prepare_threshold=0)
             c.execute(sql.SQL("SET synchronous_commit = {}").format(sql.Literal(args.commit)))
@@ -132,17 +124,23 @@ def main() -> None:
         with psycopg.connect(args.dsn, autocommit=True) as c:
             for s in (b, a):
                 c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(s)))
-    print(f"load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds x {args.calls} calls, synchronous_commit={args.commit}")
+    print(
+        f"load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds x {args.calls} calls, synchronous_commit={args.commit}"
+    )
     print(f"{'variant':16} {'server CPU us/call':>24} {'WAL B/call':>12} {'wall us/call':>14}")
     for n in variants:
         print(
             f"{n:16} {statistics.median(cpu[n]):10.1f} (min {min(cpu[n]):6.1f}) "
             f"{statistics.median(wal[n]):12.0f} {statistics.median(wall[n]):14.1f}"
         )
-    fl = statistics.median(cpu["floor"])
-    for n in variants:
-        if n != "floor":
-            print(f"floor CPU / {n} CPU: {fl / statistics.median(cpu[n]):.2f}")
+    for ref in ("floor", "seed"):
+        for n in variants:
+            if n not in ("floor", "seed"):
+                per_round = [r / x for r, x in zip(cpu[ref], cpu[n], strict=True)]
+                print(
+                    f"{ref} CPU / {n} CPU: median {statistics.median(per_round):.2f}"
+                    f" (rounds {min(per_round):.2f}..{max(per_round):.2f})"
+                )
 
 
 if __name__ == "__main__":

@@ -283,7 +283,9 @@ def _assert_changed_by_ctid(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("keyed", [False, True])
-def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Identifier, keyed: bool) -> None:
+def test_plan_of_the_lean_send(
+    client: Client, conn: Any, schema: str, s: sql.Identifier, keyed: bool
+) -> None:
     """The plain send's statements (without a send key and with one): the queue found through
     its name's unique index, no sequential scan anywhere, with 300 queues analysed. Without a
     key the statement reads and writes nothing but the queue, the generation's sequence,
@@ -313,12 +315,38 @@ def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Id
     )
     nodes = list(_nodes(plan))
     # A sequence (the generation's) is read by a Seq Scan of its one row.
-    assert not [x for x in nodes if x["Node Type"] == "Seq Scan" and x["Relation Name"] != "message_gen_seq"], plan
+    assert not [
+        x for x in nodes if x["Node Type"] == "Seq Scan" and x["Relation Name"] != "message_gen_seq"
+    ], plan
     [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
     assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
     assert lookup["Index Name"] == "queue_name_key"
     relations = {x["Relation Name"] for x in nodes if "Relation Name" in x}
-    assert relations == {"queue", "message_gen_seq", "message", "queue_stat"} | ({"send_key"} if keyed else set())
+    assert relations == {"queue", "message_gen_seq", "message", "queue_stat"} | (
+        {"send_key"} if keyed else set()
+    )
+
+
+def test_the_keyed_send_is_the_plain_send_with_its_key_row() -> None:
+    """send() has two copies of its statement (a statement naming send_key pays for it at every
+    start-up, key or none): without the key's CTE, the keyed one is the plain one."""
+    body = function_text("send")
+
+    def statement(branch: str) -> str:
+        match = re.search(branch + r"(RETURN QUERY\s+WITH q AS .*?FROM ins;)", body, re.S)
+        assert match, branch
+        return " ".join(re.sub(r"--[^\n]*", "", match[1]).split())
+
+    plain = statement(r"IF p_send_key IS NULL THEN\s+")
+    keyed = statement(r"\bELSE\s+(?:--[^\n]*\n\s*)*")
+    key_cte = r"\), k AS \( INSERT INTO \{schema\}\.send_key .*? RETURNING k\.queue_id, k\.ids\[1\] AS id "
+    assert len(re.findall(key_cte, keyed)) == 1, keyed
+    without_key = (
+        re.sub(key_cte, "", keyed)
+        .replace("SELECT q.id, k.id, q.gen,", "SELECT q.id, nextval('{schema}.message_id_seq'), q.gen,")
+        .replace("FROM q JOIN k ON k.queue_id = q.id", "FROM q")
+    )
+    assert without_key == plain
 
 
 def test_a_plain_send_opens_no_send_key(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
@@ -329,7 +357,9 @@ def test_a_plain_send_opens_no_send_key(client: Client, conn: Any, schema: str, 
 
     def locked(send_key: str | None) -> set[str]:
         with conn.transaction():
-            conn.execute(sql.SQL("SELECT * FROM {}.send('q', '\\x01', p_send_key => %s)").format(s), (send_key,))
+            conn.execute(
+                sql.SQL("SELECT * FROM {}.send('q', '\\x01', p_send_key => %s)").format(s), (send_key,)
+            )
             rows = conn.execute(
                 "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
                 " WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND c.relnamespace = %s::regnamespace",
