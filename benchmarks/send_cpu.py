@@ -17,6 +17,7 @@ wall time; CPU is the same). The server must run on this machine (``/proc/<backe
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 import uuid
@@ -40,6 +41,44 @@ SELECT id FROM ins
 SEED = "INSERT INTO {s}.scpu_seed (payload) VALUES (%s::jsonb) RETURNING id"
 TICK = os.sysconf("SC_CLK_TCK")
 
+# --ablate: copies of the plain send() of the tree on PYTHONPATH, each without the SQL of one of
+# the guarantees it adds to the send floor's rows (not for use: they show what each one costs).
+_QUEUE_ROW = (
+    "FROM (SELECT 1 AS id, 'q'::text AS name, 0::bigint AS priority_step_ms,"
+    " 1048576 AS max_payload_bytes) x\n"
+)
+_GEN_LOCK = (
+    r"pg_advisory_xact_lock_shared\(hashtext\(\{schema_name\} \|\| '/gen'\) & 2147483647,"
+    r"\s+\(s\.last_value % 2147483647\)::integer\)::text"
+)
+_GEN_CHECK = r"AND g\.gen = \(SELECT s\.last_value FROM \{schema\}\.message_gen_seq s\s+WHERE s\.last_value >= g\.gen\)"
+_WAKE = r"CASE WHEN current_setting\('lonnymq\.wake'.*?END AS woke"
+ABLATIONS: dict[str, Callable[[str], str]] = {
+    # the queue found by name (a fixed queue row instead: the queue must be the first one made)
+    "no_lookup": lambda t: t.replace("FROM {schema}.queue x\n", _QUEUE_ROW),
+    # the generation's hold and its re-check (the generation is still read)
+    "no_gen_hold": lambda t: re.sub(_GEN_CHECK, "", re.sub(_GEN_LOCK, "'x'", t)),
+    # the wake-up: send lock and waiter probe
+    "no_wake": lambda t: re.sub(_WAKE, "'x' AS woke", t, flags=re.S),
+}
+ABLATIONS["none_of_them"] = lambda t: ABLATIONS["no_lookup"](
+    ABLATIONS["no_gen_hold"](ABLATIONS["no_wake"](t))
+)
+
+
+def _ablated(name: str) -> str:
+    """send() as ``send_<name>``, its plain statement without what ABLATIONS[name] removes."""
+    from lonnymq.sql import function_text
+
+    text = function_text("send")
+    start = text.index("IF p_send_key IS NULL THEN")
+    end = text.index("        ELSE\n", start)
+    plain = ABLATIONS[name](text[start:end])
+    if plain == text[start:end]:
+        raise SystemExit(f"--ablate: {name} matches nothing in this send(); update benchmarks/send_cpu.py")
+    text = text[:start] + plain + text[end:]
+    return text.replace("FUNCTION {schema}.send(", "FUNCTION {schema}.send_" + name + "(", 1)
+
 
 def _cpu(pid: int) -> float:
     """The backend's CPU seconds so far: ``/proc/<pid>/schedstat``'s time on a CPU (ns), else
@@ -56,6 +95,11 @@ def _cpu(pid: int) -> float:
 def main() -> None:
     ap = before_after_args(__doc__, calls=2000, rounds=5)
     ap.add_argument("--key", action="store_true", help="also send() with an idempotency key")
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also the --after tree's plain send() without each guarantee (run with PYTHONPATH=<after>/src)",
+    )
     args = ap.parse_args()
 
     import psycopg
@@ -96,6 +140,15 @@ def main() -> None:
                     "CREATE TABLE {}.scpu_seed (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
                 ).format(sql.Identifier(a))
             )
+            if args.ablate:
+                for name in ABLATIONS:
+                    c0.execute(
+                        sql.SQL(_ablated(name)).format(schema=sql.Identifier(a), schema_name=sql.Literal(a))
+                    )
+                    variants[f"after_{name}"] = (
+                        LEAN.format(s=a).replace(".send(", f".send_{name}("),
+                        variants["send_after"][1],
+                    )
         variants["floor"] = (FLOOR.format(s=a), lambda: (qid, gen, "application/json", PAYLOAD, qid))
         variants["seed"] = (SEED.format(s=a), lambda: (PAYLOAD.decode(),))
         for n in variants:
