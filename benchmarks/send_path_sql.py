@@ -41,14 +41,20 @@ LEAN = (
 TAKE_TX = "SELECT * FROM {s}.take_tx(%s::text, %s::int, %s::bool)"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def before_after_args(doc: str | None, calls: int, rounds: int) -> argparse.ArgumentParser:
+    """The options of a before/after comparison of two source trees on one server."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dsn", default=os.environ.get("LONNYMQ_DSN", "postgresql://root@127.0.0.1:5432/test"))
     ap.add_argument("--before", required=True)
     ap.add_argument("--after", required=True)
     ap.add_argument("--commit", default="off", choices=["on", "off"])
-    ap.add_argument("--calls", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--calls", type=int, default=calls)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    return ap
+
+
+def main() -> None:
+    ap = before_after_args(__doc__, calls=100, rounds=40)
     ap.add_argument("--backlog", type=int, default=30000)
     ap.add_argument("--variants", default="send_before,send_after,send_after_key,pop_before,pop_after")
     args = ap.parse_args()

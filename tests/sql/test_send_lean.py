@@ -282,9 +282,14 @@ def _assert_changed_by_ctid(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return nodes
 
 
-def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
-    """The plain send's statement: the queue found through its name's unique index, no
-    sequential scan anywhere, with 300 queues analysed."""
+@pytest.mark.parametrize("keyed", [False, True])
+def test_plan_of_the_lean_send(
+    client: Client, conn: Any, schema: str, s: sql.Identifier, keyed: bool
+) -> None:
+    """The plain send's statements (without a send key and with one): the queue found through
+    its name's unique index, no sequential scan anywhere, with 300 queues analysed. Without a
+    key the statement reads and writes nothing but the queue, the generation's sequence,
+    message and queue_stat: no send_key (issue 12)."""
     for i in range(300):
         client.create_queue(f"q{i}")
     conn.execute(sql.SQL("ANALYZE {}.queue").format(s))
@@ -300,23 +305,74 @@ def test_plan_of_the_lean_send(client: Client, conn: Any, schema: str, s: sql.Id
         "p_send_key": "$9",
     }
     types = "text, bytea, bigint, integer, bigint, text, text, jsonb, uuid"
-    stmt = _statement("send", r"RETURN QUERY\s+(WITH q AS .*?FROM ins);", names, schema)
-    # Without a send key and with one: the same statement (its key insert selects nothing
-    # without one).
-    for n, key in enumerate(("NULL", "'0193a5b0-0000-7000-8000-000000000001'")):
-        plan = _generic_plan(
-            conn,
-            f"PREPARE lean_send{n}({types}) AS {stmt}",
-            f"lean_send{n}('q7', '\\x00', 0, 0, 0, NULL, NULL, NULL, {key})",
-        )
-        nodes = list(_nodes(plan))
-        # A sequence (the generation's) is read by a Seq Scan of its one row.
-        assert not [
-            x for x in nodes if x["Node Type"] == "Seq Scan" and x["Relation Name"] != "message_gen_seq"
-        ], plan
-        [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
-        assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
-        assert lookup["Index Name"] == "queue_name_key"
+    branch = r"\bELSE\s+(?:--[^\n]*\n\s*)*" if keyed else r"IF p_send_key IS NULL THEN\s+"
+    stmt = _statement("send", branch + r"RETURN QUERY\s+(WITH q AS .*?FROM ins);", names, schema)
+    key = "'0193a5b0-0000-7000-8000-000000000001'" if keyed else "NULL"
+    plan = _generic_plan(
+        conn,
+        f"PREPARE lean_send({types}) AS {stmt}",
+        f"lean_send('q7', '\\x00', 0, 0, 0, NULL, NULL, NULL, {key})",
+    )
+    nodes = list(_nodes(plan))
+    # A sequence (the generation's) is read by a Seq Scan of its one row.
+    assert not [
+        x for x in nodes if x["Node Type"] == "Seq Scan" and x["Relation Name"] != "message_gen_seq"
+    ], plan
+    [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
+    assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
+    assert lookup["Index Name"] == "queue_name_key"
+    relations = {x["Relation Name"] for x in nodes if "Relation Name" in x}
+    assert relations == {"queue", "message_gen_seq", "message", "queue_stat"} | (
+        {"send_key"} if keyed else set()
+    )
+
+
+def test_the_keyed_send_is_the_plain_send_with_its_key_row() -> None:
+    """send() has two copies of its statement (a statement naming send_key pays for it at every
+    start-up, key or none): without the key's CTE, the keyed one is the plain one."""
+    body = function_text("send")
+
+    def statement(branch: str) -> str:
+        match = re.search(branch + r"(RETURN QUERY\s+WITH q AS .*?FROM ins;)", body, re.S)
+        assert match, branch
+        return " ".join(re.sub(r"--[^\n]*", "", match[1]).split())
+
+    plain = statement(r"IF p_send_key IS NULL THEN\s+")
+    keyed = statement(r"\bELSE\s+(?:--[^\n]*\n\s*)*")
+    key_cte = r"\), k AS \( INSERT INTO \{schema\}\.send_key .*? RETURNING k\.queue_id, k\.ids\[1\] AS id "
+    assert len(re.findall(key_cte, keyed)) == 1, keyed
+    without_key = (
+        re.sub(key_cte, "", keyed)
+        .replace("SELECT q.id, k.id, q.gen,", "SELECT q.id, nextval('{schema}.message_id_seq'), q.gen,")
+        .replace("FROM q JOIN k ON k.queue_id = q.id", "FROM q")
+    )
+    assert without_key == plain
+
+
+def test_a_plain_send_opens_no_send_key(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
+    """What a plain send's transaction locks: the queue, the generation's sequence, message
+    and queue_stat (and their indexes and partitions), never send_key (whose insert a keyed
+    send's claim alone carries); a keyed send locks send_key."""
+    client.create_queue("q")
+
+    def locked(send_key: str | None) -> set[str]:
+        with conn.transaction():
+            conn.execute(
+                sql.SQL("SELECT * FROM {}.send('q', '\\x01', p_send_key => %s)").format(s), (send_key,)
+            )
+            rows = conn.execute(
+                "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND c.relnamespace = %s::regnamespace",
+                (schema,),
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    plain = locked(None)
+    assert "message_pkey" in plain or any(n.startswith("message") for n in plain), plain
+    assert "queue_stat" in plain, plain
+    assert not [n for n in plain if n.startswith("send_key")], plain
+    keyed = locked("0193a5b0-0000-7000-8000-000000000002")
+    assert "send_key" in keyed, keyed
 
 
 def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
