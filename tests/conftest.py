@@ -51,8 +51,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("spark"):
             # Spark gives a Python worker it starts a fixed 10 s to connect back (not a setting:
             # PythonWorkerFactory), which a loaded 2-core machine can miss before any of our
-            # code runs. Only that failure is run again (pytest-rerunfailures), at most twice.
-            item.add_marker(pytest.mark.flaky(reruns=2, only_rerun=[SPARK_WORKER_TIMEOUT]))
+            # code runs. Only that failure is run again (pytest-rerunfailures), at most three times.
+            item.add_marker(pytest.mark.flaky(reruns=3, only_rerun=[SPARK_WORKER_TIMEOUT]))
 
 
 #: The longest xdist groups, longest first (minutes each in CI; the rest take seconds). ./run test
