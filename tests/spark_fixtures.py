@@ -30,6 +30,12 @@ HERE = Path(__file__).resolve().parent
 #: driver's Python workers, which plan queries, inherit the JVM's environment): ``dsnEnv``.
 DSN_ENV = "LONNYMQ_SPARK_TEST_DSN"
 
+#: JVM options of every Spark JVM the tests start (drivers, executors, cluster daemons), all of
+#: which live minutes at most: the C1 compiler only (C2's compiler threads spend more CPU than
+#: they save in so short a life, on 2 shared cores) and the serial collector (no parallel GC
+#: threads for a small heap). Neither changes what Spark does.
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 
 @pytest.fixture(scope="session", name="spark")
 def spark_session(dsn: str) -> Iterator[Any]:
@@ -50,6 +56,7 @@ def spark_session(dsn: str) -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.driver.memory", "1g")
+        .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -153,12 +160,16 @@ def spark_home() -> Path:
 
 def spark_env(**more: str) -> dict[str, str]:
     """This process's environment for Spark's scripts: the installed PySpark as SPARK_HOME,
-    loopback only, and none of this session's Spark settings (a Connect URL, the Python of the
-    local tests) or PYTHONPATH (Spark hands it on to every Python it starts, the cluster's too)."""
+    loopback only, JAVA_OPTIONS for every JVM started with it (JAVA_TOOL_OPTIONS: the launchers,
+    the daemons, drivers, and the executors, which inherit a worker's environment), and none of
+    this session's Spark settings (a Connect URL, the Python of the local tests) or PYTHONPATH
+    (Spark hands it on to every Python it starts, the cluster's too)."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_")) and k != "PYTHONPATH"
     }
-    env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", **more)
+    env.update(
+        SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", JAVA_TOOL_OPTIONS=JAVA_OPTIONS, **more
+    )
     return env
 
 

@@ -2,8 +2,9 @@
 shipping routes of docs/spark.md ("Running on a cluster") and what happens when the cluster
 loses its executors.
 
-One master and two workers (1 core, 512 MiB each) run for the module, from the installed
-PySpark, on loopback ports. The cluster's Python is a virtualenv made for the module with
+One master and one worker (2 cores, 1 GiB) run for the module, from the installed PySpark, on
+loopback ports; each application runs one executor (1 core, 512 MiB), and in cluster mode its
+driver takes the worker's other core. The cluster's Python is a virtualenv made for the module with
 lonnymq's dependencies only (psycopg, psycopg-pool, pyarrow, numpy): executors, the driver-side
 planners, and in cluster mode the driver itself, run it. Each route runs tests/spark/cluster_job.py
 with the command docs/spark.md shows: a batch write, a batch read, and a readStream into a
@@ -40,8 +41,10 @@ JOB = Path(__file__).with_name("cluster_job.py")
 #: What the cluster's Python needs to run lonnymq's data source (docs/spark.md), with PySpark
 #: (which the workers put on their Python's path themselves).
 NODE_PACKAGES = ("psycopg", "psycopg-binary", "psycopg-pool", "pyarrow", "numpy", "typing_extensions")
-#: Confs every application on the cluster needs: executors fit in a 512 MiB worker.
-APP_CONF = ("--conf", "spark.executor.memory=512m", "--conf", "spark.ui.enabled=false",
+#: Confs every application on the cluster needs: one executor of 1 core and 512 MiB (an executor
+#: JVM is the costliest thing a test starts; what the tests check needs no second one).
+APP_CONF = ("--conf", "spark.executor.memory=512m", "--conf", "spark.executor.cores=1",
+            "--conf", "spark.cores.max=1", "--conf", "spark.ui.enabled=false",
             "--conf", "spark.sql.shuffle.partitions=2")  # fmt: skip
 EVENTS = 300
 
@@ -86,7 +89,8 @@ def driver_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     pytest.importorskip("pyspark")
-    c = StandaloneCluster(tmp_path_factory.mktemp("cluster"))
+    # One worker: room for a cluster-mode driver and an executor (1 core, 512 MiB each).
+    c = StandaloneCluster(tmp_path_factory.mktemp("cluster"), workers=1, cores=2, memory="1g")
     try:
         yield c
     finally:
