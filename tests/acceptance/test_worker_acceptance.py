@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from lonnymq import Client
 
@@ -34,9 +35,11 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(self, spec: str, *args: str, sleep: float = 0.01) -> subprocess.Popen[bytes]:
+        # Each worker's sessions (its own and its handlers') carry its name: see gone().
+        dsn = make_conninfo(self.dsn, application_name=self.name(len(self.procs)))
         env = {
             **os.environ,
-            "ACCEPT_DSN": self.dsn,
+            "ACCEPT_DSN": dsn,
             "ACCEPT_SCHEMA": self.schema,
             "ACCEPT_SLEEP": str(sleep),
             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -50,7 +53,7 @@ class Workers:
                 "worker",
                 spec,
                 "--dsn",
-                self.dsn,
+                dsn,
                 "--schema",
                 self.schema,
                 "--poll-interval",
@@ -64,6 +67,22 @@ class Workers:
         log.close()
         self.procs.append(proc)
         return proc
+
+    @staticmethod
+    def name(index: int) -> str:
+        return f"accept-worker-{index}"
+
+    def gone(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        """Until the server has ended the sessions of a killed worker: a statement it had sent
+        (an ack) runs to its end, and may commit, after the process is gone."""
+        name = self.name(self.procs.index(proc))
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = %s", (name,)
+            ).fetchone():
+                assert time.monotonic() < deadline, f"the sessions of {name} outlived it by {timeout} s"
+                time.sleep(0.05)
 
     def log(self, proc: subprocess.Popen[bytes]) -> str:
         return (self.logs / f"worker-{self.procs.index(proc)}.log").read_text(errors="replace")
@@ -171,6 +190,7 @@ def test_kill_9_mid_load_processes_everything_at_least_once(
 
     a.kill()
     a.wait()
+    workers.gone(a)
     # What was in flight at the kill: leased now (A's leases live on until they expire).
     in_flight = {
         json.loads(bytes(r[0]))
