@@ -290,10 +290,10 @@ class AsyncClient:
             if backoff is None and not sent:
                 raise lost  # retries off, nothing sent: the pool's own error
             unsafe = sent and not op.safe_to_retry
-            wait = None if backoff is None or unsafe else backoff.next_delay()
-            if wait is None:
+            delay = None if backoff is None or unsafe else backoff.next_delay()
+            if delay is None:
                 raise self._lost(lost, ran, op.safe_to_retry, None if unsafe else backoff) from lost
-            await asleep(wait)
+            await asleep(delay)
 
     async def is_router(self, *, conn: AsyncConnection[Any] | None = None) -> bool:
         """Whether the database is a shard router (``lonnymq shard init``): every call then runs

@@ -278,10 +278,10 @@ class Client:
             if backoff is None and (not sent):
                 raise lost
             unsafe = sent and (not op.safe_to_retry)
-            wait = None if backoff is None or unsafe else backoff.next_delay()
-            if wait is None:
+            delay = None if backoff is None or unsafe else backoff.next_delay()
+            if delay is None:
                 raise self._lost(lost, ran, op.safe_to_retry, None if unsafe else backoff) from lost
-            sleep(wait)
+            sleep(delay)
 
     def is_router(self, *, conn: Connection[Any] | None = None) -> bool:
         """Whether the database is a shard router (``lonnymq shard init``): every call then runs
