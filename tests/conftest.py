@@ -17,6 +17,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -32,6 +33,9 @@ SPARK_WORKER_TIMEOUT = r"Python worker failed to connect back|waiting for the Py
 #: The pytest-xdist worker running this process ("gw0", "gw1", ...), None without xdist.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
+#: The SQL's own tests: the ones ./run test runs on both PostgreSQL versions (marked `both`).
+SQL_TESTS = Path(__file__).parent / "sql"
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # Spark and worker subprocesses must run this interpreter.
@@ -39,13 +43,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-# tryfirst: xdist's own hook reads the groups to pin the tests to processes.
+# tryfirst: xdist's own hook reads the groups to pin the tests to processes, and -m selects by the
+# markers added here.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A Spark module's tests share its JVM (the session, or the Spark Connect server): under
     # xdist (--dist loadgroup) each such module runs on one worker, not a JVM on every worker
     # (a test that names its own group runs with that group: a long module split over two).
     for item in items:
+        if item.path.is_relative_to(SQL_TESTS):
+            item.add_marker(pytest.mark.both)
         if item.get_closest_marker("spark") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
         if item.get_closest_marker("spark"):
