@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: only when it is nearly done, so these start at once on separate workers, the many short tests
 #: fill the others, and the run is not left waiting for a long group that started last.
 LONG_GROUPS = ("test_cluster", "shard", "test_spark", "test_spark_streaming", "test_spark_pipeline",
-               "test_spark_connect", "web")  # fmt: skip
+               "web")  # fmt: skip
 
 
 def _group(item: pytest.Item) -> str | None:

@@ -1,6 +1,6 @@
 """The Spark application of tests/spark/test_cluster.py (docs/spark.md, "Running on a cluster").
 
-    cluster_job.py SESSION DSN SCHEMA WORKDIR [routes|lost]
+    cluster_job.py SESSION DSN SCHEMA WORKDIR [routes|lost|routes+lost]
 
 SESSION is ``submit`` (the session spark-submit configured: client or cluster deploy mode) or
 a Spark Connect URL (``sc://host:port``). The job uses PySpark and lonnymq only: lonnymq comes
@@ -9,15 +9,18 @@ reaches the executors through ``lonnymq.spark.ship(spark)``. It writes its repor
 WORKDIR/report.json.
 
 ``routes`` (the default) runs the four modes: a batch write of 200 rows to queue ``orders``,
-a batch read of them, and ``readStream`` of queue ``events`` into ``writeStream`` to queue
-``copies`` (availableNow, 100 rows a batch; the DSN from the ``spark.lonnymq.dsn`` conf). ``lost`` runs a stream whose tasks block while
-WORKDIR/hold exists, for the test to kill the cluster's workers under it (see
-test_lost_executors_fail_the_query_and_leases_return).
+a batch read of them (and of four of them by key, a filter pushed down to PostgreSQL), and ``readStream`` of queue ``events`` into ``writeStream`` to queue
+``copies`` (availableNow, 100 rows a batch; the DSN from the ``spark.lonnymq.dsn`` conf). ``lost`` runs a stream
+from queue ``held`` to ``held_copies`` whose tasks block while WORKDIR/hold exists, for the test
+to kill the cluster's workers under it; ``routes+lost`` runs both in one application, writing
+WORKDIR/routes.json in between (see test_client_mode_and_lost_executors).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -49,19 +52,30 @@ def main(session: str, dsn: str, schema: str, workdir: str, job: str = "routes")
     def opts(queue: str, **more: str) -> dict[str, str]:
         return {"dsn": dsn, "schema": schema, "queue": queue, **more}
 
-    if job == "routes":
+    if job not in ("routes", "lost", "routes+lost"):
+        raise SystemExit(f"unknown job {job!r}")
+    if job.startswith("routes"):
         (
             spark.range(200)
-            .select(F.to_json(F.struct(F.col("id").alias("n"))).alias("payload"))
+            .select(
+                F.to_json(F.struct(F.col("id").alias("n"))).alias("payload"),
+                F.concat(F.lit("k"), F.col("id")).alias("key"),
+            )
             .write.format("lonnymq")
             .options(**opts("orders", payloadFormat="json"))
             .mode("append")
             .save()
         )
         read = spark.read.format("lonnymq").options(**opts("orders", numPartitions="2")).load()
-        report["read"] = sorted(
-            r.n for r in read.selectExpr("CAST(get_json_object(payload, '$.n') AS int) AS n").collect()
-        )
+        n = "CAST(get_json_object(payload, '$.n') AS int) AS n"
+        report["read"] = sorted(r.n for r in read.selectExpr(n).collect())
+        # A filter on the key goes down to PostgreSQL: no Filter is left above the relation.
+        pushed = read.where("key IN ('k6', 'k7', 'k8', 'k9')").selectExpr(n)
+        with contextlib.redirect_stdout(io.StringIO()) as out:  # classic and Connect print it
+            pushed.explain(extended=True)
+        plan = out.getvalue()
+        report["pushed"] = sorted(r.n for r in pushed.collect())
+        report["pushed_plan"] = plan.split("== Optimized Logical Plan ==")[1].split("== Physical Plan ==")[0]
         # The server from a conf this time: register() again after setting it (it ships again).
         spark.conf.set("spark.lonnymq.dsn", dsn)
         lonnymq.spark.register(spark)
@@ -82,20 +96,19 @@ def main(session: str, dsn: str, schema: str, workdir: str, job: str = "routes")
             report["watch"] = "refused"  # Spark Connect: the client cannot see executors
         query.awaitTermination()
         report["stream_batches"] = [p.numInputRows for p in query.recentProgress]
-    elif job == "lost":
+        (work / "routes.json").write_text(json.dumps(report))
+    if job.endswith("lost"):
         lost(spark, opts, work, report)
-    else:
-        raise SystemExit(f"unknown job {job!r}")
     (work / "report.json").write_text(json.dumps(report))
     print(json.dumps(report))
     spark.stop()
 
 
 def lost(spark: Any, opts: Any, work: Path, report: dict[str, Any]) -> None:
-    """A stream from ``events`` to ``copies`` whose tasks wait while WORKDIR/hold exists
+    """A stream from ``held`` to ``held_copies`` whose tasks wait while WORKDIR/hold exists
     (having marked WORKDIR/task-running); failed by ``fail_without_executors`` once the test
     killed the workers. Then, once the test has restarted them and written WORKDIR/restart, a
-    new query (a new checkpoint) consumes ``events`` until WORKDIR/stop appears."""
+    new query (a new checkpoint) consumes ``held`` until WORKDIR/stop appears."""
     from pyspark.sql import functions as F
     from pyspark.sql.utils import StreamingQueryException
 
@@ -113,11 +126,11 @@ def lost(spark: Any, opts: Any, work: Path, report: dict[str, Any]) -> None:
     def start(checkpoint: str) -> Any:
         return (
             spark.readStream.format("lonnymq")
-            .options(**opts("events", maxRowsPerBatch="20", lease="45"))
+            .options(**opts("held", maxRowsPerBatch="20", lease="45"))
             .load()
             .select(held("payload").alias("payload"), F.col("id").cast("string").alias("key"))
             .writeStream.format("lonnymq")
-            .options(**opts("copies", payloadFormat="json"))
+            .options(**opts("held_copies", payloadFormat="json"))
             .option("checkpointLocation", str(work / checkpoint))
             .trigger(processingTime="1 second")
             .start()

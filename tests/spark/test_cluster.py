@@ -10,11 +10,13 @@ planners, and in cluster mode the driver itself, run it. Each route runs tests/s
 with the command docs/spark.md shows: a batch write, a batch read, and a readStream into a
 writeStream, checked in PostgreSQL.
 
-* client mode: ``spark-submit --master spark://...``, the driver in this venv;
+* client mode: ``spark-submit --master spark://...``, the driver in this venv; the same
+  application then runs a stream whose executors the test kills;
 * cluster mode: Spark refuses Python applications in standalone cluster mode (the test checks
   the error), so the driver goes to a worker as the JVM application SparkSubmit, which then
   runs the Python driver there with the cluster's Python and ``--py-files`` lonnymq's zip;
-* Spark Connect: a Connect server whose executors are the cluster; the client in this venv.
+* Spark Connect: a Connect server whose executors are the cluster; the client in this venv (the
+  suite's only Connect server: the client-side calls are the same whatever runs the server).
 
 Run alone: ``.venv/bin/python -m pytest tests/spark/test_cluster.py -q``.
 """
@@ -115,9 +117,14 @@ def queues(client: Client) -> list[int]:
 
 def check_routes(client: Client, report: dict[str, Any], events: list[int]) -> None:
     """What cluster_job.py's four modes must have done, in PostgreSQL and in its report."""
-    # Batch write: 200 rows, one message each; batch read: all of them.
-    assert sorted(m.payload["n"] for m in client.peek("orders", 1000)) == list(range(200))
+    # Batch write: 200 rows, one message each, with its key; batch read: all of them, and by key
+    # with the filter pushed down (no Filter left in Spark's optimized plan).
+    orders = client.peek("orders", 1000)
+    assert sorted(m.payload["n"] for m in orders) == list(range(200))
+    assert {m.key for m in orders} == {f"k{i}" for i in range(200)}
     assert report["read"] == list(range(200))
+    assert report["pushed"] == [6, 7, 8, 9]
+    assert "Filter" not in report["pushed_plan"] and "lonnymq" in report["pushed_plan"].lower()
     # readStream -> writeStream: each event copied once, in batches of at most 100, all acked.
     copies = client.peek("copies", 1000)
     assert sorted(int(m.key) for m in copies) == events
@@ -125,30 +132,6 @@ def check_routes(client: Client, report: dict[str, Any], events: list[int]) -> N
     assert [n for n in report["stream_batches"] if n] == [100, 100, 100]
     m = client.metrics("events")
     assert (m.ready, m.scheduled, m.leased) == (0, 0, 0)
-
-
-def test_client_mode(
-    cluster: StandaloneCluster,
-    nodes_python: Path,
-    driver_python: Path,
-    dsn: str,
-    schema: str,
-    client: Client,
-    tmp_path: Path,
-) -> None:
-    events = queues(client)
-    done = spark_submit(
-        "--master", cluster.url, *APP_CONF,
-        "--conf", f"spark.pyspark.driver.python={driver_python}",  # the driver: lonnymq installed
-        "--conf", f"spark.pyspark.python={nodes_python}",  # executors and planners: not
-        str(JOB), "submit", dsn, schema, str(tmp_path),
-        log=tmp_path / "submit.log",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-5000:]
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["executors"] == [f"{nodes_python} False"]  # before ship(): no lonnymq there
-    assert report["watch"] is True  # fail_without_executors watched the stream
-    check_routes(client, report, events)
 
 
 def test_cluster_mode(
@@ -244,7 +227,7 @@ def wait_for(path: Path, job: subprocess.Popen[bytes], log: Path, timeout: float
         time.sleep(0.3)
 
 
-def test_lost_executors_fail_the_query_and_leases_return(
+def test_client_mode_and_lost_executors(
     cluster: StandaloneCluster,
     nodes_python: Path,
     driver_python: Path,
@@ -253,25 +236,36 @@ def test_lost_executors_fail_the_query_and_leases_return(
     client: Client,
     tmp_path: Path,
 ) -> None:
-    client.create_queue("events")
-    client.create_queue("copies")
-    sent = sorted(m.id for m in client.send_batch("events", [{"i": i} for i in range(20)]))
+    """Client mode runs the four routes; then the same application (one driver, one executor JVM
+    less than two) runs a stream whose executors the test kills: fail_without_executors fails
+    the query, its leased messages return when the lease runs out, and a new query gets each
+    once."""
+    events = queues(client)
+    client.create_queue("held")
+    client.create_queue("held_copies")
+    sent = sorted(m.id for m in client.send_batch("held", [{"i": i} for i in range(20)]))
     (tmp_path / "hold").touch()  # the stream's tasks wait while this exists
     log = tmp_path / "submit.log"
     with log.open("wb") as out:
         job = subprocess.Popen(
             [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.url, *APP_CONF,
-             "--conf", f"spark.pyspark.driver.python={driver_python}",
-             "--conf", f"spark.pyspark.python={nodes_python}",
-             str(JOB), "submit", dsn, schema, str(tmp_path), "lost"],
+             "--conf", f"spark.pyspark.driver.python={driver_python}",  # the driver: lonnymq installed
+             "--conf", f"spark.pyspark.python={nodes_python}",  # executors and planners: not
+             str(JOB), "submit", dsn, schema, str(tmp_path), "routes+lost"],
             env=spark_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        # The first micro-batch leased the 20 events and its tasks are reading them: the
-        # executors go down with their workers.
+        wait_for(tmp_path / "routes.json", job, log, 400)
+        report = json.loads((tmp_path / "routes.json").read_text())
+        assert report["executors"] == [f"{nodes_python} False"]  # before ship(): no lonnymq there
+        assert report["watch"] is True  # fail_without_executors watched the stream
+        check_routes(client, report, events)
+
+        # The lost stream's first micro-batch leased the 20 messages and its tasks are reading
+        # them: the executors go down with their workers.
         wait_for(tmp_path / "task-running", job, log, 300)
-        leased = client.peek("events", 100)
-        assert sorted(m.id for m in leased) == sent and client.metrics("events").leased == len(sent)
+        leased = client.peek("held", 100)
+        assert sorted(m.id for m in leased) == sent and client.metrics("held").leased == len(sent)
         lease_until = max(m.lease_until or 0 for m in leased)
         killed = time.time()
         cluster.kill_workers()
@@ -284,12 +278,12 @@ def test_lost_executors_fail_the_query_and_leases_return(
         assert failed["failed_at"] - killed < 15 + 60
         # Its messages stay leased (nothing acked them, nothing else can take them) until the
         # lease runs out (on a loaded machine it may have by now: then they are all ready) ...
-        m = client.metrics("events")
+        m = client.metrics("held")
         read_at = time.time() * 1000
         assert m.ready + m.leased == 20
         if read_at < lease_until:
             assert (m.ready, m.leased) == (0, 20)
-        assert client.peek("copies", 100) == []
+        assert client.peek("held_copies", 100) == []
 
         # ... until the lease (45 s) runs out: then a new query, once the cluster is back,
         # gets each of them once.
@@ -297,7 +291,7 @@ def test_lost_executors_fail_the_query_and_leases_return(
         (tmp_path / "hold").unlink()
         (tmp_path / "restart").touch()
         deadline = time.monotonic() + 300
-        while len(copies := client.peek("copies", 100)) < len(sent):
+        while len(copies := client.peek("held_copies", 100)) < len(sent):
             assert job.poll() is None, log.read_text()[-5000:]
             assert time.monotonic() < deadline, (
                 f"{len(copies)} of {len(sent)} copied:\n{log.read_text()[-5000:]}"
