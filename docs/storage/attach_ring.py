@@ -30,9 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
-import threading
 import time
 from typing import Any
 
@@ -340,9 +340,9 @@ def attach_segment(conn: psycopg.Connection[Any], schema: str, k: int, lo: int, 
     s = sql.Identifier(schema)
     seg = sql.Identifier(schema, seg_name(k))
     conn.execute(
-        sql.SQL("CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) WITH (autovacuum_enabled = false)").format(
-            seg, sql.Identifier(schema, "message_logged")
-        )
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) WITH (autovacuum_enabled = false)"
+        ).format(seg, sql.Identifier(schema, "message_logged"))
     )
     conn.execute(
         sql.SQL("ALTER TABLE {}.message_logged ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
@@ -369,7 +369,13 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def part_a(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
-    layouts: list[tuple[str, int | None]] = [("today", None), ("ring1", 1), ("ring4", 4), ("ring16", 16), ("ring64", 64)]
+    layouts: list[tuple[str, int | None]] = [
+        ("today", None),
+        ("ring1", 1),
+        ("ring4", 4),
+        ("ring16", 16),
+        ("ring64", 64),
+    ]
     conn = connect(dsn)
     conn.execute("SET track_functions = 'pl'")
     # the commit's WAL flush would be most of a call's wall time; the server's work is not
@@ -435,8 +441,8 @@ def part_a(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
     stmts = ["send", "take_select", "lease", "lease_custom", "lookup", "ack", "ack_gen", "ack_gen_custom"]
     wall = {name: {s: statistics.median(times[name][s]) * 1e6 for s in stmts} for name, _ in layouts}
     print(
-        f"\n## a. per call, µs: client wall median (server: pg_stat_user_functions mean), × today's"
-        f" lease / ack for the variants; {rounds} rounds × {iters}"
+        f"\n## a. per call, µs: client wall median (server: pg_stat_user_functions mean), x today's"
+        f" same statement (custom plans: x today's generic one); {rounds} rounds x {iters}"
     )
     print("| statement | " + " | ".join(n for n, _ in layouts) + " |")
     print("|---|" + "---|" * len(layouts))
@@ -444,12 +450,16 @@ def part_a(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
         cells = []
         for name, _ in layouts:
             # the custom-plan and gen-known variants against today's product statement
-            base = wall["today"][{"lease_custom": "lease", "ack_gen": "ack", "ack_gen_custom": "ack"}.get(s, s)]
+            base = wall["today"][{"lease_custom": "lease", "ack_gen_custom": "ack_gen"}.get(s, s)]
             cells.append(
-                f"{wall[name][s]:.0f} ({server.get(name, {}).get(s, float('nan')):.0f}) {wall[name][s] / base:.2f}×"
+                f"{wall[name][s]:.0f} ({server.get(name, {}).get(s, float('nan')):.0f}) {wall[name][s] / base:.2f}x"
             )
         print(f"| {s} | " + " | ".join(cells) + " |")
-    print("| relations a lease locks (fast-path / shared lock table) | " + " | ".join(f"{a} / {b}" for a, b in locks.values()) + " |")
+    print(
+        "| relations a lease locks (fast-path / shared lock table) | "
+        + " | ".join(f"{a} / {b}" for a, b in locks.values())
+        + " |"
+    )
     return {"wall_us": wall, "server_us": server, "locks": locks}
 
 
@@ -506,9 +516,14 @@ def part_b(dsn: str, phase_s: float) -> dict[str, Any]:
         p.join()
     conn.execute("RESET lock_timeout")
     conn.close()
-    print(f"\n## b. TRUNCATE of an empty segment (ring4) every 250 ms, 4 processes send+lease+ack, {phase_s:.0f} s per phase")
-    print("| phase | leases/s | lease p50 ms | p99 ms | max ms | truncates ok / tried | attempt ms p50 / max |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        f"\n## b. TRUNCATE of an empty segment (ring4) every 250 ms, 4 processes send+lease+ack, {phase_s:.0f} s per phase"
+    )
+    print(
+        "| phase | leases/s | lease p50 ms | p99 ms | max ms | truncates ok / tried | attempt ms p50 / max"
+        " | leases overlapping an attempt: n, p50 / max ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     res = []
     for i, (label, _) in enumerate(phases):
         lo, hi = start + i * phase_s, start + (i + 1) * phase_s
@@ -516,6 +531,10 @@ def part_b(dsn: str, phase_s: float) -> dict[str, Any]:
         at = attempts.get(i, [])
         ok = sum(1 for a in at if a[2])
         ams = [a[1] * 1000 for a in at]
+        # the leases that were in flight or began while an attempt ran (its lock queue)
+        during = [
+            d * 1000 for t, d in lat if lo <= t < hi and any(a0 - d <= t <= a0 + ad for a0, ad, _ in at)
+        ]
         row = {
             "phase": label,
             "per_s": len(xs) / phase_s,
@@ -526,11 +545,15 @@ def part_b(dsn: str, phase_s: float) -> dict[str, Any]:
             "tried": len(at),
             "attempt_p50": pct(ams, 50) if ams else float("nan"),
             "attempt_max": max(ams) if ams else float("nan"),
+            "during_n": len(during),
+            "during_p50": pct(during, 50),
+            "during_max": max(during) if during else float("nan"),
         }
         res.append(row)
         print(
             f"| {label} | {row['per_s']:.0f} | {row['p50']:.2f} | {row['p99']:.2f} | {row['max']:.1f} | "
             f"{ok} / {len(at)} | {row['attempt_p50']:.1f} / {row['attempt_max']:.1f} |"
+            f" {len(during)}, {row['during_p50']:.1f} / {row['during_max']:.1f} |"
         )
     return {"phases": res}
 
@@ -570,14 +593,25 @@ class Ring:
     TRUNCATEd under a short lock_timeout; truncated segments are DETACHed and DROPped when no
     long transaction holds the parent (else they stay, empty, attached)."""
 
-    def __init__(self, conn: psycopg.Connection[Any], schema: str, first_lo: int, first_hi: int, n: int) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], schema: str, first_lo: int, first_hi: int, n: int
+    ) -> None:
         self.conn, self.schema = conn, schema
         self.segs: dict[int, tuple[int, int, str]] = {}  # k -> (lo, hi, state)
         for k in range(n):
             self.segs[k] = (first_lo + k * W, first_lo + (k + 1) * W, "attached")
         self.next_k = n
-        self.stats = {"attach_ok": 0, "attach_timeout": 0, "trunc_ok": 0, "trunc_timeout": 0,
-                      "trunc_not_empty": 0, "trunc_skipped_holder": 0, "drop_ok": 0, "drop_timeout": 0, "drop_skipped_holder": 0}
+        self.stats = {
+            "attach_ok": 0,
+            "attach_timeout": 0,
+            "trunc_ok": 0,
+            "trunc_timeout": 0,
+            "trunc_not_empty": 0,
+            "trunc_skipped_holder": 0,
+            "drop_ok": 0,
+            "drop_timeout": 0,
+            "drop_skipped_holder": 0,
+        }
 
     def _try(self, stmts: list[sql.Composable], timeout: str = "50ms") -> bool:
         try:
@@ -626,7 +660,9 @@ class Ring:
                         self.conn.execute(sql.SQL("SET LOCAL lock_timeout = '50ms'"))
                         self.conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(seg))
                         # under the lock, a fresh snapshot sees every committed row
-                        if self.conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(seg)).fetchone()[0]:  # type: ignore[index]
+                        if self.conn.execute(
+                            sql.SQL("SELECT EXISTS (SELECT FROM {})").format(seg)
+                        ).fetchone()[0]:
                             self.stats["trunc_not_empty"] += 1
                             raise _Rollback
                         self.conn.execute(sql.SQL("TRUNCATE {}").format(seg))
@@ -699,7 +735,9 @@ def run_c(dsn: str, schema: str, ring: bool, seconds: float, rate: int) -> dict[
     next_sample = t_start
     moved = 0
     while time.time() < stop_at:
-        gen_before = mconn.execute(sql.SQL("SELECT last_value FROM {}").format(sql.Identifier(schema, "message_gen_seq"))).fetchone()[0]  # type: ignore[index]
+        gen_before = mconn.execute(
+            sql.SQL("SELECT last_value FROM {}").format(sql.Identifier(schema, "message_gen_seq"))
+        ).fetchone()[0]
         moved += call(mconn, schema, "rotate", (low,))[0][0]
         low = max(1, gen_before - 6)
         if rg is not None:
@@ -737,11 +775,16 @@ def run_c(dsn: str, schema: str, ring: bool, seconds: float, rate: int) -> dict[
 
 
 def part_c(dsn: str, seconds: float, rate: int) -> dict[str, Any]:
-    res = {"ring": run_c(dsn, PREFIX + "c_ring", True, seconds, rate), "today": run_c(dsn, PREFIX + "c_today", False, seconds, rate)}
-    print(f"\n## c. pg_dump-like holder for the whole run, {rate} msg/s offered, 2 s rotations, {seconds:.0f} s each")
+    res = {
+        "ring": run_c(dsn, PREFIX + "c_ring", True, seconds, rate),
+        "today": run_c(dsn, PREFIX + "c_today", False, seconds, rate),
+    }
+    print(
+        f"\n## c. pg_dump-like holder for the whole run, {rate} msg/s offered, 2 s rotations, {seconds:.0f} s each"
+    )
     print("| t s | ring MB (leaves) | today MB |")
     print("|---|---|---|")
-    for (t, mb, lv), (_, mb2, _) in zip(res["ring"]["samples"], res["today"]["samples"]):
+    for (t, mb, lv), (_, mb2, _) in zip(res["ring"]["samples"], res["today"]["samples"], strict=False):
         print(f"| {t} | {mb:.1f} ({lv}) | {mb2:.1f} |")
     for k in ("ring", "today"):
         r = res[k]
@@ -767,17 +810,22 @@ def part_d(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
     ]
     for sch in ("d_today", "d_ring"):  # some keyed messages live in the queue
         for i in range(2000):
-            call(conn, PREFIX + sch, "send_key_side" if sch == "d_ring" else "send_key_unique", (1, f"seed-{i}"))
+            call(
+                conn,
+                PREFIX + sch,
+                "send_key_side" if sch == "d_ring" else "send_key_unique",
+                (1, f"seed-{i}"),
+            )
     send_t: dict[str, list[float]] = {}
     ack_t: dict[str, list[float]] = {}
     n = 0
     for r in range(rounds):
         for label, sch, fn in cells[r % 3 :] + cells[: r % 3]:
-            for i in range(iters):
+            for _ in range(iters):
                 n += 1
                 key = f"k-{n}"
                 t0 = time.perf_counter()
-                (mid,), = call(conn, PREFIX + sch, fn, (1, key))
+                ((mid,),) = call(conn, PREFIX + sch, fn, (1, key))
                 send_t.setdefault(label, []).append(time.perf_counter() - t0)
                 assert mid is not None
                 dup = call(conn, PREFIX + sch, fn, (1, key))[0][0]
@@ -788,7 +836,9 @@ def part_d(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
     conn.close()
     base_s = statistics.median(send_t[cells[0][0]]) * 1e6
     base_a = statistics.median(ack_t[cells[0][0]]) * 1e6
-    print(f"\n## d. keyed send (a new key) and its ack, µs per call, client wall median; {rounds} rounds × {iters}")
+    print(
+        f"\n## d. keyed send (a new key) and its ack, µs per call, client wall median; {rounds} rounds x {iters}"
+    )
     print("| uniqueness of (queue_id, key) | send µs | ack µs |")
     print("|---|---|---|")
     out = {}
@@ -796,13 +846,15 @@ def part_d(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
         s = statistics.median(send_t[label]) * 1e6
         a = statistics.median(ack_t[label]) * 1e6
         out[label] = (s, a)
-        print(f"| {label} | {s:.0f} ({s / base_s:.2f}×) | {a:.0f} ({a / base_a:.2f}×) |")
+        print(f"| {label} | {s:.0f} ({s / base_s:.2f}x) | {a:.0f} ({a / base_a:.2f}x) |")
     return out
 
 
 def drop_all(dsn: str) -> None:
     conn = connect(dsn)
-    for (s,) in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (PREFIX + "%",)).fetchall():
+    for (s,) in conn.execute(
+        "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (PREFIX + "%",)
+    ).fetchall():
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(s)))
     conn.close()
 
@@ -821,17 +873,23 @@ def main() -> None:
     a = ap.parse_args()
     results: dict[str, Any] = {}
     with connect(a.dsn) as c:
-        results["version"] = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-    print("server", results["version"])
+        results["version"] = c.execute("SHOW server_version").fetchone()[0]
+    print("server", results["version"], "load average", os.getloadavg())
     try:
         if "a" in a.parts:
+            print("\nload average before a:", os.getloadavg())
             results["a"] = part_a(a.dsn, a.rounds, a.iters)
         if "b" in a.parts:
+            print("\nload average before b:", os.getloadavg())
             results["b"] = part_b(a.dsn, a.b_seconds)
         if "c" in a.parts:
+            print("\nload average before c:", os.getloadavg())
             results["c"] = part_c(a.dsn, a.c_seconds, a.rate)
         if "d" in a.parts:
+            print("\nload average before d:", os.getloadavg())
             results["d"] = part_d(a.dsn, max(3, a.rounds // 2), a.iters)
+        results["load_after"] = os.getloadavg()
+        print("load average after", results["load_after"])
     finally:
         if not a.keep:
             drop_all(a.dsn)
