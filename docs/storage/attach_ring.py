@@ -430,11 +430,14 @@ def part_a(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
     for name, _ in layouts:
         with conn.transaction():
             call(conn, PREFIX + name, "lease", (1, 1))
+            # the layout's relations only (a re-plan also locks catalogs)
             fp, sh = conn.execute(
-                "SELECT count(DISTINCT relation) FILTER (WHERE fastpath),"
-                " count(DISTINCT relation) FILTER (WHERE NOT fastpath)"
-                " FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'"
-                " AND relation <> 'pg_locks'::regclass"
+                "SELECT count(DISTINCT l.relation) FILTER (WHERE l.fastpath),"
+                " count(DISTINCT l.relation) FILTER (WHERE NOT l.fastpath)"
+                " FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND n.nspname = %s",
+                (PREFIX + name,),
             ).fetchone() or (0, 0)
             locks[name] = (fp, sh)
     conn.close()
@@ -488,7 +491,14 @@ def part_b(dsn: str, phase_s: float) -> dict[str, Any]:
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     start = time.time() + 1.0
-    phases = [("none", None), ("20 ms", "20ms"), ("none", None), ("50 ms", "50ms")]
+    # (label, lock_timeout, synchronous_commit of the TRUNCATE's transaction)
+    phases = [
+        ("none", None, "on"),
+        ("20 ms", "20ms", "on"),
+        ("none", None, "on"),
+        ("50 ms", "50ms", "on"),
+        ("20 ms, async commit", "20ms", "off"),
+    ]
     stop_at = start + phase_s * len(phases)
     procs = [ctx.Process(target=client_loop, args=(dsn, schema, stop_at, q, 1)) for _ in range(4)]
     for p in procs:
@@ -496,13 +506,14 @@ def part_b(dsn: str, phase_s: float) -> dict[str, Any]:
     target = sql.Identifier(schema, seg_name(0))  # empty: the segment of the oldest generations
     attempts: dict[int, list[tuple[float, float, bool]]] = {}
     time.sleep(max(0.0, start - time.time()))
-    for i, (_, timeout) in enumerate(phases):
+    for i, (_, timeout, sync) in enumerate(phases):
         end = start + (i + 1) * phase_s
         while time.time() < end - 0.1:
             if timeout is not None:
+                conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(timeout)))
+                conn.execute(sql.SQL("SET synchronous_commit = {}").format(sql.Literal(sync)))
                 t0 = time.time()
                 try:
-                    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(timeout)))
                     conn.execute(sql.SQL("TRUNCATE {}").format(target))
                     ok = True
                 except psycopg.errors.LockNotAvailable:
@@ -525,7 +536,7 @@ def part_b(dsn: str, phase_s: float) -> dict[str, Any]:
     )
     print("|---|---|---|---|---|---|---|---|")
     res = []
-    for i, (label, _) in enumerate(phases):
+    for i, (label, _, _) in enumerate(phases):
         lo, hi = start + i * phase_s, start + (i + 1) * phase_s
         xs = [d * 1000 for t, d in lat if lo <= t < hi]
         at = attempts.get(i, [])
