@@ -384,34 +384,40 @@ def part_a(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
         create_layout(conn, PREFIX + name, n)
         call(conn, PREFIX + name, "send", (1, 2000, None))
     times: dict[str, dict[str, list[float]]] = {name: {} for name, _ in layouts}
+    cpu: dict[str, dict[str, list[float]]] = {name: {} for name, _ in layouts}
+    # The backend's CPU time (Linux, server on this machine): what a call costs the server,
+    # whatever else the shared machine runs meanwhile (wall time also counts waiting for a core).
+    stat = f"/proc/{conn.info.backend_pid}/schedstat"
+    has_cpu = os.access(stat, os.R_OK)
+
+    def cpu_ns() -> int:
+        if not has_cpu:
+            return 0
+        with open(stat) as f:
+            return int(f.read().split()[0])
+
+    def timed(name: str, fn: str, args: tuple[Any, ...]) -> Any:
+        c0, t0 = cpu_ns(), time.perf_counter()
+        rows = call(conn, PREFIX + name, fn, args)
+        times[name].setdefault(fn, []).append(time.perf_counter() - t0)
+        cpu[name].setdefault(fn, []).append((cpu_ns() - c0) / 1e9)
+        return rows
+
     for r in range(rounds):
         order = layouts[r % len(layouts) :] + layouts[: r % len(layouts)]
         for name, _ in order:
-            sch = PREFIX + name
-            t = times[name]
             for i in range(iters):
-                for fn, args in (("send", (1, 1, None)), ("take_select", (1,))):
-                    t0 = time.perf_counter()
-                    call(conn, sch, fn, args)
-                    t.setdefault(fn, []).append(time.perf_counter() - t0)
-                lease = "lease" if i % 4 < 2 else "lease_custom"
-                t0 = time.perf_counter()
-                ((mid, tok, gen),) = call(conn, sch, lease, (1, 1))
-                t.setdefault(lease, []).append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                call(conn, sch, "lookup", (1, mid))
-                t.setdefault("lookup", []).append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                timed(name, "send", (1, 1, None))
+                timed(name, "take_select", (1,))
+                ((mid, tok, gen),) = timed(name, "lease" if i % 4 < 2 else "lease_custom", (1, 1))
+                timed(name, "lookup", (1, mid))
                 if i % 4 == 3:
-                    n = call(conn, sch, "ack_gen_custom", (1, mid, tok, gen))[0][0]
-                    t.setdefault("ack_gen_custom", []).append(time.perf_counter() - t0)
+                    n = timed(name, "ack_gen_custom", (1, mid, tok, gen))[0][0]
                 elif i % 2:
-                    n = call(conn, sch, "ack_gen", (1, mid, tok, gen))[0][0]
-                    t.setdefault("ack_gen", []).append(time.perf_counter() - t0)
+                    n = timed(name, "ack_gen", (1, mid, tok, gen))[0][0]
                 else:
-                    n = call(conn, sch, "ack", (1, [mid], [tok]))[0][0]
-                    t.setdefault("ack", []).append(time.perf_counter() - t0)
-                assert n == 1, (name, fn, n)
+                    n = timed(name, "ack", (1, [mid], [tok]))[0][0]
+                assert n == 1, (name, n)
         for name, _ in layouts:  # the same cleanup for all: dead entries do not pile up
             conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(PREFIX + name, "message")))
     # server time per call, from pg_stat_user_functions (self+children of the function)
@@ -458,12 +464,22 @@ def part_a(dsn: str, rounds: int, iters: int) -> dict[str, Any]:
                 f"{wall[name][s]:.0f} ({server.get(name, {}).get(s, float('nan')):.0f}) {wall[name][s] / base:.2f}x"
             )
         print(f"| {s} | " + " | ".join(cells) + " |")
+    cpu_us = {name: {s: statistics.mean(cpu[name][s]) * 1e6 for s in stmts} for name, _ in layouts}
+    if has_cpu:
+        print("| **backend CPU µs per call (mean)** |" + " |" * len(layouts))
+        for s in stmts:
+            base = cpu_us["today"][{"lease_custom": "lease", "ack_gen_custom": "ack_gen"}.get(s, s)]
+            print(
+                f"| {s} | "
+                + " | ".join(f"{cpu_us[n][s]:.0f} {cpu_us[n][s] / base:.2f}x" for n, _ in layouts)
+                + " |"
+            )
     print(
         "| relations a lease locks (fast-path / shared lock table) | "
         + " | ".join(f"{a} / {b}" for a, b in locks.values())
         + " |"
     )
-    return {"wall_us": wall, "server_us": server, "locks": locks}
+    return {"wall_us": wall, "server_us": server, "cpu_us": cpu_us if has_cpu else None, "locks": locks}
 
 
 # ---------------------------------------------------------------- part b
