@@ -267,6 +267,11 @@ END $$;
 """
 
 
+def set_span(gens: int) -> None:
+    global W
+    W = gens
+
+
 def connect(dsn: str) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=True)
 
@@ -783,6 +788,16 @@ def run_c(dsn: str, schema: str, ring: bool, seconds: float, rate: int) -> dict[
         "p99_first30": pct(first, 99),
         "p50_last30": pct(last, 50),
         "p99_last30": pct(last, 99),
+        # lease p50 / p99 per 30 s, with the segments attached at its end
+        "windows": [
+            (
+                w,
+                pct([d * 1000 for t, d, n in lat if t_start + w <= t < t_start + w + 30], 50),
+                pct([d * 1000 for t, d, n in lat if t_start + w <= t < t_start + w + 30], 99),
+                max((lv for ts, _, lv in samples if ts <= w + 30), default=0) - 1,
+            )
+            for w in range(0, int(seconds), 30)
+        ],
         "moved": moved,
         "ring": rg.stats if rg else None,
         "trunc_timeouts_on_segments_the_holder_locked": (
@@ -800,12 +815,23 @@ def part_c(dsn: str, seconds: float, rate: int) -> dict[str, Any]:
         "today": run_c(dsn, PREFIX + "c_today", False, seconds, rate),
     }
     print(
-        f"\n## c. pg_dump-like holder for the whole run, {rate} msg/s offered, 2 s rotations, {seconds:.0f} s each"
+        f"\n## c. pg_dump-like holder for the whole run, {rate} msg/s offered, 2 s rotations,"
+        f" {W} generations a segment, {seconds:.0f} s each"
     )
     print("| t s | ring MB (leaves) | today MB |")
     print("|---|---|---|")
     for (t, mb, lv), (_, mb2, _) in zip(res["ring"]["samples"], res["today"]["samples"], strict=False):
         print(f"| {t} | {mb:.1f} ({lv}) | {mb2:.1f} |")
+    print(
+        "| lease p50 / p99 ms, per 30 s | "
+        + " | ".join(f"{w}-{w + 30} s" for w, *_ in res["ring"]["windows"])
+        + " |"
+    )
+    for k in ("ring", "today"):
+        cells = [
+            f"{a:.2f} / {b:.2f}" + (f" ({n})" if k == "ring" else "") for _, a, b, n in res[k]["windows"]
+        ]
+        print(f"| {k} (segments attached) | " + " | ".join(cells) + " |")
     for k in ("ring", "today"):
         r = res[k]
         print(
@@ -889,6 +915,7 @@ def main() -> None:
     ap.add_argument("--b-seconds", type=float, default=8.0)
     ap.add_argument("--c-seconds", type=float, default=120.0)
     ap.add_argument("--rate", type=int, default=1000)
+    ap.add_argument("--c-span", type=int, default=W, help="generations (2 s each) per segment in part c")
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="leave the schemas (to look at them)")
     a = ap.parse_args()
@@ -904,6 +931,7 @@ def main() -> None:
             print("\nload average before b:", os.getloadavg())
             results["b"] = part_b(a.dsn, a.b_seconds)
         if "c" in a.parts:
+            set_span(a.c_span)  # part c's segment span; parts a, b and d do not depend on it
             print("\nload average before c:", os.getloadavg())
             results["c"] = part_c(a.dsn, a.c_seconds, a.rate)
         if "d" in a.parts:
