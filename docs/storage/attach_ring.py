@@ -809,14 +809,12 @@ def run_c(dsn: str, schema: str, ring: bool, seconds: float, rate: int) -> dict[
     return out
 
 
-def part_c(dsn: str, seconds: float, rate: int) -> dict[str, Any]:
-    res = {
-        "ring": run_c(dsn, PREFIX + "c_ring", True, seconds, rate),
-        "today": run_c(dsn, PREFIX + "c_today", False, seconds, rate),
-    }
+def part_c(dsn: str, seconds: float, rate: int, today_first: bool) -> dict[str, Any]:
+    order = ["today", "ring"] if today_first else ["ring", "today"]
+    res = {k: run_c(dsn, PREFIX + "c_" + k, k == "ring", seconds, rate) for k in order}
     print(
         f"\n## c. pg_dump-like holder for the whole run, {rate} msg/s offered, 2 s rotations,"
-        f" {W} generations a segment, {seconds:.0f} s each"
+        f" {W} generations a segment, {seconds:.0f} s each, {order[0]} first"
     )
     print("| t s | ring MB (leaves) | today MB |")
     print("|---|---|---|")
@@ -915,6 +913,7 @@ def main() -> None:
     ap.add_argument("--b-seconds", type=float, default=8.0)
     ap.add_argument("--c-seconds", type=float, default=120.0)
     ap.add_argument("--rate", type=int, default=1000)
+    ap.add_argument("--c-today-first", action="store_true", help="part c: today's layout first")
     ap.add_argument("--c-span", type=int, default=W, help="generations (2 s each) per segment in part c")
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="leave the schemas (to look at them)")
@@ -933,7 +932,7 @@ def main() -> None:
         if "c" in a.parts:
             set_span(a.c_span)  # part c's segment span; parts a, b and d do not depend on it
             print("\nload average before c:", os.getloadavg())
-            results["c"] = part_c(a.dsn, a.c_seconds, a.rate)
+            results["c"] = part_c(a.dsn, a.c_seconds, a.rate, a.c_today_first)
         if "d" in a.parts:
             print("\nload average before d:", os.getloadavg())
             results["d"] = part_d(a.dsn, max(3, a.rounds // 2), a.iters)
