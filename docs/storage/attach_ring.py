@@ -2,7 +2,7 @@
 target 3). Standalone: creates schemas ``attach_ring_*``, measures, drops them. Not the product.
 
     python docs/storage/attach_ring.py [DSN] [--rounds 6] [--iters 300] [--c-seconds 120]
-        [--parts abcd] [--json out.json]
+        [--c-span 5] [--c-today-first] [--parts abcd] [--json out.json] [--keep]
 
 Layouts (the columns LonnyMQ's hot statements touch, the indexes of 0006/0008):
 
