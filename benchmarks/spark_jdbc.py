@@ -106,7 +106,7 @@ class Bench:
 
     def record(self, name: str, seconds: float) -> float:
         self.results.setdefault(name, []).append(self.n / seconds)
-        print(f"    {name:<34} {self.n / seconds:>10,.0f} rows/s  ({seconds:5.2f} s)", flush=True)
+        print(f"    {name:<38} {self.n / seconds:>10,.0f} rows/s  ({seconds:5.2f} s)", flush=True)
         return seconds
 
     def timed(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -285,7 +285,9 @@ def run_spark(b: Bench) -> None:
     def floor_write() -> None:
         df.write.format("lonnymq_write_floor").options(**ours).mode("append").save()
 
-    def jdbc_read() -> int:
+    # A read returns its DataFrame: its partitions are counted after the timing (counting
+    # them plans the query again, which is not part of a read).
+    def jdbc_read() -> Any:
         [(lo, hi)] = b.sql("SELECT min(id), max(id) FROM {s}.bare")
         reader = spark.read.jdbc(
             url,
@@ -297,14 +299,14 @@ def run_spark(b: Bench) -> None:
             properties={**props, "fetchsize": "10000"},
         )
         reader.write.format("noop").mode("overwrite").save()
-        return reader.rdd.getNumPartitions()
+        return reader
 
-    def our_read() -> int:
+    def our_read() -> Any:
         reader = (
             spark.read.format("lonnymq").options(**ours, queue="q").schema("id long, payload string").load()
         )
         reader.write.format("noop").mode("overwrite").save()
-        return reader.rdd.getNumPartitions()
+        return reader
 
     def stream(name: str, fmt: str, **options: str) -> None:
         """Time a stream of the queue into the noop sink. A query whose Python worker did not
@@ -409,7 +411,7 @@ def run_spark(b: Bench) -> None:
             assert b.sql("SELECT count(*) FROM {s}.bare") == [(b.n,)]
             with Client(b.dsn, schema=b.schema, pool_size=1) as c:
                 assert c.metrics("q").ready == b.n
-            reads: list[tuple[str, Callable[[], int], tuple[str, ...]]] = [
+            reads: list[tuple[str, Callable[[], Any], tuple[str, ...]]] = [
                 ("read jdbc (partitioned)", jdbc_read, ("bare",)),
                 ("read lonnymq", our_read, ("message_logged",)),
             ]
@@ -417,7 +419,7 @@ def run_spark(b: Bench) -> None:
                 reads = []
             for name, fn, tables in reads if rep % 2 == 0 else reads[::-1]:
                 b.settle(*tables)
-                parts = b.timed(name, fn)
+                parts = b.timed(name, fn).rdd.getNumPartitions()
                 print(f"      ({parts} partitions)")
             if "stream" not in only:
                 continue
@@ -606,7 +608,7 @@ def report(b: Bench) -> None:
     med = {k: statistics.median(v) for k, v in b.results.items()}
     print("\nmedians (rows/s):")
     for k, v in med.items():
-        print(f"  {k:<36} {v:>10,.0f}")
+        print(f"  {k:<38} {v:>10,.0f}")
     ratios = {}
     for name, ours, theirs in [
         ("batch write, text / JDBC", "write lonnymq (text)", "write jdbc (bare table)"),
