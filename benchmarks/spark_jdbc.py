@@ -131,6 +131,65 @@ def jdbc_url(dsn: str) -> tuple[str, dict[str, str]]:
     return url, props
 
 
+def read_floor_source() -> Any:
+    """The batch read's floor in Spark: a Python data source with our reader's partitions whose
+    tasks fetch the bytes of their rows from PostgreSQL the cheapest way there is (a bare binary
+    ``COPY (SELECT id, payload ...) TO STDOUT`` of the partition's id range) and hand Spark
+    Arrow batches of as many rows and bytes, without decoding the bytes (the batches are built
+    from zeros): what any Python data source pays to move these rows, less turning them into
+    Arrow arrays."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader
+
+    from lonnymq.spark._read import BatchReader, IdRange
+
+    class FloorReader(DataSourceReader):
+        def __init__(self, options: dict[str, str], schema: Any) -> None:
+            self.batch = BatchReader(options, schema, {})
+            self.dsn, self.s = options["dsn"], sql.Identifier(options["schema"])
+            self.width = int(options["width"])
+
+        def partitions(self) -> list[Any]:
+            return self.batch.partitions()
+
+        def read(self, partition: Any) -> Iterator[Any]:
+
+            assert isinstance(partition, IdRange)
+            copy = sql.SQL(
+                "COPY (SELECT id, payload FROM {s}.message WHERE queue_id = (SELECT id FROM {s}.queue"
+                " WHERE name = %s) AND id >= %s AND id < %s ORDER BY id) TO STDOUT (FORMAT BINARY)"
+            ).format(s=self.s)
+            size, step = 0, 10_000 * (18 + self.width)  # a binary COPY row: 18 bytes + the payload
+            with psycopg.connect(self.dsn) as conn, conn.cursor() as cur:
+                with cur.copy(copy, (self.batch.target.queue, partition.lo, partition.hi)) as cp:
+                    for chunk in cp:
+                        size += len(chunk)
+                        while size >= step:
+                            size -= step
+                            yield self.arrow(10_000)
+                if size > 21:  # the rest, less the COPY header and trailer
+                    yield self.arrow((size - 21) // (18 + self.width))
+
+        def arrow(self, n: int) -> Any:
+            import pyarrow as pa
+
+            offsets = pa.py_buffer(np.arange(0, (n + 1) * self.width, self.width, dtype=np.int32))
+            text = pa.Array.from_buffers(pa.string(), n, [None, offsets, pa.py_buffer(bytes(n * self.width))])
+            return pa.RecordBatch.from_arrays([pa.array(np.arange(n)), text], names=["id", "payload"])
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "lonnymq_read_floor"
+
+        def schema(self) -> str:
+            return "id long, payload string"
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return FloorReader(dict(self.options), schema)
+
+    return FloorSource
+
+
 def no_lease_source() -> Any:
     """The stream's floor in Spark: a Python streaming source that reads the queue's rows with
     our batch reader's partitions in one micro-batch, and neither leases nor acks anything
@@ -260,6 +319,7 @@ def run_spark(b: Bench) -> None:
     lonnymq.spark.register(spark)
     spark.dataSource.register(no_lease_source())
     spark.dataSource.register(floor_sink())
+    spark.dataSource.register(read_floor_source())
     parallelism = spark.sparkContext.defaultParallelism
     url, props = jdbc_url(b.dsn)
     table = f'"{b.schema}".bare'
@@ -304,6 +364,16 @@ def run_spark(b: Bench) -> None:
     def our_read() -> Any:
         reader = (
             spark.read.format("lonnymq").options(**ours, queue="q").schema("id long, payload string").load()
+        )
+        reader.write.format("noop").mode("overwrite").save()
+        return reader
+
+    def floor_read() -> Any:
+        reader = (
+            spark.read.format("lonnymq_read_floor")
+            .options(**ours, queue="q", width=str(round(size)))
+            .schema("id long, payload string")
+            .load()
         )
         reader.write.format("noop").mode("overwrite").save()
         return reader
@@ -414,6 +484,7 @@ def run_spark(b: Bench) -> None:
             reads: list[tuple[str, Callable[[], Any], tuple[str, ...]]] = [
                 ("read jdbc (partitioned)", jdbc_read, ("bare",)),
                 ("read lonnymq", our_read, ("message_logged",)),
+                ("read floor (COPY bytes + Arrow)", floor_read, ("message_logged",)),
             ]
             if "read" not in only:
                 reads = []
@@ -616,6 +687,8 @@ def report(b: Bench) -> None:
         ("batch write, text / its floor", "write lonnymq (text)", "write floor (COPY + INSERT ... SELECT)"),
         ("write floor / JDBC", "write floor (COPY + INSERT ... SELECT)", "write jdbc (bare table)"),
         ("batch read / JDBC", "read lonnymq", "read jdbc (partitioned)"),
+        ("batch read / its floor", "read lonnymq", "read floor (COPY bytes + Arrow)"),
+        ("read floor / JDBC", "read floor (COPY bytes + Arrow)", "read jdbc (partitioned)"),
         ("readStream + ack / our batch read", "readStream lonnymq + ack", "read lonnymq"),
     ]:
         if ours in med and theirs in med:
