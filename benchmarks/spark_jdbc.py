@@ -2,6 +2,7 @@
 
     python benchmarks/spark_jdbc.py --dsn postgresql://root@127.0.0.1:5432/postgres [-n 200000]
         [--reps 3] [--master local[2]] [--jar /usr/share/java/postgresql.jar] [--quick] [--profile]
+        [--only write,read,stream]
 
 The same DataFrame (n rows, a ``payload`` column of ~200 bytes of JSON, generated and cached
 before anything is timed) goes, on the same server and Spark session:
@@ -10,9 +11,16 @@ before anything is timed) goes, on the same server and Spark session:
   in the tasks, one publishing commit), and into a bare table ``(id bigint identity primary
   key, payload text)`` with ``df.write.jdbc`` (``batchsize`` 10,000, ``reWriteBatchedInserts``);
   the queue once as text (what JDBC stores) and once with ``payloadFormat=json`` (validated);
+  next to them the write's floor, the exactly-once design with nothing else (``floor_sink``:
+  tasks COPY ``(part, seq, payload)`` into a bare unlogged staging table, the commit moves
+  the reported parts into a copy of the message table, indexes included, with one bare
+  ``INSERT ... SELECT`` per part in one transaction);
 * **batch read** of ``id, payload``: ``spark.read.format("lonnymq")`` with its default
   partitions, and ``spark.read.jdbc`` partitioned on ``id`` (``numPartitions`` = the session's
-  default parallelism, ``fetchsize`` 10,000), both into Spark's ``noop`` sink;
+  default parallelism, ``fetchsize`` 10,000), both into Spark's ``noop`` sink, and the read's
+  floor for any Python data source (``read_floor_source``: our partitions, each fetched with a
+  bare binary ``COPY ... TO STDOUT`` and handed to Spark as Arrow batches of as many rows and
+  bytes, without decoding them);
 * **streaming consumption**: ``spark.readStream.format("lonnymq")`` with ``ack=delete``,
   ``trigger(availableNow=True)`` into the ``noop`` sink: messages consumed *and acknowledged*
   per second, end to end (query start to the queue's last ack), next to our own batch read,
@@ -22,7 +30,8 @@ before anything is timed) goes, on the same server and Spark session:
   lock + ``UPDATE`` (the lease) and one bare ``DELETE`` (the ack) of a copy of the rows, the
   least SQL a stream that leases and acks must run. Their seconds add up to the floor.
 
-Repetitions interleave the two sides (ABBA), with VACUUM ANALYZE and CHECKPOINT before every
+``--only`` times some of the three phases (the rows the reads and the stream need are then
+written untimed). Repetitions interleave the sides (ABBA), with VACUUM ANALYZE and CHECKPOINT before every
 timed phase (a server with autovacuum off would otherwise penalise whoever runs later). Medians
 and the ratios are printed; ``--out FILE`` writes them as JSON too.
 
