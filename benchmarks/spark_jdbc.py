@@ -140,6 +140,25 @@ def jdbc_url(dsn: str) -> tuple[str, dict[str, str]]:
     return url, props
 
 
+def floor_source(name: str, method: str, reader: Callable[[dict[str, str], Any], Any]) -> Any:
+    """A data source ``name`` of ``id long, payload string`` whose ``method`` (``reader``,
+    ``streamReader``) is ``reader(options, schema)``: what the floors' sources share."""
+    from pyspark.sql.datasource import DataSource
+
+    def make(self: Any, schema: Any) -> Any:
+        return reader(dict(self.options), schema)
+
+    return type(
+        "FloorSource",
+        (DataSource,),
+        {
+            "name": classmethod(lambda cls: name),
+            "schema": lambda self: "id long, payload string",
+            method: make,
+        },
+    )
+
+
 def read_floor_source() -> Any:
     """The batch read's floor in Spark: a Python data source with our reader's partitions whose
     tasks fetch the bytes of their rows from PostgreSQL the cheapest way there is (a bare binary
@@ -147,7 +166,7 @@ def read_floor_source() -> Any:
     Arrow batches of as many rows and bytes, without decoding the bytes (the batches are built
     from zeros): what any Python data source pays to move these rows, less turning them into
     Arrow arrays."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader
+    from pyspark.sql.datasource import DataSourceReader
 
     from lonnymq.spark._read import BatchReader, IdRange
 
@@ -185,25 +204,14 @@ def read_floor_source() -> Any:
             text = pa.Array.from_buffers(pa.string(), n, [None, offsets, pa.py_buffer(bytes(n * self.width))])
             return pa.RecordBatch.from_arrays([pa.array(np.arange(n)), text], names=["id", "payload"])
 
-    class FloorSource(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "lonnymq_read_floor"
-
-        def schema(self) -> str:
-            return "id long, payload string"
-
-        def reader(self, schema: Any) -> DataSourceReader:
-            return FloorReader(dict(self.options), schema)
-
-    return FloorSource
+    return floor_source("lonnymq_read_floor", "reader", FloorReader)
 
 
 def no_lease_source() -> Any:
     """The stream's floor in Spark: a Python streaming source that reads the queue's rows with
     our batch reader's partitions in one micro-batch, and neither leases nor acks anything
     (Spark's and the Python data source's own cost of a micro-batch, plus the read)."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+    from pyspark.sql.datasource import DataSourceStreamReader
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
 
     from lonnymq.spark._read import BatchReader
@@ -233,18 +241,7 @@ def no_lease_source() -> Any:
         def commit(self, end: dict[str, int]) -> None:
             pass
 
-    class NoLeaseSource(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "lonnymq_no_lease"
-
-        def schema(self) -> str:
-            return "id long, payload string"
-
-        def streamReader(self, schema: Any) -> DataSourceStreamReader:
-            return NoLeaseReader(dict(self.options), schema)
-
-    return NoLeaseSource
+    return floor_source("lonnymq_no_lease", "streamReader", NoLeaseReader)
 
 
 def floor_sink() -> Any:
