@@ -65,6 +65,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from lonnymq import Client
+from lonnymq.models import TEXT
 
 JAR = "/usr/share/java/postgresql.jar"
 # ~200 bytes of JSON per row, built by Spark (to_json runs in the JVM).
@@ -286,13 +287,14 @@ def floor_sink() -> Any:
 
         def commit(self, messages: list[Any]) -> None:
             insert = sql.SQL(
-                "INSERT INTO {s}.wfloor_msg (queue_id, id, dequeue_at, scheduled_at, enqueued_at, gen, payload)"
-                " SELECT 1, nextval('{s}.message_id_seq'), 0, 0, 0, 0, payload FROM {s}.wfloor_stage"
+                "INSERT INTO {s}.wfloor_msg (queue_id, id, dequeue_at, scheduled_at, enqueued_at, gen,"
+                " content_type, payload)"
+                " SELECT 1, nextval('{s}.message_id_seq'), 0, 0, 0, 0, %s, payload FROM {s}.wfloor_stage"
                 " WHERE part = %s ORDER BY seq"
             ).format(s=self.s)
             with psycopg.connect(self.dsn) as conn:
-                for m in messages:
-                    conn.execute(insert, (m.part,))
+                for m in messages:  # the same rows as the queue's: with their content type
+                    conn.execute(insert, (TEXT, m.part))
 
     class FloorSink(DataSource):
         @classmethod
