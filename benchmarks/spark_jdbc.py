@@ -2,6 +2,7 @@
 
     python benchmarks/spark_jdbc.py --dsn postgresql://root@127.0.0.1:5432/postgres [-n 200000]
         [--reps 3] [--master local[2]] [--jar /usr/share/java/postgresql.jar] [--quick] [--profile]
+        [--only write,read,stream]
 
 The same DataFrame (n rows, a ``payload`` column of ~200 bytes of JSON, generated and cached
 before anything is timed) goes, on the same server and Spark session:
@@ -10,9 +11,16 @@ before anything is timed) goes, on the same server and Spark session:
   in the tasks, one publishing commit), and into a bare table ``(id bigint identity primary
   key, payload text)`` with ``df.write.jdbc`` (``batchsize`` 10,000, ``reWriteBatchedInserts``);
   the queue once as text (what JDBC stores) and once with ``payloadFormat=json`` (validated);
+  next to them the write's floor, the exactly-once design with nothing else (``floor_sink``:
+  tasks COPY ``(part, seq, payload)`` into a bare unlogged staging table, the commit moves
+  the reported parts into a copy of the message table, indexes included, with one bare
+  ``INSERT ... SELECT`` per part in one transaction);
 * **batch read** of ``id, payload``: ``spark.read.format("lonnymq")`` with its default
   partitions, and ``spark.read.jdbc`` partitioned on ``id`` (``numPartitions`` = the session's
-  default parallelism, ``fetchsize`` 10,000), both into Spark's ``noop`` sink;
+  default parallelism, ``fetchsize`` 10,000), both into Spark's ``noop`` sink, and the read's
+  floor for any Python data source (``read_floor_source``: our partitions, each fetched with a
+  bare binary ``COPY ... TO STDOUT`` and handed to Spark as Arrow batches of as many rows and
+  bytes, without decoding them);
 * **streaming consumption**: ``spark.readStream.format("lonnymq")`` with ``ack=delete``,
   ``trigger(availableNow=True)`` into the ``noop`` sink: messages consumed *and acknowledged*
   per second, end to end (query start to the queue's last ack), next to our own batch read,
@@ -22,7 +30,8 @@ before anything is timed) goes, on the same server and Spark session:
   lock + ``UPDATE`` (the lease) and one bare ``DELETE`` (the ack) of a copy of the rows, the
   least SQL a stream that leases and acks must run. Their seconds add up to the floor.
 
-Repetitions interleave the two sides (ABBA), with VACUUM ANALYZE and CHECKPOINT before every
+``--only`` times some of the three phases (the rows the reads and the stream need are then
+written untimed). Repetitions interleave the sides (ABBA), with VACUUM ANALYZE and CHECKPOINT before every
 timed phase (a server with autovacuum off would otherwise penalise whoever runs later). Medians
 and the ratios are printed; ``--out FILE`` writes them as JSON too.
 
@@ -49,12 +58,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 from lonnymq_bench.server import dsn_or_temporary as server
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from lonnymq import Client
+from lonnymq.models import TEXT
 
 JAR = "/usr/share/java/postgresql.jar"
 # ~200 bytes of JSON per row, built by Spark (to_json runs in the JVM).
@@ -105,7 +116,7 @@ class Bench:
 
     def record(self, name: str, seconds: float) -> float:
         self.results.setdefault(name, []).append(self.n / seconds)
-        print(f"    {name:<34} {self.n / seconds:>10,.0f} rows/s  ({seconds:5.2f} s)", flush=True)
+        print(f"    {name:<38} {self.n / seconds:>10,.0f} rows/s  ({seconds:5.2f} s)", flush=True)
         return seconds
 
     def timed(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -130,11 +141,78 @@ def jdbc_url(dsn: str) -> tuple[str, dict[str, str]]:
     return url, props
 
 
+def floor_source(name: str, method: str, reader: Callable[[dict[str, str], Any], Any]) -> Any:
+    """A data source ``name`` of ``id long, payload string`` whose ``method`` (``reader``,
+    ``streamReader``) is ``reader(options, schema)``: what the floors' sources share."""
+    from pyspark.sql.datasource import DataSource
+
+    def make(self: Any, schema: Any) -> Any:
+        return reader(dict(self.options), schema)
+
+    return type(
+        "FloorSource",
+        (DataSource,),
+        {
+            "name": classmethod(lambda cls: name),
+            "schema": lambda self: "id long, payload string",
+            method: make,
+        },
+    )
+
+
+def read_floor_source() -> Any:
+    """The batch read's floor in Spark: a Python data source with our reader's partitions whose
+    tasks fetch the bytes of their rows from PostgreSQL the cheapest way there is (a bare binary
+    ``COPY (SELECT id, payload ...) TO STDOUT`` of the partition's id range) and hand Spark
+    Arrow batches of as many rows and bytes, without decoding the bytes (the batches are built
+    from zeros): what any Python data source pays to move these rows, less turning them into
+    Arrow arrays."""
+    from pyspark.sql.datasource import DataSourceReader
+
+    from lonnymq.spark._read import BatchReader, IdRange
+
+    class FloorReader(DataSourceReader):
+        def __init__(self, options: dict[str, str], schema: Any) -> None:
+            self.batch = BatchReader(options, schema, {})
+            self.dsn, self.s = options["dsn"], sql.Identifier(options["schema"])
+            self.width = int(options["width"])
+
+        def partitions(self) -> list[Any]:
+            return self.batch.partitions()
+
+        def read(self, partition: Any) -> Iterator[Any]:
+
+            assert isinstance(partition, IdRange)
+            copy = sql.SQL(
+                "COPY (SELECT id, payload FROM {s}.message WHERE queue_id = (SELECT id FROM {s}.queue"
+                " WHERE name = %s) AND id >= %s AND id < %s ORDER BY id) TO STDOUT (FORMAT BINARY)"
+            ).format(s=self.s)
+            size, step = 0, 10_000 * (18 + self.width)  # a binary COPY row: 18 bytes + the payload
+            with psycopg.connect(self.dsn) as conn, conn.cursor() as cur:
+                with cur.copy(copy, (self.batch.target.queue, partition.lo, partition.hi)) as cp:
+                    for chunk in cp:
+                        size += len(chunk)
+                        while size >= step:
+                            size -= step
+                            yield self.arrow(10_000)
+                if size > 21:  # the rest, less the COPY header and trailer
+                    yield self.arrow((size - 21) // (18 + self.width))
+
+        def arrow(self, n: int) -> Any:
+            import pyarrow as pa
+
+            offsets = pa.py_buffer(np.arange(0, (n + 1) * self.width, self.width, dtype=np.int32))
+            text = pa.Array.from_buffers(pa.string(), n, [None, offsets, pa.py_buffer(bytes(n * self.width))])
+            return pa.RecordBatch.from_arrays([pa.array(np.arange(n)), text], names=["id", "payload"])
+
+    return floor_source("lonnymq_read_floor", "reader", FloorReader)
+
+
 def no_lease_source() -> Any:
     """The stream's floor in Spark: a Python streaming source that reads the queue's rows with
     our batch reader's partitions in one micro-batch, and neither leases nor acks anything
     (Spark's and the Python data source's own cost of a micro-batch, plus the read)."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+    from pyspark.sql.datasource import DataSourceStreamReader
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
 
     from lonnymq.spark._read import BatchReader
@@ -164,18 +242,69 @@ def no_lease_source() -> Any:
         def commit(self, end: dict[str, int]) -> None:
             pass
 
-    class NoLeaseSource(DataSource):
+    return floor_source("lonnymq_no_lease", "streamReader", NoLeaseReader)
+
+
+def floor_sink() -> Any:
+    """The write's floor in Spark: a Python data source whose tasks COPY ``(part, seq,
+    payload)`` of their rows (binary COPY data built from the Arrow column, as our writer builds
+    it) into a bare unlogged staging table, and whose commit moves the reported parts into a copy
+    of the message table (with its indexes) with one bare ``INSERT ... SELECT`` per part, in
+    one transaction: the exactly-once design without any of its checks or bookkeeping."""
+    import secrets
+
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    from lonnymq.spark._write import COPY_SIGNATURE, COPY_TRAILER, _binary, _CopyRows
+
+    class Part(WriterCommitMessage):
+        def __init__(self, part: int) -> None:
+            self.part = part
+
+    class FloorWriter(DataSourceArrowWriter):
+        def __init__(self, options: dict[str, str]) -> None:
+            self.dsn, self.s = options["dsn"], sql.Identifier(options["schema"])
+
+        def write(self, iterator: Iterator[Any]) -> Part:
+            part, seq = secrets.randbits(62) + 1, 0
+            copy = sql.SQL("COPY {s}.wfloor_stage (part, seq, payload) FROM STDIN (FORMAT BINARY)")
+            with (
+                psycopg.connect(self.dsn) as conn,
+                conn.cursor() as cur,
+                cur.copy(copy.format(s=self.s)) as cp,
+            ):
+                cp.write(COPY_SIGNATURE)
+                for batch in iterator:
+                    n = batch.num_rows
+                    rows = _CopyRows(n, 3)
+                    rows.fixed(">i8", part)
+                    rows.fixed(">i4", np.arange(seq, seq + n, dtype=np.int64))
+                    rows.var(_binary(batch.column("payload")))
+                    cp.write(rows.finish())
+                    seq += n
+                cp.write(COPY_TRAILER)
+            return Part(part)
+
+        def commit(self, messages: list[Any]) -> None:
+            insert = sql.SQL(
+                "INSERT INTO {s}.wfloor_msg (queue_id, id, dequeue_at, scheduled_at, enqueued_at, gen,"
+                " content_type, payload)"
+                " SELECT 1, nextval('{s}.message_id_seq'), 0, 0, 0, 0, %s, payload FROM {s}.wfloor_stage"
+                " WHERE part = %s ORDER BY seq"
+            ).format(s=self.s)
+            with psycopg.connect(self.dsn) as conn:
+                for m in messages:  # the same rows as the queue's: with their content type
+                    conn.execute(insert, (TEXT, m.part))
+
+    class FloorSink(DataSource):
         @classmethod
         def name(cls) -> str:
-            return "lonnymq_no_lease"
+            return "lonnymq_write_floor"
 
-        def schema(self) -> str:
-            return "id long, payload string"
+        def writer(self, schema: Any, overwrite: bool) -> FloorWriter:
+            return FloorWriter(dict(self.options))
 
-        def streamReader(self, schema: Any) -> DataSourceStreamReader:
-            return NoLeaseReader(dict(self.options), schema)
-
-    return NoLeaseSource
+    return FloorSink
 
 
 def run_spark(b: Bench) -> None:
@@ -184,6 +313,7 @@ def run_spark(b: Bench) -> None:
     import lonnymq.spark
 
     args = b.args
+    only = set(args.only.split(","))
     spark = (
         SparkSession.builder.master(args.master)
         .appName("lonnymq-spark-jdbc")
@@ -196,6 +326,8 @@ def run_spark(b: Bench) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     lonnymq.spark.register(spark)
     spark.dataSource.register(no_lease_source())
+    spark.dataSource.register(floor_sink())
+    spark.dataSource.register(read_floor_source())
     parallelism = spark.sparkContext.defaultParallelism
     url, props = jdbc_url(b.dsn)
     table = f'"{b.schema}".bare'
@@ -218,7 +350,12 @@ def run_spark(b: Bench) -> None:
 
         return go
 
-    def jdbc_read() -> int:
+    def floor_write() -> None:
+        df.write.format("lonnymq_write_floor").options(**ours).mode("append").save()
+
+    # A read returns its DataFrame: its partitions are counted after the timing (counting
+    # them plans the query again, which is not part of a read).
+    def jdbc_read() -> Any:
         [(lo, hi)] = b.sql("SELECT min(id), max(id) FROM {s}.bare")
         reader = spark.read.jdbc(
             url,
@@ -230,14 +367,24 @@ def run_spark(b: Bench) -> None:
             properties={**props, "fetchsize": "10000"},
         )
         reader.write.format("noop").mode("overwrite").save()
-        return reader.rdd.getNumPartitions()
+        return reader
 
-    def our_read() -> int:
+    def our_read() -> Any:
         reader = (
             spark.read.format("lonnymq").options(**ours, queue="q").schema("id long, payload string").load()
         )
         reader.write.format("noop").mode("overwrite").save()
-        return reader.rdd.getNumPartitions()
+        return reader
+
+    def floor_read() -> Any:
+        reader = (
+            spark.read.format("lonnymq_read_floor")
+            .options(**ours, queue="q", width=str(round(size)))
+            .schema("id long, payload string")
+            .load()
+        )
+        reader.write.format("noop").mode("overwrite").save()
+        return reader
 
     def stream(name: str, fmt: str, **options: str) -> None:
         """Time a stream of the queue into the noop sink. A query whose Python worker did not
@@ -299,6 +446,13 @@ def run_spark(b: Bench) -> None:
     warm.write.jdbc(url, f'"{b.schema}".warmup', mode="append", properties=props)
     [(qid,)] = b.sql("SELECT id FROM {s}.queue WHERE name = 'q'")
     b.sql("CREATE TABLE {s}.floor_msg (LIKE {s}.message_logged INCLUDING DEFAULTS INCLUDING INDEXES)")
+    # The write's floor: a bare staging table like spark_stage's (unlogged, the (part, seq)
+    # index that gives the publish its order without a sort), a copy of the message table.
+    b.sql(
+        "CREATE UNLOGGED TABLE {s}.wfloor_stage (part bigint NOT NULL, seq int NOT NULL, payload bytea NOT NULL)"
+    )
+    b.sql("CREATE INDEX ON {s}.wfloor_stage (part, seq)")
+    b.sql("CREATE TABLE {s}.wfloor_msg (LIKE {s}.message_logged INCLUDING DEFAULTS INCLUDING INDEXES)")
     spark.read.format("lonnymq").options(**ours, queue="warmup").load().write.format("noop").mode(
         "overwrite"
     ).save()
@@ -311,29 +465,46 @@ def run_spark(b: Bench) -> None:
                 c.purge_queue("q")
                 c.purge_queue("q_json")
             b.sql("TRUNCATE {s}.spark_stage")
+            # The floor's tables start each repetition as the queue's do: staging truncated,
+            # the message table's rows deleted (purge_queue), then vacuumed by settle.
+            b.sql("TRUNCATE {s}.wfloor_stage")
+            b.sql("DELETE FROM {s}.wfloor_msg")
             writes: list[tuple[str, Callable[[], None], tuple[str, ...]]] = [
                 ("write jdbc (bare table)", jdbc_write, ("bare",)),
                 ("write lonnymq (text)", our_write("q"), ("message_logged", "spark_stage")),
+                ("write floor (COPY + INSERT ... SELECT)", floor_write, ("wfloor_stage", "wfloor_msg")),
                 (
                     "write lonnymq (payloadFormat=json)",
                     our_write("q_json", payloadFormat="json"),
                     ("message_logged", "spark_stage"),
                 ),
             ]
-            for name, fn, tables in writes if rep % 2 == 0 else writes[::-1]:
-                b.settle(*tables)
-                b.timed(name, fn)
+            if "write" not in only:  # the reads and the stream need the rows: write them, untimed
+                jdbc_write()
+                our_write("q")()
+            else:
+                for name, fn, tables in writes if rep % 2 == 0 else writes[::-1]:
+                    b.settle(*tables)
+                    b.timed(name, fn)
+                assert b.sql("SELECT count(*) FROM {s}.wfloor_msg") == [(b.n,)]
+                with Client(b.dsn, schema=b.schema, pool_size=1) as c:
+                    assert c.metrics("q_json").ready == b.n
             assert b.sql("SELECT count(*) FROM {s}.bare") == [(b.n,)]
             with Client(b.dsn, schema=b.schema, pool_size=1) as c:
-                assert c.metrics("q").ready == b.n and c.metrics("q_json").ready == b.n
-            reads: list[tuple[str, Callable[[], int], tuple[str, ...]]] = [
+                assert c.metrics("q").ready == b.n
+            reads: list[tuple[str, Callable[[], Any], tuple[str, ...]]] = [
                 ("read jdbc (partitioned)", jdbc_read, ("bare",)),
                 ("read lonnymq", our_read, ("message_logged",)),
+                ("read floor (COPY bytes + Arrow)", floor_read, ("message_logged",)),
             ]
+            if "read" not in only:
+                reads = []
             for name, fn, tables in reads if rep % 2 == 0 else reads[::-1]:
                 b.settle(*tables)
-                parts = b.timed(name, fn)
+                parts = b.timed(name, fn).rdd.getNumPartitions()
                 print(f"      ({parts} partitions)")
+            if "stream" not in only:
+                continue
             bare_lease_and_ack()
             b.settle("message_logged")
             stream("readStream, no lease nor ack", "lonnymq_no_lease")
@@ -476,6 +647,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="20,000 rows, one repetition")
     ap.add_argument("--profile", action="store_true", help="also time the pieces outside Spark")
     ap.add_argument("--no-spark", action="store_true", help="only --profile")
+    ap.add_argument(
+        "--only",
+        default="write,read,stream",
+        help="the Spark phases to time, comma-separated among write,read,stream (default: all;"
+        " without write, the rows are written untimed)",
+    )
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args()
     if args.quick:
@@ -513,12 +690,16 @@ def report(b: Bench) -> None:
     med = {k: statistics.median(v) for k, v in b.results.items()}
     print("\nmedians (rows/s):")
     for k, v in med.items():
-        print(f"  {k:<36} {v:>10,.0f}")
+        print(f"  {k:<38} {v:>10,.0f}")
     ratios = {}
     for name, ours, theirs in [
         ("batch write, text / JDBC", "write lonnymq (text)", "write jdbc (bare table)"),
         ("batch write, json / JDBC", "write lonnymq (payloadFormat=json)", "write jdbc (bare table)"),
+        ("batch write, text / its floor", "write lonnymq (text)", "write floor (COPY + INSERT ... SELECT)"),
+        ("write floor / JDBC", "write floor (COPY + INSERT ... SELECT)", "write jdbc (bare table)"),
         ("batch read / JDBC", "read lonnymq", "read jdbc (partitioned)"),
+        ("batch read / its floor", "read lonnymq", "read floor (COPY bytes + Arrow)"),
+        ("read floor / JDBC", "read floor (COPY bytes + Arrow)", "read jdbc (partitioned)"),
         ("readStream + ack / our batch read", "readStream lonnymq + ack", "read lonnymq"),
     ]:
         if ours in med and theirs in med:

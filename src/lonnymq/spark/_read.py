@@ -80,10 +80,13 @@ _INDEX = {name: i for i, (name, _) in enumerate(COLUMNS)}
 #: Pages of a packed read: the first of a partition or chunk has _FIRST_PAGE rows; the next
 #: are sized from the bytes per row seen so far to about _PAGE_BYTES, at most _PAGE_ROWS rows.
 #: (A page is one value in PostgreSQL, at most 1 GB: one that fails as too large is asked again
-#: with fewer rows.)
+#: with fewer rows.) About 2 MB is the fastest: the server builds a page in one buffer, copies
+#: it into the function's result (a tuplestore, which spills to a temporary file above
+#: ``work_mem``, 4 MB by default) and sends it; 8 MB pages read at about 0.7x the speed of 2 MB
+#: ones (benchmarks/spark_jdbc.py, docs/spark.md "Throughput").
 _FIRST_PAGE = 2_000
 _PAGE_ROWS = 20_000
-_PAGE_BYTES = 8 << 20
+_PAGE_BYTES = 2 << 20
 #: The packing of each column (sql/spark.sql, _spark_pack_sql): numpy's type of a fixed-width
 #: column (a validity byte per row first where ``_NULLABLE``), else lengths and bytes.
 _FIXED = {
