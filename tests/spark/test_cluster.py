@@ -255,7 +255,7 @@ def test_client_mode_and_lost_executors(
             env=spark_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        wait_for(tmp_path / "routes.json", job, log, 400)
+        wait_for(tmp_path / "routes.json", job, log, 600)
         report = json.loads((tmp_path / "routes.json").read_text())
         assert report["executors"] == [f"{nodes_python} False"]  # before ship(): no lonnymq there
         assert report["watch"] is True  # fail_without_executors watched the stream
