@@ -181,7 +181,6 @@ def read_floor_source() -> Any:
             return self.batch.partitions()
 
         def read(self, partition: Any) -> Iterator[Any]:
-
             assert isinstance(partition, IdRange)
             copy = sql.SQL(
                 "COPY (SELECT id, payload FROM {s}.message WHERE queue_id = (SELECT id FROM {s}.queue"

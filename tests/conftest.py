@@ -47,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # markers added here.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A Spark module's tests share its JVM (the session, or the Spark Connect server): under
+    # A Spark module's tests share its JVMs (the session, or the standalone cluster): under
     # xdist (--dist loadgroup) each such module runs on one worker, not a JVM on every worker
     # (a test that names its own group runs with that group: a long module split over two).
     for item in items:

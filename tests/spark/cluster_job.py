@@ -8,12 +8,13 @@ from the driver's Python, or from ``--py-files`` when the driver runs on the clu
 reaches the executors through ``lonnymq.spark.ship(spark)``. It writes its report to
 WORKDIR/report.json.
 
-``routes`` (the default) runs the four modes: a batch write of 200 rows to queue ``orders``,
-a batch read of them (and of four of them by key, a filter pushed down to PostgreSQL), and ``readStream`` of queue ``events`` into ``writeStream`` to queue
-``copies`` (availableNow, 100 rows a batch; the DSN from the ``spark.lonnymq.dsn`` conf). ``lost`` runs a stream
-from queue ``held`` to ``held_copies`` whose tasks block while WORKDIR/hold exists, for the test
-to kill the cluster's workers under it; ``routes+lost`` runs both in one application, writing
-WORKDIR/routes.json in between (see test_client_mode_and_lost_executors).
+``routes`` (the default) runs the four modes: a batch write of 200 rows with keys to queue
+``orders``, a batch read of them (and of four of them by key, the filter pushed down to
+PostgreSQL), and ``readStream`` of queue ``events`` into ``writeStream`` to queue ``copies``
+(availableNow, 100 rows a batch; the DSN from the ``spark.lonnymq.dsn`` conf). ``lost`` runs a
+stream from queue ``held`` to ``held_copies`` whose tasks block while WORKDIR/hold exists, for
+the test to kill the cluster's workers under it; ``routes+lost`` runs both in one application,
+writing WORKDIR/routes.json in between (see test_client_mode_and_lost_executors).
 """
 
 from __future__ import annotations
