@@ -18,6 +18,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -68,6 +69,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: fill the others, and the run is not left waiting for a long group that started last.
 LONG_GROUPS = ("test_cluster", "shard", "test_spark", "test_spark_streaming", "test_spark_pipeline",
                "web")  # fmt: skip
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadgroup, except that a process still running a long group gets the unit at the
+    queue's end (a module of short tests): xdist queues a unit on a process a test before that
+    process runs out, so whatever it hands such a process waits there until the long group ends
+    (the Spark pipeline once waited 3 minutes behind the cluster's last test while the other
+    processes ran short tests)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LongGroupsApart(LoadGroupScheduling):
+        def _assign_work_unit(self, node: Any) -> None:
+            busy = {
+                scope for scope, unit in self.assigned_work.get(node, {}).items() if not all(unit.values())
+            }
+            if busy & set(LONG_GROUPS) and len(self.workqueue) > 1:
+                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            super()._assign_work_unit(node)
+
+    return LongGroupsApart(config, log)
 
 
 def _group(item: pytest.Item) -> str | None:

@@ -1,5 +1,5 @@
 """./run test's two passes between them run every test: the PostgreSQL 15 pass takes
-``-m "not once and not slow"``, the PostgreSQL 16 pass ``-m "once or slow or both"``, where
+``-m "not once"``, the PostgreSQL 16 pass ``-m "once or both"``, where
 ``both`` is the marker tests/conftest.py gives tests/sql. Checked on the selections pytest
 itself makes (collection only; no server)."""
 
@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: One module each: SQL tests (run on both versions), a client module with slow and quick tests.
-MODULES = ("tests/sql/test_errors.py", "tests/client/test_fuzz.py", "tests/client/test_send.py")
+#: SQL tests (run on both versions), a client module of slow tests, one of quick tests, and one
+#: of tests that bring their own servers (marked once).
+MODULES = ("tests/sql/test_errors.py", "tests/client/test_fuzz.py", "tests/client/test_send.py",
+           "tests/faults/test_restart_run.py")  # fmt: skip
 
 
 def collected(marks: str) -> set[str]:
@@ -25,14 +27,15 @@ def collected(marks: str) -> set[str]:
 
 
 def test_the_passes_cover_every_test_and_run_the_sql_tests_twice() -> None:
-    pg15 = collected("not once and not slow")
-    pg16 = collected("once or slow or both")
+    pg15 = collected("not once")
+    pg16 = collected("once or both")
     every = collected("")
     assert pg15 | pg16 == every
     both = pg15 & pg16
     assert both and all(t.startswith("tests/sql/") for t in both)
     # every SQL test that the PostgreSQL 15 pass runs, the PostgreSQL 16 pass runs again
     assert {t for t in pg15 if t.startswith("tests/sql/")} == both
-    # the slow client tests run on PostgreSQL 16 only, the quick ones on 15 only
-    assert any(re.match(r"tests/client/test_fuzz\.py::", t) for t in pg16 - pg15)
+    # the client tests, slow and quick, run on PostgreSQL 15 only; those marked once on 16 only
+    assert any(re.match(r"tests/client/test_fuzz\.py::", t) for t in pg15 - pg16)
     assert any(t.startswith("tests/client/test_send.py::") for t in pg15 - pg16)
+    assert any(t.startswith("tests/faults/test_restart_run.py::") for t in pg16 - pg15)
