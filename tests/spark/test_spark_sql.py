@@ -5,6 +5,7 @@ delivery log behind the streaming source. Time is passed as p_now, never slept."
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -88,6 +89,54 @@ def test_commit_moves_exactly_the_reported_parts_in_order(client: Client, conn: 
     assert payloads(client) == ["b0", "b1", "a0", "a1", "a2"]
     assert staged(conn, schema) == [d]
     assert len({m.enqueued_at for m in client.peek("q", 10)}) == 1
+
+
+def test_commit_truncates_staging_only_when_it_holds_nothing_else(
+    client: Client, conn: Conn, schema: str, dsn: str
+) -> None:
+    """A commit whose write is all that staging holds truncates it (a new file: no row is
+    marked deleted). Another write's part, or a task still staging in an open transaction,
+    keeps the row-by-row DELETE, without waiting for that task, and their rows survive."""
+    client.create_queue("q")
+    # A commit that waited for the open task below would fall back to the DELETE too, late.
+    conn.execute("SET lock_timeout = '3s'")
+
+    def relfile() -> int:
+        q = "SELECT pg_relation_filenode(%s::regclass)"
+        [(node,)] = conn.execute(q, (f'"{schema}".spark_stage',)).fetchall()
+        return int(node)
+
+    def commit(run: uuid.UUID, part: int, n: int) -> None:
+        [row] = call(conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[part], p_counts=[n])
+        assert row[0] == n
+
+    run = uuid.uuid4()
+    stage(conn, schema, run, 1, ["a", "b"])
+    stage(conn, schema, run, 2, ["failed attempt"])
+    before = relfile()
+    commit(run, 1, 2)
+    assert relfile() != before and staged(conn, schema) == []
+
+    run, other = uuid.uuid4(), uuid.uuid4()
+    stage(conn, schema, run, 3, ["c"])
+    stage(conn, schema, other, 4, ["other write"])
+    before = relfile()
+    commit(run, 3, 1)
+    assert relfile() == before and staged(conn, schema) == [4]
+    call(conn, schema, "spark_write_abort", p_run=other)
+
+    run = uuid.uuid4()
+    stage(conn, schema, run, 5, ["d"])
+    with psycopg.connect(dsn) as task:  # a task of another write, mid-COPY
+        stage(task, schema, uuid.uuid4(), 6, ["staging"])
+        before = relfile()
+        t = time.monotonic()
+        commit(run, 5, 1)
+        assert time.monotonic() - t < 2.5
+        assert relfile() == before
+        task.commit()
+    assert staged(conn, schema) == [6]
+    assert payloads(client) == ["a", "b", "c", "d"]
 
 
 def test_commit_fails_loudly_if_staging_was_lost(client: Client, conn: Conn, schema: str) -> None:
