@@ -14,7 +14,9 @@ before anything is timed) goes, on the same server and Spark session:
   next to them the write's floor, the exactly-once design with nothing else (``floor_sink``:
   tasks COPY ``(part, seq, payload)`` into a bare unlogged staging table, the commit moves
   the reported parts into a copy of the message table, indexes included, with one bare
-  ``INSERT ... SELECT`` per part in one transaction);
+  ``INSERT ... SELECT`` per part in one transaction), and the same floor whose commit inserts
+  through the real ``message`` table instead, as the rows of a queue of its own (``q_floor``,
+  created before ours), next to the other queues' rows (``write floor into message``);
 * **batch read** of ``id, payload``: ``spark.read.format("lonnymq")`` with its default
   partitions, and ``spark.read.jdbc`` partitioned on ``id`` (``numPartitions`` = the session's
   default parallelism, ``fetchsize`` 10,000), both into Spark's ``noop`` sink, and the read's

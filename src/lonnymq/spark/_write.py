@@ -6,11 +6,12 @@ fresh random part id (registered with the write's run id in the same transaction
 Spark hands over, column by column, without a Python object per row (:class:`Encoder`). The
 driver's commit moves exactly the reported parts into the queue in one PostgreSQL transaction
 (``spark_write_commit``: set-wise, one INSERT ... SELECT per part, with every send rule:
-payload limits, priorities, keys, channels) and deletes everything the run staged, including
-the parts of failed or duplicate task attempts that Spark never reported. So a retried task
-cannot duplicate messages, a failed job enqueues nothing, and abort plus a sweeper clear
-leftovers. Streaming writes add a commit record per (sink, batch) in that same transaction, so
-a batch Spark replays after a restart is skipped.
+payload limits, priorities, keys, channels) and drops everything the run staged (a TRUNCATE
+when staging holds nothing else, else a DELETE), including the parts of failed or duplicate
+task attempts that Spark never reported. So a retried task cannot duplicate messages, a failed
+job enqueues nothing, and abort plus a sweeper clear leftovers. Streaming writes add a commit
+record per (sink, batch) in that same transaction, so a batch Spark replays after a restart is
+skipped.
 """
 
 from __future__ import annotations
