@@ -571,7 +571,10 @@ def run_profile(b: Bench) -> None:
     b.settle("spark_stage", "message_logged")
     run = str(uuid.uuid4())
     staged = b.timed("stage: encode + COPY (json)", lambda: _write.stage(target, plan, run, iter(data)))
-    b.timed("commit: publish staged rows", lambda: _write.commit(target, run, [staged], "ignore"))
+    b.timed(
+        "commit: publish staged rows",
+        lambda: _write.commit(target, run, [staged], "ignore", content_type=plan.content_type),
+    )
     # Floors: the same rows into a bare table by COPY, and a bare set-wise publish.
     b.sql("CREATE TABLE {s}.floor_bare (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, payload text)")
     b.sql("CREATE UNLOGGED TABLE {s}.floor_stage (part bigint, seq int, payload bytea)")

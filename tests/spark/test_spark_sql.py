@@ -32,6 +32,7 @@ def call(conn: Conn, schema: str, function: str, **params: Any) -> list[tuple[An
         "p_sink": "text",
         "p_on_conflict": "text",
         "p_retention_ms": "bigint",
+        "p_content_type": "text",
     }
     args = sql.SQL(", ").join(
         sql.SQL("{} => %s::{}").format(sql.Identifier(k), sql.SQL(casts.get(k, "bigint")))  # type: ignore[arg-type]
@@ -137,6 +138,36 @@ def test_commit_truncates_staging_only_when_it_holds_nothing_else(
         task.commit()
     assert staged(conn, schema) == [6]
     assert payloads(client) == ["a", "b", "c", "d"]
+
+
+def test_commit_gives_rows_without_a_content_type_the_writes_own(
+    client: Client, conn: Conn, schema: str
+) -> None:
+    """The writer stages no content type and gives it once per write (p_content_type); a row
+    staged with its own keeps it, on the set-wise path and through send_batch (a key)."""
+    client.create_queue("q")
+    s = sql.Identifier(schema)
+    for keyed in (False, True):
+        run = uuid.uuid4()
+        conn.execute(
+            sql.SQL("INSERT INTO {}.spark_stage_part (part, run_id, queue) VALUES (1, %s, 'q')").format(s),
+            (run,),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.spark_stage (part, seq, payload, content_type, key)"
+                " VALUES (1, 0, 'a', NULL, %s), (1, 1, 'b', 'text/csv', NULL)"
+            ).format(s),
+            ("k" if keyed else None,),
+        )
+        call(
+            conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[1], p_counts=[2],
+            p_content_type="application/json",
+        )  # fmt: skip
+        got = conn.execute(
+            sql.SQL("SELECT m.key, m.content_type FROM {}.message m ORDER BY m.id DESC LIMIT 2").format(s)
+        ).fetchall()
+        assert got[::-1] == [("k" if keyed else None, "application/json"), (None, "text/csv")]
 
 
 def test_commit_fails_loudly_if_staging_was_lost(client: Client, conn: Conn, schema: str) -> None:
@@ -378,7 +409,7 @@ def test_privileges_follow_the_role_model(conn: Conn, schema: str) -> None:
     assert can(
         producer,
         "function",
-        "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint,bigint)",
+        "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint,bigint,text)",
         "EXECUTE",
     )
     assert not can(

@@ -29,6 +29,9 @@
 DROP FUNCTION IF EXISTS {schema}.spark_write_commit(text, uuid, bigint[], bigint[], text, text, bigint, bigint);
 DROP FUNCTION IF EXISTS {schema}.spark_read_messages(text, bigint, bigint, bigint);
 DROP FUNCTION IF EXISTS {schema}.spark_read_archive(text, bigint, bigint, text);
+-- 0.2, issue 20: the writer gives the content type once per write (p_content_type).
+DROP FUNCTION IF EXISTS {schema}.spark_write_commit(text, uuid, bigint[], bigint[], text, text, bigint, bigint, bigint);
+DROP FUNCTION IF EXISTS {schema}._spark_publish({schema}.queue, uuid, bigint[], bigint[], bigint);
 
 -- Move the staged parts of a write into p_queue, in one transaction: parts in the given order,
 -- rows of a part in staging order, so ids follow the DataFrame's partition order. All staged
@@ -41,6 +44,8 @@ DROP FUNCTION IF EXISTS {schema}.spark_read_archive(text, bigint, bigint, text);
 -- Every send rule applies: rows without key and channel are published set-wise by
 -- _spark_publish (the plain path of send_batch, one INSERT ... SELECT per part); if any row has
 -- one, the parts go through send_batch itself, 4,000 rows per call.
+-- p_content_type is the content type of every staged row that has none: the writer gives it
+-- once per write here rather than staging it with every row (a row's own wins).
 -- Raises LQ101 if a part lost rows (server crash emptied staging, or the sweeper ran), and
 -- send_batch's error for a row that breaks a send rule; either way nothing is enqueued.
 -- Tables: spark_stage, spark_stage_part (delete), spark_sink_commit (insert/update/delete),
@@ -59,7 +64,8 @@ CREATE OR REPLACE FUNCTION {schema}.spark_write_commit(
     p_sink         text   DEFAULT NULL,
     p_batch        bigint DEFAULT NULL,
     p_retention_ms bigint DEFAULT 604800000,
-    p_now          bigint DEFAULT NULL
+    p_now          bigint DEFAULT NULL,
+    p_content_type text   DEFAULT NULL
 ) RETURNS TABLE (created bigint, updated bigint, ignored bigint, duplicate boolean,
                  committed_at bigint, messages bigint)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off SET enable_sort = off SET jit = off AS $$
@@ -111,7 +117,7 @@ BEGIN
        AND NOT EXISTS (SELECT FROM {schema}.spark_stage s
                         WHERE s.part = ANY (p_parts) AND (s.key IS NOT NULL OR s.channel IS NOT NULL)) THEN
         -- One probe of spark_stage_keyed_idx (which holds only rows with a key or a channel).
-        created := {schema}._spark_publish(q, p_run, p_parts, p_counts, v_now);
+        created := {schema}._spark_publish(q, p_run, p_parts, p_counts, v_now, p_content_type);
     ELSIF NOT duplicate AND cardinality(p_parts) > 0 THEN
         SELECT e.part, e.n AS expected, s.n AS found INTO v_bad
           FROM unnest(p_parts, p_counts) AS e(part, n)
@@ -125,7 +131,8 @@ BEGIN
         FOR i IN 1 .. cardinality(p_parts) LOOP
             v_lo := 0;
             WHILE v_lo < p_counts[i] LOOP
-                SELECT array_agg(s.payload ORDER BY s.seq), array_agg(s.content_type ORDER BY s.seq),
+                SELECT array_agg(s.payload ORDER BY s.seq),
+                       array_agg(coalesce(s.content_type, p_content_type) ORDER BY s.seq),
                        array_agg(s.kind ORDER BY s.seq), array_agg(s.key ORDER BY s.seq),
                        array_agg(s.channel ORDER BY s.seq), array_agg(s.headers ORDER BY s.seq),
                        array_agg(s.at_ms ORDER BY s.seq), array_agg(s.delay_ms ORDER BY s.seq),
@@ -221,16 +228,18 @@ END $$;
 -- headers an object) inside that INSERT, which leaves out a row that fails; a part that then
 -- moved fewer rows than p_counts[i] raises, and the caller's transaction enqueues nothing:
 -- LQ101 (_spark_lost) if rows are missing, else send_batch's error for the first bad row (its
--- "message N" counts rows across the parts, from 1). One enqueue time p_now and one generation
+-- "message N" counts rows across the parts, from 1). A row without a content type gets
+-- p_content_type. One enqueue time p_now and one generation
 -- (_gen_write) for all; the queue's waiters are woken (_wake); the messages count in
 -- queue_stat (one row). Returns the messages created. Writes message,
 -- queue_stat. Locks: _gen_write's shared advisory lock, _wake's.
 CREATE OR REPLACE FUNCTION {schema}._spark_publish(
-    q        {schema}.queue,
-    p_run    uuid,
-    p_parts  bigint[],
-    p_counts bigint[],
-    p_now    bigint
+    q              {schema}.queue,
+    p_run          uuid,
+    p_parts        bigint[],
+    p_counts       bigint[],
+    p_now          bigint,
+    p_content_type text
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -248,7 +257,8 @@ BEGIN
         SELECT q.id, v_gen, {schema}._dequeue_at(t.at, t.priority, q.priority_step_ms, p_now), t.at,
                p_now, t.priority, t.kind, t.content_type, t.headers, t.payload
           FROM (SELECT coalesce(s.at_ms, p_now + coalesce(s.delay_ms, 0)) AS at,
-                       coalesce(s.priority, 0::smallint) AS priority, s.kind, s.content_type,
+                       coalesce(s.priority, 0::smallint) AS priority, s.kind,
+                       coalesce(s.content_type, p_content_type) AS content_type,
                        s.headers, s.payload, s.seq
                   FROM {schema}.spark_stage s
                  WHERE s.part = p_parts[i]
