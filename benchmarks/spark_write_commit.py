@@ -11,7 +11,8 @@ published, each repetition, in alternating order, by:
 * ``bare into message, below``: the same statement into the real ``message`` table, for queue
   ``q``, while queue ``other`` (created after ``q``: a higher queue id) holds ``n`` messages;
 * ``bare into message, above``: the same for queue ``top`` (created after ``other``);
-* ``spark_write_commit``: our commit of ``q``'s staged parts (every send rule, staging cleanup).
+* ``spark_write_commit``: our commit of ``q``'s staged parts (every send rule, staging cleanup),
+  staged as the writer stages them (without a content type: the commit gives it).
 
 Every phase starts settled (VACUUM ANALYZE, CHECKPOINT) and its transaction's commit is timed.
 The message table's indexes lead with the queue id, so a queue with a lower id than another
@@ -115,9 +116,10 @@ def main() -> None:
                 one_transaction(
                     (
                         sql.SQL(
-                            "SELECT * FROM {}.spark_write_commit('q', %s::uuid, '{{1,2}}', %s::bigint[])"
+                            "SELECT * FROM {}.spark_write_commit('q', %s::uuid, '{{1,2}}', %s::bigint[],"
+                            " p_content_type => %s::text)"
                         ).format(s),
-                        (run_id, [half, n - half]),
+                        (run_id, [half, n - half], TEXT),
                     )
                 ),
                 ("spark_stage", "message_logged"),
@@ -139,11 +141,10 @@ def main() -> None:
                     run_id,
                 )
                 run(
-                    "INSERT INTO {s}.spark_stage (part, seq, payload, content_type)"
-                    " SELECT %s, i - %s, {payload}, %s FROM generate_series(%s::int, %s::int) i",
+                    "INSERT INTO {s}.spark_stage (part, seq, payload)"
+                    " SELECT %s, i - %s, {payload} FROM generate_series(%s::int, %s::int) i",
                     part,
                     lo,
-                    TEXT,
                     lo,
                     lo + rows - 1,
                 )
