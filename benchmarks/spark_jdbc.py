@@ -14,7 +14,9 @@ before anything is timed) goes, on the same server and Spark session:
   next to them the write's floor, the exactly-once design with nothing else (``floor_sink``:
   tasks COPY ``(part, seq, payload)`` into a bare unlogged staging table, the commit moves
   the reported parts into a copy of the message table, indexes included, with one bare
-  ``INSERT ... SELECT`` per part in one transaction);
+  ``INSERT ... SELECT`` per part in one transaction), and the same floor whose commit inserts
+  through the real ``message`` table instead, as the rows of a queue of its own (``q_floor``,
+  created before ours), next to the other queues' rows (``write floor into message``);
 * **batch read** of ``id, payload``: ``spark.read.format("lonnymq")`` with its default
   partitions, and ``spark.read.jdbc`` partitioned on ``id`` (``numPartitions`` = the session's
   default parallelism, ``fetchsize`` 10,000), both into Spark's ``noop`` sink, and the read's
@@ -68,6 +70,8 @@ from lonnymq import Client
 from lonnymq.models import TEXT
 
 JAR = "/usr/share/java/postgresql.jar"
+#: The write floor whose commit inserts through the real message table (a queue of its own).
+FLOOR_MESSAGE = "write floor into message"
 # ~200 bytes of JSON per row, built by Spark (to_json runs in the JVM).
 PAYLOAD_SQL = (
     "to_json(named_struct('order_id', id, 'customer', format_string('c-%06d', id % 50000),"
@@ -249,7 +253,9 @@ def floor_sink() -> Any:
     payload)`` of their rows (binary COPY data built from the Arrow column, as our writer builds
     it) into a bare unlogged staging table, and whose commit moves the reported parts into a copy
     of the message table (with its indexes) with one bare ``INSERT ... SELECT`` per part, in
-    one transaction: the exactly-once design without any of its checks or bookkeeping."""
+    one transaction: the exactly-once design without any of its checks or bookkeeping. With the
+    option ``queue``, the commit inserts into the real ``message`` table instead, as that
+    queue's rows (in the current generation), next to the other queues' rows."""
     import secrets
 
     from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
@@ -263,6 +269,7 @@ def floor_sink() -> Any:
     class FloorWriter(DataSourceArrowWriter):
         def __init__(self, options: dict[str, str]) -> None:
             self.dsn, self.s = options["dsn"], sql.Identifier(options["schema"])
+            self.queue = options.get("queue")
 
         def write(self, iterator: Iterator[Any]) -> Part:
             part, seq = secrets.randbits(62) + 1, 0
@@ -286,14 +293,22 @@ def floor_sink() -> Any:
 
         def commit(self, messages: list[Any]) -> None:
             insert = sql.SQL(
-                "INSERT INTO {s}.wfloor_msg (queue_id, id, dequeue_at, scheduled_at, enqueued_at, gen,"
+                "INSERT INTO {s}.{t} (queue_id, id, dequeue_at, scheduled_at, enqueued_at, gen,"
                 " content_type, payload)"
-                " SELECT 1, nextval('{s}.message_id_seq'), 0, 0, 0, 0, %s, payload FROM {s}.wfloor_stage"
+                " SELECT %s, nextval('{s}.message_id_seq'), 0, 0, 0, {gen}, %s, payload FROM {s}.wfloor_stage"
                 " WHERE part = %s ORDER BY seq"
-            ).format(s=self.s)
+            )
             with psycopg.connect(self.dsn) as conn:
+                if self.queue is None:
+                    qid, gen, table = 1, sql.SQL("0"), "wfloor_msg"
+                else:
+                    q = sql.SQL("SELECT id FROM {s}.queue WHERE name = %s").format(s=self.s)
+                    [(qid,)] = conn.execute(q, (self.queue,)).fetchall()
+                    gen = sql.SQL("(SELECT last_value FROM {s}.message_gen_seq)").format(s=self.s)
+                    table = "message"
+                query = insert.format(s=self.s, t=sql.Identifier(table), gen=gen)
                 for m in messages:  # the same rows as the queue's: with their content type
-                    conn.execute(insert, (TEXT, m.part))
+                    conn.execute(query, (qid, TEXT, m.part))
 
     class FloorSink(DataSource):
         @classmethod
@@ -351,6 +366,9 @@ def run_spark(b: Bench) -> None:
 
     def floor_write() -> None:
         df.write.format("lonnymq_write_floor").options(**ours).mode("append").save()
+
+    def floor_write_message() -> None:
+        df.write.format("lonnymq_write_floor").options(**ours, queue="q_floor").mode("append").save()
 
     # A read returns its DataFrame: its partitions are counted after the timing (counting
     # them plans the query again, which is not part of a read).
@@ -463,6 +481,7 @@ def run_spark(b: Bench) -> None:
             with Client(b.dsn, schema=b.schema, pool_size=1) as c:
                 c.purge_queue("q")
                 c.purge_queue("q_json")
+                c.purge_queue("q_floor")
             b.sql("TRUNCATE {s}.spark_stage")
             # The floor's tables start each repetition as the queue's do: staging truncated,
             # the message table's rows deleted (purge_queue), then vacuumed by settle.
@@ -472,6 +491,7 @@ def run_spark(b: Bench) -> None:
                 ("write jdbc (bare table)", jdbc_write, ("bare",)),
                 ("write lonnymq (text)", our_write("q"), ("message_logged", "spark_stage")),
                 ("write floor (COPY + INSERT ... SELECT)", floor_write, ("wfloor_stage", "wfloor_msg")),
+                (FLOOR_MESSAGE, floor_write_message, ("wfloor_stage", "message_logged")),
                 (
                     "write lonnymq (payloadFormat=json)",
                     our_write("q_json", payloadFormat="json"),
@@ -486,6 +506,10 @@ def run_spark(b: Bench) -> None:
                     b.settle(*tables)
                     b.timed(name, fn)
                 assert b.sql("SELECT count(*) FROM {s}.wfloor_msg") == [(b.n,)]
+                assert b.sql(
+                    "SELECT count(*) FROM {s}.message m JOIN {s}.queue q ON q.id = m.queue_id"
+                    " WHERE q.name = 'q_floor'"
+                ) == [(b.n,)]
                 with Client(b.dsn, schema=b.schema, pool_size=1) as c:
                     assert c.metrics("q_json").ready == b.n
             assert b.sql("SELECT count(*) FROM {s}.bare") == [(b.n,)]
@@ -547,7 +571,10 @@ def run_profile(b: Bench) -> None:
     b.settle("spark_stage", "message_logged")
     run = str(uuid.uuid4())
     staged = b.timed("stage: encode + COPY (json)", lambda: _write.stage(target, plan, run, iter(data)))
-    b.timed("commit: publish staged rows", lambda: _write.commit(target, run, [staged], "ignore"))
+    b.timed(
+        "commit: publish staged rows",
+        lambda: _write.commit(target, run, [staged], "ignore", content_type=plan.content_type),
+    )
     # Floors: the same rows into a bare table by COPY, and a bare set-wise publish.
     b.sql("CREATE TABLE {s}.floor_bare (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, payload text)")
     b.sql("CREATE UNLOGGED TABLE {s}.floor_stage (part bigint, seq int, payload bytea)")
@@ -669,7 +696,7 @@ def main() -> None:
         try:
             with Client(dsn, schema=schema, pool_size=1) as c:
                 c.migrate()
-                for q in ("q", "q_json", "warmup"):
+                for q in ("q_floor", "q", "q_json", "warmup"):  # the floor's queue id is below ours
                     c.create_queue(q)
             b.sql(
                 "CREATE TABLE {s}.bare (id bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY, payload text NOT NULL)"
@@ -696,6 +723,8 @@ def report(b: Bench) -> None:
         ("batch write, json / JDBC", "write lonnymq (payloadFormat=json)", "write jdbc (bare table)"),
         ("batch write, text / its floor", "write lonnymq (text)", "write floor (COPY + INSERT ... SELECT)"),
         ("write floor / JDBC", "write floor (COPY + INSERT ... SELECT)", "write jdbc (bare table)"),
+        ("batch write, text / floor into message", "write lonnymq (text)", FLOOR_MESSAGE),
+        ("floor into message / floor", FLOOR_MESSAGE, "write floor (COPY + INSERT ... SELECT)"),
         ("batch read / JDBC", "read lonnymq", "read jdbc (partitioned)"),
         ("batch read / its floor", "read lonnymq", "read floor (COPY bytes + Arrow)"),
         ("read floor / JDBC", "read floor (COPY bytes + Arrow)", "read jdbc (partitioned)"),

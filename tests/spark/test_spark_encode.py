@@ -35,7 +35,11 @@ def encode(
     plan = Plan.build(schema, options)
     batch = pa.RecordBatch.from_pydict(columns)
     names = ["part", "seq", *(c for c, _ in plan.copy_columns())]
-    return [dict(zip(names, row, strict=True)) for row in Encoder(plan).rows(batch, 9, 100)]
+    # The content type is not staged: the commit gets it once per write (Plan.content_type).
+    return [
+        {**dict(zip(names, row, strict=True)), "content_type": plan.content_type}
+        for row in Encoder(plan).rows(batch, 9, 100)
+    ]
 
 
 def test_all_columns_become_a_json_payload_and_meta_columns_are_taken_out() -> None:

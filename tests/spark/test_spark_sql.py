@@ -5,6 +5,7 @@ delivery log behind the streaming source. Time is passed as p_now, never slept."
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -31,6 +32,7 @@ def call(conn: Conn, schema: str, function: str, **params: Any) -> list[tuple[An
         "p_sink": "text",
         "p_on_conflict": "text",
         "p_retention_ms": "bigint",
+        "p_content_type": "text",
     }
     args = sql.SQL(", ").join(
         sql.SQL("{} => %s::{}").format(sql.Identifier(k), sql.SQL(casts.get(k, "bigint")))  # type: ignore[arg-type]
@@ -88,6 +90,84 @@ def test_commit_moves_exactly_the_reported_parts_in_order(client: Client, conn: 
     assert payloads(client) == ["b0", "b1", "a0", "a1", "a2"]
     assert staged(conn, schema) == [d]
     assert len({m.enqueued_at for m in client.peek("q", 10)}) == 1
+
+
+def test_commit_truncates_staging_only_when_it_holds_nothing_else(
+    client: Client, conn: Conn, schema: str, dsn: str
+) -> None:
+    """A commit whose write is all that staging holds truncates it (a new file: no row is
+    marked deleted). Another write's part, or a task still staging in an open transaction,
+    keeps the row-by-row DELETE, without waiting for that task, and their rows survive."""
+    client.create_queue("q")
+    # A commit that waited for the open task below would fall back to the DELETE too, late.
+    conn.execute("SET lock_timeout = '3s'")
+
+    def relfile() -> int:
+        q = "SELECT pg_relation_filenode(%s::regclass)"
+        [(node,)] = conn.execute(q, (f'"{schema}".spark_stage',)).fetchall()
+        return int(node)
+
+    def commit(run: uuid.UUID, part: int, n: int) -> None:
+        [row] = call(conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[part], p_counts=[n])
+        assert row[0] == n
+
+    run = uuid.uuid4()
+    stage(conn, schema, run, 1, ["a", "b"])
+    stage(conn, schema, run, 2, ["failed attempt"])
+    before = relfile()
+    commit(run, 1, 2)
+    assert relfile() != before and staged(conn, schema) == []
+
+    run, other = uuid.uuid4(), uuid.uuid4()
+    stage(conn, schema, run, 3, ["c"])
+    stage(conn, schema, other, 4, ["other write"])
+    before = relfile()
+    commit(run, 3, 1)
+    assert relfile() == before and staged(conn, schema) == [4]
+    call(conn, schema, "spark_write_abort", p_run=other)
+
+    run = uuid.uuid4()
+    stage(conn, schema, run, 5, ["d"])
+    with psycopg.connect(dsn) as task:  # a task of another write, mid-COPY
+        stage(task, schema, uuid.uuid4(), 6, ["staging"])
+        before = relfile()
+        t = time.monotonic()
+        commit(run, 5, 1)
+        assert time.monotonic() - t < 2.5
+        assert relfile() == before
+        task.commit()
+    assert staged(conn, schema) == [6]
+    assert payloads(client) == ["a", "b", "c", "d"]
+
+
+def test_commit_gives_rows_without_a_content_type_the_writes_own(
+    client: Client, conn: Conn, schema: str
+) -> None:
+    """The writer stages no content type and gives it once per write (p_content_type); a row
+    staged with its own keeps it, on the set-wise path and through send_batch (a key)."""
+    client.create_queue("q")
+    s = sql.Identifier(schema)
+    for keyed in (False, True):
+        run = uuid.uuid4()
+        conn.execute(
+            sql.SQL("INSERT INTO {}.spark_stage_part (part, run_id, queue) VALUES (1, %s, 'q')").format(s),
+            (run,),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.spark_stage (part, seq, payload, content_type, key)"
+                " VALUES (1, 0, 'a', NULL, %s), (1, 1, 'b', 'text/csv', NULL)"
+            ).format(s),
+            ("k" if keyed else None,),
+        )
+        call(
+            conn, schema, "spark_write_commit", p_queue="q", p_run=run, p_parts=[1], p_counts=[2],
+            p_content_type="application/json",
+        )  # fmt: skip
+        got = conn.execute(
+            sql.SQL("SELECT m.key, m.content_type FROM {}.message m ORDER BY m.id DESC LIMIT 2").format(s)
+        ).fetchall()
+        assert got[::-1] == [("k" if keyed else None, "application/json"), (None, "text/csv")]
 
 
 def test_commit_fails_loudly_if_staging_was_lost(client: Client, conn: Conn, schema: str) -> None:
@@ -329,7 +409,7 @@ def test_privileges_follow_the_role_model(conn: Conn, schema: str) -> None:
     assert can(
         producer,
         "function",
-        "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint,bigint)",
+        "spark_write_commit(text,uuid,bigint[],bigint[],text,text,bigint,bigint,bigint,text)",
         "EXECUTE",
     )
     assert not can(

@@ -6,11 +6,12 @@ fresh random part id (registered with the write's run id in the same transaction
 Spark hands over, column by column, without a Python object per row (:class:`Encoder`). The
 driver's commit moves exactly the reported parts into the queue in one PostgreSQL transaction
 (``spark_write_commit``: set-wise, one INSERT ... SELECT per part, with every send rule:
-payload limits, priorities, keys, channels) and deletes everything the run staged, including
-the parts of failed or duplicate task attempts that Spark never reported. So a retried task
-cannot duplicate messages, a failed job enqueues nothing, and abort plus a sweeper clear
-leftovers. Streaming writes add a commit record per (sink, batch) in that same transaction, so
-a batch Spark replays after a restart is skipped.
+payload limits, priorities, keys, channels) and drops everything the run staged (a TRUNCATE
+when staging holds nothing else, else a DELETE), including the parts of failed or duplicate
+task attempts that Spark never reported. So a retried task cannot duplicate messages, a failed
+job enqueues nothing, and abort plus a sweeper clear leftovers. Streaming writes add a commit
+record per (sink, batch) in that same transaction, so a batch Spark replays after a restart is
+skipped.
 """
 
 from __future__ import annotations
@@ -128,9 +129,15 @@ class Plan:
         headers_string = "headers" in columns and isinstance(fields[columns["headers"]], StringType)
         return cls(payload, mode, row_columns, columns, headers_string, on_conflict)
 
+    @property
+    def content_type(self) -> str | None:
+        """The content type of every message of the write (None: a binary payload). Given to the
+        commit once, not staged with every row."""
+        return {"text": TEXT, "json_text": JSON, "binary": None, "json": JSON, "row_json": JSON}[self.mode]
+
     def copy_columns(self) -> list[tuple[str, str]]:
         """(staging column, type) written for this plan, after part and seq."""
-        cols = [("payload", "bytea"), ("content_type", "text")]
+        cols = [("payload", "bytea")]
         for name, typ in (
             ("kind", "text"),
             ("key", "text"),
@@ -216,9 +223,6 @@ class Encoder:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.ctype = {"text": TEXT, "json_text": JSON, "binary": None, "json": JSON, "row_json": JSON}[
-            plan.mode
-        ]
 
     def payloads(self, batch: pa.RecordBatch) -> pa.Array:
         plan = self.plan
@@ -295,10 +299,9 @@ class Encoder:
             raise errors.InvalidArgument(f"column {col!r}: headers are not JSON-serialisable: {e}") from None
 
     def columns(self, batch: pa.RecordBatch) -> dict[str, pa.Array]:
-        """The staging columns after part and seq (:meth:`Plan.copy_columns`) but content_type
-        (a constant: :attr:`ctype`), checked."""
+        """The staging columns after part and seq (:meth:`Plan.copy_columns`), checked."""
         out = {"payload": self.payloads(batch)}
-        for staged, _ in self.plan.copy_columns()[2:]:
+        for staged, _ in self.plan.copy_columns()[1:]:
             out[staged] = self.column(batch, {"at_ms": "at", "delay_ms": "delay"}.get(staged, staged))
         if "at_ms" in out and "delay_ms" in out:
             both = pc.and_(out["at_ms"].is_valid(), out["delay_ms"].is_valid())
@@ -310,9 +313,8 @@ class Encoder:
         """The staged rows as Python values (headers as dicts), in :meth:`Plan.copy_columns`
         order after part and seq: what :meth:`copy_data` serialises, for tests and debugging."""
         cols = self.columns(batch)
-        n = batch.num_rows
-        values: list[list[Any]] = [cols["payload"].to_pylist(), [self.ctype] * n]
-        for staged, _ in self.plan.copy_columns()[2:]:
+        values: list[list[Any]] = [cols["payload"].to_pylist()]
+        for staged, _ in self.plan.copy_columns()[1:]:
             v = cols[staged].to_pylist()
             values.append([None if h is None else json.loads(h) for h in v] if staged == "headers" else v)
         for i, row in enumerate(zip(*values, strict=True)):
@@ -327,8 +329,7 @@ class Encoder:
         rows.fixed(">i8", part)
         rows.fixed(">i4", np.arange(seq, seq + n, dtype=np.int64))
         rows.var(cols["payload"])
-        rows.constant(None if self.ctype is None else self.ctype.encode())
-        for staged, typ in self.plan.copy_columns()[2:]:
+        for staged, typ in self.plan.copy_columns()[1:]:
             if typ in _WIDTHS:
                 rows.nullable_fixed(_WIDTHS[typ], cols[staged])
             else:  # text; jsonb's binary form is a version byte (1) and the text
@@ -490,15 +491,18 @@ def commit(
     sink: str | None = None,
     batch_id: int | None = None,
     retention_ms: int = 7 * 86_400_000,
+    content_type: str | None = None,
 ) -> CommitResult:
-    """Move the reported parts into the queue in one transaction (see ``spark_write_commit``).
-    A replay of a committed sink batch or write id enqueues nothing and is logged."""
+    """Move the reported parts into the queue in one transaction (see ``spark_write_commit``),
+    with ``content_type`` (:attr:`Plan.content_type`) on every message. A replay of a committed
+    sink batch or write id enqueues nothing and is logged."""
     staged = [m for m in messages if isinstance(m, Staged) and m.rows > 0]
     with target.connect() as conn:
         [row] = target.call(
             conn,
             "spark_write_commit",
-            "%s::text, %s::uuid, %s::bigint[], %s::bigint[], %s::text, %s::text, %s::bigint, %s::bigint",
+            "%s::text, %s::uuid, %s::bigint[], %s::bigint[], %s::text, %s::text, %s::bigint, %s::bigint,"
+            " p_content_type => %s::text",
             (
                 target.queue,
                 run,
@@ -508,6 +512,7 @@ def commit(
                 sink,
                 batch_id,
                 retention_ms,
+                content_type,
             ),
         )
         conn.commit()
@@ -583,6 +588,7 @@ class BatchWriter(DataSourceArrowWriter):
             self.sink,
             None if self.sink is None else 0,
             self.retention_ms,
+            self.plan.content_type,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -628,6 +634,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
             staged[0].sink,
             batchId,
             self.retention_ms,
+            self.plan.content_type,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
