@@ -46,8 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from lonnymq import Client, shard
+from lonnymq.shard import catalog as shard_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import pgcluster
@@ -135,6 +137,42 @@ def per_call(direct_dsn: str, router_dsn: str, queue: str, seconds: float, round
     return out
 
 
+def hop_floor(direct_dsn: str, router_dsn: str, seconds: float, rounds: int) -> dict[str, Any]:
+    """The least a call through the router can cost over the same call made directly: a
+    function that does nothing (``SELECT 1`` in SQL) on the shard, called directly and through a
+    bare PL/Proxy function of the router's cluster (``RUN ON 0``: shard 0, none of LonnyMQ's
+    routing), one connection each, interleaved rounds, medians. Its difference in microseconds
+    is the hop's floor; a call that costs c directly can run through any router of this kind at
+    most c / (c + hop) as fast."""
+    noop = (
+        "CREATE OR REPLACE FUNCTION public.bench_noop(p_key text) RETURNS integer LANGUAGE sql AS 'SELECT 1'"
+    )
+    with psycopg.connect(direct_dsn, autocommit=True) as conn:
+        conn.execute(noop)
+    with psycopg.connect(router_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE FUNCTION public.bench_noop(p_key text) RETURNS integer LANGUAGE plproxy AS"
+                " $$ CLUSTER {}; RUN ON 0; $$"
+            ).format(sql.Literal(shard_catalog.cluster_name("lonnymq")))
+        )
+    rates: dict[str, list[float]] = {"direct": [], "router": []}
+    with psycopg.connect(direct_dsn, autocommit=True) as d, psycopg.connect(router_dsn, autocommit=True) as r:
+        for _ in range(rounds):
+            for mode, conn in (("direct", d), ("router", r)):
+                n, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    conn.execute("SELECT public.bench_noop(%s)", ("q",), prepare=True)
+                    n += 1
+                rates[mode].append(n / (time.perf_counter() - t0))
+    d_rate, r_rate = statistics.median(rates["direct"]), statistics.median(rates["router"])
+    return {
+        "direct_per_s": round(d_rate),
+        "router_per_s": round(r_rate),
+        "hop_us": round(1e6 / r_rate - 1e6 / d_rate),
+    }
+
+
 # -- 2. scale-out ------------------------------------------------------------------------------
 
 #: One single-message send per transaction, client i to its own queue PREFIX<i> (pgbench: C, so the
@@ -150,6 +188,23 @@ DRAIN_SCRIPT = (
     " FROM lonnymq.take('{prefix}' || :client_id, 1) AS t \\gset\n"
     "SELECT count(*) FROM lonnymq.ack('{prefix}' || :client_id, ARRAY[:mid]::bigint[], ARRAY[:mtok]::integer[]);\n"
 )
+
+#: The floor of the producers' case: the same single-message transactions with nothing of
+#: LonnyMQ's, one bare INSERT of the same payload into a plain table of the shard's database
+#: (one row per transaction, durable commits as configured): what one cluster and two clusters
+#: on this machine allow, measured in the same run.
+FLOOR_SCRIPT = (
+    "INSERT INTO public.bench_floor (client, payload) VALUES (:client_id, '{{\"n\": 1}}'::bytea);\n"
+)
+
+
+def create_floor(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS public.bench_floor"
+            " (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, client integer, payload bytea)"
+        )
+
 
 #: Messages put in each queue before a drain (a run drains far fewer).
 DRAIN_FILL = 4000
@@ -392,6 +447,8 @@ def print_direct(results: dict[str, Any]) -> None:
 
 
 def _ratios(row: dict[str, float]) -> None:
+    if "floor, 1 cluster" in row:
+        row["floor 2 clusters / 1"] = round(row["floor, 2 clusters"] / row["floor, 1 cluster"], 2)
     row["2 clusters / 1, direct"] = round(row["2 clusters, direct"] / row["1 cluster, direct"], 2)
     row["2 clusters / 1, router"] = round(row["2 clusters, router"] / row["1 cluster, router"], 2)
     row["router / direct, 2 clusters"] = round(row["2 clusters, router"] / row["2 clusters, direct"], 2)
@@ -446,6 +503,10 @@ def main() -> int:
             print("per-call cost (direct on shard 0 vs through the router)...", file=sys.stderr)
             load = os.getloadavg()[0]
             results["per_call"] = per_call(a.dsn, router.dsn, q0, call_seconds, rounds)
+            results["hop_floor"] = hop = hop_floor(a.dsn, router.dsn, call_seconds, rounds)
+            for r in results["per_call"].values():
+                # The best router/direct ratio a call of this direct cost allows (the floor's hop).
+                r["ceiling"] = round(r["direct_us_per_call"] / (r["direct_us_per_call"] + hop["hop_us"]), 3)
             results["per_call_load_average"] = [load, os.getloadavg()[0]]
         if "direct" in parts:
             print("direct=True: single calls...", file=sys.stderr)
@@ -485,6 +546,15 @@ def main() -> int:
             for name, runs in cases.items():
                 print(f"{n} producers, {name}...", file=sys.stderr)
                 row[name] = round(pgbench(runs, seconds, workdir))
+            for dsn in (a.dsn, b.dsn):
+                create_floor(dsn)
+            floors = {
+                "floor, 1 cluster": [(a.dsn, "", n)],
+                "floor, 2 clusters": [(a.dsn, "", n // 2), (b.dsn, "", n // 2)],
+            }
+            for name, runs in floors.items():
+                print(f"{n} producers, {name}...", file=sys.stderr)
+                row[name] = round(pgbench(runs, seconds, workdir, FLOOR_SCRIPT))
             _ratios(row)
             row["load average after"] = os.getloadavg()[0]
             scale[str(n)] = row
@@ -507,12 +577,21 @@ def main() -> int:
 
     if "per_call" in results:
         print("\n1. per call, one connection, queue on shard 0 (ops/s; us per message)")
-        print(f"{'call':<18}{'direct':>10}{'router':>10}{'ratio':>8}{'direct us':>11}{'router us':>11}")
+        print(
+            f"{'call':<18}{'direct':>10}{'router':>10}{'ratio':>8}{'direct us':>11}{'router us':>11}"
+            f"{'ceiling':>9}{'ratio/ceiling':>15}"
+        )
         for work, r in results["per_call"].items():
             print(
                 f"{work:<18}{r['direct_per_s']:>10}{r['router_per_s']:>10}{r['ratio']:>8}"
-                f"{r['direct_us_per_call']:>11}{r['router_us_per_call']:>11}"
+                f"{r['direct_us_per_call']:>11}{r['router_us_per_call']:>11}{r['ceiling']:>9}"
+                f"{round(r['ratio'] / r['ceiling'], 3):>15}"
             )
+        hop = results["hop_floor"]
+        print(
+            f"hop floor: a no-op function {hop['direct_per_s']}/s direct, {hop['router_per_s']}/s through a bare"
+            f" PL/Proxy function: {hop['hop_us']} us a call (ceiling = direct us / (direct us + hop))"
+        )
     if scale:
         _table("2. single-message producers, messages/s", "producers", scale)
     if drains:
