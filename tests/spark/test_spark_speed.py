@@ -330,6 +330,40 @@ def test_packed_stream_read_returns_what_spark_stream_read_returns(
     assert list(other.read(chunks)) == []
 
 
+def _scans(plan: dict[str, Any], relation: str) -> int:
+    """How many times the plan's scans of ``relation`` ran (EXPLAIN ANALYZE's loops)."""
+    own = plan.get("Actual Loops", 0) if plan.get("Relation Name") == relation else 0
+    return own + sum(_scans(p, relation) for p in plan.get("Plans", []))
+
+
+def test_a_stream_page_probes_only_its_own_rows(conn: Conn, client: Client, schema: str) -> None:
+    """A page of a stream chunk looks up only the messages it returns: the chunk's positions
+    are sorted before the join, so the page's LIMIT stops the lookups (joined first and sorted
+    after, a page of 5 looked up all 30 messages of its chunk)."""
+    client.create_queue("q")
+    client.send_batch("q", [{"n": i} for i in range(30)])
+    s = sql.Identifier(schema)
+    stream = uuid.uuid4()
+    conn.execute(sql.SQL("SELECT {}.spark_stream_next(%s, 'q', 0, NULL, 30)").format(s), (stream,))
+    [(text,)] = conn.execute(
+        sql.SQL("SELECT {s}._spark_pack_sql({s}._spark_stream_sql(true) || ' LIMIT $5', 'ord', %s)").format(
+            s=s
+        ),
+        (["id", "payload"],),
+    ).fetchall()
+    conn.execute(sql.SQL("PREPARE page (uuid, bigint, integer, bigint, integer) AS ") + sql.SQL(text))
+    conn.execute("SET enable_seqscan = off")  # 30 rows: a scan of them all would be the cheapest
+    for after, limit, rows in ((0, 5, 5), (5, 5, 5), (25, 10, 5)):
+        [(plan,)] = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE page({}, 1, 0, {}, {})").format(
+                str(stream), after, limit
+            )
+        ).fetchall()
+        assert _scans(plan[0]["Plan"], "message_logged") == rows
+    [(n, last, packed)] = conn.execute(sql.SQL("EXECUTE page({}, 1, 0, 5, 5)").format(str(stream))).fetchall()
+    assert (n, last) == (5, 10) and len(packed[0]) == 5 * 8
+
+
 def test_default_partitions_follow_the_cores_and_the_data(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     assert _read.default_partitions(1) == 1

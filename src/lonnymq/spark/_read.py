@@ -258,7 +258,10 @@ def _pages(
     """The pages of a packed read as Arrow batches: the query is run again with parameter
     ``cursor`` past the last key of the page before, until a page is empty. Each page is a
     savepoint (a transaction on an autocommit connection), so one that PostgreSQL finds too
-    large is asked again, smaller, in the same snapshot."""
+    large is asked again, smaller, in the same snapshot. A page of fewer rows than asked is the
+    last: the query stops short of its LIMIT only when nothing is left after it (both keys, id
+    and ord, are scanned to the end before a page comes back short), so no empty page is asked
+    for after it."""
     params["p_limit"] = min(_FIRST_PAGE, _PAGE_ROWS)
     with conn.cursor(binary=True) as cur:
         while True:
@@ -274,6 +277,8 @@ def _pages(
                 return
             n, last, packed = row
             yield arrow.batch(n, packed, target.queue)
+            if n < params["p_limit"]:
+                return
             size = sum(len(b) for b in packed if b)
             params["p_limit"] = max(1, min(_PAGE_ROWS, _PAGE_BYTES * n // max(size, 1)))
             params[cursor] = last + 1 if cursor == "p_lo" else last

@@ -508,20 +508,26 @@ END $$;
 -- The query behind spark_stream_read and spark_stream_read_packed: the deliveries of chunk $3
 -- of batch $2 of stream $1 that are still this stream's (token matches), as the read columns of
 -- spark_read_messages, in delivery order; with p_paged also their position in the chunk (ord),
--- only those after $4. Builds constant text: IMMUTABLE.
+-- only those after $4. The chunk's (id, token, ord) are sorted by ord in a subquery (which the
+-- planner keeps: it has an ORDER BY), so the message rows are probed in that order by a nested
+-- loop that a page's LIMIT stops: joined first and sorted after, a page of 2,000 rows probed all
+-- 10,000 of its chunk and sorted their payloads (a chunk read in 2 pages probed 18,000 rows).
+-- Builds constant text: IMMUTABLE.
 CREATE OR REPLACE FUNCTION {schema}._spark_stream_sql(p_paged boolean) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT 'SELECT q.name, m.id, ''leased''::text, m.payload, m.content_type, m.kind, m.key, m.channel,'
+    SELECT 'SELECT t.name, m.id, ''leased''::text, m.payload, m.content_type, m.kind, m.key, m.channel,'
         || ' m.headers::text, m.priority, m.attempts, m.deliveries, m.enqueued_at, m.scheduled_at,'
         || ' m.dequeue_at, NULL::bigint, m.last_error, m.state::text'
         || CASE WHEN p_paged THEN ', t.ord' ELSE '' END
+        || ' FROM (SELECT q.name, q.id AS queue_id, u.id, u.token, u.ord'
         || ' FROM {schema}.spark_stream_batch b'
         || ' JOIN {schema}.spark_stream s ON s.stream_id = b.stream_id'
         || ' JOIN {schema}.queue q ON q.name = s.queue'
-        || ' CROSS JOIN LATERAL unnest(b.ids, b.tokens) WITH ORDINALITY AS t(id, token, ord)'
-        || ' JOIN {schema}.message m ON m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token'
+        || ' CROSS JOIN LATERAL unnest(b.ids, b.tokens) WITH ORDINALITY AS u(id, token, ord)'
         || ' WHERE b.stream_id = $1 AND b.batch_id = $2 AND b.chunk = $3'
-        || CASE WHEN p_paged THEN ' AND t.ord > $4' ELSE '' END
+        || CASE WHEN p_paged THEN ' AND u.ord > $4' ELSE '' END
+        || ' ORDER BY u.ord) t'
+        || ' JOIN {schema}.message m ON m.queue_id = t.queue_id AND m.id = t.id AND m.deliveries = t.token'
         || ' ORDER BY t.ord'
 $$;
 
