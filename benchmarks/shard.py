@@ -173,6 +173,49 @@ def hop_floor(direct_dsn: str, router_dsn: str, seconds: float, rounds: int) -> 
     }
 
 
+def send_floor(direct_dsn: str, router_dsn: str, queue: str, seconds: float, rounds: int) -> dict[str, Any]:
+    """The same for ``send`` itself: ``lonnymq.send(queue, payload)`` on the shard directly, through
+    a bare PL/Proxy function with ``send``'s own signature (``RUN ON 0; TARGET lonnymq.send``: PL/Proxy's
+    own cost for this call, its arguments and its unprepared query on the shard, without LonnyMQ's
+    routing function), and through the router's ``lonnymq.send``; raw SQL, one connection each,
+    interleaved rounds, medians, microseconds a call. The queue must live on shard 0."""
+    with psycopg.connect(router_dsn, autocommit=True) as conn:
+        args, result = conn.execute(
+            "SELECT pg_get_function_arguments(%s::regprocedure), pg_get_function_result(%s::regprocedure)",
+            ("lonnymq.send(text,bytea,text,text,jsonb,bigint,bigint,smallint,text,text,text,uuid,bigint)",)
+            * 2,
+        ).fetchone() or ("", "")
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE FUNCTION public.bench_send({}) RETURNS {} LANGUAGE plproxy AS"
+                " $$ CLUSTER {}; RUN ON 0; TARGET lonnymq.send; $$"
+            ).format(sql.SQL(args), sql.SQL(result), sql.Literal(shard_catalog.cluster_name("lonnymq")))
+        )
+    calls = {
+        "direct": (direct_dsn, "SELECT * FROM lonnymq.send(%s, %s)"),
+        "bare PL/Proxy": (router_dsn, "SELECT * FROM public.bench_send(%s, %s)"),
+        "router": (router_dsn, "SELECT * FROM lonnymq.send(%s, %s)"),
+    }
+    us: dict[str, list[float]] = {name: [] for name in calls}
+    conns = {name: psycopg.connect(dsn, autocommit=True) for name, (dsn, _) in calls.items()}
+    try:
+        for _ in range(rounds):
+            for name, (_, query) in calls.items():
+                n, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    conns[name].execute(query, (queue, b'{"n": 1}'), prepare=True)
+                    n += 1
+                us[name].append(1e6 * (time.perf_counter() - t0) / n)
+    finally:
+        for conn in conns.values():
+            conn.close()
+    out = {f"{name}_us": round(statistics.median(v)) for name, v in us.items()}
+    out["ceiling"] = round(out["direct_us"] / out["bare PL/Proxy_us"], 3)
+    out["router / direct"] = round(out["direct_us"] / out["router_us"], 3)
+    out["router / bare PL/Proxy"] = round(out["bare PL/Proxy_us"] / out["router_us"], 3)
+    return out
+
+
 # -- 2. scale-out ------------------------------------------------------------------------------
 
 #: One single-message send per transaction, client i to its own queue PREFIX<i> (pgbench: C, so the
@@ -504,6 +547,7 @@ def main() -> int:
             load = os.getloadavg()[0]
             results["per_call"] = per_call(a.dsn, router.dsn, q0, call_seconds, rounds)
             results["hop_floor"] = hop = hop_floor(a.dsn, router.dsn, call_seconds, rounds)
+            results["send_floor"] = send_floor(a.dsn, router.dsn, q0, call_seconds, rounds)
             for r in results["per_call"].values():
                 # The best router/direct ratio a call of this direct cost allows (the floor's hop).
                 r["ceiling"] = round(r["direct_us_per_call"] / (r["direct_us_per_call"] + hop["hop_us"]), 3)
@@ -591,6 +635,12 @@ def main() -> int:
         print(
             f"hop floor: a no-op function {hop['direct_per_s']}/s direct, {hop['router_per_s']}/s through a bare"
             f" PL/Proxy function: {hop['hop_us']} us a call (ceiling = direct us / (direct us + hop))"
+        )
+        sf = results["send_floor"]
+        print(
+            f"send in raw SQL: {sf['direct_us']} us direct, {sf['bare PL/Proxy_us']} us through a bare PL/Proxy"
+            f" function (ceiling {sf['ceiling']}), {sf['router_us']} us through the router: router / direct"
+            f" {sf['router / direct']}, router / bare PL/Proxy {sf['router / bare PL/Proxy']}"
         )
     if scale:
         _table("2. single-message producers, messages/s", "producers", scale)
