@@ -173,46 +173,88 @@ def hop_floor(direct_dsn: str, router_dsn: str, seconds: float, rounds: int) -> 
     }
 
 
-def send_floor(direct_dsn: str, router_dsn: str, queue: str, seconds: float, rounds: int) -> dict[str, Any]:
-    """The same for ``send`` itself: ``lonnymq.send(queue, payload)`` on the shard directly, through
-    a bare PL/Proxy function with ``send``'s own signature (``RUN ON 0; TARGET lonnymq.send``: PL/Proxy's
-    own cost for this call, its arguments and its unprepared query on the shard, without LonnyMQ's
-    routing function), and through the router's ``lonnymq.send``; raw SQL, one connection each,
-    interleaved rounds, medians, microseconds a call. The queue must live on shard 0."""
+#: The calls whose PL/Proxy floor is measured, by their signature in the router's schema.
+FLOOR_CALLS = {
+    "send": "lonnymq.send(text,bytea,text,text,jsonb,bigint,bigint,smallint,text,text,text,uuid,bigint)",
+    "take": "lonnymq.take(text,integer,bigint,bigint[],integer[],bigint)",
+    "ack": "lonnymq.ack(text,bigint[],integer[],boolean,bigint)",
+}
+
+
+def call_floors(direct_dsn: str, router_dsn: str, queue: str, seconds: float, rounds: int) -> dict[str, Any]:
+    """The same for the calls themselves: ``send(queue, payload)`` and a take of one message
+    plus its ack, in raw SQL on the shard directly, through bare PL/Proxy functions with the
+    calls' own signatures (``RUN ON 0; TARGET lonnymq.<call>``: PL/Proxy's own cost for these
+    calls, their arguments and their unprepared queries on the shard, without LonnyMQ's routing
+    functions), and through the router's own functions; one connection each, interleaved
+    rounds, medians, microseconds a send or a take + ack (the queue refilled outside the
+    timing). The queue must live on shard 0."""
+    cluster = sql.Literal(shard_catalog.cluster_name("lonnymq"))
     with psycopg.connect(router_dsn, autocommit=True) as conn:
-        args, result = conn.execute(
-            "SELECT pg_get_function_arguments(%s::regprocedure), pg_get_function_result(%s::regprocedure)",
-            ("lonnymq.send(text,bytea,text,text,jsonb,bigint,bigint,smallint,text,text,text,uuid,bigint)",)
-            * 2,
-        ).fetchone() or ("", "")
-        conn.execute(
-            sql.SQL(
-                "CREATE OR REPLACE FUNCTION public.bench_send({}) RETURNS {} LANGUAGE plproxy AS"
-                " $$ CLUSTER {}; RUN ON 0; TARGET lonnymq.send; $$"
-            ).format(sql.SQL(args), sql.SQL(result), sql.Literal(shard_catalog.cluster_name("lonnymq")))
-        )
-    calls = {
-        "direct": (direct_dsn, "SELECT * FROM lonnymq.send(%s, %s)"),
-        "bare PL/Proxy": (router_dsn, "SELECT * FROM public.bench_send(%s, %s)"),
-        "router": (router_dsn, "SELECT * FROM lonnymq.send(%s, %s)"),
+        for name, signature in FLOOR_CALLS.items():
+            args, result = conn.execute(
+                "SELECT pg_get_function_arguments(%s::regprocedure), pg_get_function_result(%s::regprocedure)",
+                (signature, signature),
+            ).fetchone() or ("", "")
+            conn.execute(
+                sql.SQL(
+                    "CREATE OR REPLACE FUNCTION public.{}({}) RETURNS {} LANGUAGE plproxy AS"
+                    " $$ CLUSTER {}; RUN ON 0; TARGET lonnymq.{}; $$"
+                ).format(
+                    sql.Identifier(f"bench_{name}"),
+                    sql.SQL(args),
+                    sql.SQL(result),
+                    cluster,
+                    sql.SQL(name),  # PL/Proxy's TARGET takes no quoted name (FLOOR_CALLS' keys)
+                )
+            )
+    modes = {
+        "direct": (direct_dsn, "lonnymq"),
+        "bare PL/Proxy": (router_dsn, "public.bench_"),
+        "router": (router_dsn, "lonnymq"),
     }
-    us: dict[str, list[float]] = {name: [] for name in calls}
-    conns = {name: psycopg.connect(dsn, autocommit=True) for name, (dsn, _) in calls.items()}
+    us: dict[str, dict[str, list[float]]] = {w: {m: [] for m in modes} for w in ("send", "take+ack")}
+    conns = {mode: psycopg.connect(dsn, autocommit=True) for mode, (dsn, _) in modes.items()}
+    refill = psycopg.connect(direct_dsn, autocommit=True)
+
+    def fn(prefix: str, call: str) -> str:
+        return f"{prefix}.{call}" if prefix == "lonnymq" else f"{prefix}{call}"
+
     try:
         for _ in range(rounds):
-            for name, (_, query) in calls.items():
+            for mode, (_, prefix) in modes.items():
+                conn = conns[mode]
+                send = f"SELECT * FROM {fn(prefix, 'send')}(%s, %s)"
                 n, t0 = 0, time.perf_counter()
                 while time.perf_counter() - t0 < seconds:
-                    conns[name].execute(query, (queue, b'{"n": 1}'), prepare=True)
+                    conn.execute(send, (queue, b'{"n": 1}'), prepare=True)
                     n += 1
-                us[name].append(1e6 * (time.perf_counter() - t0) / n)
+                us["send"][mode].append(1e6 * (time.perf_counter() - t0) / n)
+                take = f"SELECT id, token FROM {fn(prefix, 'take')}(%s, 1)"
+                ack = f"SELECT * FROM {fn(prefix, 'ack')}(%s, %s, %s)"
+                n, spent = 0, 0.0
+                while spent < seconds:
+                    t0 = time.perf_counter()
+                    got = conn.execute(take, (queue,), prepare=True).fetchall()
+                    if got:
+                        conn.execute(ack, (queue, [got[0][0]], [got[0][1]]), prepare=True)
+                        spent += time.perf_counter() - t0
+                        n += 1
+                    else:  # refill, untimed
+                        refill.execute(
+                            "SELECT count(*) FROM lonnymq.send_batch(%s, %s)", (queue, [b'{"n": 1}'] * 500)
+                        )
+                us["take+ack"][mode].append(1e6 * spent / max(n, 1))
     finally:
-        for conn in conns.values():
+        for conn in (*conns.values(), refill):
             conn.close()
-    out = {f"{name}_us": round(statistics.median(v)) for name, v in us.items()}
-    out["ceiling"] = round(out["direct_us"] / out["bare PL/Proxy_us"], 3)
-    out["router / direct"] = round(out["direct_us"] / out["router_us"], 3)
-    out["router / bare PL/Proxy"] = round(out["bare PL/Proxy_us"] / out["router_us"], 3)
+    out: dict[str, Any] = {}
+    for work, by_mode in us.items():
+        r = {f"{mode}_us": round(statistics.median(v)) for mode, v in by_mode.items()}
+        r["ceiling"] = round(r["direct_us"] / r["bare PL/Proxy_us"], 3)
+        r["router / direct"] = round(r["direct_us"] / r["router_us"], 3)
+        r["router / bare PL/Proxy"] = round(r["bare PL/Proxy_us"] / r["router_us"], 3)
+        out[work] = r
     return out
 
 
@@ -547,7 +589,7 @@ def main() -> int:
             load = os.getloadavg()[0]
             results["per_call"] = per_call(a.dsn, router.dsn, q0, call_seconds, rounds)
             results["hop_floor"] = hop = hop_floor(a.dsn, router.dsn, call_seconds, rounds)
-            results["send_floor"] = send_floor(a.dsn, router.dsn, q0, call_seconds, rounds)
+            results["call_floors"] = call_floors(a.dsn, router.dsn, q0, call_seconds, rounds)
             for r in results["per_call"].values():
                 # The best router/direct ratio a call of this direct cost allows (the floor's hop).
                 r["ceiling"] = round(r["direct_us_per_call"] / (r["direct_us_per_call"] + hop["hop_us"]), 3)
@@ -636,12 +678,12 @@ def main() -> int:
             f"hop floor: a no-op function {hop['direct_per_s']}/s direct, {hop['router_per_s']}/s through a bare"
             f" PL/Proxy function: {hop['hop_us']} us a call (ceiling = direct us / (direct us + hop))"
         )
-        sf = results["send_floor"]
-        print(
-            f"send in raw SQL: {sf['direct_us']} us direct, {sf['bare PL/Proxy_us']} us through a bare PL/Proxy"
-            f" function (ceiling {sf['ceiling']}), {sf['router_us']} us through the router: router / direct"
-            f" {sf['router / direct']}, router / bare PL/Proxy {sf['router / bare PL/Proxy']}"
-        )
+        for work, sf in results["call_floors"].items():
+            print(
+                f"{work} in raw SQL: {sf['direct_us']} us direct, {sf['bare PL/Proxy_us']} us through bare"
+                f" PL/Proxy functions (ceiling {sf['ceiling']}), {sf['router_us']} us through the router:"
+                f" router / direct {sf['router / direct']}, router / bare PL/Proxy {sf['router / bare PL/Proxy']}"
+            )
     if scale:
         _table("2. single-message producers, messages/s", "producers", scale)
     if drains:
