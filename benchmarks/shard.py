@@ -83,6 +83,24 @@ def queue_on(router_dsn: str, shard_index: int, shards: int, prefix: str, taken:
 # -- 1. per-call cost --------------------------------------------------------------------------
 
 
+def per_second(call: Callable[[], int], seconds: float) -> float:
+    """Units per second of ``call`` (which returns how many it did), called for ``seconds``."""
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        done += call()
+    return done / (time.perf_counter() - t0)
+
+
+def one_statement(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...]) -> Callable[[], int]:
+    """A call for :func:`per_second`: ``query`` with ``params`` on ``conn`` (prepared), one unit."""
+
+    def call() -> int:
+        conn.execute(query, params, prepare=True)
+        return 1
+
+    return call
+
+
 def per_call(direct_dsn: str, router_dsn: str, queue: str, seconds: float, rounds: int) -> dict[str, Any]:
     """ops/s of each call made directly and through the router (medians of ``rounds``)."""
     clients = {"direct": Client(direct_dsn, pool_size=1), "router": Client(router_dsn, pool_size=1)}
@@ -113,12 +131,7 @@ def per_call(direct_dsn: str, router_dsn: str, queue: str, seconds: float, round
         for _ in range(rounds):
             for work, make in works.items():
                 for mode, c in clients.items():
-                    fn = make(c)
-                    done = 0
-                    t0 = time.perf_counter()
-                    while time.perf_counter() - t0 < seconds:
-                        done += fn()
-                    results[work][mode].append(done / (time.perf_counter() - t0))
+                    results[work][mode].append(per_second(make(c), seconds))
                     if work.startswith("batch"):
                         clients["direct"].purge_queue(queue)
     finally:
@@ -160,11 +173,9 @@ def hop_floor(direct_dsn: str, router_dsn: str, seconds: float, rounds: int) -> 
     with psycopg.connect(direct_dsn, autocommit=True) as d, psycopg.connect(router_dsn, autocommit=True) as r:
         for _ in range(rounds):
             for mode, conn in (("direct", d), ("router", r)):
-                n, t0 = 0, time.perf_counter()
-                while time.perf_counter() - t0 < seconds:
-                    conn.execute("SELECT public.bench_noop(%s)", ("q",), prepare=True)
-                    n += 1
-                rates[mode].append(n / (time.perf_counter() - t0))
+                rates[mode].append(
+                    per_second(one_statement(conn, "SELECT public.bench_noop(%s)", ("q",)), seconds)
+                )
     d_rate, r_rate = statistics.median(rates["direct"]), statistics.median(rates["router"])
     return {
         "direct_per_s": round(d_rate),
@@ -208,30 +219,25 @@ def call_floors(direct_dsn: str, router_dsn: str, queue: str, seconds: float, ro
                     sql.SQL(name),  # PL/Proxy's TARGET takes no quoted name (FLOOR_CALLS' keys)
                 )
             )
+    #: Each way's DSN and the function it calls for a call ``{}``.
     modes = {
-        "direct": (direct_dsn, "lonnymq"),
-        "bare PL/Proxy": (router_dsn, "public.bench_"),
-        "router": (router_dsn, "lonnymq"),
+        "direct": (direct_dsn, "lonnymq.{}"),
+        "bare PL/Proxy": (router_dsn, "public.bench_{}"),
+        "router": (router_dsn, "lonnymq.{}"),
     }
     us: dict[str, dict[str, list[float]]] = {w: {m: [] for m in modes} for w in ("send", "take+ack")}
     conns = {mode: psycopg.connect(dsn, autocommit=True) for mode, (dsn, _) in modes.items()}
     refill = psycopg.connect(direct_dsn, autocommit=True)
-
-    def fn(prefix: str, call: str) -> str:
-        return f"{prefix}.{call}" if prefix == "lonnymq" else f"{prefix}{call}"
-
     try:
         for _ in range(rounds):
-            for mode, (_, prefix) in modes.items():
+            for mode, (_, function) in modes.items():
                 conn = conns[mode]
-                send = f"SELECT * FROM {fn(prefix, 'send')}(%s, %s)"
-                n, t0 = 0, time.perf_counter()
-                while time.perf_counter() - t0 < seconds:
-                    conn.execute(send, (queue, b'{"n": 1}'), prepare=True)
-                    n += 1
-                us["send"][mode].append(1e6 * (time.perf_counter() - t0) / n)
-                take = f"SELECT id, token FROM {fn(prefix, 'take')}(%s, 1)"
-                ack = f"SELECT * FROM {fn(prefix, 'ack')}(%s, %s, %s)"
+                send = one_statement(
+                    conn, f"SELECT * FROM {function.format('send')}(%s, %s)", (queue, b'{"n": 1}')
+                )
+                us["send"][mode].append(1e6 / per_second(send, seconds))
+                take = f"SELECT id, token FROM {function.format('take')}(%s, 1)"
+                ack = f"SELECT * FROM {function.format('ack')}(%s, %s, %s)"
                 n, spent = 0, 0.0
                 while spent < seconds:
                     t0 = time.perf_counter()
@@ -616,6 +622,9 @@ def main() -> int:
         scale: dict[str, dict[str, float]] = {}
         drains: dict[str, dict[str, float]] = {}
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lonnymq-shard-bench-")))
+        if "scale" in parts:
+            for dsn in (a.dsn, b.dsn):
+                create_floor(dsn)
         for n in levels if "scale" in parts else []:
             both = balanced_prefix(router.dsn, n, 2, f"p{n}x")  # n/2 queues on each shard
             create_queues(router.dsn, both, n)
@@ -632,8 +641,6 @@ def main() -> int:
             for name, runs in cases.items():
                 print(f"{n} producers, {name}...", file=sys.stderr)
                 row[name] = round(pgbench(runs, seconds, workdir))
-            for dsn in (a.dsn, b.dsn):
-                create_floor(dsn)
             floors = {
                 "floor, 1 cluster": [(a.dsn, "", n)],
                 "floor, 2 clusters": [(a.dsn, "", n // 2), (b.dsn, "", n // 2)],

@@ -140,22 +140,15 @@ def main() -> None:
                     part,
                     run_id,
                 )
-                run(
-                    "INSERT INTO {s}.spark_stage (part, seq, payload)"
-                    " SELECT %s, i - %s, {payload} FROM generate_series(%s::int, %s::int) i",
-                    part,
-                    lo,
-                    lo,
-                    lo + rows - 1,
-                )
-                run(
-                    "INSERT INTO {s}.wfloor_stage (part, seq, payload)"
-                    " SELECT %s, i - %s, {payload} FROM generate_series(%s::int, %s::int) i",
-                    part,
-                    lo,
-                    lo,
-                    lo + rows - 1,
-                )
+                for stage in ("spark_stage", "wfloor_stage"):  # the same rows in both
+                    run(
+                        "INSERT INTO {s}." + stage + " (part, seq, payload)"
+                        " SELECT %s, i - %s, {payload} FROM generate_series(%s::int, %s::int) i",
+                        part,
+                        lo,
+                        lo,
+                        lo + rows - 1,
+                    )
             names = list(phases) if rep % 2 == 0 else list(phases)[::-1]
             for name in names:
                 fn, tables = phases[name]

@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.once, pytest.mark.slow]
         "worker_throughput.py",
         "spark_enqueue.py",
         "spark_jdbc.py",
+        "spark_write_commit.py",
         "held_snapshot.py",
         "producers.py",
         "pgmq_facade.py",
