@@ -86,7 +86,7 @@ DEFAULTS = {
     "full_page_writes": "on",
 }
 #: The systems of the concurrent series ("lonnymq-nocheck": the client without its pool's check).
-SYSTEMS = ("lonnymq", "lonnymq-nocheck", "pgmq")
+SYSTEMS = ("lonnymq", "lonnymq-nocheck", "floor", "pgmq")
 SHOWN_SETTINGS = ("server_version", "max_connections", "max_locks_per_transaction", "shared_buffers", "fsync")
 
 S = sql.Identifier(SCHEMA)
@@ -397,10 +397,98 @@ def pgmq_worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Calla
             return 1, False
 
         def take_ack(q: str) -> tuple[int, bool]:
-            row = conn.execute("SELECT msg_id FROM pgmq.read(%s::text, 30, 1)", [q]).fetchone()
+            # The whole message, as pgmq's own client reads it (its jsonb decoded by psycopg).
+            row = conn.execute("SELECT * FROM pgmq.read(%s::text, 30, 1)", [q]).fetchone()
             if row is None:
                 return 0, True
             conn.execute("SELECT pgmq.delete(%s::text, %s::bigint)", [q, row[0]])
+            return 1, False
+
+        def work() -> dict[str, Any]:
+            out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
+            conn.close()
+            return out
+
+        return work
+
+    return prepare
+
+
+# The floor of the concurrent series: what send(), take(1) and ack() write, as plain statements on
+# LonnyMQ's own tables from a bare connection (no function call, no queue lookup by name: the
+# queues' ids are read once; no generation hold, wake-up check, fencing beyond the token match,
+# dead-lettering or argument checks). A send: the message row and its queue_stat row; a take: the
+# lease (UPDATE of the first ready row, FOR UPDATE SKIP LOCKED); an ack: the DELETE, ack's memory
+# of it (settled, for an idempotent repeat) and its queue_stat row. The rows LonnyMQ's guarantees
+# need, at their least: where LonnyMQ is measured against pgmq, this is the most it could reach.
+_NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+FLOOR_SEND = sql.SQL(
+    "WITH now AS (SELECT " + _NOW + " AS ms),"
+    " ins AS (INSERT INTO {s}.message (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at, priority,"
+    "                                 content_type, payload)"
+    "         SELECT %(q)s, nextval({seq}), g.last_value, now.ms, now.ms, now.ms, 0, 'application/json', %(p)b"
+    "           FROM now, {s}.message_gen_seq g"
+    "         RETURNING id, enqueued_at),"
+    " st AS (INSERT INTO {s}.queue_stat (queue_id, minute, sent) SELECT %(q)s, ins.enqueued_at / 60000, 1 FROM ins)"
+    " SELECT id FROM ins"
+).format(s=S, seq=sql.Literal(f"{SCHEMA}.message_id_seq"))
+FLOOR_TAKE = sql.SQL(
+    "UPDATE {s}.message m SET dequeue_at = %(now)s + 30000, attempts = m.attempts + 1,"
+    "       deliveries = m.deliveries + 1, leased = true"
+    " WHERE m.ctid = (SELECT x.ctid FROM {s}.message x"
+    "                  WHERE x.gen = (SELECT last_value FROM {s}.message_gen_seq) AND x.queue_id = %(q)s"
+    "                    AND x.channel IS NULL AND x.dequeue_at <= %(now)s"
+    "                  ORDER BY x.dequeue_at, x.id LIMIT 1 FOR UPDATE OF x SKIP LOCKED)"
+    "   AND m.queue_id = %(q)s"
+    " RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at, m.priority,"
+    "           m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload"
+).format(s=S)
+FLOOR_ACK = sql.SQL(
+    "WITH now AS (SELECT " + _NOW + " AS ms),"
+    " d AS (DELETE FROM {s}.message m WHERE m.queue_id = %(q)s AND m.id = %(id)s AND m.deliveries = %(token)s"
+    "         AND m.leased RETURNING m.id, m.deliveries),"
+    " k AS (INSERT INTO {s}.settled (queue_id, id, token, outcome, settled_at)"
+    "       SELECT %(q)s, d.id, d.deliveries, 'acked', now.ms FROM d, now),"
+    " st AS (INSERT INTO {s}.queue_stat (queue_id, minute, acked)"
+    "        SELECT %(q)s, (SELECT ms FROM now) / 60000, count(*) FROM d HAVING count(*) > 0)"
+    " SELECT id FROM d"
+).format(s=S)
+
+
+def floor_worker(
+    dsn: str, names: Sequence[str], procs: int, phase: str
+) -> Callable[[Ctx], Callable[[], Any]]:
+    def prepare(ctx: Ctx) -> Callable[[], Any]:
+        queues = _mine(names, ctx.index, procs)
+        conn = psycopg.connect(dsn, autocommit=True)
+        # The planner settings take() and ack() run with (their SET clauses): without them a plan
+        # made from the backlog's statistics sorts the queue's rows instead of reading the index.
+        for setting in (
+            "plan_cache_mode = force_generic_plan",
+            "enable_seqscan = off",
+            "enable_sort = off",
+            "jit = off",
+        ):
+            conn.execute(sql.SQL("SET " + setting))  # type: ignore[arg-type]
+        ids = dict(
+            conn.execute(
+                sql.SQL("SELECT name, id FROM {s}.queue WHERE name = ANY (%s)").format(s=S), [queues]
+            )
+        )
+        body = json.dumps(PAYLOAD).encode()
+        backend = conn.info.backend_pid
+
+        def send(q: str) -> tuple[int, bool]:
+            conn.execute(FLOOR_SEND, {"q": ids[q], "p": body}).fetchall()
+            return 1, False
+
+        def take_ack(q: str) -> tuple[int, bool]:
+            now = int(time.time() * 1000)  # (a parameter, as LonnyMQ's take has it: an index bound)
+            row = conn.execute(FLOOR_TAKE, {"q": ids[q], "now": now}, binary=True).fetchone()
+            if row is None:
+                return 0, True
+            json.loads(row[-1])  # the payload, decoded as the clients do
+            conn.execute(FLOOR_ACK, {"q": ids[q], "id": row[0], "token": row[2]}, binary=True).fetchall()
             return 1, False
 
         def work() -> dict[str, Any]:
@@ -480,7 +568,7 @@ def reset(dsn: str, system: str, names: Sequence[str]) -> None:
     deleted, 500 queues a transaction: a few dead rows a table)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = off")
-        if system.startswith("lonnymq"):
+        if system != "pgmq":  # LonnyMQ and the floor (its tables)
             conn.execute(sql.SQL("SELECT count({s}.queue_purge(name)) FROM {s}.queue").format(s=S))
             conn.execute(sql.SQL("VACUUM {s}.message").format(s=S))
         elif len(names) <= 100:
@@ -502,7 +590,7 @@ def preload(dsn: str, system: str, names: Sequence[str], total: int) -> None:
         for i in range(0, len(names), 100):
             chunk = list(names[i : i + 100])
             for k in [min(5000, per - j) for j in range(0, per, 5000)]:
-                if system.startswith("lonnymq"):
+                if system != "pgmq":
                     conn.execute(
                         sql.SQL(
                             "SELECT count(*) FROM unnest(%s::text[]) q,"
@@ -538,6 +626,8 @@ def concurrent_run(
     worker = (
         pgmq_worker
         if system == "pgmq"
+        else floor_worker
+        if system == "floor"
         else lonnymq_worker(check=system == "lonnymq")  # "lonnymq-nocheck": Client(check_connections=False)
     )
     out: dict[str, Any] = {}
@@ -581,12 +671,17 @@ def concurrent_run(
 
 
 def concurrent_cells(
-    fleet: Fleet, procs: int, seconds: float, total: int, flip: bool, nocheck: bool
+    fleet: Fleet, procs: int, seconds: float, total: int, flip: bool, nocheck: bool, floor: bool
 ) -> dict[str, dict[str, Any]]:
     """One rep of the concurrent series on ``fleet``, both systems (in turn)."""
     out: dict[str, dict[str, Any]] = {s: {} for s in SYSTEMS}
     names = fleet.names()
-    systems = ["lonnymq"] + (["lonnymq-nocheck"] if nocheck else []) + (["pgmq"] if fleet.have_pgmq else [])
+    systems = (
+        ["lonnymq"]
+        + (["lonnymq-nocheck"] if nocheck else [])
+        + (["floor"] if floor else [])
+        + (["pgmq"] if fleet.have_pgmq else [])
+    )
     for system in systems[::-1] if flip else systems:
         out[system] = concurrent_run(fleet.dsn, system, names, procs, seconds, total)
         reset(fleet.dsn, system, names)
@@ -1142,6 +1237,11 @@ def main() -> None:
         help="concurrent series: also LonnyMQ's client with check_connections=False",
     )
     p.add_argument(
+        "--floor",
+        action="store_true",
+        help="concurrent series: also the floor (LonnyMQ's rows in plain statements, a bare connection)",
+    )
+    p.add_argument(
         "--functions",
         action="store_true",
         help="track_functions = 'pl' on the fleets' databases: each phase's server time by function",
@@ -1183,7 +1283,9 @@ def main() -> None:
                         log(f"queues {n:,} rep {r + 1}: {json.dumps(results['queues'][n][-1])}")
                     if n in series["concurrent"]:
                         results["concurrent"][n].append(
-                            concurrent_cells(f, a.consumers, a.concurrent_seconds, a.preload, flip, a.nocheck)
+                            concurrent_cells(
+                                f, a.consumers, a.concurrent_seconds, a.preload, flip, a.nocheck, a.floor
+                            )
                         )
                         log(f"concurrent {n:,} rep {r + 1}: {json.dumps(results['concurrent'][n][-1])}")
                     if n in series["lifecycle"]:

@@ -274,6 +274,8 @@ def stale(dsn: str) -> Iterator[tuple[str, list[tuple[int, int]]]]:
 
 _SETTLE_CALLS = {
     "ack": "SELECT * FROM {s}.ack('q', %(ids)s, %(tokens)s)",
+    # ack's one-statement path (one delivery of a plain queue)
+    "ack one": "SELECT * FROM {s}.ack('q', (%(ids)s::bigint[])[1:1], (%(tokens)s::int[])[1:1])",
     "take(ack=)": "SELECT * FROM {s}.take('q', 1, NULL, %(ids)s, %(tokens)s)",
     "take(n, ack=)": "SELECT * FROM {s}.take('q', 5, NULL, %(ids)s, %(tokens)s)",
     "nack": "SELECT * FROM {s}.nack('q', %(ids)s, %(tokens)s)",
@@ -289,7 +291,7 @@ def test_settling_reads_only_its_rows_with_stale_statistics(
     schema, mine = stale
     params = {"ids": [i for i, _ in mine], "tokens": [t for _, t in mine]}
     settled, seq_read, idx_fetch = _reads_of_call(dsn, schema, _SETTLE_CALLS[call], "message_logged", params)
-    assert len(settled) >= SETTLE or call.startswith("take"), settled
+    assert len(settled) >= (1 if call == "ack one" else SETTLE) or call.startswith("take"), settled
     assert seq_read == 0 and idx_fetch < 10 * SETTLE, (call, seq_read, idx_fetch)
 
 

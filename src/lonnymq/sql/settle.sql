@@ -124,9 +124,43 @@ CREATE OR REPLACE FUNCTION {schema}.ack(
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
-    q      {schema}.queue := {schema}._queue(p_queue);
+    q      {schema}.queue;
     v_done bigint[];
 BEGIN
+    -- The common ack, one delivery of a queue without channels and without archiving: one
+    -- statement (each statement of a call costs a snapshot and an executor start; ack used to
+    -- run four). The row is found by its primary key, with the token and "leased IS TRUE" as
+    -- filters (see the header); a row another transaction holds is waited for, and its new
+    -- version checked again by the same filters (one row: no lock order to keep). Anything else
+    -- (an unknown queue, a repeat, a stale token, channels, archiving, several deliveries) takes
+    -- the general path below, which raises or answers as before.
+    IF cardinality(p_ids) = 1 AND cardinality(p_tokens) = 1 THEN
+        RETURN QUERY
+            WITH x AS (
+                SELECT y.id,
+                       CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                            ELSE {schema}._now(p_now) END AS now_ms
+                  FROM {schema}.queue y
+                 WHERE y.name = p_queue AND NOT y.uses_channels AND NOT coalesce(p_archive, y.archive)
+            ), d AS (
+                DELETE FROM {schema}.message m
+                 USING x
+                 WHERE m.queue_id = x.id AND m.id = p_ids[1] AND m.deliveries = p_tokens[1]
+                   AND m.leased IS TRUE
+                RETURNING m.queue_id, m.id, m.deliveries, x.now_ms
+            ), k AS (
+                INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+                SELECT d.queue_id, d.id, d.deliveries, 'acked', d.now_ms FROM d
+            ), st AS (
+                INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+                SELECT d.queue_id, d.now_ms / 60000, 1 FROM d
+            )
+            SELECT d.id FROM d;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    q := {schema}._queue(p_queue);
     v_done := ARRAY(SELECT a FROM {schema}._ack(q, p_ids, p_tokens, coalesce(p_archive, q.archive),
                                                 {schema}._now(p_now)) a);
     IF cardinality(v_done) < cardinality(p_ids) THEN

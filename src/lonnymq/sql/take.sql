@@ -404,45 +404,49 @@ DECLARE
     v_frozen bigint[];
     v_old   bigint;
     v_held  bigint;
+    v_head  record;
 BEGIN
-    -- The checks of _queue, _check_limit, _check_positive and _now, called only when they are
-    -- going to fail (each call is a statement).
-    SELECT * INTO q FROM {schema}.queue WHERE name = p_queue;
+    -- The queue, the clock, the generation counters and the queue's frozen generations, in one
+    -- statement (each statement costs a snapshot and an executor start-up; a PL/pgSQL expression
+    -- that calls a function that is not immutable takes a snapshot too). The checks of _queue,
+    -- _check_limit, _check_positive and _now are called only when they are going to fail.
+    SELECT x AS q, s.last_value AS gen, st.last_value AS started,
+           (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
+           CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
+                ELSE {schema}._now(p_now) END AS now
+      INTO v_head
+      FROM {schema}.queue x, {schema}.message_gen_seq s, {schema}.message_gen_started_seq st
+     WHERE x.name = p_queue;
     IF NOT FOUND THEN
         q := {schema}._queue(p_queue);
     END IF;
+    q := v_head.q;
+    v_now := v_head.now;
+    v_gen := v_head.gen;
+    v_started := v_head.started;
+    v_frozen := v_head.frozen;
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
         PERFORM {schema}._check_limit(p_limit);
     END IF;
     IF p_lease_ms <= 0 THEN
         PERFORM {schema}._check_positive(p_lease_ms, 'lease_ms');
     END IF;
-    IF p_now IS NULL THEN
-        v_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
-    ELSE
-        v_now := {schema}._now(p_now);
-    END IF;
     v_lease := coalesce(p_lease_ms, q.lease_ms);
 
-    -- The generation counters and the queue's frozen generations, in one statement (a PL/pgSQL
-    -- expression with a subquery is a statement of its own too).
-    SELECT s.last_value, st.last_value,
-           (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
-      INTO v_gen, v_started, v_frozen
-      FROM {schema}.message_gen_seq s, {schema}.message_gen_started_seq st;
     -- Keep the generations moving (generations.sql) when one is due: not in a caller's
     -- transaction, whose end would hold the rows moved: none that has written anything or
     -- started more than 100 ms before this statement. (Not "statement_timestamp() =
     -- transaction_timestamp()": over the extended protocol, which every driver with parameters
     -- uses, the transaction starts at Bind and the statement at Execute, so that never held and
-    -- take never rotated.)
-    IF v_now - v_started >= 2000
-       AND pg_current_xact_id_if_assigned() IS NULL
-       AND statement_timestamp() - transaction_timestamp() < interval '100 milliseconds' THEN
-        PERFORM {schema}.rotate(p_now => v_now);
-        SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
-          INTO v_gen, v_frozen
-          FROM {schema}.message_gen_seq s;
+    -- take never rotated.) The test of the clock first: it calls no function.
+    IF v_now - v_started >= 2000 THEN
+        IF pg_current_xact_id_if_assigned() IS NULL
+           AND statement_timestamp() - transaction_timestamp() < interval '100 milliseconds' THEN
+            PERFORM {schema}.rotate(p_now => v_now);
+            SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
+              INTO v_gen, v_frozen
+              FROM {schema}.message_gen_seq s;
+        END IF;
     END IF;
 
     IF p_ack_ids IS NOT NULL THEN
