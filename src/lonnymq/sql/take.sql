@@ -449,7 +449,12 @@ BEGIN
         END IF;
     END IF;
 
-    IF p_ack_ids IS NOT NULL THEN
+    IF cardinality(p_ack_ids) = 1 AND cardinality(p_ack_tokens) = 1 AND NOT q.uses_channels
+       AND NOT q.archive THEN
+        -- One delivery of a plain queue (a consumer's drain, take(1, ack=previous)): ack's
+        -- one-statement path.
+        PERFORM {schema}.ack(p_queue, p_ack_ids, p_ack_tokens, false, p_now);
+    ELSIF p_ack_ids IS NOT NULL THEN
         PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
     END IF;
     -- A paused queue (queue_pause) hands out nothing; the acks above still count.
