@@ -52,6 +52,7 @@ from pyspark.sql.types import (
 )
 
 from .. import errors
+from ..client.direct import STRIDE, key_partition
 from ._conf import Target, choice_option, float_option, int_option
 from ._payload import CORRUPT, PayloadDecoder, payload_ddl, to_ms_bounds
 
@@ -289,10 +290,12 @@ def _pages(
 
 @dataclass
 class IdRange(InputPartition):
-    """Messages with lo <= id < hi."""
+    """Messages with lo <= id < hi, on the reader's ``target``-th server (the queue's
+    partition on a shard router; 0: the only one unless the queue is partitioned)."""
 
     lo: int
     hi: int
+    target: int = 0
 
 
 #: Time columns a filter may bound, per table ("messages" or "archive"), with their parameter.
@@ -380,7 +383,9 @@ class BatchReader(DataSourceReader):
     leasing them), its archive (``archive``) or its dead letters (``dead``), split into
     ``numPartitions`` id ranges read in parallel (default: :func:`default_partitions`). Each
     partition reads its own snapshot (its pages are one REPEATABLE READ transaction); rows added
-    after planning with ids above the planned range are not read.
+    after planning with ids above the planned range are not read. Given a shard router, it
+    reads the queue's shard, or every partition's shard of a partitioned queue (the union; at
+    least one id range per shard, ``numPartitions`` shared out between them).
 
     Filters on id, key (equality, IN, prefix), channel, kind, status and the time columns are
     evaluated by PostgreSQL (:meth:`pushFilters`), as index conditions where an index exists;
@@ -388,6 +393,7 @@ class BatchReader(DataSourceReader):
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
         self.target = Target.from_options(options, conf)
+        self.targets = self.target.placed()
         self.table = choice_option(options, "table", ("messages", "archive", "dead"), "messages")
         self.num_partitions = int_option(options, "numPartitions", None, high=10_000)
         self.schema = schema
@@ -423,26 +429,36 @@ class BatchReader(DataSourceReader):
             return [IdRange(0, 0)]
         if any(lo is not None and hi is not None and lo > hi for lo, hi in p.times.values()):
             return [IdRange(0, 0)]
-        with self.target.connect(autocommit=True) as conn:
-            [(lo, hi)] = self.target.call(
-                conn, "spark_id_range", "%s::text, %s::text", (self.target.queue, self.table)
-            )
+        n = len(self.targets)
+        targets = list(range(n))
+        if n > 1 and "key" in p.sets:  # a key's messages are all on its partition
+            targets = sorted({key_partition(str(k), n) for k in p.sets["key"]})
+        return [r for i in targets for r in self._ranges(i)] or [IdRange(0, 0)]
+
+    def _ranges(self, target: int) -> list[IdRange]:
+        """The id ranges of the ``target``-th server's rows (none: it has none)."""
+        p = self.pushed
+        t = self.targets[target]
+        with t.connect(autocommit=True) as conn:
+            [(lo, hi)] = t.call(conn, "spark_id_range", "%s::text, %s::text", (t.queue, self.table))
         if lo is None:
-            return [IdRange(0, 0)]
+            return []
         hi += 1
         lo = lo if p.id_lo is None else max(lo, p.id_lo)
         hi = hi if p.id_hi is None else min(hi, p.id_hi)
         if lo >= hi:
-            return [IdRange(0, 0)]
-        n = max(1, min(self.num_partitions or default_partitions(hi - lo), hi - lo))
+            return []
+        # A router's shards number their ids i mod STRIDE: a span of STRIDE ids is one message.
+        wanted = self.num_partitions and -(-self.num_partitions // len(self.targets))
+        n = max(1, min(wanted or default_partitions((hi - lo) // (STRIDE if t.shard else 1)), hi - lo))
         step = -(-(hi - lo) // n)
-        return [IdRange(a, min(a + step, hi)) for a in range(lo, hi, step)]
+        return [IdRange(a, min(a + step, hi), target) for a in range(lo, hi, step)]
 
     def query(self, partition: IdRange) -> tuple[sql.Composed, dict[str, Any]]:
         """The rows of a partition, one per message, all columns: spark_read_messages or
         spark_read_archive with the pushed filters. :meth:`read` runs the same query
         (``_spark_read_sql``) through :meth:`packed_query`; tests read and EXPLAIN this one."""
-        t = self.target
+        t = self.targets[partition.target]
         params: dict[str, Any] = {"p_queue": t.queue, "p_lo": partition.lo, "p_hi": partition.hi}
         if self.table == "messages":
             function = "spark_read_messages"
@@ -456,7 +472,7 @@ class BatchReader(DataSourceReader):
     def packed_query(self, partition: IdRange) -> tuple[sql.Composed, dict[str, Any]]:
         """What :meth:`read` runs for a partition: spark_read_packed, a page at a time from
         ``p_lo`` (advanced past each page), only the columns of the schema."""
-        t = self.target
+        t = self.targets[partition.target]
         params: dict[str, Any] = {
             "p_queue": t.queue,
             "p_table": self.table,
@@ -473,11 +489,12 @@ class BatchReader(DataSourceReader):
         if partition.lo >= partition.hi:
             return
         query, params = self.packed_query(partition)
-        with self.target.connect() as conn:
+        t = self.targets[partition.target]
+        with t.connect() as conn:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
             with conn.transaction():  # one snapshot; each page is a savepoint in it
-                yield from _pages(self.target, conn, query, params, "p_lo", _Arrow(self.schema, self.options))
+                yield from _pages(t, conn, query, params, "p_lo", _Arrow(self.schema, self.options))
 
 
 #: Below this many rows per partition, :func:`default_partitions` does not split further to
@@ -553,10 +570,20 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     a message whose sending transaction commits late is simply taken by a later batch.
     Leases (``lease`` seconds, default 600) are renewed while the query runs; if a query is
     stopped for longer, its uncommitted messages return to the queue.
+
+    Given a shard router, it consumes the queue on its shard, straight; a partitioned queue is
+    refused (InvalidArgument): its offsets would need one stream per partition.
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
-        self.target = Target.from_options(options, conf)
+        targets = Target.from_options(options, conf).placed()
+        if len(targets) > 1:
+            raise errors.InvalidArgument(
+                f"lonnymq: queue {targets[0].queue!r} is partitioned over {len(targets)} shards: a streaming"
+                " read of it is not supported (read it with spark.read, or consume it with the client or"
+                " the worker; docs/spark.md, sharded setups)"
+            )
+        self.target = targets[0]
         self.options = dict(options)
         _Arrow(schema, options)  # refuse a bad schema/mode at planning
         self.max_rows = int_option(options, "maxRowsPerBatch", None, high=1_000_000)
