@@ -1,7 +1,8 @@
 """The Spark data source given a shard router's DSN (docs/spark.md, "Sharded setups"): reads and
 writes go straight to the queue's shard, a partitioned queue's to every partition's shard (read in
 parallel, the union), each row written once, to its key's partition, and a rerun with the same
-write id completes a write that committed on some shards only.
+write id completes a write that committed on some shards only; a stream consumes every
+partition.
 
 With the Spark session of the test_spark group (its JVM is started already) and a router over two
 shard clusters of this module's own (tests/shard's helpers: about 4 s to start, less than a JVM
@@ -25,7 +26,7 @@ from pyspark.sql.datasource import EqualTo
 from pyspark.sql.functions import spark_partition_id
 from pyspark.sql.types import StructType
 
-from lonnymq import Client, errors, shard
+from lonnymq import Client, shard
 from lonnymq.client.direct import STRIDE, key_partition
 from lonnymq.spark._read import BatchReader, StreamReader, read_schema
 from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
@@ -115,9 +116,18 @@ def test_partitioned_queue_written_and_read_on_every_shard(spark: Any, sharded: 
     assert list(reader.pushFilters([EqualTo(("key",), "k7")])) == []
     assert {r.target for r in reader.partitions()} == {key_partition("k7", 2)}
 
-    # A streaming read of a partitioned queue is refused, typed.
-    with pytest.raises(errors.InvalidArgument, match="is partitioned over 2 shards: a streaming read"):
-        StreamReader(opts, schema, {})
+    # A stream consumes every partition, on its shard: each live message once, acked there.
+    live = {m_id for held in on_shards(sharded, q) for m_id, _, _ in held}
+    assert len(live) == 300 - len(dead)
+    stream = spark.readStream.format("lonnymq").options(maxRowsPerBatch="100", ack="delete", **opts).load()
+    name = f"m_{q}"
+    query = stream.writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    taken = [r.id for r in spark.sql(f"SELECT id FROM {name}").collect()]
+    assert sorted(taken) == sorted(live)  # each once
+    assert on_shards(sharded, q) == [[], []]  # acked on both shards
+    assert len(query.recentProgress) >= 3  # at most 50 a partition a batch
 
 
 def test_commit_failing_on_one_shard_then_rerun_exactly_once(spark: Any, sharded: Router) -> None:
