@@ -9,15 +9,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, LiteralString
+from dataclasses import dataclass, field, replace
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import errors
-from ..client.ops import check_queue, map_error
+from ..client.direct import ShardMap
+from ..client.ops import Op, Ops, check_queue, map_error
 from ..migrations import DEFAULT_SCHEMA, check_schema
 
 APPLICATION_NAME = "lonnymq-spark"
@@ -25,6 +26,8 @@ APPLICATION_NAME = "lonnymq-spark"
 #: default ``spark.redaction.regex``, so the UI and logs show it redacted).
 CONF_DSN = "spark.lonnymq.dsn"
 CONF_PASSWORD = "spark.lonnymq.password"
+
+T = TypeVar("T")
 
 
 class ConnectFailed(errors.LonnyMQError, ConnectionError):
@@ -107,14 +110,27 @@ def choice_option(options: Mapping[str, str], name: str, choices: tuple[str, ...
     return value
 
 
+def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
+    """``op`` on ``conn``, with lonnymq's typed errors."""
+    try:
+        return op.decode(conn.execute(op.query, op.params).fetchall())
+    except psycopg.Error as e:
+        mapped = map_error(e)
+        if mapped is e:
+            raise
+        raise mapped from e
+
+
 @dataclass(frozen=True)
 class Target:
     """Where to connect: the server, lonnymq's schema and the queue. The DSN is kept out of
-    ``repr`` (plans, logs and tracebacks print objects, never the password)."""
+    ``repr`` (plans, logs and tracebacks print objects, never the password). ``shard``: where
+    a shard of a router is (``host:port/dbname``), for one of :meth:`placed`'s."""
 
     dsn: str = field(repr=False)
     schema: str
     queue: str
+    shard: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], conf: Mapping[str, str] | None = None) -> Target:
@@ -154,6 +170,24 @@ class Target:
         assert schema is not None
         return cls(dsn, check_schema(schema), check_queue(queue))
 
+    def placed(self) -> tuple[Target, ...]:
+        """Where the queue's rows are: this server, or, if it is a shard router
+        (docs/sharding.md), the queue's shard, or each partition's shard of a partitioned
+        queue, in partition order. A shard is reached as a direct client reaches it
+        (:meth:`ShardMap.conninfo`): its host, port and database from the router's shard map,
+        everything else (user, password, TLS...) from this DSN."""
+        ops = Ops(self.schema)
+        with self.connect(autocommit=True) as conn:
+            if not run(conn, ops.is_router()):
+                return (self,)
+            shards = ShardMap(self.schema, ops.st)
+            shards.load(*run(conn, shards.map_op()))
+            home, partitions = run(conn, shards.route_op(self.queue))
+        return tuple(
+            replace(self, dsn=shards.conninfo(i, self.dsn), shard=shards.where(i))
+            for i in partitions or [shards.remember(self.queue, home)]
+        )
+
     def open(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         """A new connection; a failure raises :class:`ConnectFailed` naming the server only."""
         try:
@@ -179,11 +213,4 @@ class Target:
         self, conn: psycopg.Connection[Any], function: str, args: LiteralString, params: tuple[Any, ...]
     ) -> list[Any]:
         """Run :meth:`query` with lonnymq's typed errors."""
-        query = self.query(function, args)
-        try:
-            return conn.execute(query, params).fetchall()
-        except psycopg.Error as e:
-            mapped = map_error(e)
-            if mapped is e:
-                raise
-            raise mapped from e
+        return run(conn, Op(self.query(function, args), params, list))

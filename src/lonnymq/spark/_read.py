@@ -52,6 +52,7 @@ from pyspark.sql.types import (
 )
 
 from .. import errors
+from ..client.direct import STRIDE, key_partition
 from ._conf import Target, choice_option, float_option, int_option
 from ._payload import CORRUPT, PayloadDecoder, payload_ddl, to_ms_bounds
 
@@ -289,10 +290,12 @@ def _pages(
 
 @dataclass
 class IdRange(InputPartition):
-    """Messages with lo <= id < hi."""
+    """Messages with lo <= id < hi, on the reader's ``target``-th server (the queue's
+    partition on a shard router; 0: the only one unless the queue is partitioned)."""
 
     lo: int
     hi: int
+    target: int = 0
 
 
 #: Time columns a filter may bound, per table ("messages" or "archive"), with their parameter.
@@ -380,7 +383,9 @@ class BatchReader(DataSourceReader):
     leasing them), its archive (``archive``) or its dead letters (``dead``), split into
     ``numPartitions`` id ranges read in parallel (default: :func:`default_partitions`). Each
     partition reads its own snapshot (its pages are one REPEATABLE READ transaction); rows added
-    after planning with ids above the planned range are not read.
+    after planning with ids above the planned range are not read. Given a shard router, it
+    reads the queue's shard, or every partition's shard of a partitioned queue (the union; at
+    least one id range per shard, ``numPartitions`` shared out between them).
 
     Filters on id, key (equality, IN, prefix), channel, kind, status and the time columns are
     evaluated by PostgreSQL (:meth:`pushFilters`), as index conditions where an index exists;
@@ -388,6 +393,7 @@ class BatchReader(DataSourceReader):
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
         self.target = Target.from_options(options, conf)
+        self.targets = self.target.placed()
         self.table = choice_option(options, "table", ("messages", "archive", "dead"), "messages")
         self.num_partitions = int_option(options, "numPartitions", None, high=10_000)
         self.schema = schema
@@ -423,26 +429,36 @@ class BatchReader(DataSourceReader):
             return [IdRange(0, 0)]
         if any(lo is not None and hi is not None and lo > hi for lo, hi in p.times.values()):
             return [IdRange(0, 0)]
-        with self.target.connect(autocommit=True) as conn:
-            [(lo, hi)] = self.target.call(
-                conn, "spark_id_range", "%s::text, %s::text", (self.target.queue, self.table)
-            )
+        n = len(self.targets)
+        targets = list(range(n))
+        if n > 1 and "key" in p.sets:  # a key's messages are all on its partition
+            targets = sorted({key_partition(str(k), n) for k in p.sets["key"]})
+        return [r for i in targets for r in self._ranges(i)] or [IdRange(0, 0)]
+
+    def _ranges(self, target: int) -> list[IdRange]:
+        """The id ranges of the ``target``-th server's rows (none: it has none)."""
+        p = self.pushed
+        t = self.targets[target]
+        with t.connect(autocommit=True) as conn:
+            [(lo, hi)] = t.call(conn, "spark_id_range", "%s::text, %s::text", (t.queue, self.table))
         if lo is None:
-            return [IdRange(0, 0)]
+            return []
         hi += 1
         lo = lo if p.id_lo is None else max(lo, p.id_lo)
         hi = hi if p.id_hi is None else min(hi, p.id_hi)
         if lo >= hi:
-            return [IdRange(0, 0)]
-        n = max(1, min(self.num_partitions or default_partitions(hi - lo), hi - lo))
+            return []
+        # A router's shards number their ids i mod STRIDE: a span of STRIDE ids is one message.
+        wanted = self.num_partitions and -(-self.num_partitions // len(self.targets))
+        n = max(1, min(wanted or default_partitions((hi - lo) // (STRIDE if t.shard else 1)), hi - lo))
         step = -(-(hi - lo) // n)
-        return [IdRange(a, min(a + step, hi)) for a in range(lo, hi, step)]
+        return [IdRange(a, min(a + step, hi), target) for a in range(lo, hi, step)]
 
     def query(self, partition: IdRange) -> tuple[sql.Composed, dict[str, Any]]:
         """The rows of a partition, one per message, all columns: spark_read_messages or
         spark_read_archive with the pushed filters. :meth:`read` runs the same query
         (``_spark_read_sql``) through :meth:`packed_query`; tests read and EXPLAIN this one."""
-        t = self.target
+        t = self.targets[partition.target]
         params: dict[str, Any] = {"p_queue": t.queue, "p_lo": partition.lo, "p_hi": partition.hi}
         if self.table == "messages":
             function = "spark_read_messages"
@@ -456,7 +472,7 @@ class BatchReader(DataSourceReader):
     def packed_query(self, partition: IdRange) -> tuple[sql.Composed, dict[str, Any]]:
         """What :meth:`read` runs for a partition: spark_read_packed, a page at a time from
         ``p_lo`` (advanced past each page), only the columns of the schema."""
-        t = self.target
+        t = self.targets[partition.target]
         params: dict[str, Any] = {
             "p_queue": t.queue,
             "p_table": self.table,
@@ -473,11 +489,12 @@ class BatchReader(DataSourceReader):
         if partition.lo >= partition.hi:
             return
         query, params = self.packed_query(partition)
-        with self.target.connect() as conn:
+        t = self.targets[partition.target]
+        with t.connect() as conn:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
             with conn.transaction():  # one snapshot; each page is a savepoint in it
-                yield from _pages(self.target, conn, query, params, "p_lo", _Arrow(self.schema, self.options))
+                yield from _pages(t, conn, query, params, "p_lo", _Arrow(self.schema, self.options))
 
 
 #: Below this many rows per partition, :func:`default_partitions` does not split further to
@@ -535,10 +552,12 @@ _TYPES: dict[str, LiteralString] = {
 
 @dataclass
 class StreamChunks(InputPartition):
-    """Some chunks (batch_id, chunk) of a stream's delivery log."""
+    """Some chunks (batch_id, chunk) of a stream's delivery log on the reader's ``target``-th
+    server (the queue's partition on a shard router; 0: the only one unless partitioned)."""
 
     stream: str
     chunks: list[tuple[int, int]]
+    target: int = 0
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -553,10 +572,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     a message whose sending transaction commits late is simply taken by a later batch.
     Leases (``lease`` seconds, default 600) are renewed while the query runs; if a query is
     stopped for longer, its uncommitted messages return to the queue.
+
+    Given a shard router, it consumes the queue on its shard, straight. A partitioned queue is
+    one stream on each partition's shard (same id, each with its own delivery log): the offset
+    holds a batch number per partition (``{"stream": <uuid>, "batch": [N0, N1, ...]}``), a
+    micro-batch leases up to ``maxRowsPerBatch / partitions`` (at least 1) on each, reads them in
+    parallel and acks each partition's on its shard.
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
-        self.target = Target.from_options(options, conf)
+        self.targets = Target.from_options(options, conf).placed()
+        self.target = self.targets[0]
         self.options = dict(options)
         _Arrow(schema, options)  # refuse a bad schema/mode at planning
         self.max_rows = int_option(options, "maxRowsPerBatch", None, high=1_000_000)
@@ -567,32 +593,45 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self._initial: dict[str, Any] | None = None
         self._ready_at: int | None = None
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conns: dict[int, psycopg.Connection[Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_conn"] = None
+        state["_conns"] = {}
         return state
 
-    # The driver-side reader lives as long as the query: keep one connection, and reconnect
-    # once if it broke (every call below is idempotent).
-    def _call(self, function: str, args: LiteralString, params: tuple[Any, ...]) -> list[Any]:
+    # The driver-side reader lives as long as the query: keep one connection per server, and
+    # reconnect once if it broke (every call below is idempotent).
+    def _call(
+        self, function: str, args: LiteralString, params: tuple[Any, ...], target: int = 0
+    ) -> list[Any]:
+        t = self.targets[target]
         for attempt in (1, 2):
-            if self._conn is None or self._conn.closed:
-                self._conn = self.target.open(autocommit=True)
+            conn = self._conns.get(target)
+            if conn is None or conn.closed:
+                conn = self._conns[target] = t.open(autocommit=True)
             try:
-                return self.target.call(self._conn, function, args, params)
+                return t.call(conn, function, args, params)
             except psycopg.OperationalError:
-                self._conn.close()
-                self._conn = None
+                conn.close()
+                del self._conns[target]
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
+    def _offset(self, stream: str, batches: list[int]) -> dict[str, Any]:
+        return {"stream": stream, "batch": batches if len(self.targets) > 1 else batches[0]}
+
+    @staticmethod
+    def _batches(offset: Mapping[str, Any]) -> list[int]:
+        """The batch number of each partition (one: a queue of one server) in an offset."""
+        batch = offset["batch"]
+        return [int(b) for b in batch] if isinstance(batch, list) else [int(batch)]
+
     def initialOffset(self) -> dict[str, Any]:
         # Spark asks more than once for a new query; the stream id must not change.
         if self._initial is None:
-            self._initial = {"stream": str(uuid.uuid4()), "batch": 0}
+            self._initial = self._offset(str(uuid.uuid4()), [0] * len(self.targets))
         return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -603,39 +642,48 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._ready_at = now
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        stream, after = start["stream"], int(start["batch"])
+        stream, after = start["stream"], self._batches(start)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if max_rows is not None:  # shared out between the partitions
+            max_rows = max(1, max_rows // len(after))
         # One chunk per task of a full batch (a chunk is read by one task), at most 10,000.
         chunk = 10_000 if max_rows is None else max(1, min(10_000, -(-max_rows // self.num_partitions)))
-        [(batch, _n)] = self._call(
-            "spark_stream_next",
-            "%s::uuid, %s::text, %s::bigint, %s::int, %s::int, %s::bigint, %s::bigint",
-            (stream, self.target.queue, after, max_rows, chunk, self.lease_ms, self._ready_at),
-        )
-        if batch == after and self._ready_at is not None and after > 0:
+        batches = []
+        for i, a in enumerate(after):
+            [(batch, _n)] = self._call(
+                "spark_stream_next",
+                "%s::uuid, %s::text, %s::bigint, %s::int, %s::int, %s::bigint, %s::bigint",
+                (stream, self.target.queue, a, max_rows, chunk, self.lease_ms, self._ready_at),
+                i,
+            )
+            batches.append(int(batch))
+        if batches == after and self._ready_at is not None and any(after):
             # trigger(availableNow=True) stops here, and Spark commits a source's batch only
             # when it plans the next one, so the last batch would stay leased until the next
             # run. Spark runs one batch at a time and calls latestOffset(start) only once the
             # batch ending at `start` is in its commit log: ack it now, as commit(start) would.
             self.commit(start)
-        return {"stream": stream, "batch": int(batch)}
+        return self._offset(stream, batches)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamChunks]:
         stream = end["stream"]
-        rows = self._call(
-            "spark_stream_chunks",
-            "%s::uuid, %s::bigint, %s::bigint",
-            (stream, int(start["batch"]), int(end["batch"])),
-        )
-        if not rows:
-            return [StreamChunks(stream, [])]
-        groups: list[list[tuple[int, int]]] = [[] for _ in range(min(self.num_partitions, len(rows)))]
-        sizes = [0] * len(groups)
-        for batch, chunk, n in rows:  # largest-first would balance better; chunks are equal-sized
-            i = sizes.index(min(sizes))
-            groups[i].append((int(batch), int(chunk)))
-            sizes[i] += n
-        return [StreamChunks(stream, g) for g in groups]
+        first, last = self._batches(start), self._batches(end)
+        per_target = -(-self.num_partitions // len(last))
+        out: list[StreamChunks] = []
+        for i in range(len(last)):
+            rows = self._call(
+                "spark_stream_chunks", "%s::uuid, %s::bigint, %s::bigint", (stream, first[i], last[i]), i
+            )
+            if not rows:
+                continue
+            groups: list[list[tuple[int, int]]] = [[] for _ in range(min(per_target, len(rows)))]
+            sizes = [0] * len(groups)
+            for batch, chunk, n in rows:  # largest-first would balance better; chunks are equal-sized
+                g = sizes.index(min(sizes))
+                groups[g].append((int(batch), int(chunk)))
+                sizes[g] += n
+            out += [StreamChunks(stream, g, i) for g in groups]
+        return out or [StreamChunks(stream, [])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The logged deliveries of the partition's chunks, packed (spark_stream_read_packed),
@@ -644,10 +692,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not partition.chunks:
             return
         arrow = _Arrow(self.schema, self.options)
-        with self.target.connect(autocommit=True) as conn:
+        t = self.targets[partition.target]
+        with t.connect(autocommit=True) as conn:
             for batch, chunk in partition.chunks:
                 params: dict[str, Any] = {
-                    "p_queue": self.target.queue,
+                    "p_queue": t.queue,
                     "p_stream": partition.stream,
                     "p_batch": batch,
                     "p_chunk": chunk,
@@ -655,17 +704,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "p_after": 0,
                     "p_limit": _FIRST_PAGE,
                 }
-                query = _call(self.target, "spark_stream_read_packed", params)
-                yield from _pages(self.target, conn, query, params, "p_after", arrow)
+                query = _call(t, "spark_stream_read_packed", params)
+                yield from _pages(t, conn, query, params, "p_after", arrow)
 
     def commit(self, end: dict[str, Any]) -> None:
-        self._call(
-            "spark_stream_commit",
-            "%s::uuid, %s::bigint, %s::bool",
-            (end["stream"], int(end["batch"]), self.archive),
-        )
+        for i, batch in enumerate(self._batches(end)):
+            self._call(
+                "spark_stream_commit",
+                "%s::uuid, %s::bigint, %s::bool",
+                (end["stream"], batch, self.archive),
+                i,
+            )
 
     def stop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()

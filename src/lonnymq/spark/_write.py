@@ -11,7 +11,9 @@ when staging holds nothing else, else a DELETE), including the parts of failed o
 task attempts that Spark never reported. So a retried task cannot duplicate messages, a failed
 job enqueues nothing, and abort plus a sweeper clear leftovers. Streaming writes add a commit
 record per (sink, batch) in that same transaction, so a batch Spark replays after a restart is
-skipped.
+skipped. Given a shard router's DSN, all of this runs on the queue's shard; a partitioned
+queue's rows are staged on their partitions' shards and committed shard by shard
+(:func:`stage_shards`, :func:`commit_shards`; docs/spark.md, "Sharded setups").
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import json
 import logging
 import secrets
 import uuid
+import zlib
 from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +59,7 @@ from pyspark.sql.types import (
 )
 
 from .. import errors
+from ..client.direct import key_partition
 from ..client.ops import check_text
 from ..models import JSON, TEXT
 from ._conf import Target, choice_option, describe_dsn, float_option, option
@@ -323,8 +328,10 @@ class Encoder:
     def copy_data(self, batch: pa.RecordBatch, part: int, seq: int) -> pa.Buffer:
         """The rows of ``batch`` as binary COPY data for ``(part, seq, *copy_columns)`` (no
         header or trailer), rows numbered from ``seq``."""
-        n = batch.num_rows
-        cols = self.columns(batch)
+        return self.copy_rows(self.columns(batch), batch.num_rows, part, seq)
+
+    def copy_rows(self, cols: Mapping[str, pa.Array], n: int, part: int, seq: int) -> pa.Buffer:
+        """:meth:`copy_data` of ``n`` rows' staging columns (:meth:`columns`)."""
         rows = _CopyRows(n, 2 + len(self.plan.copy_columns()))
         rows.fixed(">i8", part)
         rows.fixed(">i4", np.arange(seq, seq + n, dtype=np.int64))
@@ -419,12 +426,37 @@ def _fixed_binary(data: bytes, width: int, n: int) -> pa.Array:
 
 @dataclass
 class Staged(WriterCommitMessage):
-    """What one task attempt staged: ``rows`` rows under ``part`` (0 rows: nothing staged)."""
+    """What one task attempt staged: ``rows`` rows under ``part`` (0 rows: nothing staged), on
+    the writer's ``target``-th server (the queue's partition on a shard router, see
+    :func:`stage_shards`)."""
 
     run: str
     part: int
     rows: int
     sink: str | None = None
+    target: int = 0
+
+
+@dataclass
+class StagedShards(WriterCommitMessage):
+    """What one task attempt staged on each partition's shard of a partitioned queue."""
+
+    staged: list[Staged]
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.staged)
+
+
+def _staged(messages: list[Any]) -> list[Staged]:
+    """Every :class:`Staged` of the tasks' messages."""
+    out: list[Staged] = []
+    for m in messages:
+        if isinstance(m, StagedShards):
+            out += m.staged
+        elif isinstance(m, Staged):
+            out.append(m)
+    return out
 
 
 #: Arrow batches larger than this are staged in slices (Arrow's binary offsets are 32-bit).
@@ -440,12 +472,26 @@ def _slices(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         yield batch
 
 
-def stage(
-    target: Target, plan: Plan, run: str, batches: Iterator[pa.RecordBatch], sink: str | None = None
-) -> Staged:
-    """COPY a task's rows into staging in one transaction; nothing is visible to the commit
-    unless the whole task's rows are."""
-    encoder = Encoder(plan)
+class _Copy:
+    """The rows written so far to one COPY into staging under ``part``."""
+
+    def __init__(self, cp: Any, encoder: Encoder, part: int) -> None:
+        self.cp, self.encoder, self.part, self.rows = cp, encoder, part, 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        for piece in _slices(batch):
+            self.write_rows(self.encoder.columns(piece), piece.num_rows)
+
+    def write_rows(self, cols: Mapping[str, pa.Array], n: int) -> None:
+        """``n`` rows' staging columns (:meth:`Encoder.columns`)."""
+        self.cp.write(self.encoder.copy_rows(cols, n, self.part, self.rows))
+        self.rows += n
+
+
+@contextmanager
+def _staging(target: Target, plan: Plan, run: str) -> Iterator[_Copy]:
+    """A COPY into ``target``'s staging under a new part of ``run``, committed (with the
+    part's registration, in one transaction) when the block ends without an error."""
     cols = plan.copy_columns()
     copy = sql.SQL("COPY {}.spark_stage (part, seq, {}) FROM STDIN (FORMAT BINARY)").format(
         sql.Identifier(target.schema), sql.SQL(", ").join(sql.Identifier(c) for c, _ in cols)
@@ -454,23 +500,74 @@ def stage(
         sql.Identifier(target.schema)
     )
     part = secrets.randbits(62) + 1
-    n = 0
-    first = next(batches, None)
-    if first is None:
-        return Staged(run, 0, 0, sink)
     with target.connect() as conn:
         conn.execute(register, (part, run, target.queue))
         with conn.cursor() as cur, cur.copy(copy) as cp:
             cp.write(COPY_SIGNATURE)
-            batch: pa.RecordBatch | None = first
-            while batch is not None:
-                for piece in _slices(batch):
-                    cp.write(encoder.copy_data(piece, part, n))
-                    n += piece.num_rows
-                batch = next(batches, None)
+            yield _Copy(cp, Encoder(plan), part)
             cp.write(COPY_TRAILER)
         conn.commit()
-    return Staged(run, part, n, sink)
+
+
+def stage(
+    target: Target, plan: Plan, run: str, batches: Iterator[pa.RecordBatch], sink: str | None = None
+) -> Staged:
+    """COPY a task's rows into staging in one transaction; nothing is visible to the commit
+    unless the whole task's rows are."""
+    first = next(batches, None)
+    if first is None:
+        return Staged(run, 0, 0, sink)
+    with _staging(target, plan, run) as copy:
+        copy.write(first)
+        for batch in batches:
+            copy.write(batch)
+    return Staged(run, copy.part, copy.rows, sink)
+
+
+def partition_of(cols: Mapping[str, pa.Array], n: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The partition (0..n-1) of each staged row of a queue of ``n`` partitions: its key's, as
+    the router and a direct client send it (:func:`key_partition`); a row without a key by the
+    CRC-32 of its payload bytes, so the same rows go to the same partitions in every attempt
+    and every rerun of a job (a replay finds what the first run committed where it left it)."""
+    payloads = cols["payload"].to_pylist()
+    keys = cols["key"].to_pylist() if "key" in cols else [None] * len(payloads)
+    return np.fromiter(
+        (
+            key_partition(k, n) if k is not None else zlib.crc32(p) % n
+            for k, p in zip(keys, payloads, strict=True)
+        ),
+        dtype=np.int64,
+        count=len(payloads),
+    )
+
+
+def stage_shards(
+    targets: tuple[Target, ...],
+    plan: Plan,
+    run: str,
+    batches: Iterator[pa.RecordBatch],
+    sink: str | None = None,
+) -> Staged | StagedShards:
+    """:func:`stage` into the queue's server, or, for a partitioned queue (``targets``: its
+    partitions' shards), each row into its partition's shard (:func:`partition_of`), one COPY
+    and transaction per shard."""
+    if len(targets) == 1:
+        return stage(targets[0], plan, run, batches, sink)
+    encoder = Encoder(plan)
+    n = len(targets)
+    with ExitStack() as stack:
+        copies: dict[int, _Copy] = {}
+        for batch in batches:
+            for piece in _slices(batch):
+                cols = encoder.columns(piece)
+                at = partition_of(cols, n)
+                for k in (int(k) for k in np.unique(at)):
+                    rows = pa.array(np.flatnonzero(at == k))
+                    if k not in copies:
+                        copies[k] = stack.enter_context(_staging(targets[k], plan, run))
+                    copies[k].write_rows({c: v.take(rows) for c, v in cols.items()}, len(rows))
+    staged = [Staged(run, c.part, c.rows, sink, k) for k, c in sorted(copies.items())]
+    return StagedShards(staged or [Staged(run, 0, 0, sink)])
 
 
 @dataclass(frozen=True)
@@ -547,16 +644,54 @@ def abort(target: Target, run: str, messages: list[Any]) -> None:
         conn.commit()
 
 
+def commit_shards(
+    targets: tuple[Target, ...],
+    run: str,
+    messages: list[Any],
+    on_conflict: str,
+    sink: str | None,
+    batch_id: int | None,
+    retention_ms: int,
+    content_type: str | None,
+) -> list[CommitResult]:
+    """:func:`commit` on the queue's server, or, for a partitioned queue, on each partition's
+    shard in turn, each with the parts staged there: one transaction per shard, so a failure
+    leaves the shards before it committed (a rerun with the same write id or sink batch skips
+    them and commits the rest)."""
+    staged = _staged(messages)
+    return [
+        commit(
+            t,
+            run,
+            [m for m in staged if m.target == i],
+            on_conflict,
+            sink,
+            batch_id,
+            retention_ms,
+            content_type,
+        )
+        for i, t in enumerate(targets)
+    ]
+
+
+def abort_shards(targets: tuple[Target, ...], run: str, messages: list[Any]) -> None:
+    """:func:`abort` on every server of the write (:func:`commit_shards`)."""
+    staged = _staged(messages)
+    for i, t in enumerate(targets):
+        abort(t, run, [m for m in staged if m.target == i])
+
+
 def retention_ms(options: Mapping[str, str]) -> int:
     """``writeIdRetention`` (seconds, default 7 days): how long a committed write id or sink
     batch is remembered (reruns within it are no-ops; maintain() forgets it after)."""
     return round(float_option(options, "writeIdRetention", 7 * 86400.0) * 1000)
 
 
-def _writer_checks(target: Target) -> None:
+def _writer_checks(targets: tuple[Target, ...]) -> None:
     """Fail at planning, with a clear error, if the queue or the Spark migration is missing."""
-    with target.connect(autocommit=True) as conn:
-        target.call(conn, "spark_queue_check", "%s::text", (target.queue,))
+    for target in targets:
+        with target.connect(autocommit=True) as conn:
+            target.call(conn, "spark_queue_check", "%s::text", (target.queue,))
 
 
 class BatchWriter(DataSourceArrowWriter):
@@ -564,24 +699,29 @@ class BatchWriter(DataSourceArrowWriter):
 
     With ``writeId``, the write is also idempotent across jobs: a second job with the same id
     (e.g. a rerun after the first one's commit succeeded but the driver died) enqueues nothing.
+
+    Given a shard router, it writes straight to the queue's shard; to a partitioned queue, each
+    row to its partition's shard (:func:`stage_shards`), committed shard by shard
+    (:func:`commit_shards`).
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
         self.target = Target.from_options(options, conf)
+        self.targets = self.target.placed()
         self.plan = Plan.build(schema, options)
         self.retention_ms = retention_ms(options)
         # Pickled once: the same in every task and in commit/abort.
         self.run = str(uuid.uuid4())
         write_id = option(options, "writeId")
         self.sink = None if write_id is None else f"write:{write_id}"
-        _writer_checks(self.target)
+        _writer_checks(self.targets)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
-        return stage(self.target, self.plan, self.run, iterator)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged | StagedShards:
+        return stage_shards(self.targets, self.plan, self.run, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit(
-            self.target,
+        commit_shards(
+            self.targets,
             self.run,
             list(messages),
             self.plan.on_conflict,
@@ -592,7 +732,7 @@ class BatchWriter(DataSourceArrowWriter):
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        abort(self.target, self.run, list(messages))
+        abort_shards(self.targets, self.run, list(messages))
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -606,12 +746,13 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
         self.target = Target.from_options(options, conf)
+        self.targets = self.target.placed()
         self.plan = Plan.build(schema, options)
         self.retention_ms = retention_ms(options)
         self.sink_id = option(options, "sinkId")
-        _writer_checks(self.target)
+        _writer_checks(self.targets)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged | StagedShards:
         ctx = TaskContext.get()
         assert ctx is not None
         query = ctx.getLocalProperty("sql.streaming.queryId")
@@ -620,14 +761,14 @@ class StreamWriter(DataSourceStreamArrowWriter):
             raise errors.InvalidArgument("lonnymq: no streaming query/batch id in this task; give sinkId")
         sink = self.sink_id or f"query:{query}"
         run = str(uuid.uuid5(uuid.NAMESPACE_URL, f"lonnymq-sink:{sink}:{batch}"))
-        return stage(self.target, self.plan, run, iterator, sink)
+        return stage_shards(self.targets, self.plan, run, iterator, sink)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        staged = [m for m in messages if isinstance(m, Staged)]
+        staged = _staged(list(messages))
         if not staged:
             return
-        commit(
-            self.target,
+        commit_shards(
+            self.targets,
             staged[0].run,
             list(staged),
             self.plan.on_conflict,
@@ -638,6 +779,6 @@ class StreamWriter(DataSourceStreamArrowWriter):
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        staged = [m for m in messages if isinstance(m, Staged)]
+        staged = _staged(list(messages))
         if staged:
-            abort(self.target, staged[0].run, list(staged))
+            abort_shards(self.targets, staged[0].run, staged)

@@ -32,7 +32,8 @@ class LonnyMQDataSource(DataSource):
     * ``writeStream``: enqueue each micro-batch exactly once across restarts.
 
     Common options: ``dsn`` (or ``dsnEnv``, the Spark conf ``spark.lonnymq.dsn``, or
-    ``$LONNYMQ_DSN``), ``schema`` (default ``lonnymq``), ``queue``. See docs/spark.md.
+    ``$LONNYMQ_DSN``), ``schema`` (default ``lonnymq``), ``queue``. A shard router's DSN is
+    followed to the queue's shard(s) (docs/spark.md, "Sharded setups"). See docs/spark.md.
     """
 
     #: ``spark.lonnymq.*`` confs captured by :func:`lonnymq.spark.register` (a subclass per

@@ -1,0 +1,180 @@
+"""The Spark data source given a shard router's DSN (docs/spark.md, "Sharded setups"): reads and
+writes go straight to the queue's shard, a partitioned queue's to every partition's shard (read in
+parallel, the union), each row written once, to its key's partition, and a rerun with the same
+write id completes a write that committed on some shards only; a stream consumes every
+partition.
+
+With the Spark session of the test_spark group (its JVM is started already) and a router over two
+shard clusters of this module's own (tests/shard's helpers: about 4 s to start, less than a JVM
+and its first job in the shard group's process)."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+from pyspark.sql.datasource import EqualTo
+from pyspark.sql.functions import spark_partition_id
+from pyspark.sql.types import StructType
+
+from lonnymq import Client, shard
+from lonnymq.client.direct import STRIDE, key_partition
+from lonnymq.spark._read import BatchReader, StreamReader, read_schema
+from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
+
+# tests/shard's cluster helpers (pytest puts that folder on the path for its own tests as well).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shard"))
+from shard_helpers import start_clusters
+
+pytestmark = [
+    pytest.mark.once,
+    pytest.mark.spark,
+    pytest.mark.xdist_group("test_spark"),
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
+
+SCHEMA = "n long, key string"
+
+
+@dataclass(frozen=True)
+class Router:
+    dsn: str
+    shard_dsns: list[str]
+
+
+@pytest.fixture(scope="module")
+def sharded() -> Iterator[Router]:
+    """A router over two shards (``lonnymq.shard.init``), for this module."""
+    with ExitStack() as stack:
+        router, *shards = start_clusters(3, stack)
+        shard.init(router.dsn, [c.dsn for c in shards])
+        yield Router(router.dsn, [c.dsn for c in shards])
+
+
+def rows(first: int, count: int, keyed: int) -> list[tuple[int, str | None]]:
+    """(n, key): the first ``keyed`` with a key of their own, the rest without."""
+    return [(n, f"k{n}" if n - first < keyed else None) for n in range(first, first + count)]
+
+
+def on_shards(sharded: Router, queue: str) -> list[list[tuple[int, str | None, int]]]:
+    """(id, key, payload n) of the queue's live messages on each shard, read on the shard."""
+    out = []
+    for dsn in sharded.shard_dsns:
+        with psycopg.connect(dsn) as conn:
+            got = conn.execute(
+                "SELECT m.id, m.key, convert_from(m.payload, 'UTF8')::jsonb->>'n' FROM lonnymq.message m"
+                " JOIN lonnymq.queue q ON q.id = m.queue_id WHERE q.name = %s ORDER BY m.id",
+                (queue,),
+            ).fetchall()
+        out.append([(int(i), k, int(n)) for i, k, n in got])
+    return out
+
+
+def test_partitioned_queue_written_and_read_on_every_shard(spark: Any, sharded: Router) -> None:
+    q = f"spark_hot_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2, max_attempts=1)
+    parts = shard.status(sharded.dsn).partitioned[q]
+    opts = {"dsn": sharded.dsn, "queue": q}
+    df = spark.createDataFrame(rows(0, 300, keyed=200), SCHEMA)
+    df.write.format("lonnymq").options(**opts).mode("append").save()
+
+    shards = on_shards(sharded, q)
+    assert Counter(n for held in shards for _, _, n in held) == Counter(range(300))  # each row once
+    for i, held in enumerate(shards):
+        assert {m_id % STRIDE for m_id, _, _ in held} <= {i}
+        for _, key, _ in held:  # a keyed row on its key's partition
+            assert key is None or parts[key_partition(key, 2)] == i
+        assert sum(key is None for _, key, _ in held) > 10  # unkeyed rows spread over both
+
+    read = spark.read.format("lonnymq").options(numPartitions="4", **opts).load()
+    got = read.select("id", spark_partition_id().alias("task")).collect()
+    assert sorted(r.id for r in got) == sorted(m_id for held in shards for m_id, _, _ in held)
+    # Two id ranges on each shard, read in parallel: each task's rows come from one shard.
+    assert len({r.task for r in got}) == 4
+    assert {(r.task, r.id % STRIDE) for r in got} == {(t, parts[t // 2]) for t in range(4)}
+
+    # Dead letters are read from every partition; a key filter reads its key's partition only.
+    with Client(sharded.dsn, direct=True) as c:
+        dead = [m for _ in range(6) for m in c.take(q, 2)]
+        assert {m.id % STRIDE for m in dead} == {0, 1}
+        c.nack(dead, error="boom")
+    schema = StructType.fromDDL(read_schema({}))
+    reader = BatchReader({**opts, "table": "dead"}, schema, {})
+    ids = [i for r in reader.partitions() for b in reader.read(r) for i in b.column("id").to_pylist()]
+    assert sorted(ids) == sorted(m.id for m in dead)
+    reader = BatchReader(opts, schema, {})
+    assert list(reader.pushFilters([EqualTo(("key",), "k7")])) == []
+    assert {r.target for r in reader.partitions()} == {key_partition("k7", 2)}
+
+    # A stream consumes every partition, on its shard: each live message once, acked there.
+    live = {m_id for held in on_shards(sharded, q) for m_id, _, _ in held}
+    assert len(live) == 300 - len(dead)
+    stream = spark.readStream.format("lonnymq").options(maxRowsPerBatch="100", ack="delete", **opts).load()
+    name = f"m_{q}"
+    query = stream.writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    taken = [r.id for r in spark.sql(f"SELECT id FROM {name}").collect()]
+    assert sorted(taken) == sorted(live)  # each once
+    assert on_shards(sharded, q) == [[], []]  # acked on both shards
+    assert len(query.recentProgress) >= 3  # at most 50 a partition a batch
+
+
+def test_commit_failing_on_one_shard_then_rerun_exactly_once(spark: Any, sharded: Router) -> None:
+    """Partition 1's commit fails (a key there conflicts, onConflict=error): partition 0's rows
+    stay committed, the job fails and its staging is gone from both shards. The rerun with the
+    same write id routes every row as the first run did (keyed or not), skips partition 0's
+    shard and commits partition 1's: each row exactly once."""
+    q = f"spark_rerun_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2)
+    parts = shard.status(sharded.dsn).partitioned[q]
+    data = rows(0, 200, keyed=50)
+    clash = next(k for _, k in data if k is not None and key_partition(k, 2) == 1)
+    with Client(sharded.dsn, direct=True) as c:
+        c.send(q, {"n": -1}, key=clash)
+    df = spark.createDataFrame(data, SCHEMA)
+    write = df.write.format("lonnymq").options(
+        dsn=sharded.dsn, queue=q, writeId="nightly", onConflict="error"
+    )
+    with pytest.raises(Exception, match="DuplicateKey"):
+        write.mode("append").save()
+    held = on_shards(sharded, q)
+    assert held[parts[0]] and [n for _, _, n in held[parts[1]]] == [-1]  # partition 0 committed
+    for dsn in sharded.shard_dsns:  # abort dropped the job's staging everywhere
+        with psycopg.connect(dsn) as conn:
+            staged = conn.execute("SELECT count(*) FROM lonnymq.spark_stage_part").fetchone()
+        assert staged == (0,)
+
+    with Client(sharded.dsn, direct=True) as c:
+        assert c.cancel(q, key=clash)
+    write.mode("append").save()
+    assert Counter(n for held in on_shards(sharded, q) for _, _, n in held) == Counter(range(200))
+
+
+def test_plain_queue_straight_to_its_shard(spark: Any, sharded: Router) -> None:
+    q = f"spark_plain_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q)
+    opts = {"dsn": sharded.dsn, "queue": q}
+    # Through the router this fails: the router has no staging tables.
+    spark.createDataFrame(rows(0, 100, keyed=100), SCHEMA).write.format("lonnymq").options(**opts).mode(
+        "append"
+    ).save()
+    counts = [len(s) for s in on_shards(sharded, q)]
+    assert sorted(counts) == [0, 100]  # all on the queue's shard
+    home = sharded.shard_dsns[counts.index(100)]
+    schema = StructType.fromDDL(read_schema({}))
+    for reader in (BatchReader(opts, schema, {}), StreamReader(opts, schema, {})):
+        [target] = reader.targets if isinstance(reader, BatchReader) else [reader.target]
+        assert conninfo_to_dict(target.dsn)["port"] == conninfo_to_dict(home)["port"]
