@@ -121,6 +121,28 @@ def test_receive_wakes_for_a_send_on_the_queues_shard(sharded, direct: bool) -> 
     assert max(lags) < 1.0, lags
 
 
+def test_receive_follows_a_moved_queue(sharded) -> None:  # type: ignore[no-untyped-def]
+    """After its queue moved to the other shard, a receive() of the same client (whose map still
+    names the old shard) registers on the new shard and wakes for the queue's sends there."""
+    q = queues_on_both_shards(sharded.dsn, "wake_mv")[0]
+    with Client(sharded.dsn) as c:
+        c.create_queue(q)
+        assert c.receive(q, timeout=0.1, poll=30) == []  # listened on shard 0 (the map read)
+        shard.move(sharded.dsn, q, 1)
+
+        def later() -> None:
+            time.sleep(0.2)
+            c.send(q, "moved")
+
+        t = threading.Thread(target=later)
+        t.start()
+        t0 = time.monotonic()
+        got = c.receive(q, timeout=4, poll=30)
+        t.join()
+        assert [m.payload for m in got] == ["moved"] and time.monotonic() - t0 < 1.2
+        c.ack(got)
+
+
 def test_receive_wakes_while_a_partitions_shard_is_down(sharded) -> None:  # type: ignore[no-untyped-def]
     """With one partition's shard stopped, receive() listens on the other (a shard that cannot
     be reached is left out, neither an error nor a hang) and wakes for its sends."""

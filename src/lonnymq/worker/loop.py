@@ -123,7 +123,10 @@ async def listen(ctx: Context, outage: Outage) -> None:
     once more (and again once the sends that missed the registration, if any, have committed),
     and unregisters it when a fetch fills every slot. A lost connection is an outage (see :mod:`.outage`): it is
     re-opened once the database is back, then with backoff; on every (re)connect all queues are
-    fetched, since notifications may have been missed."""
+    fetched, since notifications may have been missed. Through a shard router the listener is
+    the client's ``wait.ShardListener``: one connection per shard holding a served queue, where
+    its sends notify; a shard it cannot reach is left out and tried again (those queues are
+    fetched at ``poll_interval`` meanwhile), never an outage."""
     schema = ctx.client.schema
     delay = 0.1
     while True:
