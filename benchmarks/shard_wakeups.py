@@ -1,7 +1,9 @@
 """Idle pickup through a shard router (issue 23): milliseconds from a send's return (its commit
 on the shard) to a waiting ``receive()`` returning the message, with 1 and 8 waiters, each a
 ``Client(router)`` or a ``Client(router, direct=True)`` of its own (one thread each), the
-producer of the same kind; one message every ``--interval`` seconds to a plain queue.
+producer of the same kind; one message every ``--interval`` seconds to a plain queue. For
+comparison, mode ``shard``: plain clients of the shard's own DSN (a single server's wake-ups,
+in the same run).
 
 Runs on throwaway Debian PostgreSQL 15 clusters (tools/pgcluster.py: a router and two shards,
 fsync and synchronous_commit on); needs root (PostgreSQL runs as the postgres OS user) and
@@ -35,14 +37,14 @@ SETTINGS = {"shared_preload_libraries": "''", "fsync": "on", "synchronous_commit
 
 
 def pickup(
-    router: str, queue: str, direct: bool, waiters: int, rounds: int, interval: float, poll: float
+    dsn: str, queue: str, direct: bool, waiters: int, rounds: int, interval: float, poll: float
 ) -> list[float]:
     """Milliseconds from each send's return to the receive() that returned its message."""
     sent: dict[int, float] = {}
     got: dict[int, float] = {}
 
     def consume() -> None:
-        with Client(router, pool_size=1, direct=direct) as c:
+        with Client(dsn, pool_size=1, direct=direct) as c:
             while True:
                 for m in c.receive(queue, timeout=60, poll=poll):
                     if m.payload == "stop":
@@ -54,7 +56,7 @@ def pickup(
     threads = [threading.Thread(target=consume) for _ in range(waiters)]
     for t in threads:
         t.start()
-    with Client(router, pool_size=1, direct=direct) as p:
+    with Client(dsn, pool_size=1, direct=direct) as p:
         time.sleep(1.0)  # every waiter asleep
         for i in range(rounds):
             p.send(queue, str(i))
@@ -87,6 +89,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between sends")
     ap.add_argument("--poll", type=float, default=5.0, help="receive(poll=...)")
     ap.add_argument("--waiters", default="1,8")
+    ap.add_argument("--modes", default="router,direct,shard", help="router, direct, shard")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
     pgcluster.ensure_plproxy()
@@ -96,13 +99,20 @@ def main() -> int:
             stack.enter_context(pgcluster.temporary_cluster(SETTINGS, install=False)) for _ in range(3)
         )
         shard.init(router.dsn, [a.dsn, b.dsn])
-        for direct in (False, True):
+        for mode in args.modes.split(","):
             for waiters in (int(w) for w in args.waiters.split(",")):
-                queue = f"wake_{int(direct)}_{waiters}"
+                queue = f"wake_{mode}_{waiters}"
                 with Client(router.dsn) as c:
                     c.create_queue(queue)
-                ms = pickup(router.dsn, queue, direct, waiters, args.rounds, args.interval, args.poll)
-                case = f"{'direct' if direct else 'router'}, {waiters} waiter(s)"
+                dsn = router.dsn
+                if mode == "shard":  # the queue's own shard, as a single server
+                    [dsn] = [
+                        s.dsn
+                        for s, st in zip((a, b), shard.status(router.dsn).shards, strict=True)
+                        if queue in st.queues
+                    ]
+                ms = pickup(dsn, queue, mode == "direct", waiters, args.rounds, args.interval, args.poll)
+                case = f"{mode}, {waiters} waiter(s)"
                 results[case] = summary(ms, args.rounds)
                 print(case, results[case], flush=True)
     if args.json:
