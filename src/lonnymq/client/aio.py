@@ -48,6 +48,7 @@ from ..serializer import Serializer
 from . import config
 from .direct import (
     ATTEMPTS,
+    MAP_TTL,
     PARTITION_WAIT,
     ShardMap,
     listen_conninfo,
@@ -850,6 +851,13 @@ class AsyncClient:
             return {}
         shards = m.partitions(queue) if shard < 0 else [shard]
         return {i: listen_conninfo(m.conninfo(i, self.conninfo)) for i in shards}
+
+    def _listen_recheck(self) -> float:
+        """When (monotonic) the shard map :meth:`_listen_shards` reads is to be read again."""
+        m = self._map if self._map is not None else self._listen_map
+        if m is None or m.version is None:
+            return monotonic() + MAP_TTL
+        return m.loaded_at + m.ttl
 
     async def peek(
         self, queue: str, n: int = 10, *, conn: AsyncConnection[Any] | None = None

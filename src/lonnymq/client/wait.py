@@ -126,6 +126,10 @@ class ShardResolver(Protocol):
         conninfo. ``fresh``: ask the router again (the queue was not where the map said)."""
         ...
 
+    def _listen_recheck(self) -> float:
+        """When (a :func:`time.monotonic` time) the shard map is to be read again."""
+        ...
+
 
 class ShardListener:
     """LISTEN connections to the shards of a shard router, one per shard, opened when a queue
@@ -135,11 +139,12 @@ class ShardListener:
     :class:`AsyncListener`.
 
     A shard that cannot be reached is left out (tried again after ``DOWN_SKIP`` seconds): its
-    queues are found by the caller's poll meanwhile, never by a hang or an error. Each wait
-    re-resolves the queues registered (the router's shard map is read again at most every
-    ``MAP_TTL`` seconds, so a wait never sleeps longer than that): a queue that moved is
-    registered on its new shard and reported as woken (look again). Errors of the router itself
-    propagate (psycopg.OperationalError)."""
+    queues are found by the caller's poll meanwhile, never by a hang or an error. A wait
+    re-resolves the queues registered whenever the router's shard map is due to be read again
+    (every ``MAP_TTL`` seconds): a queue that moved is registered on its new shard and reported
+    as woken (look again); a router that does not answer then is asked again ``DOWN_SKIP``
+    seconds later, the registrations kept. A router that does not answer :meth:`register`
+    raises (psycopg.OperationalError)."""
 
     def __init__(self, resolver: ShardResolver, listen: sql.Composed) -> None:
         self.resolver = resolver
@@ -150,6 +155,7 @@ class ShardListener:
         self._queues: dict[str, set[int]] = {}  # queue -> the shards it is registered on
         self._missing: dict[str, dict[int, str]] = {}  # queue -> its shards not registered on
         self._down: dict[int, float] = {}  # shard -> monotonic time before which it is not tried
+        self._router_down_until = 0.0  # the router did not answer a re-check: not asked till then
         self._closed = False
 
     async def register(self, schema: str, queue: str) -> list[str]:
@@ -259,19 +265,26 @@ class ShardListener:
         Returns those queues (look at them again: a send may have come meanwhile)."""
         woke: list[str] = []
         schema = self.schema
-        if schema is None:
+        if schema is None or self._router_down_until > monotonic():
             return woke
         for queue in list(self._queues):
             try:
                 shards = await self.resolver._listen_shards(queue)
             except psycopg.OperationalError:
-                return woke  # the router does not answer: keep listening where we are
+                # The router does not answer: keep listening where we are, ask again later.
+                self._router_down_until = monotonic() + DOWN_SKIP
+                return woke
             done, missing = self._queues[queue], self._missing.setdefault(queue, {})
             for shard in [s for s in done if self._where.get(s) != shards.get(s)]:
                 if shard in shards:  # same index, another server: open it again
                     woke += await self._drop(shard)
                     continue
                 done.discard(shard)  # the queue left this shard
+                if not [d for d in self._queues.values() if shard in d]:
+                    # Gone from there, the queue cannot be unregistered by name (wait_end finds
+                    # no queue): closing the connection releases its wait lock.
+                    await self._drop(shard)
+                    continue
                 listener = self._conns.get(shard)
                 if listener is not None:
                     try:
@@ -289,12 +302,17 @@ class ShardListener:
         return list(dict.fromkeys(woke))
 
     def _step(self, remaining: float | None) -> float:
-        """How long one wait may last: until ``remaining`` runs out, but no longer than the
-        shard map's check interval, nor than until a shard found down is tried again."""
+        """How long one wait may last: until ``remaining`` runs out, but no longer than until
+        the shard map is to be read again (if it waits on queues), nor than until a shard found
+        down is tried again."""
         step = MAP_TTL if remaining is None else min(remaining, MAP_TTL)
+        due: list[float] = []
+        if self._queues:
+            due.append(max(self.resolver._listen_recheck(), self._router_down_until))
         if any(self._missing.values()):
-            retry = min((self._down.get(s, 0.0) for m in self._missing.values() for s in m), default=0.0)
-            step = min(step, max(retry - monotonic(), PENDING_WAIT))
+            due.append(min([self._down.get(s, 0.0) for m in self._missing.values() for s in m]))
+        if due:
+            step = min(step, max(min(due) - monotonic(), PENDING_WAIT))
         return step
 
     async def wait(self, timeout: float | None) -> list[str]:

@@ -119,6 +119,10 @@ class ShardResolver(Protocol):
         conninfo. ``fresh``: ask the router again (the queue was not where the map said)."""
         ...
 
+    def _listen_recheck(self) -> float:
+        """When (a :func:`time.monotonic` time) the shard map is to be read again."""
+        ...
+
 
 class ShardListener:
     """LISTEN connections to the shards of a shard router, one per shard, opened when a queue
@@ -128,11 +132,12 @@ class ShardListener:
     :class:`Listener`.
 
     A shard that cannot be reached is left out (tried again after ``DOWN_SKIP`` seconds): its
-    queues are found by the caller's poll meanwhile, never by a hang or an error. Each wait
-    re-resolves the queues registered (the router's shard map is read again at most every
-    ``MAP_TTL`` seconds, so a wait never sleeps longer than that): a queue that moved is
-    registered on its new shard and reported as woken (look again). Errors of the router itself
-    propagate (psycopg.OperationalError)."""
+    queues are found by the caller's poll meanwhile, never by a hang or an error. A wait
+    re-resolves the queues registered whenever the router's shard map is due to be read again
+    (every ``MAP_TTL`` seconds): a queue that moved is registered on its new shard and reported
+    as woken (look again); a router that does not answer then is asked again ``DOWN_SKIP``
+    seconds later, the registrations kept. A router that does not answer :meth:`register`
+    raises (psycopg.OperationalError)."""
 
     def __init__(self, resolver: ShardResolver, listen: sql.Composed) -> None:
         self.resolver = resolver
@@ -143,6 +148,7 @@ class ShardListener:
         self._queues: dict[str, set[int]] = {}
         self._missing: dict[str, dict[int, str]] = {}
         self._down: dict[int, float] = {}
+        self._router_down_until = 0.0
         self._closed = False
 
     def register(self, schema: str, queue: str) -> list[str]:
@@ -252,12 +258,13 @@ class ShardListener:
         Returns those queues (look at them again: a send may have come meanwhile)."""
         woke: list[str] = []
         schema = self.schema
-        if schema is None:
+        if schema is None or self._router_down_until > monotonic():
             return woke
         for queue in list(self._queues):
             try:
                 shards = self.resolver._listen_shards(queue)
             except psycopg.OperationalError:
+                self._router_down_until = monotonic() + DOWN_SKIP
                 return woke
             done, missing = (self._queues[queue], self._missing.setdefault(queue, {}))
             for shard in [s for s in done if self._where.get(s) != shards.get(s)]:
@@ -265,6 +272,9 @@ class ShardListener:
                     woke += self._drop(shard)
                     continue
                 done.discard(shard)
+                if not [d for d in self._queues.values() if shard in d]:
+                    self._drop(shard)
+                    continue
                 listener = self._conns.get(shard)
                 if listener is not None:
                     try:
@@ -282,12 +292,17 @@ class ShardListener:
         return list(dict.fromkeys(woke))
 
     def _step(self, remaining: float | None) -> float:
-        """How long one wait may last: until ``remaining`` runs out, but no longer than the
-        shard map's check interval, nor than until a shard found down is tried again."""
+        """How long one wait may last: until ``remaining`` runs out, but no longer than until
+        the shard map is to be read again (if it waits on queues), nor than until a shard found
+        down is tried again."""
         step = MAP_TTL if remaining is None else min(remaining, MAP_TTL)
+        due: list[float] = []
+        if self._queues:
+            due.append(max(self.resolver._listen_recheck(), self._router_down_until))
         if any(self._missing.values()):
-            retry = min((self._down.get(s, 0.0) for m in self._missing.values() for s in m), default=0.0)
-            step = min(step, max(retry - monotonic(), PENDING_WAIT))
+            due.append(min([self._down.get(s, 0.0) for m in self._missing.values() for s in m]))
+        if due:
+            step = min(step, max(min(due) - monotonic(), PENDING_WAIT))
         return step
 
     def wait(self, timeout: float | None) -> list[str]:
