@@ -95,29 +95,37 @@ def _waiters(shard_dsn: str) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
+def _receive_a_late_send(c: Client, producer: Client, q: str, key: str | None = None) -> float:
+    """receive() on ``c`` (poll=30: the fallback poll cannot be what finds the message) while
+    ``producer`` sends to ``q`` 0.2 s later; returns the seconds from the send's return to the
+    receive() returning it (negative: woken by the commit, before send() returned)."""
+    sent: list[float] = []
+
+    def later() -> None:
+        time.sleep(0.2)
+        producer.send(q, "late", key=key)
+        sent.append(time.monotonic())
+
+    t = threading.Thread(target=later)
+    t.start()
+    got = c.receive(q, timeout=4, poll=30)
+    woke = time.monotonic()
+    t.join()
+    assert [m.payload for m in got] == ["late"], (q, key)
+    c.ack(got)
+    return woke - sent[0]
+
+
 @pytest.mark.parametrize("direct", [False, True], ids=["router", "direct"])
 def test_receive_wakes_for_a_send_on_the_queues_shard(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
     """A waiting receive() listens on the shard(s) holding its queue, where sends notify: a send
     through the router wakes it at once, for a queue on either shard and for either partition
-    of a partitioned queue (poll=30: the fallback poll cannot be what finds the message)."""
-    lags = []
+    of a partitioned queue."""
     with Client(sharded.dsn, direct=direct) as c, Client(sharded.dsn) as producer:
-        for q, key in _wake_cases(sharded.dsn, f"r{int(direct)}"):
-            sent: list[float] = []
-
-            def later(q: str = q, key: str | None = key, sent: list[float] = sent) -> None:
-                time.sleep(0.2)
-                producer.send(q, "late", key=key)
-                sent.append(time.monotonic())
-
-            t = threading.Thread(target=later)
-            t.start()
-            got = c.receive(q, timeout=4, poll=30)
-            woke = time.monotonic()
-            t.join()
-            lags.append(woke - sent[0])  # (negative: woken by the commit, before send() returned)
-            assert [m.payload for m in got] == ["late"], (q, key)
-            c.ack(got)
+        lags = [
+            _receive_a_late_send(c, producer, q, key)
+            for q, key in _wake_cases(sharded.dsn, f"r{int(direct)}")
+        ]
     assert max(lags) < 1.0, lags
 
 
@@ -129,18 +137,7 @@ def test_receive_follows_a_moved_queue(sharded) -> None:  # type: ignore[no-unty
         c.create_queue(q)
         assert c.receive(q, timeout=0.1, poll=30) == []  # listened on shard 0 (the map read)
         shard.move(sharded.dsn, q, 1)
-
-        def later() -> None:
-            time.sleep(0.2)
-            c.send(q, "moved")
-
-        t = threading.Thread(target=later)
-        t.start()
-        t0 = time.monotonic()
-        got = c.receive(q, timeout=4, poll=30)
-        t.join()
-        assert [m.payload for m in got] == ["moved"] and time.monotonic() - t0 < 1.2
-        c.ack(got)
+        assert _receive_a_late_send(c, c, q) < 1.0
 
 
 def test_receive_wakes_while_a_partitions_shard_is_down(sharded) -> None:  # type: ignore[no-untyped-def]
@@ -150,18 +147,7 @@ def test_receive_wakes_while_a_partitions_shard_is_down(sharded) -> None:  # typ
     sharded.shards[1].stop()
     try:
         with Client(sharded.dsn) as c:
-
-            def later() -> None:
-                time.sleep(0.3)
-                c.send(q, "late", key=up_key)
-
-            t = threading.Thread(target=later)
-            t.start()
-            t0 = time.monotonic()
-            got = c.receive(q, timeout=4, poll=30)
-            t.join()
-            assert [m.payload for m in got] == ["late"] and time.monotonic() - t0 < 1.3
-            c.ack(got)
+            assert _receive_a_late_send(c, c, q, up_key) < 1.0
     finally:
         sharded.shards[1].start()
 
