@@ -1,5 +1,6 @@
 """Every client unchanged on the router's DSN: the sync and async clients, the worker and the
-CLI; and the calls whose promise is the caller's transaction refused (RouterTransaction)."""
+CLI; their wake-ups by NOTIFY from the shards; and the calls whose promise is the caller's
+transaction refused (RouterTransaction)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import psycopg
 import pytest
 from shard_helpers import home
 
-from lonnymq import AsyncClient, Client, Envelope, errors
+from lonnymq import AsyncClient, Client, Envelope, errors, shard
 from lonnymq.cli import main
-from lonnymq.worker import App
-from worker_helpers import until, with_worker
+from lonnymq.client.direct import key_partition
+from lonnymq.worker import App, Worker
+from worker_helpers import eventually, until, with_worker
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -58,21 +60,96 @@ def test_sync_client_through_the_router(sharded) -> None:  # type: ignore[no-unt
         assert not {"sync_0", "sync_1"} & {q.name for q in c.list_queues()}
 
 
-def test_receive_wakes_for_a_send_through_the_router(sharded) -> None:  # type: ignore[no-untyped-def]
-    """NOTIFY happens on the shard, where no one listens: receive() finds the message by its
-    polling fallback (``poll``), not by a wake-up (docs/sharding.md)."""
+def _key_on(parts: list[int], shard_index: int, prefix: str) -> str:
+    """A key whose partition of a queue with partitions ``parts`` is on shard ``shard_index``."""
+    return next(
+        f"{prefix}{i}" for i in range(100) if parts[key_partition(f"{prefix}{i}", len(parts))] == shard_index
+    )
+
+
+def _wake_cases(router: str, tag: str) -> list[tuple[str, str | None]]:
+    """(queue, key) to send to: a plain queue on each shard, and each partition of a queue
+    partitioned over both shards (created here)."""
+    plain = queues_on_both_shards(router, f"wake_{tag}")
+    part = f"wake_{tag}_p"
+    with Client(router) as c:
+        for q in plain:
+            c.create_queue(q)
+        c.create_queue(part, partitions=2)
+    parts = shard.status(router).partitioned[part]
+    return [
+        (plain[0], None),
+        (plain[1], None),
+        (part, _key_on(parts, 0, "k")),
+        (part, _key_on(parts, 1, "k")),
+    ]
+
+
+def _waiters(shard_dsn: str) -> list[int]:
+    """The sessions of a shard registered as waiters on some queue (holding a wait lock)."""
+    with psycopg.connect(shard_dsn) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock'"
+            " AND classid = (hashtext('lonnymq/wait') & 2147483647)::oid"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _receive_a_late_send(c: Client, producer: Client, q: str, key: str | None = None) -> float:
+    """receive() on ``c`` (poll=30: the fallback poll cannot be what finds the message) while
+    ``producer`` sends to ``q`` 0.2 s later; returns the seconds from the send's return to the
+    receive() returning it (negative: woken by the commit, before send() returned)."""
+    sent: list[float] = []
+
+    def later() -> None:
+        time.sleep(0.2)
+        producer.send(q, "late", key=key)
+        sent.append(time.monotonic())
+
+    t = threading.Thread(target=later)
+    t.start()
+    got = c.receive(q, timeout=4, poll=30)
+    woke = time.monotonic()
+    t.join()
+    assert [m.payload for m in got] == ["late"], (q, key)
+    c.ack(got)
+    return woke - sent[0]
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["router", "direct"])
+def test_receive_wakes_for_a_send_on_the_queues_shard(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
+    """A waiting receive() listens on the shard(s) holding its queue, where sends notify: a send
+    through the router wakes it at once, for a queue on either shard and for either partition
+    of a partitioned queue."""
+    with Client(sharded.dsn, direct=direct) as c, Client(sharded.dsn) as producer:
+        lags = [
+            _receive_a_late_send(c, producer, q, key)
+            for q, key in _wake_cases(sharded.dsn, f"r{int(direct)}")
+        ]
+    assert max(lags) < 1.0, lags
+
+
+def test_receive_follows_a_moved_queue(sharded) -> None:  # type: ignore[no-untyped-def]
+    """After its queue moved to the other shard, a receive() of the same client (whose map still
+    names the old shard) registers on the new shard and wakes for the queue's sends there."""
+    q = queues_on_both_shards(sharded.dsn, "wake_mv")[0]
     with Client(sharded.dsn) as c:
-        c.create_queue("recv")
+        c.create_queue(q)
+        assert c.receive(q, timeout=0.1, poll=30) == []  # listened on shard 0 (the map read)
+        shard.move(sharded.dsn, q, 1)
+        assert _receive_a_late_send(c, c, q) < 1.0
 
-        def later() -> None:
-            time.sleep(0.3)
-            c.send("recv", "late")
 
-        threading.Thread(target=later).start()
-        t0 = time.monotonic()
-        got = c.receive("recv", timeout=10, poll=0.5)
-        assert [m.payload for m in got] == ["late"] and time.monotonic() - t0 < 5
-        c.ack(got)
+def test_receive_wakes_while_a_partitions_shard_is_down(sharded) -> None:  # type: ignore[no-untyped-def]
+    """With one partition's shard stopped, receive() listens on the other (a shard that cannot
+    be reached is left out, neither an error nor a hang) and wakes for its sends."""
+    (_, _, (q, up_key), _) = _wake_cases(sharded.dsn, "down")
+    sharded.shards[1].stop()
+    try:
+        with Client(sharded.dsn) as c:
+            assert _receive_a_late_send(c, c, q, up_key) < 1.0
+    finally:
+        sharded.shards[1].start()
 
 
 def test_async_client_through_the_router(sharded) -> None:  # type: ignore[no-untyped-def]
@@ -117,6 +194,46 @@ def test_worker_through_the_router(sharded) -> None:  # type: ignore[no-untyped-
         for q in queues:
             m = c.metrics(q)
             assert (m.ready, m.leased, m.scheduled) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["router", "direct"])
+def test_worker_wakes_for_a_send_on_the_queues_shard(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
+    """The worker's listener listens on the shards of its queues (one connection per shard): a
+    send through the router wakes it at once (poll_interval=30), also after its connection to
+    a shard was cut (it connects and registers again)."""
+    cases = _wake_cases(sharded.dsn, f"w{int(direct)}")
+    app = App()
+    handled: dict[str, float] = {}
+    for q in dict.fromkeys(q for q, _ in cases):
+
+        @app.handler(q)
+        async def work(job):  # type: ignore[no-untyped-def]
+            handled[job.payload] = time.monotonic()
+
+    lags = []
+
+    async def main() -> None:
+        async with AsyncClient(sharded.dsn, direct=direct) as client, AsyncClient(sharded.dsn) as producer:
+            w = Worker(app, client, poll_interval=30, concurrency=4)
+            await w.start()
+            try:
+                await eventually(lambda: len(_waiters(sharded.shard_dsns[1])) == 1, 5, "registered")
+                for n, (q, key) in enumerate(cases):
+                    if n == 2:  # cut the listener's connection to shard 1
+                        [pid] = _waiters(sharded.shard_dsns[1])
+                        with psycopg.connect(sharded.shard_dsns[1], autocommit=True) as conn:
+                            conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+                        await eventually(lambda: len(_waiters(sharded.shard_dsns[1])) == 1, 5, "again")
+                    tag = f"{q}/{key}"
+                    await producer.send(q, tag, key=key)
+                    sent = time.monotonic()
+                    await eventually(lambda tag=tag: tag in handled, 4, f"{tag} handled")  # type: ignore[misc]
+                    lags.append(handled[tag] - sent)
+            finally:
+                await w.stop()
+
+    asyncio.run(main())
+    assert max(lags) < 1.0, lags
 
 
 def test_cli_through_the_router(sharded, capsys) -> None:  # type: ignore[no-untyped-def]

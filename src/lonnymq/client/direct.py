@@ -54,6 +54,7 @@ __all__ = [
     "STRIDE",
     "ShardMap",
     "key_partition",
+    "listen_conninfo",
     "settle_merge",
     "settle_split",
 ]
@@ -128,6 +129,19 @@ _SKIPS_DOWN = ("take", "next_ready_in")
 #: Message ids of a router's shard i are i modulo STRIDE (``shard init`` sets each shard's id
 #: sequence so): a partitioned queue's message id names the shard that holds it.
 STRIDE = 1024
+
+
+#: Seconds a listener (``wait.ShardListener``) waits for a shard to accept its connection, unless
+#: the client's DSN sets ``connect_timeout``: a shard that does not answer is then left out.
+LISTEN_CONNECT_TIMEOUT = 2
+
+
+def listen_conninfo(conninfo: str) -> str:
+    """``conninfo`` (a shard's, from :meth:`ShardMap.conninfo`) with a ``connect_timeout`` of
+    :data:`LISTEN_CONNECT_TIMEOUT` if it sets none."""
+    if conninfo_to_dict(conninfo).get("connect_timeout") is not None:
+        return conninfo
+    return make_conninfo(conninfo, connect_timeout=LISTEN_CONNECT_TIMEOUT)
 
 
 def key_partition(key: str, n: int) -> int:
@@ -254,6 +268,10 @@ class ShardMap:
         i = shard & (len(self.shards) - 1)  # an override is an index; a hash is masked (PL/Proxy)
         self._routes[queue] = i
         return i
+
+    def partitions(self, queue: str) -> list[int]:
+        """The shards of partitioned ``queue``'s partitions (after :meth:`remember`)."""
+        return list(self._parts[queue])
 
     def forget(self, queue: str) -> None:
         self._routes.pop(queue, None)

@@ -49,7 +49,16 @@ from ..models import (
 )
 from ..serializer import Serializer
 from . import config
-from .direct import ATTEMPTS, PARTITION_WAIT, ShardMap, settle_merge, settle_split, unsupported
+from .direct import (
+    ATTEMPTS,
+    MAP_TTL,
+    PARTITION_WAIT,
+    ShardMap,
+    listen_conninfo,
+    settle_merge,
+    settle_split,
+    unsupported,
+)
 from .ops import (
     ROW_FACTORY,
     Op,
@@ -62,7 +71,7 @@ from .ops import (
     to_ms,
 )
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, sleep
-from .wait_sync import PENDING_WAIT, Listener, next_wait
+from .wait_sync import PENDING_WAIT, Listener, ShardListener, next_wait
 
 T = TypeVar("T")
 
@@ -141,9 +150,10 @@ class Client:
         self._pool: ConnectionPool[Any] | None = None
         self._owns_pool = False
         self._opened = False
-        self._listeners: list[Connection[Any]] = []
+        self._listeners: list[Listener | ShardListener] = []
         self._router: bool | None = None
         self._map: ShardMap | None = ShardMap(schema, self.ops.st) if direct else None
+        self._listen_map: ShardMap | None = None
         self._shard_pools: dict[tuple[int, str], ConnectionPool[Any]] = {}
         self._pool_args: tuple[int, dict[str, Any], bool] = (pool_size, {}, check_connections)
         self.conninfo: str | None = None
@@ -703,7 +713,7 @@ class Client:
         limit = to_ms(timeout, "timeout")
         to_ms(poll, "poll", positive=True)
         deadline = None if limit is None else monotonic() + limit / 1000
-        listener: Listener | None = None
+        listener: Listener | ShardListener | None = None
         registered = False
         pending: list[str] = []
         try:
@@ -716,7 +726,7 @@ class Client:
                 wait = poll
                 try:
                     if listener is None:
-                        listener = self._listener()
+                        listener = self.listener()
                     if not registered:
                         pending = listener.register(self.schema, queue)
                         registered = True
@@ -749,14 +759,54 @@ class Client:
                 except psycopg.Error:
                     listener.close()
                 else:
-                    self._listeners.append(listener.conn)
+                    self._listeners.append(listener)
 
-    def _listener(self) -> Listener:
+    def listener(self) -> Listener | ShardListener:
+        """A listener to wait for this client's queues' messages on (``receive()`` and the
+        worker use it; close it when done): one LISTEN connection on a single server; on a shard
+        router (``direct`` or not) a :class:`~lonnymq.client.wait.ShardListener`, which listens
+        on the shards holding the queues it waits on, where their sends notify. Raises
+        InvalidArgument for a client made from a connection (a listener needs a conninfo)."""
         if self._listeners:
-            return Listener(self._listeners.pop())
+            return self._listeners.pop()
         if self.conninfo is None:
             raise errors.InvalidArgument("receive() needs a client made from a conninfo or a pool")
+        if self._map is not None or self.is_router():
+            return ShardListener(self, self.ops.st.listen)
         return Listener.connect(self.conninfo, self.ops.st.listen)
+
+    def _listen_shards(self, queue: str, *, fresh: bool = False) -> dict[int, str]:
+        """The shards of a router holding ``queue`` (one, or its partitions'): index -> conninfo,
+        from the shard map (the direct client's own; else one read just for listening); none
+        when the router predates the map (``lonnymq shard upgrade``): then waits poll. Asks the
+        router without retries, waiting at most PARTITION_WAIT for a connection."""
+        m = self._map
+        if m is None:
+            m = self._listen_map = self._listen_map or ShardMap(self.schema, self.ops.st)
+        assert self.conninfo is not None
+        router = self._router_pool()
+        try:
+            if fresh:
+                m.forget(queue)
+            if fresh or m.stale():
+                m.load(*self._run_pooled(router, m.map_op(), False, PARTITION_WAIT))
+            shard = m.route(queue)
+            if shard is None:
+                found = self._run_pooled(router, m.route_op(queue), False, PARTITION_WAIT)
+                shard = m.remember(queue, *found)
+        except errors.NotInstalled:
+            if self._map is not None:
+                raise
+            return {}
+        shards = m.partitions(queue) if shard < 0 else [shard]
+        return {i: listen_conninfo(m.conninfo(i, self.conninfo)) for i in shards}
+
+    def _listen_recheck(self) -> float:
+        """When (monotonic) the shard map :meth:`_listen_shards` reads is to be read again."""
+        m = self._map if self._map is not None else self._listen_map
+        if m is None or m.version is None:
+            return monotonic() + MAP_TTL
+        return m.loaded_at + m.ttl
 
     def peek(self, queue: str, n: int = 10, *, conn: Connection[Any] | None = None) -> list[Message]:
         """The next ``n`` messages in delivery order (ready or not), without leasing them."""

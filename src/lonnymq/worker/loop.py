@@ -16,7 +16,7 @@ from functools import partial
 from time import monotonic
 
 from .. import errors
-from ..client.wait import PENDING_WAIT, AsyncListener, next_wait
+from ..client.wait import PENDING_WAIT, AsyncListener, ShardListener, next_wait
 from .execute import Runner
 from .ops import WORKER_MIGRATION
 from .outage import OUTAGE, Outage
@@ -123,15 +123,17 @@ async def listen(ctx: Context, outage: Outage) -> None:
     once more (and again once the sends that missed the registration, if any, have committed),
     and unregisters it when a fetch fills every slot. A lost connection is an outage (see :mod:`.outage`): it is
     re-opened once the database is back, then with backoff; on every (re)connect all queues are
-    fetched, since notifications may have been missed."""
-    conninfo = ctx.client.conninfo
-    assert conninfo is not None
+    fetched, since notifications may have been missed. Through a shard router the listener is
+    the client's ``wait.ShardListener``: one connection per shard holding a served queue, where
+    its sends notify; a shard it cannot reach is left out and tried again (those queues are
+    fetched at ``poll_interval`` meanwhile), never an outage."""
     schema = ctx.client.schema
     delay = 0.1
     while True:
         await outage.wait_up(ctx.stop_side)
         try:
-            listener = await AsyncListener.connect(conninfo, ctx.client.ops.st.listen)
+            # Through a shard router: a listener on the shards of the queues (wait.ShardListener).
+            listener = await ctx.client.listener()
             try:
                 delay = 0.1
                 for q in ctx.queues.values():
@@ -169,7 +171,9 @@ async def listen(ctx: Context, outage: Outage) -> None:
             delay = min(delay * 2, 5.0)
 
 
-async def _notified(listener: AsyncListener, change: asyncio.Event, timeout: float | None) -> list[str]:
+async def _notified(
+    listener: AsyncListener | ShardListener, change: asyncio.Event, timeout: float | None
+) -> list[str]:
     """Wait up to ``timeout`` seconds for notifications (their queue names) or ``change``
     (then: [])."""
     waiting = asyncio.ensure_future(listener.wait(timeout))
