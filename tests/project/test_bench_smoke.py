@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.once, pytest.mark.slow]
         "held_snapshot.py",
         "producers.py",
         "pgmq_facade.py",
-        "settle_cpu.py",
+        "consume_cpu.py",
     ],
 )
 def test_scripts_start(script: str) -> None:

@@ -586,19 +586,27 @@ DECLARE
     v_held_tid tid[]     := ARRAY[]::tid[];
     v_held_ats bigint[]  := ARRAY[]::bigint[];
     v_held_ok  boolean[] := ARRAY[]::boolean[];
+    v_head     record;
 BEGIN
-    -- The checks of _queue, _check_limit and _now, called only when they are going to fail.
-    SELECT * INTO q FROM {schema}.queue WHERE name = p_queue;
+    -- The queue, the clock, the generation counter and the queue's frozen generations, in one
+    -- statement, as in take(). The checks of _queue, _check_limit and _now are called only when
+    -- they are going to fail.
+    SELECT x AS q, s.last_value AS gen,
+           (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
+           CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
+                ELSE {schema}._now(p_now) END AS now
+      INTO v_head
+      FROM {schema}.queue x, {schema}.message_gen_seq s
+     WHERE x.name = p_queue;
     IF NOT FOUND THEN
         q := {schema}._queue(p_queue);
     END IF;
+    q := v_head.q;
+    v_now := v_head.now;
+    v_gen := v_head.gen;
+    v_frozen := v_head.frozen;
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
         PERFORM {schema}._check_limit(p_limit);
-    END IF;
-    IF p_now IS NULL THEN
-        v_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
-    ELSE
-        v_now := {schema}._now(p_now);
     END IF;
     v_archive := coalesce(p_archive, q.archive);
     IF q.paused THEN  -- queue_pause: nothing is handed out
@@ -613,9 +621,6 @@ BEGIN
     END IF;
 
     IF NOT v_archive THEN
-        SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
-          INTO v_gen, v_frozen
-          FROM {schema}.message_gen_seq s;
         FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
             v_more := p_limit - cardinality(v_held);
             EXIT WHEN v_more <= 0;
@@ -662,9 +667,12 @@ BEGIN
           FROM d ORDER BY d.dequeue_at, d.id;
         GET DIAGNOSTICS v_got = ROW_COUNT;
         v_want := p_limit - v_got;
+        IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
+            RETURN;
+        END IF;
         -- Fewer than asked: done, unless an expired lease that may not be delivered is among
         -- the ready rows (the partial index of leases: usually none).
-        IF v_want <= 0 OR NOT EXISTS (
+        IF NOT EXISTS (
             SELECT FROM {schema}.message m
              WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased
                AND m.dequeue_at <= v_now

@@ -1,11 +1,12 @@
-"""What take and ack cost the server: backend CPU (µs per call, from ``/proc/<pid>/schedstat``,
+"""What consuming costs the server: backend CPU (µs per call, from ``/proc/<pid>/schedstat``,
 so the client's Python and other processes do not count) of two source trees side by side, each
 migrated into a schema of its own on one server, alternating in rounds on one connection each:
 ``take(1)`` then ``ack()`` of that delivery (two calls, as a consumer of many queues makes them),
-and the drain ``take(1, ack=previous)`` (one call). The ratios are the medians over rounds of
+the drain ``take(1, ack=previous)`` (one call) and the pop ``take_tx(1)`` (one call in its own
+transaction: take-and-delete). The ratios are the medians over rounds of
 after / before (side by side: a round's load is common to both).
 
-    python benchmarks/settle_cpu.py --before ../main/src --after src --dsn postgresql://... \\
+    python benchmarks/consume_cpu.py --before ../main/src --after src --dsn postgresql://... \\
         [--calls 2000] [--rounds 5] [--commit off]
 
 The server must run on this machine (``/proc/<backend pid>``).
@@ -29,7 +30,7 @@ def main() -> None:
     from psycopg import sql
 
     tag = uuid.uuid4().hex[:6]
-    trees = {"before": (args.before, f"settle_before_{tag}"), "after": (args.after, f"settle_after_{tag}")}
+    trees = {"before": (args.before, f"consume_before_{tag}"), "after": (args.after, f"consume_after_{tag}")}
     for src, schema in trees.values():
         _setup(src, args.dsn, schema)
     conns = {name: psycopg.connect(args.dsn, autocommit=True) for name in trees}
@@ -48,7 +49,7 @@ def main() -> None:
                     "SELECT id, token FROM {}.take('q', 1, NULL, %s::bigint[], %s::int[])"
                 ).format(s)
                 ack = sql.SQL("SELECT * FROM {}.ack('q', %s::bigint[], %s::int[])").format(s)
-                for _ in range(2 * args.calls):
+                for _ in range(3 * args.calls):
                     c.execute(send, [PAYLOAD]).fetchall()
                 took = acked = 0.0
                 for _ in range(args.calls):
@@ -68,6 +69,11 @@ def main() -> None:
                     (_cpu(pid) - t0) / args.calls * 1e6
                 )
                 c.execute(ack, prev).fetchall()
+                pop = sql.SQL("SELECT id FROM {}.take_tx('q', 1)").format(s)
+                t0 = _cpu(pid)
+                for _ in range(args.calls):
+                    c.execute(pop).fetchall()
+                spent.setdefault(("take_tx(1)", name), []).append((_cpu(pid) - t0) / args.calls * 1e6)
     finally:
         for c in conns.values():
             c.close()
@@ -77,7 +83,7 @@ def main() -> None:
     print(f"server CPU, µs a call ({args.rounds} rounds of {args.calls}; commit {args.commit})")
     print("| call | before | after | after / before (median of rounds) |")
     print("|---|---|---|---|")
-    for work in ("take(1)", "ack(1)", "take(1, ack=previous)"):
+    for work in ("take(1)", "ack(1)", "take(1, ack=previous)", "take_tx(1)"):
         b, a = spent[(work, "before")], spent[(work, "after")]
         ratio = statistics.median(y / x for x, y in zip(b, a, strict=True))
         print(f"| {work} | {statistics.median(b):.0f} | {statistics.median(a):.0f} | {ratio:.2f}x |")
