@@ -385,33 +385,54 @@ def _lonnymq_worker(
     return prepare
 
 
-def pgmq_worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Callable[[Ctx], Callable[[], Any]]:
-    def prepare(ctx: Ctx) -> Callable[[], Any]:
-        queues = _mine(names, ctx.index, procs)
-        conn = psycopg.connect(dsn, autocommit=True)
-        body = Jsonb(PAYLOAD)
-        backend = conn.info.backend_pid
+#: A bare connection's two calls of a concurrent series' phases, made from the connection and the
+#: process's queues: a send, and a take + ack (each returns the messages done and whether none).
+Calls = tuple[Callable[[str], tuple[int, bool]], Callable[[str], tuple[int, bool]]]
 
-        def send(q: str) -> tuple[int, bool]:
-            conn.execute("SELECT * FROM pgmq.send(%s::text, %s::jsonb)", [q, body]).fetchall()
-            return 1, False
 
-        def take_ack(q: str) -> tuple[int, bool]:
-            # The whole message, as pgmq's own client reads it (its jsonb decoded by psycopg).
-            row = conn.execute("SELECT * FROM pgmq.read(%s::text, 30, 1)", [q]).fetchone()
-            if row is None:
-                return 0, True
-            conn.execute("SELECT pgmq.delete(%s::text, %s::bigint)", [q, row[0]])
-            return 1, False
+def bare_worker(
+    calls: Callable[[psycopg.Connection[Any], Sequence[str]], Calls],
+) -> Callable[[str, Sequence[str], int, str], Callable[[Ctx], Callable[[], Any]]]:
+    """A concurrent series' worker on one autocommit psycopg connection (pgmq, the floor)."""
 
-        def work() -> dict[str, Any]:
-            out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
-            conn.close()
-            return out
+    def worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Callable[[Ctx], Callable[[], Any]]:
+        def prepare(ctx: Ctx) -> Callable[[], Any]:
+            queues = _mine(names, ctx.index, procs)
+            conn = psycopg.connect(dsn, autocommit=True)
+            send, take_ack = calls(conn, queues)
+            backend = conn.info.backend_pid
 
-        return work
+            def work() -> dict[str, Any]:
+                out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
+                conn.close()
+                return out
 
-    return prepare
+            return work
+
+        return prepare
+
+    return worker
+
+
+def _pgmq_calls(conn: psycopg.Connection[Any], queues: Sequence[str]) -> Calls:
+    body = Jsonb(PAYLOAD)
+
+    def send(q: str) -> tuple[int, bool]:
+        conn.execute("SELECT * FROM pgmq.send(%s::text, %s::jsonb)", [q, body]).fetchall()
+        return 1, False
+
+    def take_ack(q: str) -> tuple[int, bool]:
+        # The whole message, as pgmq's own client reads it (its jsonb decoded by psycopg).
+        row = conn.execute("SELECT * FROM pgmq.read(%s::text, 30, 1)", [q]).fetchone()
+        if row is None:
+            return 0, True
+        conn.execute("SELECT pgmq.delete(%s::text, %s::bigint)", [q, row[0]])
+        return 1, False
+
+    return send, take_ack
+
+
+pgmq_worker = bare_worker(_pgmq_calls)
 
 
 # The floor of the concurrent series: what send(), take(1) and ack() write, as plain statements on
@@ -455,50 +476,38 @@ FLOOR_ACK = sql.SQL(
 ).format(s=S)
 
 
-def floor_worker(
-    dsn: str, names: Sequence[str], procs: int, phase: str
-) -> Callable[[Ctx], Callable[[], Any]]:
-    def prepare(ctx: Ctx) -> Callable[[], Any]:
-        queues = _mine(names, ctx.index, procs)
-        conn = psycopg.connect(dsn, autocommit=True)
-        # The planner settings take() and ack() run with (their SET clauses): without them a plan
-        # made from the backlog's statistics sorts the queue's rows instead of reading the index.
-        for setting in (
-            "plan_cache_mode = force_generic_plan",
-            "enable_seqscan = off",
-            "enable_sort = off",
-            "jit = off",
-        ):
-            conn.execute(sql.SQL("SET " + setting))  # type: ignore[arg-type]
-        ids = dict(
-            conn.execute(
-                sql.SQL("SELECT name, id FROM {s}.queue WHERE name = ANY (%s)").format(s=S), [queues]
-            )
-        )
-        body = json.dumps(PAYLOAD).encode()
-        backend = conn.info.backend_pid
+def _floor_calls(conn: psycopg.Connection[Any], queues: Sequence[str]) -> Calls:
+    # The planner settings take() and ack() run with (their SET clauses): without them a plan
+    # made from the backlog's statistics sorts the queue's rows instead of reading the index.
+    for setting in (
+        "plan_cache_mode = force_generic_plan",
+        "enable_seqscan = off",
+        "enable_sort = off",
+        "jit = off",
+    ):
+        conn.execute(sql.SQL("SET " + setting))  # type: ignore[arg-type]
+    ids = dict(
+        conn.execute(sql.SQL("SELECT name, id FROM {s}.queue WHERE name = ANY (%s)").format(s=S), [queues])
+    )
+    body = json.dumps(PAYLOAD).encode()
 
-        def send(q: str) -> tuple[int, bool]:
-            conn.execute(FLOOR_SEND, {"q": ids[q], "p": body}).fetchall()
-            return 1, False
+    def send(q: str) -> tuple[int, bool]:
+        conn.execute(FLOOR_SEND, {"q": ids[q], "p": body}).fetchall()
+        return 1, False
 
-        def take_ack(q: str) -> tuple[int, bool]:
-            now = int(time.time() * 1000)  # (a parameter, as LonnyMQ's take has it: an index bound)
-            row = conn.execute(FLOOR_TAKE, {"q": ids[q], "now": now}, binary=True).fetchone()
-            if row is None:
-                return 0, True
-            json.loads(row[-1])  # the payload, decoded as the clients do
-            conn.execute(FLOOR_ACK, {"q": ids[q], "id": row[0], "token": row[2]}, binary=True).fetchall()
-            return 1, False
+    def take_ack(q: str) -> tuple[int, bool]:
+        now = int(time.time() * 1000)  # (a parameter, as LonnyMQ's take has it: an index bound)
+        row = conn.execute(FLOOR_TAKE, {"q": ids[q], "now": now}, binary=True).fetchone()
+        if row is None:
+            return 0, True
+        json.loads(row[-1])  # the payload, decoded as the clients do
+        conn.execute(FLOOR_ACK, {"q": ids[q], "id": row[0], "token": row[2]}, binary=True).fetchall()
+        return 1, False
 
-        def work() -> dict[str, Any]:
-            out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
-            conn.close()
-            return out
+    return send, take_ack
 
-        return work
 
-    return prepare
+floor_worker = bare_worker(_floor_calls)
 
 
 class LockSampler:
