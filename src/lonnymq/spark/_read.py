@@ -586,7 +586,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     one stream on each partition's shard (same id, each with its own delivery log): the offset
     holds a batch number per partition (``{"stream": <uuid>, "batch": [N0, N1, ...]}``), a
     micro-batch leases up to ``maxRowsPerBatch / partitions`` (at least 1) on each, reads them in
-    parallel and acks each partition's on its shard.
+    parallel and acks each partition's on its shard. On a shard its calls and pages are behind
+    the move fence (:meth:`Target.hold`): after a move of the queue they raise QueueNotFound.
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
