@@ -11,24 +11,30 @@ and its first job in the shard group's process)."""
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql.datasource import EqualTo
 from pyspark.sql.functions import spark_partition_id
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.types import StructType
 
-from lonnymq import Client, shard
+from lonnymq import Client, errors, shard
 from lonnymq.client.direct import STRIDE, key_partition
+from lonnymq.shard.move import _delete_rows
 from lonnymq.spark._read import BatchReader, StreamReader, read_schema
+from lonnymq.spark._write import Plan, abort_shards, commit, commit_shards, stage_shards
 from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
 
 # tests/shard's cluster helpers (pytest puts that folder on the path for its own tests as well).
@@ -178,3 +184,89 @@ def test_plain_queue_straight_to_its_shard(spark: Any, sharded: Router) -> None:
     for reader in (BatchReader(opts, schema, {}), StreamReader(opts, schema, {})):
         [target] = reader.targets if isinstance(reader, BatchReader) else [reader.target]
         assert conninfo_to_dict(target.dsn)["port"] == conninfo_to_dict(home)["port"]
+
+
+def test_calls_wait_for_a_move_then_fail_queue_not_found(spark: Any, sharded: Router) -> None:
+    """A stream's calls (plan, chunks, read, commit) and a write's commit on the queue's shard
+    hold the shard's side of the move fence: made while a move holds it, they wait, and once the
+    move took the queue away they raise QueueNotFound (unfenced, the stream's chunks and reads
+    came back empty: a micro-batch read nothing, then was acked on the new shard). The move is
+    simulated on the source: its fence held exclusively, the queue's rows deleted as it deletes
+    them, committed."""
+    q = f"spark_fence_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn, direct=True) as c:
+        c.create_queue(q)
+        c.send_batch(q, [{"n": n} for n in range(3)])
+    opts = {"dsn": sharded.dsn, "queue": q}
+    reader = StreamReader(opts, StructType.fromDDL(read_schema({})), {})
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())  # batch 1 leased before the move
+    [chunk] = reader.partitions(start, end)
+    batch = BatchReader(opts, reader.schema, {})
+    [ids] = batch.partitions()  # planned before the move
+    t = reader.target
+    with psycopg.connect(t.dsn) as mover, ThreadPoolExecutor(4) as pool:
+        mover.execute("SELECT pg_advisory_xact_lock(hashtext('lonnymq/route'), hashtext(%s))", (q,))
+        [(qid,)] = mover.execute("SELECT id FROM lonnymq.queue WHERE name = %s", (q,)).fetchall()
+        _delete_rows(mover, "lonnymq", [q], [qid])
+        calls = [
+            pool.submit(reader.partitions, start, end),
+            pool.submit(lambda: list(reader.read(chunk))),
+            pool.submit(commit, t, str(uuid.uuid4()), [], "ignore"),
+        ]
+        time.sleep(0.3)
+        assert not any(call.done() for call in calls)  # waiting at the fence
+        mover.commit()
+        for call in calls:
+            with pytest.raises(errors.QueueNotFound):
+                call.result(timeout=10)
+    # A batch read's partition reads one snapshot: before the move, whole, else QueueNotFound.
+    for later in (
+        lambda: reader.commit(end),
+        lambda: reader.latestOffset(end, ReadAllAvailable()),
+        lambda: list(batch.read(ids)),
+    ):
+        with pytest.raises(errors.QueueNotFound):
+            later()
+    reader.stop()
+
+
+def test_stream_and_write_rerun_after_a_move(spark: Any, sharded: Router) -> None:
+    """A move takes a stream's log with the queue: restarted from its checkpoint (its offsets),
+    the stream re-plans to the new shard, replays the batch it had leased there (the same
+    deliveries) and acks them there. A write staged on the old shard fails at its commit
+    (QueueNotFound), its abort drops the staging left there, and the rerun (a new plan) writes
+    to the new shard."""
+    q = f"spark_moved_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn, direct=True) as c:
+        c.create_queue(q)
+        sent = c.send_batch(q, [{"n": n} for n in range(3)])
+    opts = {"dsn": sharded.dsn, "queue": q}
+    schema = StructType.fromDDL(read_schema({}))
+    before = StreamReader(opts, schema, {})
+    start = before.initialOffset()
+    end = before.latestOffset(start, ReadAllAvailable())
+    before.stop()
+    plan = Plan.build(StructType.fromDDL("n long"), {})
+    run = str(uuid.uuid4())
+    staged = stage_shards(before.targets, plan, run, iter([pa.record_batch({"n": [7, 8]})]))
+    moved = shard.move(sharded.dsn, q, 1 - [len(s) for s in on_shards(sharded, q)].index(3))
+    assert moved.rows["spark_stream_batch"] == 1
+    after = StreamReader(opts, schema, {})  # the restart: the checkpoint's offsets
+    assert after.target.shard != before.target.shard
+    [chunk] = after.partitions(start, end)
+    got = [i for b in after.read(chunk) for i in b.column("id").to_pylist()]
+    assert sorted(got) == sorted(r.id for r in sent)
+    after.commit(end)
+    after.stop()
+    assert on_shards(sharded, q) == [[], []]
+
+    with pytest.raises(errors.QueueNotFound):
+        commit_shards(before.targets, run, [staged], "ignore", None, None, 1000, None)
+    abort_shards(before.targets, run, [staged])
+    with psycopg.connect(before.target.dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
+    rerun = str(uuid.uuid4())
+    staged = stage_shards(after.targets, plan, rerun, iter([pa.record_batch({"n": [7, 8]})]))
+    commit_shards(after.targets, rerun, [staged], "ignore", None, None, 1000, None)
+    assert sorted(n for held in on_shards(sharded, q) for _, _, n in held) == [7, 8]

@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import errors
-from ..client.direct import ShardMap
+from ..client.direct import FENCE, ShardMap, fence_query
 from ..client.ops import Op, Ops, check_queue, map_error
 from ..migrations import DEFAULT_SCHEMA, check_schema
 
@@ -214,3 +214,27 @@ class Target:
     ) -> list[Any]:
         """Run :meth:`query` with lonnymq's typed errors."""
         return run(conn, Op(self.query(function, args), params, list))
+
+    def hold(self, conn: psycopg.Connection[Any]) -> None:
+        """On a shard of a router (:attr:`shard`), put the rest of ``conn``'s transaction (READ
+        COMMITTED) behind the shard's side of the move fence, as a direct client's calls are
+        (``client/direct.py``): take the queue's fence shared (``FENCE``: it waits for a ``shard
+        move`` of the queue that holds it, and keeps the next from starting until the
+        transaction ends), then check, in a snapshot taken once it is held, that the queue is
+        still here. So the calls after it either act on the queue before a move (and their
+        effects move with it) or raise QueueNotFound: never act on, or read nothing from, a
+        queue that moved away. Nothing on a single server."""
+        if self.shard is None:
+            return
+        fence = sql.SQL(FENCE).format(name=sql.Literal(self.schema))
+        fenced = fence_query(self.query("spark_queue_check", "%s::text"), fence)
+        run(conn, Op(fenced, (self.queue,), list))
+        # The fenced check's snapshot may predate the move it waited for; the next one's cannot.
+        self.check(conn)
+
+    def check(self, conn: psycopg.Connection[Any]) -> None:
+        """On a shard of a router, QueueNotFound unless the queue is on it in ``conn``'s
+        snapshot (a REPEATABLE READ read's: the first statement of its transaction). Nothing on
+        a single server."""
+        if self.shard is not None:
+            self.call(conn, "spark_queue_check", "%s::text", (self.queue,))

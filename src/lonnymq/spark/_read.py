@@ -255,6 +255,8 @@ def _pages(
     params: dict[str, Any],
     cursor: str,
     arrow: _Arrow,
+    *,
+    fenced: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The pages of a packed read as Arrow batches: the query is run again with parameter
     ``cursor`` past the last key of the page before, until a page is empty. Each page is a
@@ -262,12 +264,16 @@ def _pages(
     large is asked again, smaller, in the same snapshot. A page of fewer rows than asked is the
     last: the query stops short of its LIMIT only when nothing is left after it (both keys, id
     and ord, are scanned to the end before a page comes back short), so no empty page is asked
-    for after it."""
+    for after it. ``fenced`` (a stream's read, on an autocommit connection): each page's
+    transaction first holds the queue (:meth:`Target.hold`), so a page never comes back empty
+    from a shard the queue moved away from."""
     params["p_limit"] = min(_FIRST_PAGE, _PAGE_ROWS)
     with conn.cursor(binary=True) as cur:
         while True:
             try:
                 with conn.transaction():
+                    if fenced:
+                        target.hold(conn)
                     row = cur.execute(query, params).fetchone()
             except psycopg.errors.ProgramLimitExceeded:
                 if params["p_limit"] == 1:
@@ -494,6 +500,9 @@ class BatchReader(DataSourceReader):
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
             with conn.transaction():  # one snapshot; each page is a savepoint in it
+                # On a shard: this snapshot's, so the partition reads the queue as it was before a
+                # move, whole, or raises QueueNotFound (its pages alone would read nothing).
+                t.check(conn)
                 yield from _pages(t, conn, query, params, "p_lo", _Arrow(self.schema, self.options))
 
 
@@ -577,7 +586,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     one stream on each partition's shard (same id, each with its own delivery log): the offset
     holds a batch number per partition (``{"stream": <uuid>, "batch": [N0, N1, ...]}``), a
     micro-batch leases up to ``maxRowsPerBatch / partitions`` (at least 1) on each, reads them in
-    parallel and acks each partition's on its shard.
+    parallel and acks each partition's on its shard. On a shard its calls and pages are behind
+    the move fence (:meth:`Target.hold`): after a move of the queue they raise QueueNotFound.
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
@@ -611,7 +621,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if conn is None or conn.closed:
                 conn = self._conns[target] = t.open(autocommit=True)
             try:
-                return t.call(conn, function, args, params)
+                if t.shard is None:
+                    return t.call(conn, function, args, params)
+                with conn.transaction():  # behind the move fence (Target.hold)
+                    t.hold(conn)
+                    return t.call(conn, function, args, params)
             except psycopg.OperationalError:
                 conn.close()
                 del self._conns[target]
@@ -705,7 +719,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "p_limit": _FIRST_PAGE,
                 }
                 query = _call(t, "spark_stream_read_packed", params)
-                yield from _pages(t, conn, query, params, "p_after", arrow)
+                yield from _pages(t, conn, query, params, "p_after", arrow, fenced=True)
 
     def commit(self, end: dict[str, Any]) -> None:
         for i, batch in enumerate(self._batches(end)):

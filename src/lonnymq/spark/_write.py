@@ -595,6 +595,7 @@ def commit(
     sink batch or write id enqueues nothing and is logged."""
     staged = [m for m in messages if isinstance(m, Staged) and m.rows > 0]
     with target.connect() as conn:
+        target.hold(conn)  # on a shard: behind the move fence (QueueNotFound if it moved away)
         [row] = target.call(
             conn,
             "spark_write_commit",
