@@ -67,6 +67,7 @@ from .ops import (
     connection_quiet,
     map_error,
     new_send_key,
+    rendered,
     settled,
     to_ms,
 )
@@ -252,18 +253,25 @@ class Client:
         """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
         under the retry policy (see :meth:`run`); without retries, waiting at most ``wait``
         seconds for a connection (None: the pool's timeout)."""
-        backoff = self.retry.start() if retry and self.retry is not None else None
+        policy = self.retry if retry else None
+        started = monotonic()
+        backoff: Backoff | None = None
         ran = False
         while True:
             sent = False
             undone: float | None = None
             try:
-                if pool is self._pool and (not self._opened) and (backoff is not None) and self._owns_pool:
+                if pool is self._pool and (not self._opened) and (policy is not None) and self._owns_pool:
                     pool.open(wait=False)
                     self._opened = True
                 elif pool is self._pool and (not self._opened):
                     self.open()
-                c = pool.getconn(wait if backoff is None else backoff.remaining())
+                if policy is None:
+                    timeout = wait
+                else:
+                    left = started + policy.deadline - monotonic()
+                    timeout = max(left, 0.0) if backoff is None else backoff.remaining()
+                c = pool.getconn(timeout)
             except psycopg.OperationalError as e:
                 lost = e
             else:
@@ -272,6 +280,8 @@ class Client:
                     sent = True
                     return self._execute(c, op)
                 except ROLLED_BACK:
+                    if policy is not None and backoff is None:
+                        backoff = policy.start(started)
                     undone = None if backoff is None else backoff.next_delay()
                     if undone is None or c.broken or c.closed:
                         raise
@@ -285,8 +295,10 @@ class Client:
             if undone is not None:
                 sleep(undone)
                 continue
-            if backoff is None and (not sent):
+            if policy is None and (not sent):
                 raise lost
+            if policy is not None and backoff is None:
+                backoff = policy.start(started)
             unsafe = sent and (not op.safe_to_retry)
             delay = None if backoff is None or unsafe else backoff.next_delay()
             if delay is None:
@@ -416,7 +428,7 @@ class Client:
 
     def _execute(self, c: Connection[Any], op: Op[T]) -> T:
         try:
-            cur = c.execute(op.query, op.params, binary=True)
+            cur = c.execute(rendered(op.query, c), op.params, binary=True)
             cur.row_factory = ROW_FACTORY
             rows = cur.fetchall() if cur.rownumber is not None else []
         except psycopg.Error as e:
