@@ -21,8 +21,8 @@ from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
-from psycopg.rows import RowMaker, namedtuple_row
+from psycopg.pq import ConnStatus, TransactionStatus
+from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 
 from .. import errors
@@ -63,37 +63,10 @@ _KEY_MAX = 512
 _KIND_MAX = 255
 
 
-#: The named tuple row maker of each result shape: (client_encoding, column names) -> the
-#: ``_make`` of psycopg's ``namedtuple_row`` for it; emptied when full.
-_row_makers: dict[tuple[bytes | None, tuple[bytes, ...]], RowMaker[Any]] = {}
-_ROW_MAKERS_MAX = 512
-_TUPLES_OK = int(ExecStatus.TUPLES_OK)
-
-
-def named_rows(cursor: Any) -> RowMaker[Any]:
-    """psycopg's ``namedtuple_row`` (the same rows: its classes, its mangling of names), with
-    the class of each result shape looked up by its column names in one dict: psycopg's own
-    lookup, made on every statement, was ~5% of the client's CPU per take + ack."""
-    res = cursor.pgresult
-    if res is None or res.status != _TUPLES_OK:
-        return namedtuple_row(cursor)
-    key = (
-        cursor.connection.pgconn.parameter_status(b"client_encoding"),
-        tuple(map(res.fname, range(res.nfields))),
-    )
-    make = _row_makers.get(key)
-    if make is None:
-        make = namedtuple_row(cursor)
-        if len(_row_makers) >= _ROW_MAKERS_MAX:
-            _row_makers.clear()
-        _row_makers[key] = make
-    return make
-
-
 #: The row factory every op is executed with, whatever the row factory of the connection it runs
 #: on (a caller's connection or pool may use ``dict_row``, ``class_row``...): rows are named
 #: tuples, which decoders read by column name (``r.id``; ``r[0]`` only for one-column results).
-ROW_FACTORY = named_rows
+ROW_FACTORY = namedtuple_row
 
 
 @dataclass(frozen=True, slots=True)
