@@ -260,28 +260,20 @@ class AsyncClient:
         """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
         under the retry policy (see :meth:`run`); without retries, waiting at most ``wait``
         seconds for a connection (None: the pool's timeout)."""
-        policy = self.retry if retry else None
-        started = monotonic()
-        # The attempts' state, made when an attempt fails: most calls never need one.
-        backoff: Backoff | None = None
+        backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False  # an attempt reached the server: it may have committed
         while True:
             sent = False
             undone: float | None = None  # the wait before repeating a call the server rolled back
             try:
-                if pool is self._pool and not self._opened and policy is not None and self._owns_pool:
+                if pool is self._pool and not self._opened and backoff is not None and self._owns_pool:
                     # Not open(): its wait closes the pool for good if the server is down now;
                     # getconn() waits for the first connection, within the deadline.
                     await pool.open(wait=False)
                     self._opened = True
                 elif pool is self._pool and not self._opened:  # (a shard's pool is opened when made)
                     await self.open()
-                if policy is None:
-                    timeout = wait
-                else:
-                    left = started + policy.deadline - monotonic()  # (as Backoff.remaining)
-                    timeout = max(left, 0.0) if backoff is None else backoff.remaining()
-                c = await pool.getconn(timeout)
+                c = await pool.getconn(wait if backoff is None else backoff.remaining())
             except psycopg.OperationalError as e:  # no connection (PoolTimeout): nothing was sent
                 lost = e
             else:
@@ -293,8 +285,6 @@ class AsyncClient:
                     # A deadlock or a serialization failure: the call is one statement in its own
                     # transaction, which the server rolled back whole, so repeating it is safe
                     # (a send without a key too) and it did not commit.
-                    if policy is not None and backoff is None:
-                        backoff = policy.start(started)
                     undone = None if backoff is None else backoff.next_delay()
                     if undone is None or c.broken or c.closed:
                         raise
@@ -308,10 +298,8 @@ class AsyncClient:
             if undone is not None:
                 await asleep(undone)
                 continue
-            if policy is None and not sent:
+            if backoff is None and not sent:
                 raise lost  # retries off, nothing sent: the pool's own error
-            if policy is not None and backoff is None:
-                backoff = policy.start(started)
             unsafe = sent and not op.safe_to_retry
             delay = None if backoff is None or unsafe else backoff.next_delay()
             if delay is None:

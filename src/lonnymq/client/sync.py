@@ -253,25 +253,18 @@ class Client:
         """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
         under the retry policy (see :meth:`run`); without retries, waiting at most ``wait``
         seconds for a connection (None: the pool's timeout)."""
-        policy = self.retry if retry else None
-        started = monotonic()
-        backoff: Backoff | None = None
+        backoff = self.retry.start() if retry and self.retry is not None else None
         ran = False
         while True:
             sent = False
             undone: float | None = None
             try:
-                if pool is self._pool and (not self._opened) and (policy is not None) and self._owns_pool:
+                if pool is self._pool and (not self._opened) and (backoff is not None) and self._owns_pool:
                     pool.open(wait=False)
                     self._opened = True
                 elif pool is self._pool and (not self._opened):
                     self.open()
-                if policy is None:
-                    timeout = wait
-                else:
-                    left = started + policy.deadline - monotonic()
-                    timeout = max(left, 0.0) if backoff is None else backoff.remaining()
-                c = pool.getconn(timeout)
+                c = pool.getconn(wait if backoff is None else backoff.remaining())
             except psycopg.OperationalError as e:
                 lost = e
             else:
@@ -280,8 +273,6 @@ class Client:
                     sent = True
                     return self._execute(c, op)
                 except ROLLED_BACK:
-                    if policy is not None and backoff is None:
-                        backoff = policy.start(started)
                     undone = None if backoff is None else backoff.next_delay()
                     if undone is None or c.broken or c.closed:
                         raise
@@ -295,10 +286,8 @@ class Client:
             if undone is not None:
                 sleep(undone)
                 continue
-            if policy is None and (not sent):
+            if backoff is None and (not sent):
                 raise lost
-            if policy is not None and backoff is None:
-                backoff = policy.start(started)
             unsafe = sent and (not op.safe_to_retry)
             delay = None if backoff is None or unsafe else backoff.next_delay()
             if delay is None:
