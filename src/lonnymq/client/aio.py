@@ -64,6 +64,7 @@ from .ops import (
     connection_quiet,
     map_error,
     new_send_key,
+    rendered,
     settled,
     to_ms,
 )
@@ -433,7 +434,7 @@ class AsyncClient:
 
     async def _execute(self, c: AsyncConnection[Any], op: Op[T]) -> T:
         try:
-            cur = await c.execute(op.query, op.params, binary=True)
+            cur = await c.execute(rendered(op.query, c), op.params, binary=True)
             # Rows made by our row factory, whatever the connection's (dict_row, class_row...).
             cur.row_factory = ROW_FACTORY
             # rownumber, not description: description builds a Column object per column

@@ -67,6 +67,7 @@ from .ops import (
     connection_quiet,
     map_error,
     new_send_key,
+    rendered,
     settled,
     to_ms,
 )
@@ -416,7 +417,7 @@ class Client:
 
     def _execute(self, c: Connection[Any], op: Op[T]) -> T:
         try:
-            cur = c.execute(op.query, op.params, binary=True)
+            cur = c.execute(rendered(op.query, c), op.params, binary=True)
             cur.row_factory = ROW_FACTORY
             rows = cur.fetchall() if cur.rownumber is not None else []
         except psycopg.Error as e:
