@@ -10,7 +10,10 @@
 -- its rows, in id order, with a LATERAL probe per (id, token), which can only be a lookup by
 -- key, and then changes them by ctid (which stays put while this transaction holds the row;
 -- a second statement, so it sees a version another transaction committed while we waited for
--- the lock). The probes say "m.leased IS TRUE", not "m.leased" (the same rows: leased is NOT
+-- the lock). One delivery needs neither (ack's and take's one-statement ack): its DELETE names
+-- the row by its key, a waited-for row's new version is checked again by the same filters
+-- (PostgreSQL re-evaluates them), and one row has no lock order to keep.
+-- The probes say "m.leased IS TRUE", not "m.leased" (the same rows: leased is NOT
 -- NULL), so the planner cannot use the partial index of leased rows; the changes by ctid say
 -- "(m.queue_id = q.id) IS TRUE", so it cannot scan the queue's part of the primary key instead
 -- of fetching the rows by ctid (it checks that a ctid found in both partitions is the queue's).
