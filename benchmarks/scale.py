@@ -347,19 +347,40 @@ def _loop(
     }
 
 
-def lonnymq_worker(
-    check: bool,
-) -> Callable[[str, Sequence[str], int, str], Callable[[Ctx], Callable[[], Any]]]:
+#: One call of a concurrent series' phase: the messages it completed, and whether it found none.
+Call = Callable[[str], tuple[int, bool]]
+#: What a worker process of the concurrent series opens on its queues: its send and its take +
+#: ack, its server process's pid, and how to close it.
+Session = tuple[Call, Call, int, Callable[[], None]]
+Worker = Callable[[str, Sequence[str], int, str], Callable[[Ctx], Callable[[], Any]]]
+
+
+def phase_worker(open_session: Callable[[str, Sequence[str]], Session]) -> Worker:
+    """A concurrent series' worker: each process opens a session on its queues and visits them
+    with the phase's call until the deadline."""
+
+    def worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Callable[[Ctx], Callable[[], Any]]:
+        def prepare(ctx: Ctx) -> Callable[[], Any]:
+            queues = _mine(names, ctx.index, procs)
+            send, take_ack, backend, close = open_session(dsn, queues)
+
+            def work() -> dict[str, Any]:
+                out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
+                close()
+                return out
+
+            return work
+
+        return prepare
+
+    return worker
+
+
+def lonnymq_worker(check: bool) -> Worker:
     """The LonnyMQ worker: the client as configured by default, or (``check`` false) without
     its pool's connection check, one round trip more per call (README: restarts)."""
-    return lambda dsn, names, procs, phase: _lonnymq_worker(dsn, names, procs, phase, check)
 
-
-def _lonnymq_worker(
-    dsn: str, names: Sequence[str], procs: int, phase: str, check: bool
-) -> Callable[[Ctx], Callable[[], Any]]:
-    def prepare(ctx: Ctx) -> Callable[[], Any]:
-        queues = _mine(names, ctx.index, procs)
+    def open_session(dsn: str, queues: Sequence[str]) -> Session:
         c = Client(dsn, schema=SCHEMA, pool_size=1, check_connections=check)
         c.open()
         with c.connection() as conn:  # the pool's one connection
@@ -375,46 +396,23 @@ def _lonnymq_worker(
                 c.ack(got)
             return len(got), not got
 
-        def work() -> dict[str, Any]:
-            out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
-            c.close()
-            return out
+        return send, take_ack, backend, c.close
 
-        return work
-
-    return prepare
+    return phase_worker(open_session)
 
 
-#: A bare connection's two calls of a concurrent series' phases, made from the connection and the
-#: process's queues: a send, and a take + ack (each returns the messages done and whether none).
-Calls = tuple[Callable[[str], tuple[int, bool]], Callable[[str], tuple[int, bool]]]
-
-
-def bare_worker(
-    calls: Callable[[psycopg.Connection[Any], Sequence[str]], Calls],
-) -> Callable[[str, Sequence[str], int, str], Callable[[Ctx], Callable[[], Any]]]:
+def bare_worker(calls: Callable[[psycopg.Connection[Any], Sequence[str]], tuple[Call, Call]]) -> Worker:
     """A concurrent series' worker on one autocommit psycopg connection (pgmq, the floor)."""
 
-    def worker(dsn: str, names: Sequence[str], procs: int, phase: str) -> Callable[[Ctx], Callable[[], Any]]:
-        def prepare(ctx: Ctx) -> Callable[[], Any]:
-            queues = _mine(names, ctx.index, procs)
-            conn = psycopg.connect(dsn, autocommit=True)
-            send, take_ack = calls(conn, queues)
-            backend = conn.info.backend_pid
+    def open_session(dsn: str, queues: Sequence[str]) -> Session:
+        conn = psycopg.connect(dsn, autocommit=True)
+        send, take_ack = calls(conn, queues)
+        return send, take_ack, conn.info.backend_pid, conn.close
 
-            def work() -> dict[str, Any]:
-                out = _loop(ctx, queues, send if phase == "send" else take_ack, backend)
-                conn.close()
-                return out
-
-            return work
-
-        return prepare
-
-    return worker
+    return phase_worker(open_session)
 
 
-def _pgmq_calls(conn: psycopg.Connection[Any], queues: Sequence[str]) -> Calls:
+def _pgmq_calls(conn: psycopg.Connection[Any], queues: Sequence[str]) -> tuple[Call, Call]:
     body = Jsonb(PAYLOAD)
 
     def send(q: str) -> tuple[int, bool]:
@@ -476,7 +474,7 @@ FLOOR_ACK = sql.SQL(
 ).format(s=S)
 
 
-def _floor_calls(conn: psycopg.Connection[Any], queues: Sequence[str]) -> Calls:
+def _floor_calls(conn: psycopg.Connection[Any], queues: Sequence[str]) -> tuple[Call, Call]:
     # The planner settings take() and ack() run with (their SET clauses): without them a plan
     # made from the backlog's statistics sorts the queue's rows instead of reading the index.
     for setting in (
