@@ -140,6 +140,46 @@ def test_receive_follows_a_moved_queue(sharded) -> None:  # type: ignore[no-unty
         assert _receive_a_late_send(c, c, q) < 1.0
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["router", "direct"])
+def test_a_waiting_receive_follows_a_move_at_once(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
+    """A receive() already waiting on its queue's shard when the queue moves (poll=30, its map
+    read just before) is told by the move (a notification on the old shard): it registers on
+    the new shard at once and wakes for a send there within a second, not at its next look at
+    the map (MAP_TTL, 10 s) nor at its poll."""
+    q = queues_on_both_shards(sharded.dsn, f"wake_mvnow{int(direct)}")[0]
+    with Client(sharded.dsn) as admin:
+        admin.create_queue(q)
+    before = [set(_waiters(d)) for d in sharded.shard_dsns]
+    got: list[object] = []
+    woke: list[float] = []
+
+    with Client(sharded.dsn, direct=direct) as c:
+
+        def wait() -> None:
+            got.extend(m.payload for m in c.receive(q, timeout=25, poll=30))
+            woke.append(time.monotonic())
+
+        t = threading.Thread(target=wait)
+        t.start()
+        try:
+            deadline = time.monotonic() + 5
+            while not set(_waiters(sharded.shard_dsns[0])) - before[0]:  # registered on shard 0
+                assert time.monotonic() < deadline, "receive() never registered on shard 0"
+                time.sleep(0.02)
+            shard.move(sharded.dsn, q, 1)
+            deadline = time.monotonic() + 3
+            while not set(_waiters(sharded.shard_dsns[1])) - before[1]:  # ... and now on shard 1
+                assert time.monotonic() < deadline, "receive() did not follow the move"
+                time.sleep(0.02)
+            with Client(sharded.shard_dsns[1]) as on_target:  # a send on the new shard itself
+                on_target.send(q, "after the move")
+            sent = time.monotonic()
+        finally:
+            t.join(30)
+    assert got == ["after the move"]
+    assert woke[0] - sent < 1.0, woke[0] - sent
+
+
 def test_receive_wakes_while_a_partitions_shard_is_down(sharded) -> None:  # type: ignore[no-untyped-def]
     """With one partition's shard stopped, receive() listens on the other (a shard that cannot
     be reached is left out, neither an error nor a hang) and wakes for its sends."""
@@ -234,6 +274,41 @@ def test_worker_wakes_for_a_send_on_the_queues_shard(sharded, direct: bool) -> N
 
     asyncio.run(main())
     assert max(lags) < 1.0, lags
+
+
+def test_a_waiting_worker_follows_a_move_at_once(sharded) -> None:  # type: ignore[no-untyped-def]
+    """The worker's listener (asyncio, poll_interval=30) registered on its queue's shard follows
+    the queue when it moves (the move's notification on the old shard): a send on the new shard
+    is handled within a second."""
+    q = queues_on_both_shards(sharded.dsn, "wake_wmv")[0]
+    app = App()
+    handled: dict[str, float] = {}
+
+    @app.handler(q)
+    async def work(job):  # type: ignore[no-untyped-def]
+        handled[job.payload] = time.monotonic()
+
+    lags = []
+
+    async def main() -> None:
+        async with AsyncClient(sharded.dsn) as client, AsyncClient(sharded.shard_dsns[1]) as on_target:
+            await client.create_queue(q)
+            before = [set(_waiters(d)) for d in sharded.shard_dsns]
+            w = Worker(app, client, poll_interval=30, concurrency=4)
+            await w.start()
+            try:
+                await eventually(lambda: bool(set(_waiters(sharded.shard_dsns[0])) - before[0]), 5, "on 0")
+                await asyncio.to_thread(shard.move, sharded.dsn, q, 1)
+                await eventually(lambda: bool(set(_waiters(sharded.shard_dsns[1])) - before[1]), 3, "on 1")
+                await on_target.send(q, "moved")
+                sent = time.monotonic()
+                await eventually(lambda: "moved" in handled, 4, "handled")
+                lags.append(handled["moved"] - sent)
+            finally:
+                await w.stop()
+
+    asyncio.run(main())
+    assert lags[0] < 1.0, lags
 
 
 def test_cli_through_the_router(sharded, capsys) -> None:  # type: ignore[no-untyped-def]

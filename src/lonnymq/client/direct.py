@@ -51,10 +51,12 @@ __all__ = [
     "PARTITION_WAIT",
     "FENCE",
     "MAP_TTL",
+    "MOVED",
     "STRIDE",
     "ShardMap",
     "key_partition",
     "listen_conninfo",
+    "moved_queue",
     "settle_merge",
     "settle_split",
 ]
@@ -104,6 +106,19 @@ _QUEUE_ARG = "(%s::text"
 #: lands on a shard the queue left finds out at once, QueueNotFound; this bounds how long a copy
 #: left behind by a failed move could be used).
 MAP_TTL = 10.0
+
+#: The prefix of the notification ``shard move`` sends on the source shard, on the schema's
+#: channel (where waiters listen), when a queue has left it: ``MOVED + queue``. No queue name
+#: starts with ``~`` (names start with a letter), so a listener that does not know it (a
+#: single server's) takes it for a queue it does not wait on; a ``wait.ShardListener`` re-reads
+#: the queue's shard from the router at once and registers there.
+MOVED = "~moved "
+
+
+def moved_queue(payload: str) -> str | None:
+    """The queue a notification from ``shard move`` names (see :data:`MOVED`), else None."""
+    return payload[len(MOVED) :] if payload.startswith(MOVED) else None
+
 
 #: Connection parameters that say where a server is: they come from the map, the rest from the
 #: client's DSN.

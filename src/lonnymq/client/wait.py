@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import AsyncConnection, sql
 
-from .direct import DOWN_SKIP, MAP_TTL
+from .direct import DOWN_SKIP, MAP_TTL, moved_queue
 from .multiwait import wait_any
 from .retry import asleep
 
@@ -141,10 +141,11 @@ class ShardListener:
     A shard that cannot be reached is left out (tried again after ``DOWN_SKIP`` seconds): its
     queues are found by the caller's poll meanwhile, never by a hang or an error. A wait
     re-resolves the queues registered whenever the router's shard map is due to be read again
-    (every ``MAP_TTL`` seconds): a queue that moved is registered on its new shard and reported
-    as woken (look again); a router that does not answer then is asked again ``DOWN_SKIP``
-    seconds later, the registrations kept. A router that does not answer :meth:`register`
-    raises (psycopg.OperationalError)."""
+    (every ``MAP_TTL`` seconds), and at once a queue that ``shard move`` says has left a shard
+    (its notification, ``direct.MOVED``, on the old shard): a queue that moved is registered on
+    its new shard and reported as woken (look again); a router that does not answer then is
+    asked again ``DOWN_SKIP`` seconds later, the registrations kept. A router that does not
+    answer :meth:`register` raises (psycopg.OperationalError)."""
 
     def __init__(self, resolver: ShardResolver, listen: sql.Composed) -> None:
         self.resolver = resolver
@@ -274,32 +275,60 @@ class ShardListener:
                 # The router does not answer: keep listening where we are, ask again later.
                 self._router_down_until = monotonic() + DOWN_SKIP
                 return woke
-            done, missing = self._queues[queue], self._missing.setdefault(queue, {})
-            for shard in [s for s in done if self._where.get(s) != shards.get(s)]:
-                if shard in shards:  # same index, another server: open it again
-                    woke += await self._drop(shard)
-                    continue
-                done.discard(shard)  # the queue left this shard
-                if not [d for d in self._queues.values() if shard in d]:
-                    # Gone from there, the queue cannot be unregistered by name (wait_end finds
-                    # no queue): closing the connection releases its wait lock.
-                    await self._drop(shard)
-                    continue
-                listener = self._conns.get(shard)
-                if listener is not None:
-                    try:
-                        await listener.unregister(schema, queue)
-                    except psycopg.OperationalError:
-                        await self._drop(shard)
-            for shard in [s for s in missing if s not in shards]:
-                del missing[shard]
-            todo = {s: c for s, c in shards.items() if s not in done}
-            if [s for s in todo if self._down.get(s, 0.0) <= monotonic()]:
-                before = len(done)
-                await self._register_on(schema, queue, todo)
-                if len(done) > before:
-                    woke.append(queue)
+            woke += await self._follow(schema, queue, shards)
         return list(dict.fromkeys(woke))
+
+    async def _moved(self, queues: list[str]) -> list[str]:
+        """Follow ``queues`` at once: ``shard move`` said they left a shard (a :data:`MOVED`
+        notification). Their shards are asked from the router afresh and they are registered
+        there. Returns the queues registered here among them (look at them again)."""
+        schema = self.schema
+        woke: list[str] = []
+        for queue in dict.fromkeys(queues):
+            if schema is None or queue not in self._queues:
+                continue
+            woke.append(queue)
+            try:
+                shards = await self.resolver._listen_shards(queue, fresh=True)
+            except psycopg.OperationalError:
+                # The router does not answer: the map's next reading follows the queue.
+                self._router_down_until = monotonic() + DOWN_SKIP
+                continue
+            await self._follow(schema, queue, shards)
+        return woke
+
+    async def _follow(self, schema: str, queue: str, shards: dict[int, str]) -> list[str]:
+        """Register ``queue`` on ``shards`` (where it is now) and no longer where it was.
+        Returns the queues to look at again: ``queue`` if it was registered on a shard anew,
+        and those of a connection dropped to re-open it (a shard of the same index that is now
+        another server)."""
+        woke: list[str] = []
+        done, missing = self._queues[queue], self._missing.setdefault(queue, {})
+        for shard in [s for s in done if self._where.get(s) != shards.get(s)]:
+            if shard in shards:  # same index, another server: open it again
+                woke += await self._drop(shard)
+                continue
+            done.discard(shard)  # the queue left this shard
+            if not [d for d in self._queues.values() if shard in d]:
+                # Gone from there, the queue cannot be unregistered by name (wait_end finds
+                # no queue): closing the connection releases its wait lock.
+                await self._drop(shard)
+                continue
+            listener = self._conns.get(shard)
+            if listener is not None:
+                try:
+                    await listener.unregister(schema, queue)
+                except psycopg.OperationalError:
+                    await self._drop(shard)
+        for shard in [s for s in missing if s not in shards]:
+            del missing[shard]
+        todo = {s: c for s, c in shards.items() if s not in done}
+        if [s for s in todo if self._down.get(s, 0.0) <= monotonic()]:
+            before = len(done)
+            await self._register_on(schema, queue, todo)
+            if len(done) > before:
+                woke.append(queue)
+        return woke
 
     def _step(self, remaining: float | None) -> float:
         """How long one wait may last: until ``remaining`` runs out, but no longer than until
@@ -338,6 +367,9 @@ class ShardListener:
             got, failed = await wait_any([self._conns[s].conn for s in shards], step)
             for i in failed:
                 got += await self._drop(shards[i])
+            moved = [q for q in map(moved_queue, got) if q is not None]
+            if moved:
+                got = [p for p in got if moved_queue(p) is None] + await self._moved(moved)
             if got:
                 return list(dict.fromkeys(got))
 

@@ -12,7 +12,9 @@ it is moved, and every call after it reads the new route. Under that fence:
    the same message ids, fencing tokens, attempts, leases and keys, and moves the target's id
    sequence past the moved ids; it commits;
 3. the router records the route (``shard_route``) and commits;
-4. the source transaction commits, and the fence is released.
+4. the source transaction commits, and the fence is released; with the commit, a notification
+   on the source (``client.direct.MOVED`` + the queue, on the schema's channel) tells the
+   queues' waiters listening there to follow them to the target at once.
 
 A crash leaves one whole copy where the router sends the queue's calls: before 3 the source's
 (its transaction rolls back; a target copy committed in 2 is unreachable, reported misplaced
@@ -34,6 +36,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from .. import errors
+from ..client.direct import MOVED
 from ..migrations import DEFAULT_SCHEMA, check_schema
 from . import admin, catalog
 
@@ -395,6 +398,11 @@ def _attempt(
                     " drop that one on its shard"
                 ) from e
         try:
+            # Tell the queues' waiters listening on the source (receive(), the worker: their
+            # ShardListener) that they left, when they do (NOTIFY is delivered at commit): they
+            # ask the router where the queues are now and register there at once.
+            for q in group:
+                src.execute("SELECT pg_notify(%s, %s)", (schema, MOVED + q))
             src.commit()
         except psycopg.Error as e:
             raise MoveError(
