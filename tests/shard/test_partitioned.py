@@ -187,14 +187,14 @@ def test_refusals(sharded) -> None:  # type: ignore[no-untyped-def]
     with Client(sharded.dsn) as c:
         with pytest.raises(errors.InvalidArgument, match="at most the number of shards"):
             c.create_queue("hot_too_many", partitions=4)
-        with pytest.raises(errors.InvalidArgument, match="dead-letter"):
-            c.create_queue("hot_dlq", partitions=2, dead_letter_queue="x")
+        with pytest.raises(errors.InvalidArgument, match="dead-letter queue of a partitioned queue must be"):
+            c.create_queue("hot_dlq", partitions=2, dead_letter_queue="x")  # not a partitioned queue
         with pytest.raises(errors.InvalidArgument, match="positive"):
             c.create_queue("hot_zero", partitions=0)
         c.create_queue("hot_ref", partitions=2)
         # A call that would see one partition only is refused, not answered partly.
         with pytest.raises(errors.InvalidArgument, match="partitioned"):
-            c.dead_letters("hot_ref")
+            c.archived("hot_ref")  # (dead letters visit every partition: test_partitioned_dead.py)
         with pytest.raises(errors.InvalidArgument, match="partitions do not move"):
             shard.move(sharded.dsn, "hot_ref", 1)
         assert [q.name for q in c.list_queues()].count("hot_ref") == 1

@@ -233,7 +233,8 @@ def move(
     with admin._connect(router_dsn, "router", autocommit=True) as router:
         admin.check_movable(router, schema)
         overrides = admin.routes(router, schema)
-        if queue in admin.partitioned(router, schema):
+        parted = admin.partitioned(router, schema)
+        if queue in parted:
             raise errors.InvalidArgument(
                 f"queue {queue!r} is partitioned over several shards: its partitions do not move"
                 " (their message ids name their shard)"
@@ -253,6 +254,12 @@ def move(
                 )
             if source == target:
                 raise errors.InvalidArgument(f"queue {queue!r} is already on shard {target}")
+            tied = sorted(set(group) & set(parted))
+            if tied:
+                raise errors.InvalidArgument(
+                    f"queue {queue!r} is tied by dead-letter links to partitioned queue(s)"
+                    f" {', '.join(tied)}, whose partitions do not move: nothing was moved"
+                )
             src_version, dst_version = _version(src, s), _version(dst, s)
             src.rollback()
             dst.rollback()

@@ -20,8 +20,10 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
   a partition whose shard cannot be reached is skipped (and then left alone for
   :data:`DOWN_SKIP` seconds by that router session), the take fails only when every partition's
   shard is unreachable; ``next_ready_in`` the same (:data:`SKIPS_DOWN`);
-* metrics, peek, next_ready_in, drop, purge, pause, resume, dead_purge, wait_begin/end: every
-  partition, merged (:data:`DISPATCHED`);
+* metrics, peek, next_ready_in, drop, purge, pause, resume, wait_begin/end and the dead
+  letters (dead_list, dead_requeue, dead_purge): every partition, merged (:data:`DISPATCHED`);
+  a partitioned queue's dead-letter queue is partitioned over (at least) the same shards, and
+  each partition dead-letters into the dead-letter queue's partition on its own shard;
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
   raises InvalidArgument): it would see one partition only.
 
@@ -87,6 +89,12 @@ DISPATCHED: dict[str, str] = {
     "queue_pause": "or",
     "queue_resume": "or",
     "dead_purge": "sum",
+    # Dead letters: each partition keeps its own (the archive's dead rows, or its dead-letter
+    # queue's partition on the same shard); a listing merges them by id (ids are unique across
+    # shards, id % STRIDE the shard: keyset paging by id holds), a requeue asks each partition
+    # (given ids: each partition those its shard made).
+    "dead_list": "by_id",
+    "dead_requeue": "by_ids",
     # receive()'s registration as a waiter: NOTIFY is sent on the shards, where no one listens
     # through a router (receive polls), so a partitioned queue's registers nowhere.
     "wait_begin": "none",
@@ -409,6 +417,27 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
             "        v_got := v_got + v_i;\n"
             "    END LOOP;"
         ).format(on=on)
+    elif how == "by_id":  # dead_list: each partition's first p_limit after p_after_id, by id
+        part = sql.SQL(
+            "RETURN QUERY SELECT m.* FROM unnest(v_parts) AS x(shard), LATERAL {on} AS m\n"
+            "     ORDER BY m.id LIMIT p_limit;"
+        ).format(on=_call(schema, f"_on_{fn.name}", fn.argnames, "x.shard"))
+    elif how == "by_ids":  # dead_requeue: every partition, or the ids each partition's shard made
+        plain = sql.SQL("RETURN {};").format(hashed)
+        decl += f" v_vals {fn.result}[] := '{{}}'; v_ids bigint[];"
+        on_ids = _call(
+            schema, f"_on_{fn.name}", [a if a != "p_ids" else "v_ids" for a in fn.argnames], "p_shard"
+        )
+        part = sql.SQL(
+            "FOREACH p_shard IN ARRAY v_parts LOOP\n"
+            "        v_ids := CASE WHEN p_ids IS NOT NULL THEN\n"
+            "                      ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i % {stride} = p_shard) END;\n"
+            "        IF p_ids IS NULL OR cardinality(v_ids) > 0 THEN\n"
+            "            v_vals := v_vals || {on};\n"
+            "        END IF;\n"
+            "    END LOOP;"
+        ).format(stride=sql.SQL(str(STRIDE)), on=on_ids)
+        after = sql.SQL("\n    RETURN ({});").format(sql.SQL(_MERGE_SCALAR["sum"]))
     elif how == "metrics":  # counts summed, ages of the oldest/newest over all partitions
         part = sql.SQL(
             "RETURN QUERY SELECT p_name, sum(m.ready)::bigint, sum(m.scheduled)::bigint,"
@@ -487,6 +516,7 @@ def create_statement(schema: str, cluster: str, fn: CoreFunction) -> sql.Compose
     v_n     integer;
     v_home  integer;
     v_parts integer[];
+    v_dlq   integer[];
     v_done  integer[] := '{{}}';
     p_shard integer;
 BEGIN
@@ -503,9 +533,6 @@ BEGIN
     IF p_partitions > v_n THEN
         RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('partitions must be at most the'
             ' number of shards (%s): each partition is on its own shard', v_n);
-    ELSIF p_dead_letter_queue IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = 'a partitioned queue cannot have a'
-            ' dead-letter queue (its dead letters stay in each partition''s archive)';
     END IF;
     IF EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue = p_name) THEN
         IF p_if_not_exists THEN
@@ -515,6 +542,17 @@ BEGIN
     END IF;
     v_home := {s}._shard_of(p_name) & (v_n - 1);
     v_parts := ARRAY(SELECT ((v_home + k) % v_n)::integer FROM generate_series(0, p_partitions - 1) k);
+    -- Dead-lettering is one transaction on a partition's shard: the dead-letter queue needs a
+    -- partition on each of them (the partition on shard k takes the dead letters of shard k).
+    v_dlq := {s}._partitions(p_dead_letter_queue);
+    IF p_dead_letter_queue IS NOT NULL AND NOT coalesce(v_parts <@ v_dlq, false) THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('the dead-letter queue of a'
+            ' partitioned queue must be partitioned with a partition on each of its shards (%s);'
+            ' %s is %s: create it first with partitions=%s (a partition on every shard)',
+            array_to_string(v_parts, ', '), p_dead_letter_queue,
+            CASE WHEN v_dlq IS NULL THEN 'not a partitioned queue'
+                 ELSE 'partitioned over shards ' || array_to_string(v_dlq, ', ') END, v_n);
+    END IF;
     BEGIN
         FOREACH p_shard IN ARRAY v_parts LOOP
             -- The home shard first: a plain queue of that name there stops it before any other.
