@@ -49,6 +49,26 @@ def map_version(router: str) -> int:
     return int(row[0])
 
 
+def waiters(shard_dsn: str) -> set[int]:
+    """The sessions of a shard's database registered as waiters on some queue (holding a wait
+    lock there)."""
+    with psycopg.connect(shard_dsn) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock'"
+            " AND classid = (hashtext('lonnymq/wait') & 2147483647)::oid"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def registered_anew(shard_dsn: str, before: set[int], timeout: float, what: str) -> None:
+    """Wait up to ``timeout`` seconds until a session other than ``before`` waits on the shard."""
+    deadline = time.monotonic() + timeout
+    while not waiters(shard_dsn) - before:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
 class Traffic:
     """A producer and a consumer of one queue through the router, in threads: the producer sends
     numbered messages one by one, the consumer takes up to 10, holds them briefly (so leases

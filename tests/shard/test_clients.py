@@ -11,7 +11,7 @@ import time
 
 import psycopg
 import pytest
-from shard_helpers import home
+from shard_helpers import home, registered_anew, waiters
 
 from lonnymq import AsyncClient, Client, Envelope, errors, shard
 from lonnymq.cli import main
@@ -87,12 +87,7 @@ def _wake_cases(router: str, tag: str) -> list[tuple[str, str | None]]:
 
 def _waiters(shard_dsn: str) -> list[int]:
     """The sessions of a shard registered as waiters on some queue (holding a wait lock)."""
-    with psycopg.connect(shard_dsn) as conn:
-        rows = conn.execute(
-            "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock'"
-            " AND classid = (hashtext('lonnymq/wait') & 2147483647)::oid"
-        ).fetchall()
-    return [int(r[0]) for r in rows]
+    return sorted(waiters(shard_dsn))
 
 
 def _receive_a_late_send(c: Client, producer: Client, q: str, key: str | None = None) -> float:
@@ -149,7 +144,7 @@ def test_a_waiting_receive_follows_a_move_at_once(sharded, direct: bool) -> None
     q = queues_on_both_shards(sharded.dsn, f"wake_mvnow{int(direct)}")[0]
     with Client(sharded.dsn) as admin:
         admin.create_queue(q)
-    before = [set(_waiters(d)) for d in sharded.shard_dsns]
+    before = [waiters(d) for d in sharded.shard_dsns]
     got: list[object] = []
     woke: list[float] = []
 
@@ -162,15 +157,9 @@ def test_a_waiting_receive_follows_a_move_at_once(sharded, direct: bool) -> None
         t = threading.Thread(target=wait)
         t.start()
         try:
-            deadline = time.monotonic() + 5
-            while not set(_waiters(sharded.shard_dsns[0])) - before[0]:  # registered on shard 0
-                assert time.monotonic() < deadline, "receive() never registered on shard 0"
-                time.sleep(0.02)
+            registered_anew(sharded.shard_dsns[0], before[0], 5, "receive() never registered on shard 0")
             shard.move(sharded.dsn, q, 1)
-            deadline = time.monotonic() + 3
-            while not set(_waiters(sharded.shard_dsns[1])) - before[1]:  # ... and now on shard 1
-                assert time.monotonic() < deadline, "receive() did not follow the move"
-                time.sleep(0.02)
+            registered_anew(sharded.shard_dsns[1], before[1], 3, "receive() did not follow the move")
             with Client(sharded.shard_dsns[1]) as on_target:  # a send on the new shard itself
                 on_target.send(q, "after the move")
             sent = time.monotonic()
@@ -293,13 +282,13 @@ def test_a_waiting_worker_follows_a_move_at_once(sharded) -> None:  # type: igno
     async def main() -> None:
         async with AsyncClient(sharded.dsn) as client, AsyncClient(sharded.shard_dsns[1]) as on_target:
             await client.create_queue(q)
-            before = [set(_waiters(d)) for d in sharded.shard_dsns]
+            before = [waiters(d) for d in sharded.shard_dsns]
             w = Worker(app, client, poll_interval=30, concurrency=4)
             await w.start()
             try:
-                await eventually(lambda: bool(set(_waiters(sharded.shard_dsns[0])) - before[0]), 5, "on 0")
+                await eventually(lambda: bool(waiters(sharded.shard_dsns[0]) - before[0]), 5, "on 0")
                 await asyncio.to_thread(shard.move, sharded.dsn, q, 1)
-                await eventually(lambda: bool(set(_waiters(sharded.shard_dsns[1])) - before[1]), 3, "on 1")
+                await eventually(lambda: bool(waiters(sharded.shard_dsns[1]) - before[1]), 3, "on 1")
                 await on_target.send(q, "moved")
                 sent = time.monotonic()
                 await eventually(lambda: "moved" in handled, 4, "handled")

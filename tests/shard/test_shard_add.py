@@ -4,13 +4,14 @@ databases of the session's clusters (so the other tests keep their two shards)."
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from shard_helpers import Traffic, drain, home
+from shard_helpers import Traffic, drain, home, registered_anew, waiters
 
 from lonnymq import Client, errors, shard
 from lonnymq.cli import main
@@ -88,3 +89,43 @@ def test_add_doubles_the_shards_and_rehomes_queues_under_traffic(sharded, capsys
     assert fresh in shard.status(r).shards[3].queues
     delivered = [n for n, _ in traffic.delivered] + drain(r, busy)
     assert sorted(delivered) == sorted(traffic.sent)  # 0 lost, 0 duplicated
+
+
+def test_a_waiting_receive_follows_its_queue_to_a_new_shard(sharded) -> None:  # type: ignore[no-untyped-def]
+    """A receive() waiting (poll=30) on a queue that ``shard add`` moves to a new shard is told by
+    the move: it registers on the new shard at once and wakes for a send there, not at its next
+    look at the shard map (10 s)."""
+    a, b = sharded.shards
+    r = database(sharded.router.dsn, "wake_grow_router")
+    old = [database(a.dsn, "wake_grow_s0"), database(b.dsn, "wake_grow_s1")]
+    new = [database(a.dsn, "wake_grow_s2"), database(b.dsn, "wake_grow_s3")]
+    shard.init(r, old)
+    for d in new:  # migrated beforehand, so that the add itself takes a moment only
+        with Client(d) as c:
+            c.migrate()
+    q = next(n for n in (f"wake_grow_{i}" for i in range(100)) if home(r, n, 4) >= 2)
+    src, dst = old[home(r, q, 2)], new[home(r, q, 4) - 2]
+    before = [waiters(src), waiters(dst)]
+    got: list[object] = []
+    woke: list[float] = []
+    with Client(r) as c:
+        c.create_queue(q)
+
+        def wait() -> None:
+            got.extend(m.payload for m in c.receive(q, timeout=25, poll=30))
+            woke.append(time.monotonic())
+
+        t = threading.Thread(target=wait)
+        t.start()
+        try:
+            registered_anew(src, before[0], 5, "receive() never registered on the queue's shard")
+            result = shard.add(r, new)
+            assert [m.queues for m in result.moved] == [[q]] and not result.failed
+            registered_anew(dst, before[1], 3, "receive() did not follow the queue to its new shard")
+            with Client(r) as producer:
+                producer.send(q, "on the new shard")
+            sent = time.monotonic()
+        finally:
+            t.join(30)
+    assert got == ["on the new shard"]
+    assert woke[0] - sent < 1.0, woke[0] - sent
