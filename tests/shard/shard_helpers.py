@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -67,6 +68,34 @@ def registered_anew(shard_dsn: str, before: set[int], timeout: float, what: str)
     while not waiters(shard_dsn) - before:
         assert time.monotonic() < deadline, what
         time.sleep(0.02)
+
+
+def waiter_follows(
+    c: Client, queue: str, src: str, dst: str, relocate: Callable[[], object], send: Callable[[], object]
+) -> tuple[list[object], float]:
+    """A receive() of ``c`` waiting on ``queue`` in a thread (poll=30: polling cannot be what
+    finds a message), registered on shard database ``src``; ``relocate()`` moves the queue to
+    ``dst``, where the receive must be registered within 3 s; then ``send()`` sends to it.
+    Returns what the receive returned and the seconds from the send's return to its return."""
+    before = [waiters(src), waiters(dst)]
+    got: list[object] = []
+    woke: list[float] = []
+
+    def wait() -> None:
+        got.extend(m.payload for m in c.receive(queue, timeout=25, poll=30))
+        woke.append(time.monotonic())
+
+    t = threading.Thread(target=wait)
+    t.start()
+    try:
+        registered_anew(src, before[0], 5, "receive() never registered on the queue's shard")
+        relocate()
+        registered_anew(dst, before[1], 3, "receive() did not follow the queue to its new shard")
+        send()
+        sent = time.monotonic()
+    finally:
+        t.join(30)
+    return got, woke[0] - sent
 
 
 class Traffic:

@@ -11,7 +11,7 @@ import time
 
 import psycopg
 import pytest
-from shard_helpers import home, registered_anew, waiters
+from shard_helpers import home, waiter_follows, waiters
 
 from lonnymq import AsyncClient, Client, Envelope, errors, shard
 from lonnymq.cli import main
@@ -144,29 +144,16 @@ def test_a_waiting_receive_follows_a_move_at_once(sharded, direct: bool) -> None
     q = queues_on_both_shards(sharded.dsn, f"wake_mvnow{int(direct)}")[0]
     with Client(sharded.dsn) as admin:
         admin.create_queue(q)
-    before = [waiters(d) for d in sharded.shard_dsns]
-    got: list[object] = []
-    woke: list[float] = []
-
-    with Client(sharded.dsn, direct=direct) as c:
-
-        def wait() -> None:
-            got.extend(m.payload for m in c.receive(q, timeout=25, poll=30))
-            woke.append(time.monotonic())
-
-        t = threading.Thread(target=wait)
-        t.start()
-        try:
-            registered_anew(sharded.shard_dsns[0], before[0], 5, "receive() never registered on shard 0")
-            shard.move(sharded.dsn, q, 1)
-            registered_anew(sharded.shard_dsns[1], before[1], 3, "receive() did not follow the move")
-            with Client(sharded.shard_dsns[1]) as on_target:  # a send on the new shard itself
-                on_target.send(q, "after the move")
-            sent = time.monotonic()
-        finally:
-            t.join(30)
+    with Client(sharded.dsn, direct=direct) as c, Client(sharded.shard_dsns[1]) as on_target:
+        got, lag = waiter_follows(
+            c,
+            q,
+            *sharded.shard_dsns,
+            lambda: shard.move(sharded.dsn, q, 1),
+            lambda: on_target.send(q, "after the move"),  # a send on the new shard itself
+        )
     assert got == ["after the move"]
-    assert woke[0] - sent < 1.0, woke[0] - sent
+    assert lag < 1.0, lag
 
 
 def test_receive_wakes_while_a_partitions_shard_is_down(sharded) -> None:  # type: ignore[no-untyped-def]

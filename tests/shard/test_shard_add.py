@@ -4,14 +4,13 @@ databases of the session's clusters (so the other tests keep their two shards)."
 
 from __future__ import annotations
 
-import threading
 import time
 
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from shard_helpers import Traffic, drain, home, registered_anew, waiters
+from shard_helpers import Traffic, drain, home, waiter_follows
 
 from lonnymq import Client, errors, shard
 from lonnymq.cli import main
@@ -105,27 +104,13 @@ def test_a_waiting_receive_follows_its_queue_to_a_new_shard(sharded) -> None:  #
             c.migrate()
     q = next(n for n in (f"wake_grow_{i}" for i in range(100)) if home(r, n, 4) >= 2)
     src, dst = old[home(r, q, 2)], new[home(r, q, 4) - 2]
-    before = [waiters(src), waiters(dst)]
-    got: list[object] = []
-    woke: list[float] = []
     with Client(r) as c:
         c.create_queue(q)
 
-        def wait() -> None:
-            got.extend(m.payload for m in c.receive(q, timeout=25, poll=30))
-            woke.append(time.monotonic())
-
-        t = threading.Thread(target=wait)
-        t.start()
-        try:
-            registered_anew(src, before[0], 5, "receive() never registered on the queue's shard")
+        def add() -> None:
             result = shard.add(r, new)
             assert [m.queues for m in result.moved] == [[q]] and not result.failed
-            registered_anew(dst, before[1], 3, "receive() did not follow the queue to its new shard")
-            with Client(r) as producer:
-                producer.send(q, "on the new shard")
-            sent = time.monotonic()
-        finally:
-            t.join(30)
+
+        got, lag = waiter_follows(c, q, src, dst, add, lambda: c.send(q, "on the new shard"))
     assert got == ["on the new shard"]
-    assert woke[0] - sent < 1.0, woke[0] - sent
+    assert lag < 1.0, lag
