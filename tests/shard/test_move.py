@@ -15,6 +15,7 @@ from shard_helpers import home as hash_home
 
 from lonnymq import Client, Envelope, Message, errors, shard
 from lonnymq.cli import main
+from lonnymq.client.direct import STRIDE
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -355,3 +356,35 @@ def test_a_router_made_before_routes_is_refused(sharded) -> None:  # type: ignor
         shard.upgrade(r)  # the fence and routes back
     with Client(r) as c:
         c.send("mv_old", "routed again")
+
+
+def test_the_target_keeps_naming_its_own_ids_after_a_move(sharded) -> None:  # type: ignore[no-untyped-def]
+    """A queue whose ids are ahead of the target's sequence moves: the target's sequence goes
+    past them and its new ids are still the target's index modulo STRIDE (a partitioned queue's
+    ids name their shard), so a partition on the target keeps settling where its ids say."""
+    q = name_on(sharded.dsn, "mv_ahead_", 0)
+    part = "mv_ahead_part"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q)
+        c.create_queue(part, partitions=2)
+        with psycopg.connect(sharded.shard_dsns[0], autocommit=True) as conn:  # shard 0 far ahead
+            conn.execute(
+                "SELECT setval('lonnymq.message_id_seq', last_value + %s * 5000) FROM lonnymq.message_id_seq",
+                [STRIDE],
+            )
+        ahead = c.send(q, "ahead").id
+        assert ahead % STRIDE == 0
+        shard.move(sharded.dsn, q, 1)
+        assert [m.id for m in c.take(q)] == [ahead]  # on shard 1, same id
+        after = c.send(q, "after").id
+        assert after > ahead and after % STRIDE == 1, (ahead, after)
+        # A partitioned queue's messages made on shard 1 now still settle on shard 1.
+        sent = [c.send(part, i, key=f"k{i}").id for i in range(8)]
+        assert {i % STRIDE for i in sent} == {0, 1}
+        got: list[Message] = []
+        while batch := c.take(part, 8):
+            got += batch
+        assert sorted(m.id for m in got) == sorted(sent)
+        assert c.ack(got) == set(sent)
+        shard.move(sharded.dsn, q, 0)
+        c.drop_queue(part)

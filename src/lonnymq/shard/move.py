@@ -652,7 +652,8 @@ def _advance(
     value moved in, so new rows of the moved queues never take one they hold. Never backwards:
     nextval first, and only when the moved values reach past it, setval beyond them by
     ID_MARGIN (a sequence cannot be compared-and-set; the margin is more values than other
-    writers could draw between the two calls)."""
+    writers could draw between the two calls), in whole increments from the nextval, so a
+    strided sequence (a router's shard: ids are its index modulo STRIDE) stays strided."""
     s = sql.Identifier(schema)
     if table == "message":
         seq = sql.SQL("pg_get_serial_sequence(format('%%I.message', %s::text), 'id')::regclass")
@@ -668,10 +669,15 @@ def _advance(
             "coalesce((SELECT max(c.turn) FROM {s}.channel c WHERE c.queue_id = ANY(%s)), 0)"
         ).format(s=s)
         top_params = [ids]
+    # Past top + ID_MARGIN in whole increments from nextval: the sequence keeps its residue
+    # modulo its increment (a router's shard i makes ids i modulo STRIDE: admin.stride_ids).
     dst.execute(
         sql.SQL(
-            "SELECT CASE WHEN x.nv > x.top THEN x.nv ELSE setval(x.seq, x.top + %s) END"
-            "  FROM (SELECT q.seq, nextval(q.seq) AS nv, {top} AS top FROM (SELECT {seq} AS seq) q) x"
+            "SELECT CASE WHEN x.nv > x.top THEN x.nv"
+            "            ELSE setval(x.seq, x.nv + ((x.top + %s - x.nv) / x.inc + 1) * x.inc) END"
+            "  FROM (SELECT q.seq, nextval(q.seq) AS nv, {top} AS top,"
+            "               (SELECT p.seqincrement FROM pg_catalog.pg_sequence p WHERE p.seqrelid = q.seq) AS inc"
+            "          FROM (SELECT {seq} AS seq) q) x"
         ).format(top=top, seq=seq),
         [ID_MARGIN, *top_params, schema],
     )
