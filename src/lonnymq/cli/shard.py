@@ -60,12 +60,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="move a queue with all its messages to another shard, while it is in use",
         description="Moves QUEUE (and the queues tied to it by dead-letter links) with its live"
         " messages, leases, keys, channels and dead letters to SHARD, exactly once, while clients"
-        " keep calling through the router: the queue's calls pause for the copy. The router is"
-        " --dsn / $LONNYMQ_DSN.",
+        " keep calling through the router: the queue's calls pause for the copy. A partitioned"
+        " queue moves one partition at a time (--partition K), to a shard holding none of its"
+        " partitions. The router is --dsn / $LONNYMQ_DSN.",
     )
     common(m)
     m.add_argument("queue", metavar="QUEUE")
     m.add_argument("shard", metavar="SHARD", help="the target: its index in `shard status` or its DSN")
+    m.add_argument(
+        "--partition",
+        type=int,
+        metavar="K",
+        help="a partitioned queue's partition to move (0..N-1, as `shard status` numbers them)",
+    )
     m.add_argument(
         "--archive",
         action="store_true",
@@ -130,12 +137,14 @@ def move(args: argparse.Namespace) -> int:
         archive=args.archive,
         lock_timeout=args.lock_timeout,
         attempts=args.attempts,
+        partition=args.partition,
     )
     if args.json:
         _util.print_json(r)
         return 0
+    what = ", ".join(r.queues) if r.partition is None else f"partition {r.partition} of {r.queues[0]}"
     print(
-        f"moved {', '.join(r.queues)} from shard {r.source} to shard {r.target}:"
+        f"moved {what} from shard {r.source} to shard {r.target}:"
         f" {r.rows.get('message', 0)} message(s), {r.rows.get('archive', 0)} archived/dead,"
         f" {r.rows.get('channel', 0)} channel(s); paused {r.pause_ms:.0f} ms"
         f" (attempt {r.attempts})"

@@ -341,17 +341,17 @@ class AsyncClient:
                 m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
             shard = m.route(queue)
             if shard is None:
-                found = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
+                found = await self._run_pooled(self._router_pool(), m.locate_op(queue), True)
                 shard = m.remember(queue, *found)
             if shard < 0:
-                return await self._run_partitioned(op, queue, retry)
+                return await self._run_partitioned(op, queue, retry, fenced)
             pool = await self._shard_pool(shard)
             try:
                 return await self._run_pooled(pool, fenced, retry)
             except errors.QueueNotFound:
                 m.forget(queue)
                 m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
-                again = await self._run_pooled(self._router_pool(), m.route_op(queue), True)
+                again = await self._run_pooled(self._router_pool(), m.locate_op(queue), True)
                 if attempt == ATTEMPTS or m.remember(queue, *again) == shard:
                     raise
             except psycopg.OperationalError as e:
@@ -360,15 +360,19 @@ class AsyncClient:
                 raise m.unavailable(shard, e) from e
         raise AssertionError("unreachable")
 
-    async def _run_partitioned(self, op: Op[T], queue: str, retry: bool) -> T:
-        """``op`` of a partitioned queue: on the shard its key or ids name, or (take) on each
-        partition in turn until one hands out messages; through the router when it spans
-        partitions (direct.ShardMap.plan)."""
+    async def _run_partitioned(
+        self, op: Op[T], queue: str, retry: bool, fenced: Op[T], attempt: int = 1
+    ) -> T:
+        """``op`` of a partitioned queue (``fenced``: behind the move fence): on the shard its
+        key or ids name, or (take) on each partition in turn until one hands out messages;
+        through the router when it spans partitions (direct.ShardMap.plan). A partition not
+        found where the map said (it moved): the map read again and the call made again."""
         m = self._map
         assert m is not None
         if (riding := m.riding_acks(op)) is not None:  # the acks first, on their shards
             await self.run(riding[0], retry=retry)
             op = riding[1]
+            fenced = m.fenced(op)
         plan = m.plan(op, queue)
         if plan is None:
             return await self._run_pooled(self._router_pool(), op, retry)
@@ -381,9 +385,17 @@ class AsyncClient:
         for shard in plan:
             pool = await self._shard_pool(shard)
             try:
-                got = await self._run_pooled(pool, op, retry and not skips, PARTITION_WAIT if skips else None)
+                got = await self._run_pooled(
+                    pool, fenced, retry and not skips, PARTITION_WAIT if skips else None
+                )
             except errors.QueueNotFound:
-                m.forget(queue)  # dropped (or made again): ask the router next time
+                was = m.placement(queue)
+                m.forget(queue)  # moved, dropped (or made again): ask the router
+                if attempt < ATTEMPTS:
+                    m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
+                    found = await self._run_pooled(self._router_pool(), m.locate_op(queue), True)
+                    if m.remember(queue, *found) < 0 and m.placement(queue) != was:
+                        return await self._run_partitioned(op, queue, retry, fenced, attempt + 1)
                 raise
             except psycopg.OperationalError as e:
                 if skips and not isinstance(e, ROLLED_BACK):  # (a deadlock is no shard down)
@@ -844,7 +856,7 @@ class AsyncClient:
                 m.load(*await self._run_pooled(router, m.map_op(), False, PARTITION_WAIT))
             shard = m.route(queue)
             if shard is None:
-                found = await self._run_pooled(router, m.route_op(queue), False, PARTITION_WAIT)
+                found = await self._run_pooled(router, m.locate_op(queue), False, PARTITION_WAIT)
                 shard = m.remember(queue, *found)
         except errors.NotInstalled:
             if self._map is not None:

@@ -25,7 +25,9 @@ taken before the function runs, in the same statement (no extra round trip). ``s
 holds that lock exclusively on the source shard while it copies the queue away, so a direct
 call either runs before the copy (and is copied) or after the source has let the queue go, and
 then fails with QueueNotFound: the client re-reads the map and runs the call on the new shard
-(nothing was done on the old one: the failed call's transaction rolled back).
+(nothing was done on the old one: the failed call's transaction rolled back). A partitioned
+queue's calls go the same way to each partition's shard (``shard move --partition``), and a
+message id names its partition through the router's ``moved_ids`` once its partition moved.
 """
 
 from __future__ import annotations
@@ -223,9 +225,15 @@ def _map_decode(rows: list[Any]) -> tuple[int, list[str]]:
     return int(rows[0][0]), [str(s) for s in rows[0][1]]
 
 
-def _route_decode(rows: list[Any]) -> tuple[int | None, list[int] | None]:
-    shard, parts = rows[0]
-    return (None if shard is None else int(shard)), (None if parts is None else [int(i) for i in parts])
+def _route_decode(rows: list[Any]) -> tuple[int | None, list[int] | None, dict[int, int] | None]:
+    # (shard, partitions, moved_ids); a router made before partitions moved has no moved_ids.
+    shard, parts, *rest = rows[0]
+    moved = rest[0] if rest else None
+    return (
+        None if shard is None else int(shard),
+        None if parts is None else [int(i) for i in parts],
+        None if moved is None else {int(k): int(v) for k, v in moved.items()},
+    )
 
 
 class ShardMap:
@@ -241,6 +249,8 @@ class ShardMap:
         self.loaded_at = 0.0
         self._routes: dict[str, int] = {}  # -1: partitioned, see _parts
         self._parts: dict[str, list[int]] = {}
+        # Partitioned queues' moved ids: shard that made them -> partition holding them.
+        self._moved: dict[str, dict[int, int]] = {}
         self._names = {id(getattr(st, name)): name for name in DIRECT}
         self._direct = frozenset(self._names)
         self._ack_query = st.ack
@@ -250,7 +260,7 @@ class ShardMap:
         self._fence = sql.SQL(FENCE).format(name=sql.Literal(schema))
         self._fenced: dict[int, sql.Composed] = {}
         self._map_query = sql.SQL("SELECT version, shards FROM {}._shard_map()").format(s)
-        self._route_query = sql.SQL("SELECT shard, partitions FROM {}._route_of(%s::text)").format(s)
+        self._route_query = sql.SQL("SELECT * FROM {}._route_of(%s::text)").format(s)
 
     # -- what goes where ---------------------------------------------------------------------
 
@@ -272,11 +282,19 @@ class ShardMap:
         """The queue's shard if known (None: ask the router, :meth:`route_op`)."""
         return self._routes.get(queue)
 
-    def remember(self, queue: str, shard: int | None, partitions: Sequence[int] | None = None) -> int:
+    def remember(
+        self,
+        queue: str,
+        shard: int | None,
+        partitions: Sequence[int] | None = None,
+        moved: dict[int, int] | None = None,
+    ) -> int:
         """Remember the router's answer (:meth:`route_op`): the queue's shard, or -1 for a
-        partitioned queue (its partitions' shards: :meth:`plan`)."""
+        partitioned queue (its partitions' shards and where its moved partitions' ids are:
+        :meth:`plan`)."""
         if partitions:
             self._parts[queue] = list(partitions)
+            self._moved[queue] = dict(moved or {})
             self._routes[queue] = -1
             return -1
         assert shard is not None
@@ -288,15 +306,22 @@ class ShardMap:
         """The shards of partitioned ``queue``'s partitions (after :meth:`remember`)."""
         return list(self._parts[queue])
 
+    def placement(self, queue: str) -> tuple[list[int], dict[int, int]] | None:
+        """A partitioned queue's partitions and moved ids as remembered (None: not known)."""
+        parts = self._parts.get(queue)
+        return None if parts is None else (list(parts), dict(self._moved.get(queue, {})))
+
     def forget(self, queue: str) -> None:
         self._routes.pop(queue, None)
         self._parts.pop(queue, None)
+        self._moved.pop(queue, None)
 
     def plan(self, op: Op[Any], queue: str) -> list[int] | None:
         """The shards that run ``op`` of partitioned ``queue``, tried in order until one returns
         rows (take: the partitions in turn); None: through the router (a call over every
         partition, or one this client cannot place)."""
         parts = self._parts[queue]
+        moved = self._moved.get(queue, {})
         n = len(parts)
         name = self._names.get(id(op.query))
         p = op.params
@@ -306,12 +331,12 @@ class ShardMap:
             start = next(self._take_turn)
             return [parts[(start + k) % n] for k in range(n)]
         if name == "message_get":
-            return self._by_ids(parts, [p[1]]) if p[1] is not None else [parts[key_partition(p[2], n)]]
+            return self._by_ids(parts, moved, [p[1]]) if p[1] is not None else [parts[key_partition(p[2], n)]]
         if name not in _KEY_ARG:
             return None
         arg = p[_KEY_ARG[name]]
         if name in ("ack", "nack", "extend", "give_up"):
-            return self._by_ids(parts, arg)
+            return self._by_ids(parts, moved, arg)
         keys = {key_partition(k, n) for k in ([arg] if name == "send" else arg or ()) if k is not None}
         if not keys and p[_SEND_KEY_ARG] is not None:  # a repeat of the call goes where it went
             keys = {key_partition(str(p[_SEND_KEY_ARG]), n)}
@@ -349,8 +374,10 @@ class ShardMap:
         return ack, replace(op, params=(*p[:3], None, None))
 
     @staticmethod
-    def _by_ids(parts: list[int], ids: Sequence[int]) -> list[int] | None:
-        at = {i % STRIDE for i in ids}
+    def _by_ids(parts: list[int], moved: dict[int, int], ids: Sequence[int]) -> list[int] | None:
+        """The shard holding ``ids``: the one that made them (id mod STRIDE), or the shard of
+        the partition they moved with (the router's ``_id_at``); None unless one of ``parts``."""
+        at = {parts[moved[i % STRIDE]] if i % STRIDE in moved else i % STRIDE for i in ids}
         return [at.pop()] if len(at) == 1 and next(iter(at)) in parts else None
 
     def stale(self) -> bool:
@@ -372,6 +399,11 @@ class ShardMap:
         return Op(self._map_query, (), _map_decode, safe_to_retry=True)
 
     def route_op(self, queue: str) -> Op[tuple[int | None, list[int] | None]]:
+        """The queue's shard or its partitions' shards."""
+        return Op(self._route_query, (queue,), lambda rows: _route_decode(rows)[:2], safe_to_retry=True)
+
+    def locate_op(self, queue: str) -> Op[tuple[int | None, list[int] | None, dict[int, int] | None]]:
+        """:meth:`route_op` with where a partitioned queue's moved ids are (for :meth:`remember`)."""
         return Op(self._route_query, (queue,), _route_decode, safe_to_retry=True)
 
     # -- logging into a shard ----------------------------------------------------------------

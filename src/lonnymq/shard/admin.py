@@ -11,6 +11,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.json import Jsonb
 
 from .. import errors
 from ..client import Client
@@ -266,6 +267,7 @@ def _rebuild(
     # are dropped: status() then reports the queue as misplaced where it is).
     overrides = routes(router, schema)
     parted = partitioned(router, schema)
+    moved = moved_ids(router, schema)
     version = map_version(router, schema)
     router.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
     router.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
@@ -316,8 +318,14 @@ def _rebuild(
             [(q, i) for q, i in overrides.items() if i < len(partitions)],
         )
         cur.executemany(
-            sql.SQL("INSERT INTO {}.shard_partition (queue, shards) VALUES (%s, %s)").format(s),
-            [(q, p) for q, p in parted.items() if max(p) < len(partitions)],
+            sql.SQL("INSERT INTO {}.shard_partition (queue, shards, moved_ids) VALUES (%s, %s, %s)").format(
+                s
+            ),
+            [
+                (q, p, Jsonb({str(i): k for i, k in moved.get(q, {}).items()}))
+                for q, p in parted.items()
+                if max(p) < len(partitions)
+            ],
         )
     # Never backwards across re-inits: direct clients compare it with what they remember.
     router.execute(sql.SQL("INSERT INTO {}.shard_map (version) VALUES (%s)").format(s), (version + 1,))
@@ -512,6 +520,24 @@ def partitioned(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[in
     """The router's partitioned queues: queue -> its partitions' shards (empty for a router made
     before partitioned queues existed)."""
     return {str(q): [int(i) for i in p] for q, p in _queue_rows(conn, schema, "shard_partition", "shards")}
+
+
+def moved_ids(conn: psycopg.Connection[Any], schema: str) -> dict[str, dict[int, int]]:
+    """Where the ids of partitioned queues' moved partitions are: queue -> {shard that made
+    them: partition now holding them}, for the queues with a partition moved (empty for a
+    router made before partitions could move)."""
+    exists = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attname = 'moved_ids' AND NOT attisdropped"
+        " AND attrelid = to_regclass(format('%%I.shard_partition', %s::text)))",
+        (schema,),
+    ).fetchone()
+    if not exists or not exists[0]:
+        return {}
+    return {
+        str(q): {int(i): int(k) for i, k in m.items()}
+        for q, m in _queue_rows(conn, schema, "shard_partition", "moved_ids")
+        if m
+    }
 
 
 def routes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:

@@ -68,6 +68,27 @@ class MoveResult:
     rows: dict[str, int]
     pause_ms: float
     attempts: int
+    #: The partition moved (of the partitioned queue ``queues[0]``), None for a plain queue.
+    partition: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """One move as its attempts need it: connections, the checked plan, what moves where."""
+
+    router_dsn: str
+    router: psycopg.Connection[Any]
+    src: psycopg.Connection[Any]
+    dst: psycopg.Connection[Any]
+    schema: str
+    plan: Columns
+    group: list[str]
+    source: int
+    target: int
+    archive: bool
+    timeout_ms: int
+    mask: int
+    partition: int | None = None
 
 
 # Tables holding a queue's rows, with the column that names the queue: its id or its name.
@@ -200,6 +221,7 @@ def move(
     lock_timeout: float = 1.0,
     attempts: int = 5,
     retry_delay: float = 0.5,
+    partition: int | None = None,
 ) -> MoveResult:
     """Move ``queue`` from its shard to ``shard`` (an index of the router's shard map or a
     shard's DSN), with its live messages (ready, scheduled, leased with their lease, attempts
@@ -235,9 +257,28 @@ def move(
         overrides = admin.routes(router, schema)
         parted = admin.partitioned(router, schema)
         if queue in parted:
+            if partition is None:
+                raise errors.InvalidArgument(
+                    f"queue {queue!r} is partitioned over shards {', '.join(map(str, parted[queue]))}:"
+                    f" say which partition moves (--partition K, partition=K; K in 0..{len(parted[queue]) - 1})"
+                )
+            return _move_partition(
+                router_dsn,
+                router,
+                dsns,
+                queue,
+                partition,
+                parted,
+                target,
+                schema,
+                archive,
+                timeout_ms,
+                attempts,
+                retry_delay,
+            )
+        if partition is not None:
             raise errors.InvalidArgument(
-                f"queue {queue!r} is partitioned over several shards: its partitions do not move"
-                " (their message ids name their shard)"
+                f"queue {queue!r} is not partitioned (or does not exist): move it without a partition"
             )
         row = router.execute("SELECT hashtext(%s) & %s", (queue, mask)).fetchone()
         assert row is not None
@@ -258,16 +299,9 @@ def move(
             if tied:
                 raise errors.InvalidArgument(
                     f"queue {queue!r} is tied by dead-letter links to partitioned queue(s)"
-                    f" {', '.join(tied)}, whose partitions do not move: nothing was moved"
+                    f" {', '.join(tied)}, which move by partition: nothing was moved"
                 )
-            src_version, dst_version = _version(src, s), _version(dst, s)
-            src.rollback()
-            dst.rollback()
-            if src_version != dst_version:
-                raise errors.InvalidArgument(
-                    f"shard {source} is at schema version {src_version}, shard {target} at"
-                    f" {dst_version}: run `lonnymq shard upgrade` first"
-                )
+            _same_version(src, dst, schema, source, target)
             homes = dict(
                 router.execute(
                     "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (mask, group)
@@ -280,40 +314,157 @@ def move(
                     " (misplaced): lonnymq shard status"
                 )
             plan = _plan(src, dst, schema)
-            router.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
-            blocked = ""
-            for attempt in range(1, attempts + 1):
-                try:
-                    rows, pause = _attempt(
-                        router_dsn,
-                        router,
-                        src,
-                        dst,
-                        schema,
-                        plan,
-                        group,
-                        source,
-                        target,
-                        archive,
-                        timeout_ms,
-                        mask,
-                    )
-                except (pg_errors.LockNotAvailable, pg_errors.SerializationFailure) as e:
-                    blocked = " ".join(str(e).split())
-                    if attempt < attempts:
-                        time.sleep(retry_delay)
-                    continue
-                except pg_errors.ForeignKeyViolation as e:
-                    raise MoveError(
-                        f"a queue naming one of {', '.join(group)} as its dead-letter queue was created"
-                        " during the move: nothing was moved; run the move again (it moves them together)"
-                    ) from e
-                return MoveResult(group, source, target, rows, pause, attempt)
+            return _retrying(
+                _Move(
+                    router_dsn,
+                    router,
+                    src,
+                    dst,
+                    schema,
+                    plan,
+                    group,
+                    source,
+                    target,
+                    archive,
+                    timeout_ms,
+                    mask,
+                ),
+                attempts,
+                retry_delay,
+            )
+
+
+def _same_version(
+    src: psycopg.Connection[Any], dst: psycopg.Connection[Any], schema: str, source: int, target: int
+) -> None:
+    s = sql.Identifier(schema)
+    src_version, dst_version = _version(src, s), _version(dst, s)
+    src.rollback()
+    dst.rollback()
+    if src_version != dst_version:
+        raise errors.InvalidArgument(
+            f"shard {source} is at schema version {src_version}, shard {target} at"
+            f" {dst_version}: run `lonnymq shard upgrade` first"
+        )
+
+
+def _retrying(m: _Move, attempts: int, retry_delay: float) -> MoveResult:
+    """:func:`_attempt` of ``m`` up to ``attempts`` times while a lock is not granted in time."""
+    m.router.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{m.timeout_ms}ms")))
+    blocked = ""
+    for attempt in range(1, attempts + 1):
+        try:
+            rows, pause = _attempt(m)
+        except (pg_errors.LockNotAvailable, pg_errors.SerializationFailure) as e:
+            blocked = " ".join(str(e).split())
+            if attempt < attempts:
+                time.sleep(retry_delay)
+            continue
+        except pg_errors.ForeignKeyViolation as e:
+            raise MoveError(
+                f"a queue naming one of {', '.join(m.group)} as its dead-letter queue was created"
+                " during the move: nothing was moved; run the move again"
+                + (" (it moves them together)" if m.partition is None else "")
+            ) from e
+        return MoveResult(m.group, m.source, m.target, rows, pause, attempt, m.partition)
+    what = m.group[0] if m.partition is None else f"{m.group[0]} partition {m.partition}"
     raise MoveBlocked(
-        f"moving queue {queue!r} gave up after {attempts} attempt(s): a lock stayed held longer than"
-        f" lock_timeout ({lock_timeout:g} s) ({blocked}); a long transaction holds the queue's"
+        f"moving queue {what!r} gave up after {attempts} attempt(s): a lock stayed held longer than"
+        f" lock_timeout ({m.timeout_ms / 1000:g} s) ({blocked}); a long transaction holds the queue's"
         " route on the router or its rows on the shard: end it, or retry later; nothing was moved"
     )
+
+
+def _move_partition(
+    router_dsn: str,
+    router: psycopg.Connection[Any],
+    dsns: Sequence[str],
+    queue: str,
+    partition: int,
+    parted: dict[str, list[int]],
+    target: int,
+    schema: str,
+    archive: bool,
+    timeout_ms: int,
+    attempts: int,
+    retry_delay: float,
+) -> MoveResult:
+    """:func:`move` of partition ``partition`` of partitioned ``queue``: the checks, then the
+    attempts (:func:`_attempt`, which records the partition's new shard and where its ids are)."""
+    parts = parted[queue]
+    if not 0 <= partition < len(parts):
+        raise errors.InvalidArgument(
+            f"queue {queue!r} has no partition {partition}: its partitions are 0..{len(parts) - 1}"
+            f" (on shards {', '.join(map(str, parts))})"
+        )
+    source = parts[partition]
+    if source == target:
+        raise errors.InvalidArgument(f"partition {partition} of queue {queue!r} is already on shard {target}")
+    if target in parts:
+        raise errors.InvalidArgument(
+            f"shard {target} already holds partition {parts.index(target)} of queue {queue!r}: a shard"
+            f" holds one partition of a queue (its partitions are on shards {', '.join(map(str, parts))});"
+            " add shards first (lonnymq shard add) or move that partition away"
+        )
+    owner = admin.moved_ids(router, schema).get(queue, {}).get(target, partition)
+    if owner != partition:
+        raise errors.InvalidArgument(
+            f"the message ids that shard {target} made for queue {queue!r} are now partition {owner}'s"
+            f" (it moved from there): ids would no longer say their partition, so partition {partition}"
+            f" cannot go to shard {target}"
+        )
+    s = sql.Identifier(schema)
+    with (
+        admin._connect(dsns[source], f"shard {source}") as src,
+        admin._connect(dsns[target], f"shard {target}") as dst,
+    ):
+        row = src.execute(
+            sql.SQL(
+                "SELECT d.name, ARRAY(SELECT f.name FROM {s}.queue f WHERE f.dead_letter_queue_id = q.id"
+                " ORDER BY f.name) FROM {s}.queue q LEFT JOIN {s}.queue d ON d.id = q.dead_letter_queue_id"
+                " WHERE q.name = %s"
+            ).format(s=s),
+            (queue,),
+        ).fetchone()
+        src.rollback()
+        if row is None:
+            raise errors.QueueNotFound(
+                f"partition {partition} of queue {queue!r} is not on shard {source}, where the router"
+                " sends its calls (lonnymq shard status)"
+            )
+        dlq, feeders = row[0], list(row[1])
+        if feeders:
+            raise errors.InvalidArgument(
+                f"queue {queue!r} is the dead-letter queue of {', '.join(feeders)} on shard {source}:"
+                f" its partition there stays with theirs (dead-lettering is one transaction on a"
+                " shard); nothing was moved"
+            )
+        if dlq is not None and target not in parted.get(dlq, []):
+            raise errors.InvalidArgument(
+                f"the dead-letter queue {dlq!r} of queue {queue!r} has no partition on shard {target}:"
+                f" partition {partition} would have nowhere to dead-letter there; nothing was moved"
+            )
+        _same_version(src, dst, schema, source, target)
+        plan = _plan(src, dst, schema)
+        return _retrying(
+            _Move(
+                router_dsn,
+                router,
+                src,
+                dst,
+                schema,
+                plan,
+                [queue],
+                source,
+                target,
+                archive,
+                timeout_ms,
+                len(dsns) - 1,
+                partition,
+            ),
+            attempts,
+            retry_delay,
+        )
 
 
 def _lock_route(router: psycopg.Connection[Any], schema: str, group: Sequence[str]) -> list[str]:
@@ -335,22 +486,11 @@ def _unlock_route(router: psycopg.Connection[Any], schema: str, held: Sequence[s
         router.execute("SELECT pg_advisory_unlock(hashtext(%s || '/route'), hashtext(%s))", (schema, q))
 
 
-def _attempt(
-    router_dsn: str,
-    router: psycopg.Connection[Any],
-    src: psycopg.Connection[Any],
-    dst: psycopg.Connection[Any],
-    schema: str,
-    plan: Columns,
-    group: list[str],
-    source: int,
-    target: int,
-    archive: bool,
-    timeout_ms: int,
-    mask: int,
-) -> tuple[dict[str, int], float]:
+def _attempt(m: _Move) -> tuple[dict[str, int], float]:
     """One attempt of the move under the fence (see the module's docstring). Lock timeouts
     propagate (the caller retries) with nothing changed."""
+    router_dsn, router, src, dst, schema = m.router_dsn, m.router, m.src, m.dst, m.schema
+    group, source, target, timeout_ms = m.group, m.source, m.target, m.timeout_ms
     s = sql.Identifier(schema)
     t0 = time.monotonic()
     held = _lock_route(router, schema, group)
@@ -365,7 +505,7 @@ def _attempt(
                 src.execute(
                     "SELECT pg_advisory_xact_lock(hashtext(%s || '/route'), hashtext(%s))", (schema, q)
                 )
-            rows = _copy(src, dst, schema, plan, group, archive)
+            rows = _copy(src, dst, schema, m.plan, group, m.archive)
             dst.commit()
         except BaseException:
             _rollback(src, dst)
@@ -373,26 +513,29 @@ def _attempt(
         # The target holds a committed copy: now the route.
         try:
             with router.transaction():
-                router.execute(
-                    sql.SQL(
-                        "INSERT INTO {s}.shard_route (queue, shard) SELECT unnest(%s::text[]), %s"
-                        " ON CONFLICT (queue) DO UPDATE SET shard = excluded.shard, moved_at = now()"
-                    ).format(s=s),
-                    (group, target),
-                )
-                # Back where its hash says: no override needed.
-                router.execute(
-                    sql.SQL(
-                        "DELETE FROM {s}.shard_route WHERE queue = ANY(%s) AND hashtext(queue) & %s = shard"
-                    ).format(s=s),
-                    (group, mask),
-                )
+                if m.partition is not None:
+                    _record_partition(router, schema, group[0], m.partition, source, target)
+                else:
+                    router.execute(
+                        sql.SQL(
+                            "INSERT INTO {s}.shard_route (queue, shard) SELECT unnest(%s::text[]), %s"
+                            " ON CONFLICT (queue) DO UPDATE SET shard = excluded.shard, moved_at = now()"
+                        ).format(s=s),
+                        (group, target),
+                    )
+                    # Back where its hash says: no override needed.
+                    router.execute(
+                        sql.SQL(
+                            "DELETE FROM {s}.shard_route WHERE queue = ANY(%s) AND hashtext(queue) & %s = shard"
+                        ).format(s=s),
+                        (group, m.mask),
+                    )
                 router.execute(catalog.bump_version(schema))
         except BaseException as e:
             # Did the route change after all (a commit whose reply was lost)? Then carry on.
             # Otherwise keep the source's rows (a stale copy is only unreachable, never lost);
             # the target's copy goes only when the route certainly did not change.
-            now = _route_now(router_dsn, schema, group[0], mask)
+            now = _route_now(router_dsn, schema, group[0], m.mask, m.partition)
             if now != target:
                 _rollback(src)
                 if now is not None:
@@ -429,17 +572,45 @@ def _rollback(*conns: psycopg.Connection[Any]) -> None:
             conn.rollback()
 
 
-def _route_now(router_dsn: str, schema: str, queue: str, mask: int) -> int | None:
-    """The shard the router sends ``queue`` to, read on a new connection (None if it cannot be
-    asked)."""
+def _record_partition(
+    router: psycopg.Connection[Any], schema: str, queue: str, partition: int, source: int, target: int
+) -> None:
+    """In the router's transaction: partition ``partition`` of ``queue`` is now on shard
+    ``target``, and the ids shard ``source`` made are its (``moved_ids``)."""
+    cur = router.execute(
+        sql.SQL(
+            "UPDATE {}.shard_partition SET shards[%s] = %s,"
+            " moved_ids = moved_ids || jsonb_build_object(%s::text, %s)"
+            " WHERE queue = %s AND shards[%s] = %s"
+        ).format(sql.Identifier(schema)),
+        (partition + 1, target, source, partition, queue, partition + 1, source),
+    )
+    if cur.rowcount != 1:
+        raise MoveError(
+            f"partition {partition} of queue {queue!r} was dropped or moved meanwhile: nothing was moved"
+        )
+
+
+def _route_now(
+    router_dsn: str, schema: str, queue: str, mask: int, partition: int | None = None
+) -> int | None:
+    """The shard the router sends ``queue`` to (its partition ``partition``'s), read on a new
+    connection (None if it cannot be asked)."""
+    s = sql.Identifier(schema)
     try:
         with psycopg.connect(
             router_dsn, autocommit=True, connect_timeout=admin.STATUS_CONNECT_TIMEOUT
         ) as conn:
+            if partition is not None:
+                row = conn.execute(
+                    sql.SQL("SELECT shards[%s] FROM {}.shard_partition WHERE queue = %s").format(s),
+                    (partition + 1, queue),
+                ).fetchone()
+                return None if row is None or row[0] is None else int(row[0])
             row = conn.execute(
                 sql.SQL(
                     "SELECT coalesce((SELECT shard FROM {}.shard_route WHERE queue = %s), hashtext(%s) & %s)"
-                ).format(sql.Identifier(schema)),
+                ).format(s),
                 (queue, queue, mask),
             ).fetchone()
     except psycopg.Error:
@@ -551,11 +722,15 @@ def _copy(
     new_ids = [int(new[q["name"]]) for q in queues]
     by_old = dict(zip(old_ids, new_ids, strict=True))
     for q in queues:
-        if q["dead_letter_queue_id"] is not None:
-            dst.execute(
-                sql.SQL("UPDATE {}.queue SET dead_letter_queue_id = %s WHERE id = %s").format(s),
-                (by_old[int(q["dead_letter_queue_id"])], by_old[int(q["id"])]),
-            )
+        dlq = q["dead_letter_queue_id"]
+        if dlq is None:
+            continue
+        # Outside the group (a partition's): its dead-letter queue's partition on the target.
+        dlq = by_old[int(dlq)] if int(dlq) in by_old else _local_dlq(src, dst, s, int(dlq))
+        dst.execute(
+            sql.SQL("UPDATE {}.queue SET dead_letter_queue_id = %s WHERE id = %s").format(s),
+            (dlq, by_old[int(q["id"])]),
+        )
     # Writers put new messages in the current generation, holding it (generations.sql).
     row = dst.execute(sql.SQL("SELECT {}._gen_write()").format(s)).fetchone()
     assert row is not None
@@ -639,6 +814,28 @@ def _copy(
     if rows["channel"]:
         _advance(dst, schema, "channel", "turn", new_ids)
     return rows
+
+
+def _local_dlq(
+    src: psycopg.Connection[Any], dst: psycopg.Connection[Any], s: sql.Identifier, dlq: int
+) -> int:
+    """The id on the target of the queue named as dead-letter queue ``dlq`` on the source (a
+    moving partition's dead-letter queue stays: the link goes to its partition on the target),
+    locked there against a drop until the move commits."""
+    row = src.execute(sql.SQL("SELECT name FROM {}.queue WHERE id = %s").format(s), (dlq,)).fetchone()
+    there = (
+        dst.execute(
+            sql.SQL("SELECT id FROM {}.queue WHERE name = %s FOR SHARE").format(s), (row[0],)
+        ).fetchone()
+        if row
+        else None
+    )
+    if there is None:
+        raise MoveError(
+            f"the dead-letter queue {row[0] if row else dlq!r} has no partition on the target shard"
+            " (dropped meanwhile?): nothing was moved"
+        )
+    return int(there[0])
 
 
 def _cols(names: Sequence[str]) -> sql.Composable:

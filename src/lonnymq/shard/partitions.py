@@ -27,8 +27,11 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
   raises InvalidArgument): it would see one partition only.
 
-Partitioned queues do not move (``shard move`` refuses them, ``shard add`` leaves them where
-they are: their ids name their shard).
+A partition moves with ``shard move QUEUE SHARD --partition K`` (:func:`lonnymq.shard.move.move`,
+``partition=K``): its messages keep their ids, so ``shard_partition.moved_ids`` records which
+partition now holds the ids each former shard made (:data:`ROUTING_STATEMENTS`: ``_id_at``), and
+every partitioned call holds the queue's fence (``_partitions``), as a plain queue's
+``_shard_of`` does. ``shard add`` leaves partitions where they are.
 """
 
 from __future__ import annotations
@@ -132,20 +135,45 @@ _MERGE_SCALAR = {
 #: ``{kp}`` KEY_PARTITION of (key, n) with ``p_key``/``v_n``.
 ROUTING_STATEMENTS: tuple[LiteralString, ...] = (
     """-- The partitioned queues: each partition's shard, partition k at shards[k + 1].
+-- moved_ids: where the message ids of a partition that moved (lonnymq.shard.move, partition=)
+-- are: {{"<shard that made them>": <partition now holding them>}} (ids name the shard that made
+-- them, id mod {stride}); a shard not named there holds its own ids' partition.
 CREATE TABLE {s}.shard_partition (
     queue      text PRIMARY KEY,
     shards     integer[] NOT NULL CHECK (cardinality(shards) > 1),
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    moved_ids  jsonb NOT NULL DEFAULT '{{}}'
 )""",
     """-- Whose turn: an unkeyed send of a partitioned queue goes to the next partition.
 CREATE SEQUENCE {s}.partition_send_turn AS bigint CYCLE""",
     """-- Whose turn: a take of a partitioned queue starts at the next partition.
 CREATE SEQUENCE {s}.partition_take_turn AS bigint CYCLE""",
     """-- The shards of partitioned queue p_queue (partition order), NULL for any other queue.
--- Reads shard_partition. Locks: none.
+-- Behind the queue's fence, as _shard_of: a partitioned queue's call waits while a move of one
+-- of its partitions holds it, then reads the partitions again (the move's commit).
+-- Reads shard_partition. Locks: advisory (transaction, shared) on (hashtext(schema ||
+-- '/route'), hashtext(p_queue)), for a partitioned queue.
 CREATE FUNCTION {s}._partitions(p_queue text) RETURNS integer[]
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue = p_queue) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
+    -- A statement after the lock: it sees what the move committed before releasing it.
+    RETURN (SELECT p.shards FROM {s}.shard_partition p WHERE p.queue = p_queue);
+END $fn$""",
+    """-- Where the ids of partitioned queue p_queue's moved partitions are (shard_partition.moved_ids;
+-- '{{}}' for any other queue). Call it after _partitions (which holds the fence). Locks: none.
+CREATE FUNCTION {s}._moved_ids(p_queue text) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-SELECT p.shards FROM {s}.shard_partition p WHERE p.queue = p_queue
+SELECT coalesce((SELECT p.moved_ids FROM {s}.shard_partition p WHERE p.queue = p_queue), '{{}}')
+$fn$""",
+    """-- The shard holding message p_id of a partitioned queue with partitions on p_parts and moved
+-- ids p_moved (_moved_ids): the partition its ids moved with, else the shard that made it.
+CREATE FUNCTION {s}._id_at(p_parts integer[], p_moved jsonb, p_id bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT coalesce(p_parts[(p_moved ->> (p_id % {stride})::text)::integer + 1], (p_id % {stride})::integer)
 $fn$""",
     """-- Whether this session found shard p_shard unreachable less than {down_skip} s ago (a take
 -- then skips its partition). Session state (a setting), no table: a router session finds out
@@ -169,12 +197,15 @@ SELECT (CASE WHEN p_take THEN nextval('{s}.partition_take_turn')
 $fn$""",
     """-- Where a client that goes straight to the shards sends a queue's calls: its shard (a
 -- plain queue, as _shard_of, behind the router's fence) or its partitions' shards.
-CREATE FUNCTION {s}._route_of(p_queue text, OUT shard integer, OUT partitions integer[])
+-- moved_ids: where a partitioned queue's moved partitions' ids are (_moved_ids).
+CREATE FUNCTION {s}._route_of(p_queue text, OUT shard integer, OUT partitions integer[], OUT moved_ids jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
     partitions := {s}._partitions(p_queue);
     IF partitions IS NULL THEN
         shard := {s}._shard_of(p_queue);
+    ELSE
+        moved_ids := {s}._moved_ids(p_queue);
     END IF;
 END $fn$""",
     """-- The shard of a send: a plain queue's; a partitioned queue's partition of p_key, else of
@@ -221,18 +252,21 @@ BEGIN
     RETURN v_parts[1 + v_ks[1]];
 END $fn$""",
     """-- The shard of a call on message ids (settles): a plain queue's; for a partitioned queue
--- the shard that made the ids (id mod {stride}), which must be one of its partitions' and the
--- same for all (empty: the first partition).
+-- the shard holding the ids (_id_at: the shard that made them, id mod {stride}, or where their
+-- partition moved), which must be one of its partitions' and the same for all (empty: the
+-- first partition).
 CREATE FUNCTION {s}._id_shard(p_queue text, p_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_parts integer[] := {s}._partitions(p_queue);
+    v_moved jsonb;
     v_at    integer[];
 BEGIN
     IF v_parts IS NULL THEN
         RETURN {s}._shard_of(p_queue);
     END IF;
-    v_at := ARRAY(SELECT DISTINCT (i % {stride})::integer FROM unnest(p_ids) AS i WHERE i IS NOT NULL);
+    v_moved := {s}._moved_ids(p_queue);
+    v_at := ARRAY(SELECT DISTINCT {s}._id_at(v_parts, v_moved, i) FROM unnest(p_ids) AS i WHERE i IS NOT NULL);
     IF cardinality(v_at) = 0 THEN
         RETURN v_parts[1];
     ELSIF cardinality(v_at) > 1 THEN
@@ -424,19 +458,21 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
         ).format(on=_call(schema, f"_on_{fn.name}", fn.argnames, "x.shard"))
     elif how == "by_ids":  # dead_requeue: every partition, or the ids each partition's shard made
         plain = sql.SQL("RETURN {};").format(hashed)
-        decl += f" v_vals {fn.result}[] := '{{}}'; v_ids bigint[];"
+        decl += f" v_vals {fn.result}[] := '{{}}'; v_ids bigint[]; v_moved jsonb;"
         on_ids = _call(
             schema, f"_on_{fn.name}", [a if a != "p_ids" else "v_ids" for a in fn.argnames], "p_shard"
         )
         part = sql.SQL(
-            "FOREACH p_shard IN ARRAY v_parts LOOP\n"
+            "v_moved := {s}._moved_ids({key});\n"
+            "    FOREACH p_shard IN ARRAY v_parts LOOP\n"
             "        v_ids := CASE WHEN p_ids IS NOT NULL THEN\n"
-            "                      ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i % {stride} = p_shard) END;\n"
+            "                      ARRAY(SELECT i FROM unnest(p_ids) AS i\n"
+            "                             WHERE {s}._id_at(v_parts, v_moved, i) = p_shard) END;\n"
             "        IF p_ids IS NULL OR cardinality(v_ids) > 0 THEN\n"
             "            v_vals := v_vals || {on};\n"
             "        END IF;\n"
             "    END LOOP;"
-        ).format(stride=sql.SQL(str(STRIDE)), on=on_ids)
+        ).format(s=s, key=sql.Identifier(key), on=on_ids)
         after = sql.SQL("\n    RETURN ({});").format(sql.SQL(_MERGE_SCALAR["sum"]))
     elif how == "metrics":  # counts summed, ages of the oldest/newest over all partitions
         part = sql.SQL(
