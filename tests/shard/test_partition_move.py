@@ -1,0 +1,223 @@
+"""``shard move --partition``: one partition of a partitioned queue moves to another shard while
+producers (keyed and not) and consumers call through the router and direct; every message is
+consumed exactly once, leases taken before the move settle after it (by id and token, both
+ways), keys still land on their partition, and the refusals are one clear line. A router over
+four fresh databases of the session's two clusters (the other tests keep their two shards)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from lonnymq import Client, errors, shard
+from lonnymq.cli import main
+from lonnymq.client.direct import STRIDE, key_partition
+
+pytestmark = [pytest.mark.once, pytest.mark.slow]
+
+
+def database(dsn: str, name: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return make_conninfo(dsn, dbname=name)
+
+
+@pytest.fixture(scope="module")
+def four(sharded) -> Iterator[tuple[str, list[str]]]:  # type: ignore[no-untyped-def]
+    """A router over 4 shards: databases of the session's two clusters, alternating."""
+    a, b = sharded.shards
+    router = database(sharded.router.dsn, "pmove_router")
+    shards = [database(c.dsn, f"pmove_s{i}") for i, c in enumerate([a, b, a, b])]
+    shard.init(router, shards)
+    yield router, shards
+
+
+def held_on(shard_dsn: str, queue: str) -> list[int]:
+    """Ids of ``queue``'s live messages on one shard database, read there."""
+    with psycopg.connect(shard_dsn) as conn:
+        rows = conn.execute(
+            "SELECT m.id FROM lonnymq.message m JOIN lonnymq.queue q ON q.id = m.queue_id"
+            " WHERE q.name = %s ORDER BY m.id",
+            (queue,),
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+class Load:
+    """A producer and a consumer through the router and direct each, in threads: the router's
+    producer sends without a key, the direct one with a fresh key per message; each consumer
+    takes up to 10, holds them briefly (leases in flight when the partition moves) and acks."""
+
+    def __init__(self, router: str, queue: str) -> None:
+        self.router, self.queue = router, queue
+        self.stop = threading.Event()
+        self.sent: list[str] = []
+        self.delivered: list[str] = []
+        self.errors: list[BaseException] = []
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=f, args=(direct,), daemon=True)
+            for f in (self.produce, self.consume)
+            for direct in (False, True)
+        ]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def produce(self, direct: bool) -> None:
+        tag = "d" if direct else "r"
+        try:
+            with Client(self.router, pool_size=1, direct=direct) as c:
+                n = 0
+                while not self.stop.is_set():
+                    name = f"{tag}-{n}"
+                    c.send(self.queue, {"n": name}, key=name if direct else None)
+                    with self.lock:
+                        self.sent.append(name)
+                    n += 1
+        except BaseException as e:
+            self.errors.append(e)
+
+    def consume(self, direct: bool) -> None:
+        try:
+            with Client(self.router, pool_size=1, direct=direct) as c:
+                while not self.stop.is_set():
+                    got = c.take(self.queue, 10)
+                    with self.lock:
+                        self.delivered.extend(m.payload["n"] for m in got)
+                    if not got:
+                        time.sleep(0.005)
+                        continue
+                    time.sleep(0.02)
+                    done = c.ack(got)
+                    if done != {m.id for m in got}:
+                        raise AssertionError(f"ack refused for {sorted({m.id for m in got} - done)}")
+        except BaseException as e:
+            self.errors.append(e)
+
+
+def test_a_partition_moves_under_traffic_exactly_once(four, capsys) -> None:  # type: ignore[no-untyped-def]
+    router, shards = four
+    q = "pmove_hot"
+    with Client(router) as rc, Client(router, direct=True) as dc:
+        assert rc.create_queue(q, partitions=2)
+        parts = shard.status(router).partitioned[q]
+        k = 0
+        source = parts[k]
+        target = next(i for i in range(4) if i not in parts)
+        # Scheduled keyed messages on both partitions (not taken by the consumers).
+        later = {
+            f"later-{i}": rc.send(q, {"n": f"later-{i}"}, key=f"later-{i}", delay=3600) for i in range(12)
+        }
+        assert {r.id % STRIDE for r in later.values()} == set(parts)
+        # Ready messages, and leases on the moving partition held across the move by each kind
+        # of client (takes visit the partitions in turn).
+        pre = [f"pre-{i}" for i in range(40)]
+        for name in pre:
+            rc.send(q, {"n": name})
+        held = {}
+        for who, c in (("router", rc), ("direct", dc), ("nack", rc)):
+            for _ in range(4):
+                got = c.take(q, 5)
+                if got and got[0].id % STRIDE == source:
+                    held[who] = got
+                    break
+                c.nack(got)
+        assert set(held) == {"router", "direct", "nack"}, "no take from the moving partition"
+        with Load(router, q) as load:
+            time.sleep(1.5)
+            result = shard.move(router, q, target, partition=k)
+            time.sleep(1.5)
+        assert not load.errors, load.errors[:3]
+        assert (result.queues, result.partition, result.source, result.target) == ([q], k, source, target)
+        assert result.rows["message"] > 0
+        capsys.readouterr()
+        assert main(["shard", "status", "--dsn", router, "--json"]) == 0
+
+        moved = parts[:k] + [target] + parts[k + 1 :]
+        assert shard.status(router).partitioned[q] == moved
+        assert held_on(shards[source], q) == []  # the source's partition is gone
+        assert any(i % STRIDE == source for i in held_on(shards[target], q))  # ids of the source
+        # Leases taken before the move settle after it, by id and token: the router's acked at
+        # once, the direct one's extended (the direct client's map names the source: it finds
+        # the partition gone there and follows) and then acked.
+        assert rc.ack(held["router"]) == {m.id for m in held["router"]}
+        assert set(dc.extend(held["direct"], lease=30)) == {m.id for m in held["direct"]}
+        assert dc.ack(held["direct"]) == {m.id for m in held["direct"]}
+        assert dc.nack(held["nack"]) == dict.fromkeys((m.id for m in held["nack"]), "retry")  # again below
+        # Keys still land on their partition: the same key again is the same live message.
+        for key, first in later.items():
+            for c in (rc, dc):
+                again = c.send(q, {"n": "dup"}, key=key, delay=3600)
+                assert (again.outcome, again.id) == ("ignored", first.id), key
+            got = dc.get(q, key=key)
+            assert got is not None and got.id == first.id
+            made = first.id % STRIDE  # the key's partition made it: it is where that partition is
+            assert moved[key_partition(key, 2)] == (target if made == source else made), key
+        # Cancel by ids (the moved partition's and the other's), through each kind of client.
+        ids = sorted(r.id for r in later.values())
+        moving = [i for i in ids if i % STRIDE == source]
+        staying = [i for i in ids if i % STRIDE != source]
+        assert dc.cancel(q, ids=moving[:3]) == moving[:3]
+        assert rc.cancel(q, ids=moving[3:]) == moving[3:]
+        assert rc.cancel(q, ids=staying) == staying
+        # What is left: drained through the router.
+        rest: list[str] = []
+        while batch := rc.take(q, 500):
+            rest.extend(m.payload["n"] for m in batch)
+            assert rc.ack(batch) == {m.id for m in batch}
+        time.sleep(0.2)
+        assert rc.take(q, 500) == [] and dc.take(q, 500) == []  # nothing comes back
+    delivered = Counter([*load.delivered, *rest, *(m.payload["n"] for m in held["router"] + held["direct"])])
+    sent = Counter([*pre, *load.sent])
+    assert delivered - sent == Counter(), "delivered but never sent, or twice"
+    assert sent - delivered == Counter(), "lost"
+    assert max(delivered.values()) == 1
+    assert sum(n.startswith("d-") for n in load.sent) > 0 and sum(n.startswith("r-") for n in load.sent) > 0
+    print(f"partition move pause: {result.pause_ms:.1f} ms, {result.rows['message']} messages")
+
+
+def test_the_refusals_are_clear(four) -> None:  # type: ignore[no-untyped-def]
+    router, _ = four
+    q, plain = "pmove_refuse", "pmove_plain"
+    with Client(router) as c:
+        c.create_queue(q, partitions=2)
+        c.create_queue(plain)
+    parts = shard.status(router).partitioned[q]
+    free = [i for i in range(4) if i not in parts]
+    with pytest.raises(errors.InvalidArgument, match=r"partitioned over shards .*say which partition"):
+        shard.move(router, q, free[0])
+    with pytest.raises(errors.InvalidArgument, match="has no partition 2: its partitions are 0..1"):
+        shard.move(router, q, free[0], partition=2)
+    with pytest.raises(errors.InvalidArgument, match=f"shard {parts[1]} already holds partition 1"):
+        shard.move(router, q, parts[1], partition=0)
+    with pytest.raises(errors.InvalidArgument, match="already on shard"):
+        shard.move(router, q, parts[0], partition=0)
+    with pytest.raises(errors.InvalidArgument, match="is not partitioned"):
+        shard.move(router, plain, free[0], partition=0)
+    # Partition 0 leaves shard parts[0]: the ids made there are partition 0's, so partition 1
+    # cannot go there (an id would no longer say its partition); partition 0 can come back.
+    shard.move(router, q, free[0], partition=0)
+    with pytest.raises(errors.InvalidArgument, match="are now partition 0's"):
+        shard.move(router, q, parts[0], partition=1)
+    back = shard.move(router, q, parts[0], partition=0)
+    assert (back.source, back.target) == (free[0], parts[0])
+    assert shard.status(router).partitioned[q] == parts
+    assert main(["shard", "move", q, str(free[1]), "--partition", "7", "--dsn", router]) == 1
+    # The CLI moves a partition too.
+    assert main(["shard", "move", q, str(free[1]), "--partition", "1", "--dsn", router]) == 0
+    assert shard.status(router).partitioned[q] == [parts[0], free[1]]
