@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from shard_helpers import home
 
 from lonnymq import Client, errors, shard
 from lonnymq.cli import main
@@ -148,7 +149,7 @@ def test_a_partition_moves_under_traffic_exactly_once(four, capsys) -> None:  # 
         capsys.readouterr()
         assert main(["shard", "status", "--dsn", router, "--json"]) == 0
 
-        moved = parts[:k] + [target] + parts[k + 1 :]
+        moved = [*parts[:k], target, *parts[k + 1 :]]
         assert shard.status(router).partitioned[q] == moved
         assert held_on(shards[source], q) == []  # the source's partition is gone
         assert any(i % STRIDE == source for i in held_on(shards[target], q))  # ids of the source
@@ -201,7 +202,7 @@ def test_the_refusals_are_clear(four) -> None:  # type: ignore[no-untyped-def]
     free = [i for i in range(4) if i not in parts]
     with pytest.raises(errors.InvalidArgument, match=r"partitioned over shards .*say which partition"):
         shard.move(router, q, free[0])
-    with pytest.raises(errors.InvalidArgument, match="has no partition 2: its partitions are 0..1"):
+    with pytest.raises(errors.InvalidArgument, match=r"has no partition 2: its partitions are 0\.\.1"):
         shard.move(router, q, free[0], partition=2)
     with pytest.raises(errors.InvalidArgument, match=f"shard {parts[1]} already holds partition 1"):
         shard.move(router, q, parts[1], partition=0)
@@ -221,3 +222,95 @@ def test_the_refusals_are_clear(four) -> None:  # type: ignore[no-untyped-def]
     # The CLI moves a partition too.
     assert main(["shard", "move", q, str(free[1]), "--partition", "1", "--dsn", router]) == 0
     assert shard.status(router).partitioned[q] == [parts[0], free[1]]
+
+
+def _kill(c: Client, q: str, n: int) -> dict[int, str]:
+    """Take ``n`` messages of ``q`` and nack each past its last attempt (max_attempts=1)."""
+    dead: dict[int, str] = {}
+    while len(dead) < n:
+        got = c.take(q, 7)
+        assert got, f"only {len(dead)} of {n} taken"
+        assert c.nack(got, error="boom") == {m.id: "dead" for m in got}
+        dead.update({m.id: m.payload for m in got})
+    return dead
+
+
+def _keyed(c: Client, q: str, payloads: list[str]) -> None:
+    for p in payloads:
+        c.send(q, p, key=p)
+
+
+def test_dead_letters_move_with_their_partition(four) -> None:  # type: ignore[no-untyped-def]
+    """A partition's dead letters (its archive's dead rows) move with it: listed, counted and
+    requeued by id after the move (router and direct), then consumed once each."""
+    router, _ = four
+    q = "pmove_dead"
+    with Client(router) as rc, Client(router, direct=True) as dc:
+        rc.create_queue(q, partitions=2, max_attempts=1)
+        parts = shard.status(router).partitioned[q]
+        free = next(i for i in range(4) if i not in parts)
+        payloads = [f"x{i}" for i in range(24)]
+        _keyed(rc, q, payloads)
+        dead = _kill(rc, q, 24)
+        assert {i % STRIDE for i in dead} == set(parts)
+        dc.take(q, 1)  # the direct client's map: from before the move
+        result = shard.move(router, q, free, partition=1)
+        assert result.rows["archive"] == sum(i % STRIDE == parts[1] for i in dead)
+        for c in (rc, dc):
+            assert c.metrics(q).dead == 24
+            assert sorted(d.id for d in c.dead_letters(q, 100)) == sorted(dead)
+        moved = [i for i in sorted(dead) if i % STRIDE == parts[1]]
+        stayed = [i for i in sorted(dead) if i % STRIDE == parts[0]]
+        assert dc.requeue_dead(q, moved[:3] + stayed[:2]) == 5
+        assert rc.requeue_dead(q, moved[3:6]) == 3
+        assert rc.requeue_dead(q) == 16
+        drained: list[str] = []
+        while got := dc.take(q, 10):
+            drained += [m.payload for m in got]
+            assert dc.ack(got) == {m.id for m in got}
+        assert Counter(drained) == Counter(payloads), "0 lost, 0 duplicated"
+
+
+def test_a_partition_dead_letters_into_its_dead_letter_queue_on_the_target(four) -> None:  # type: ignore[no-untyped-def]
+    """With a dead-letter queue partitioned over every shard, a moved partition dead-letters
+    into the dead-letter queue's partition on its new shard; the dead letters it made before
+    stay in the one on its old shard (they are that queue's messages). The dead-letter queue's
+    own partition there cannot move away from the queue's, and a dead-letter queue without a
+    partition on the target keeps the queue's partition where it is."""
+    router, shards = four
+    q, dlq = "pmove_dlq_src", "pmove_dlq"
+    with Client(router) as c:
+        c.create_queue(dlq, partitions=4)
+        c.create_queue(q, partitions=2, max_attempts=1, dead_letter_queue=dlq)
+        parts = shard.status(router).partitioned[q]
+        free = next(i for i in range(4) if i not in parts)
+        before = [f"b{i}" for i in range(10)]
+        _keyed(c, q, before)
+        _kill(c, q, 10)
+        shard.move(router, q, free, partition=1)
+        after = [f"a{i}" for i in range(10)]
+        _keyed(c, q, after)
+        dead = _kill(c, q, 10)
+        on_target = held_on(shards[free], dlq)
+        moved_dead = [i for i in dead if i % STRIDE in (parts[1], free)]
+        assert moved_dead and len(on_target) == len(moved_dead)
+        assert all(i % STRIDE == free for i in on_target)  # made there, by the dead-lettering
+        drained: list[str] = []
+        while got := c.take(dlq, 10):
+            drained += [m.payload for m in got]
+            c.ack(got)
+        assert Counter(drained) == Counter(before + after), "0 lost, 0 duplicated"
+
+        # A dead-letter queue over the same two shards as its queue (names of the same home).
+        narrow = "pmove_dlq_narrow"
+        c.create_queue(narrow, partitions=2)
+        parts = shard.status(router).partitioned[narrow]
+        src = next(n for n in (f"pmove_narrow_src_{i}" for i in range(200)) if home(router, n, 4) == parts[0])
+        c.create_queue(src, partitions=2, dead_letter_queue=narrow)
+        assert shard.status(router).partitioned[src] == parts
+        free = next(i for i in range(4) if i not in parts)
+        with pytest.raises(errors.InvalidArgument, match=f"dead-letter queue '{narrow}' .* has no partition"):
+            shard.move(router, src, free, partition=0)
+        with pytest.raises(errors.InvalidArgument, match=f"is the dead-letter queue of {src} on shard"):
+            shard.move(router, narrow, free, partition=0)
+        assert shard.status(router).partitioned[src] == parts == shard.status(router).partitioned[narrow]

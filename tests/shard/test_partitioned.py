@@ -195,8 +195,14 @@ def test_refusals(sharded) -> None:  # type: ignore[no-untyped-def]
         # A call that would see one partition only is refused, not answered partly.
         with pytest.raises(errors.InvalidArgument, match="partitioned"):
             c.archived("hot_ref")  # (dead letters visit every partition: test_partitioned_dead.py)
-        with pytest.raises(errors.InvalidArgument, match="partitions do not move"):
+        # A partition moves only when named, and only to a shard holding none of the queue's
+        # (here both shards hold one: tests/shard/test_partition_move.py moves them over 4).
+        with pytest.raises(errors.InvalidArgument, match="say which partition moves"):
             shard.move(sharded.dsn, "hot_ref", 1)
+        with pytest.raises(errors.InvalidArgument, match="already holds partition"):
+            shard.move(
+                sharded.dsn, "hot_ref", 1, partition=shard.status(sharded.dsn).partitioned["hot_ref"].index(0)
+            )
         assert [q.name for q in c.list_queues()].count("hot_ref") == 1
         assert c.drop_queue("hot_ref")
         assert "hot_ref" not in shard.status(sharded.dsn).partitioned
