@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from shard_helpers import home
+from shard_helpers import home, waiter_follows
 
 from lonnymq import Client, errors, shard
 from lonnymq.cli import main
@@ -341,3 +341,25 @@ def test_a_partition_dead_letters_into_its_dead_letter_queue_on_the_target(four)
         with pytest.raises(errors.InvalidArgument, match=f"is the dead-letter queue of {src} on shard"):
             shard.move(router, narrow, free, partition=0)
         assert shard.status(router).partitioned[src] == parts == shard.status(router).partitioned[narrow]
+
+
+def test_a_waiting_receive_follows_a_moving_partition(four) -> None:  # type: ignore[no-untyped-def]
+    """A receive() (poll=30) waiting on a partitioned queue, registered on each partition's shard,
+    is told by the move of one partition: it registers on the new shard at once and wakes for a
+    send that lands in the moved partition."""
+    router, shards = four
+    q = "pmove_wait"
+    with Client(router) as c:
+        c.create_queue(q, partitions=2)
+        parts = shard.status(router).partitioned[q]
+        free = next(i for i in range(4) if i not in parts)
+        key = next(k for k in (f"w{i}" for i in range(100)) if key_partition(k, 2) == 1)
+
+        def move() -> None:
+            assert shard.move(router, q, free, partition=1).target == free
+
+        got, lag = waiter_follows(
+            c, q, shards[parts[1]], shards[free], move, lambda: c.send(q, "moved partition", key=key)
+        )
+    assert got == ["moved partition"]
+    assert lag < 1.0, lag
