@@ -16,6 +16,11 @@ it is moved, and every call after it reads the new route. Under that fence:
    on the source (``client.direct.MOVED`` + the queue, on the schema's channel) tells the
    queues' waiters listening there to follow them to the target at once.
 
+A partition of a partitioned queue moves the same way (``partition=K``, :func:`_move_partition`):
+the fence is the queue's (the router's ``_partitions`` holds it for every partitioned call), the
+copy is the partition's queue on its shard, and step 3 sets the partition's shard and records
+that the ids its old shard made are now that partition's (``shard_partition.moved_ids``).
+
 A crash leaves one whole copy where the router sends the queue's calls: before 3 the source's
 (its transaction rolls back; a target copy committed in 2 is unreachable, reported misplaced
 by :func:`status`), after 3 the target's (the source's rolls back and is reported misplaced).
