@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Self
 
 import psycopg
 import pytest
@@ -98,7 +99,25 @@ def waiter_follows(
     return got, woke[0] - sent
 
 
-class Traffic:
+class Threads:
+    """Threads (``self.threads``) started on entering, told to stop (``self.stop``) and joined on
+    leaving."""
+
+    threads: list[threading.Thread]
+    stop: threading.Event
+
+    def __enter__(self) -> Self:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+
+class Traffic(Threads):
     """A producer and a consumer of one queue through the router, in threads: the producer sends
     numbered messages one by one, the consumer takes up to 10, holds them briefly (so leases
     are in flight when the queue moves) and acks them. Records what committed and each call's
@@ -113,16 +132,6 @@ class Traffic:
         self.calls: list[tuple[float, float]] = []  # (start, seconds) of every call
         self.errors: list[BaseException] = []
         self.threads = [threading.Thread(target=f, daemon=True) for f in (self.produce, self.consume)]
-
-    def __enter__(self) -> Traffic:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
 
     def timed(self, f, *args, **kwargs):  # type: ignore[no-untyped-def]
         t0 = time.monotonic()
@@ -173,3 +182,15 @@ def drain(dsn: str, queue: str) -> list[int]:
             got.extend(m.payload["n"] for m in batch)
             c.ack(batch)
     return got
+
+
+def kill_all(c: Client, q: str, n: int) -> dict[int, str]:
+    """Take ``n`` messages of ``q`` and nack each past its last attempt (max_attempts=1):
+    id -> payload of the messages dead-lettered."""
+    dead: dict[int, str] = {}
+    while len(dead) < n:
+        got = c.take(q, 7)
+        assert got, f"only {len(dead)} of {n} taken"
+        assert c.nack(got, error="boom") == {m.id: "dead" for m in got}
+        dead.update({m.id: m.payload for m in got})
+    return dead

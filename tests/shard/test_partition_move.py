@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from shard_helpers import home, waiter_follows
+from shard_helpers import Threads, home, kill_all, waiter_follows
 
 from lonnymq import Client, errors, shard
 from lonnymq.cli import main
@@ -41,18 +41,16 @@ def four(sharded) -> Iterator[tuple[str, list[str]]]:  # type: ignore[no-untyped
     yield router, shards
 
 
+#: A queue's live message ids on a shard database, read there.
+HELD = "SELECT m.id FROM lonnymq.message m JOIN lonnymq.queue q ON q.id = m.queue_id WHERE q.name = %s ORDER BY 1"
+
+
 def held_on(shard_dsn: str, queue: str) -> list[int]:
-    """Ids of ``queue``'s live messages on one shard database, read there."""
     with psycopg.connect(shard_dsn) as conn:
-        rows = conn.execute(
-            "SELECT m.id FROM lonnymq.message m JOIN lonnymq.queue q ON q.id = m.queue_id"
-            " WHERE q.name = %s ORDER BY m.id",
-            (queue,),
-        ).fetchall()
-    return [int(r[0]) for r in rows]
+        return [int(r[0]) for r in conn.execute(HELD, (queue,))]
 
 
-class Load:
+class Load(Threads):
     """A producer and a consumer through the router and direct each, in threads: the router's
     producer sends without a key, the direct one with a fresh key per message; each consumer
     takes up to 10, holds them briefly (leases in flight when the partition moves) and acks."""
@@ -70,16 +68,6 @@ class Load:
             for f in (self.produce, self.consume)
             for direct in (False, True)
         ]
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
 
     def timed(self, direct: bool, f, *args, **kwargs):  # type: ignore[no-untyped-def]
         t0 = time.monotonic()
@@ -251,17 +239,6 @@ def test_the_refusals_are_clear(four) -> None:  # type: ignore[no-untyped-def]
     assert shard.status(router).partitioned[q] == [parts[0], free[1]]
 
 
-def _kill(c: Client, q: str, n: int) -> dict[int, str]:
-    """Take ``n`` messages of ``q`` and nack each past its last attempt (max_attempts=1)."""
-    dead: dict[int, str] = {}
-    while len(dead) < n:
-        got = c.take(q, 7)
-        assert got, f"only {len(dead)} of {n} taken"
-        assert c.nack(got, error="boom") == {m.id: "dead" for m in got}
-        dead.update({m.id: m.payload for m in got})
-    return dead
-
-
 def _keyed(c: Client, q: str, payloads: list[str]) -> None:
     for p in payloads:
         c.send(q, p, key=p)
@@ -278,7 +255,7 @@ def test_dead_letters_move_with_their_partition(four) -> None:  # type: ignore[n
         free = next(i for i in range(4) if i not in parts)
         payloads = [f"x{i}" for i in range(24)]
         _keyed(rc, q, payloads)
-        dead = _kill(rc, q, 24)
+        dead = kill_all(rc, q, 24)
         assert {i % STRIDE for i in dead} == set(parts)
         dc.take(q, 1)  # the direct client's map: from before the move
         result = shard.move(router, q, free, partition=1)
@@ -313,11 +290,11 @@ def test_a_partition_dead_letters_into_its_dead_letter_queue_on_the_target(four)
         free = next(i for i in range(4) if i not in parts)
         before = [f"b{i}" for i in range(10)]
         _keyed(c, q, before)
-        _kill(c, q, 10)
+        kill_all(c, q, 10)
         shard.move(router, q, free, partition=1)
         after = [f"a{i}" for i in range(10)]
         _keyed(c, q, after)
-        dead = _kill(c, q, 10)
+        dead = kill_all(c, q, 10)
         on_target = held_on(shards[free], dlq)
         moved_dead = [i for i in dead if i % STRIDE in (parts[1], free)]
         assert moved_dead and len(on_target) == len(moved_dead)

@@ -9,6 +9,7 @@ from collections import Counter
 
 import psycopg
 import pytest
+from shard_helpers import kill_all
 
 from lonnymq import Client, errors, shard
 from lonnymq.client.direct import STRIDE, key_partition
@@ -29,18 +30,6 @@ def _keys_over(parts: list[int], n: int, prefix: str) -> list[str]:
     return by_part[0][: n // 2] + by_part[1][: n // 2]
 
 
-def _kill_all(c: Client, q: str, n: int) -> dict[int, str]:
-    """Take the queue's ``n`` messages and nack each past its last attempt (max_attempts=1):
-    id -> payload of the messages dead-lettered."""
-    dead: dict[int, str] = {}
-    while len(dead) < n:
-        got = c.take(q, 7)
-        assert got, f"only {len(dead)} of {n} taken"
-        assert c.nack(got, error="boom") == {m.id: "dead" for m in got}
-        dead.update({m.id: m.payload for m in got})
-    return dead
-
-
 @pytest.mark.parametrize("direct", MODES)
 def test_dead_letters_of_every_partition_listed_and_requeued(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
     """Messages of both partitions nacked past max_attempts: dead_letters() pages over every
@@ -53,7 +42,7 @@ def test_dead_letters_of_every_partition_listed_and_requeued(sharded, direct: bo
         payloads = [f"m{i}" for i in range(30)]
         for p, k in zip(payloads, _keys_over(parts, 30, "dk"), strict=True):
             c.send(q, p, key=k)
-        dead = _kill_all(c, q, 30)
+        dead = kill_all(c, q, 30)
         assert {i % STRIDE for i in dead} == {0, 1}, "dead letters on both shards"
         assert c.metrics(q).dead == 30
 
@@ -85,7 +74,7 @@ def test_dead_letters_of_every_partition_listed_and_requeued(sharded, direct: bo
         # Dead again, then purged on every partition.
         for p, k in zip(payloads[:6], _keys_over(parts, 6, "pk"), strict=True):
             c.send(q, p, key=k)
-        _kill_all(c, q, 6)
+        kill_all(c, q, 6)
         assert c.purge_dead(q) == 6
         assert c.dead_letters(q) == [] and c.metrics(q).dead == 0
         c.drop_queue(q)
@@ -123,7 +112,7 @@ def test_a_partitioned_dead_letter_queue_takes_each_partitions_dead(sharded, dir
         payloads = [f"d{i}" for i in range(20)]
         for p, k in zip(payloads, _keys_over(parts, 20, "lk"), strict=True):
             c.send(q, p, key=k)
-        dead = _kill_all(c, q, 20)
+        dead = kill_all(c, q, 20)
         assert c.metrics(q).dead == 0 and c.dead_letters(q) == []  # in the dead-letter queue
         assert c.metrics(dlq).ready == 20
 

@@ -254,7 +254,6 @@ def move(
         raise errors.InvalidArgument("attempts must be >= 1 and lock_timeout > 0")
     dsns = admin.shard_dsns(router_dsn, schema=schema)
     target = _target_index(dsns, shard)
-    s = sql.Identifier(schema)
     mask = len(dsns) - 1
     timeout_ms = max(1, int(lock_timeout * 1000))
     with admin._connect(router_dsn, "router", autocommit=True) as router:
@@ -262,62 +261,25 @@ def move(
         overrides = admin.routes(router, schema)
         parted = admin.partitioned(router, schema)
         if queue in parted:
-            if partition is None:
-                raise errors.InvalidArgument(
-                    f"queue {queue!r} is partitioned over shards {', '.join(map(str, parted[queue]))}:"
-                    f" say which partition moves (--partition K, partition=K; K in 0..{len(parted[queue]) - 1})"
-                )
-            return _move_partition(
-                router_dsn,
-                router,
-                dsns,
-                queue,
-                partition,
-                parted,
-                target,
-                schema,
-                archive,
-                timeout_ms,
-                attempts,
-                retry_delay,
-            )
-        if partition is not None:
+            source = _partition_source(router, schema, queue, partition, parted[queue], target)
+        elif partition is not None:
             raise errors.InvalidArgument(
                 f"queue {queue!r} is not partitioned (or does not exist): move it without a partition"
             )
-        row = router.execute("SELECT hashtext(%s) & %s", (queue, mask)).fetchone()
-        assert row is not None
-        source = overrides.get(queue, int(row[0]))
+        else:
+            row = router.execute("SELECT hashtext(%s) & %s", (queue, mask)).fetchone()
+            assert row is not None
+            source = overrides.get(queue, int(row[0]))
         with (
             admin._connect(dsns[source], f"shard {source}") as src,
             admin._connect(dsns[target], f"shard {target}") as dst,
         ):
-            group = _group(src, s, queue)
-            src.rollback()
-            if not group:
-                raise errors.QueueNotFound(
-                    f"queue {queue!r} does not exist (not on shard {source}, where the router sends its calls)"
-                )
-            if source == target:
-                raise errors.InvalidArgument(f"queue {queue!r} is already on shard {target}")
-            tied = sorted(set(group) & set(parted))
-            if tied:
-                raise errors.InvalidArgument(
-                    f"queue {queue!r} is tied by dead-letter links to partitioned queue(s)"
-                    f" {', '.join(tied)}, which move by partition: nothing was moved"
-                )
+            if partition is not None:
+                _partition_links(src, schema, queue, partition, parted, source, target)
+                group = [queue]
+            else:
+                group = _plain_group(router, src, schema, queue, parted, overrides, source, target, mask)
             _same_version(src, dst, schema, source, target)
-            homes = dict(
-                router.execute(
-                    "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (mask, group)
-                ).fetchall()
-            )
-            elsewhere = sorted(q for q in group if overrides.get(q, homes[q]) != source)
-            if elsewhere:
-                raise MoveError(
-                    f"queue(s) {', '.join(elsewhere)} on shard {source} are routed elsewhere"
-                    " (misplaced): lonnymq shard status"
-                )
             plan = _plan(src, dst, schema)
             return _retrying(
                 _Move(
@@ -333,10 +295,49 @@ def move(
                     archive,
                     timeout_ms,
                     mask,
+                    partition,
                 ),
                 attempts,
                 retry_delay,
             )
+
+
+def _plain_group(
+    router: psycopg.Connection[Any],
+    src: psycopg.Connection[Any],
+    schema: str,
+    queue: str,
+    parted: dict[str, list[int]],
+    overrides: dict[str, int],
+    source: int,
+    target: int,
+    mask: int,
+) -> list[str]:
+    """A plain queue's move, checked: the queues that move (it and its dead-letter links)."""
+    group = _group(src, sql.Identifier(schema), queue)
+    src.rollback()
+    if not group:
+        raise errors.QueueNotFound(
+            f"queue {queue!r} does not exist (not on shard {source}, where the router sends its calls)"
+        )
+    if source == target:
+        raise errors.InvalidArgument(f"queue {queue!r} is already on shard {target}")
+    tied = sorted(set(group) & set(parted))
+    if tied:
+        raise errors.InvalidArgument(
+            f"queue {queue!r} is tied by dead-letter links to partitioned queue(s)"
+            f" {', '.join(tied)}, which move by partition: nothing was moved"
+        )
+    homes = dict(
+        router.execute("SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (mask, group)).fetchall()
+    )
+    elsewhere = sorted(q for q in group if overrides.get(q, homes[q]) != source)
+    if elsewhere:
+        raise MoveError(
+            f"queue(s) {', '.join(elsewhere)} on shard {source} are routed elsewhere"
+            " (misplaced): lonnymq shard status"
+        )
+    return group
 
 
 def _same_version(
@@ -380,23 +381,21 @@ def _retrying(m: _Move, attempts: int, retry_delay: float) -> MoveResult:
     )
 
 
-def _move_partition(
-    router_dsn: str,
+def _partition_source(
     router: psycopg.Connection[Any],
-    dsns: Sequence[str],
-    queue: str,
-    partition: int,
-    parted: dict[str, list[int]],
-    target: int,
     schema: str,
-    archive: bool,
-    timeout_ms: int,
-    attempts: int,
-    retry_delay: float,
-) -> MoveResult:
-    """:func:`move` of partition ``partition`` of partitioned ``queue``: the checks, then the
-    attempts (:func:`_attempt`, which records the partition's new shard and where its ids are)."""
-    parts = parted[queue]
+    queue: str,
+    partition: int | None,
+    parts: list[int],
+    target: int,
+) -> int:
+    """The shard of partition ``partition`` of partitioned ``queue`` (partitions on ``parts``),
+    checked against the router's records: it may go to ``target``."""
+    if partition is None:
+        raise errors.InvalidArgument(
+            f"queue {queue!r} is partitioned over shards {', '.join(map(str, parts))}:"
+            f" say which partition moves (--partition K, partition=K; K in 0..{len(parts) - 1})"
+        )
     if not 0 <= partition < len(parts):
         raise errors.InvalidArgument(
             f"queue {queue!r} has no partition {partition}: its partitions are 0..{len(parts) - 1}"
@@ -418,57 +417,46 @@ def _move_partition(
             f" (it moved from there): ids would no longer say their partition, so partition {partition}"
             f" cannot go to shard {target}"
         )
+    return source
+
+
+def _partition_links(
+    src: psycopg.Connection[Any],
+    schema: str,
+    queue: str,
+    partition: int,
+    parted: dict[str, list[int]],
+    source: int,
+    target: int,
+) -> None:
+    """Check the partition on the source: there, and free to leave its dead-letter links (no
+    queue dead-letters into it there; its dead-letter queue has a partition on the target)."""
     s = sql.Identifier(schema)
-    with (
-        admin._connect(dsns[source], f"shard {source}") as src,
-        admin._connect(dsns[target], f"shard {target}") as dst,
-    ):
-        row = src.execute(
-            sql.SQL(
-                "SELECT d.name, ARRAY(SELECT f.name FROM {s}.queue f WHERE f.dead_letter_queue_id = q.id"
-                " ORDER BY f.name) FROM {s}.queue q LEFT JOIN {s}.queue d ON d.id = q.dead_letter_queue_id"
-                " WHERE q.name = %s"
-            ).format(s=s),
-            (queue,),
-        ).fetchone()
-        src.rollback()
-        if row is None:
-            raise errors.QueueNotFound(
-                f"partition {partition} of queue {queue!r} is not on shard {source}, where the router"
-                " sends its calls (lonnymq shard status)"
-            )
-        dlq, feeders = row[0], list(row[1])
-        if feeders:
-            raise errors.InvalidArgument(
-                f"queue {queue!r} is the dead-letter queue of {', '.join(feeders)} on shard {source}:"
-                f" its partition there stays with theirs (dead-lettering is one transaction on a"
-                " shard); nothing was moved"
-            )
-        if dlq is not None and target not in parted.get(dlq, []):
-            raise errors.InvalidArgument(
-                f"the dead-letter queue {dlq!r} of queue {queue!r} has no partition on shard {target}:"
-                f" partition {partition} would have nowhere to dead-letter there; nothing was moved"
-            )
-        _same_version(src, dst, schema, source, target)
-        plan = _plan(src, dst, schema)
-        return _retrying(
-            _Move(
-                router_dsn,
-                router,
-                src,
-                dst,
-                schema,
-                plan,
-                [queue],
-                source,
-                target,
-                archive,
-                timeout_ms,
-                len(dsns) - 1,
-                partition,
-            ),
-            attempts,
-            retry_delay,
+    row = src.execute(
+        sql.SQL(
+            "SELECT d.name, ARRAY(SELECT f.name FROM {s}.queue f WHERE f.dead_letter_queue_id = q.id"
+            " ORDER BY f.name) FROM {s}.queue q LEFT JOIN {s}.queue d ON d.id = q.dead_letter_queue_id"
+            " WHERE q.name = %s"
+        ).format(s=s),
+        (queue,),
+    ).fetchone()
+    src.rollback()
+    if row is None:
+        raise errors.QueueNotFound(
+            f"partition {partition} of queue {queue!r} is not on shard {source}, where the router"
+            " sends its calls (lonnymq shard status)"
+        )
+    dlq, feeders = row[0], list(row[1])
+    if feeders:
+        raise errors.InvalidArgument(
+            f"queue {queue!r} is the dead-letter queue of {', '.join(feeders)} on shard {source}:"
+            f" its partition there stays with theirs (dead-lettering is one transaction on a"
+            " shard); nothing was moved"
+        )
+    if dlq is not None and target not in parted.get(dlq, []):
+        raise errors.InvalidArgument(
+            f"the dead-letter queue {dlq!r} of queue {queue!r} has no partition on shard {target}:"
+            f" partition {partition} would have nowhere to dead-letter there; nothing was moved"
         )
 
 
