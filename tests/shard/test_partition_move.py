@@ -20,7 +20,9 @@ from shard_helpers import Threads, home, kill_all, waiter_follows
 
 from lonnymq import Client, errors, shard
 from lonnymq.cli import main
-from lonnymq.client.direct import STRIDE, key_partition
+from lonnymq.client.direct import STRIDE, ShardMap, key_partition
+from lonnymq.client.ops import Op, Ops
+from lonnymq.shard import admin
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -207,12 +209,16 @@ def test_a_partition_moves_under_traffic_exactly_once(four, capsys) -> None:  # 
     print("partition move:", json.dumps(measured, sort_keys=True))
 
 
-def test_the_refusals_are_clear(four) -> None:  # type: ignore[no-untyped-def]
+def test_the_refusals_are_clear_and_moves_survive_an_upgrade(four, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Each refusal is typed and one line from the CLI; a partition moves away and back and by
+    the CLI; `shard upgrade` keeps where the moved partitions' ids are."""
     router, _ = four
     q, plain = "pmove_refuse", "pmove_plain"
     with Client(router) as c:
         c.create_queue(q, partitions=2)
         c.create_queue(plain)
+        keys = [next(k for k in (f"r{i}" for i in range(100)) if key_partition(k, 2) == p) for p in (0, 1)]
+        sent = {c.send(q, k, key=k).id: k for k in keys}  # one message in each partition
     parts = shard.status(router).partitioned[q]
     free = [i for i in range(4) if i not in parts]
     with pytest.raises(errors.InvalidArgument, match=r"partitioned over shards .*say which partition"):
@@ -233,10 +239,25 @@ def test_the_refusals_are_clear(four) -> None:  # type: ignore[no-untyped-def]
     back = shard.move(router, q, parts[0], partition=0)
     assert (back.source, back.target) == (free[0], parts[0])
     assert shard.status(router).partitioned[q] == parts
+    capsys.readouterr()
     assert main(["shard", "move", q, str(free[1]), "--partition", "7", "--dsn", router]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "has no partition 7" in err and "\n" not in err
     # The CLI moves a partition too.
     assert main(["shard", "move", q, str(free[1]), "--partition", "1", "--dsn", router]) == 0
     assert shard.status(router).partitioned[q] == [parts[0], free[1]]
+    with psycopg.connect(router) as conn:
+        before = admin.moved_ids(conn, "lonnymq")[q]
+    assert before == {parts[0]: 0, free[0]: 0, parts[1]: 1}
+    shard.upgrade(router)
+    with psycopg.connect(router) as conn:
+        assert admin.moved_ids(conn, "lonnymq")[q] == before
+    for direct in (False, True):  # the messages made before the moves, found by id
+        with Client(router, direct=direct) as c:
+            assert {i: (m.key if (m := c.get(q, id=i)) else None) for i in sent} == sent
+    with Client(router) as c:
+        got = [m for _ in range(2) for m in c.take(q, 5)]
+        assert sorted(m.id for m in got) == sorted(sent) and c.ack(got) == set(sent)
 
 
 def _keyed(c: Client, q: str, payloads: list[str]) -> None:
@@ -340,3 +361,25 @@ def test_a_waiting_receive_follows_a_moving_partition(four) -> None:  # type: ig
         )
     assert got == ["moved partition"]
     assert lag < 1.0, lag
+
+
+def test_a_direct_client_routes_a_moved_partitions_ids_to_its_shard() -> None:
+    """ShardMap (no servers): partition 0 of a queue on shards [0, 3] moved to shard 2, as
+    ``_route_of`` reports it (moved_ids {0: 0}): ids made on shard 0 and on shard 2 settle on
+    shard 2, shard 3's on 3, ids of no partition go through the router (None)."""
+    ops = Ops("lonnymq")
+    m = ShardMap("lonnymq", ops.st)
+    m.load(1, [f"host=h{i} dbname=d" for i in range(4)])
+    assert m.remember("hot", None, [2, 3], {0: 0}) == -1
+
+    def ack(*ids: int) -> list[int] | None:
+        return m.plan(Op(ops.st.ack, ("hot", list(ids), [1] * len(ids), None), list), "hot")
+
+    assert ack(5 * STRIDE, 6 * STRIDE) == [2]  # made on shard 0, moved with partition 0
+    assert ack(7 * STRIDE + 2, 5 * STRIDE) == [2]  # made on the target after the move, and before
+    assert ack(STRIDE + 3) == [3]
+    assert ack(STRIDE + 1) is None and ack(STRIDE, STRIDE + 3) is None
+    assert m.plan(ops.message_get("hot", id=9 * STRIDE), "hot") == [2]
+    assert m.placement("hot") == ([2, 3], {0: 0})
+    m.forget("hot")
+    assert m.placement("hot") is None and m.route("hot") is None
