@@ -196,6 +196,46 @@ def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) ->
     return Side("native", dsn, ("lonnymq.message",), units, fill, clear, backend_cpu(c))
 
 
+# What batch send's conversion costs the server, per message (conversion_cost): receiving the
+# messages as bytes (LonnyMQ's client) or as jsonb (pgmq's API: each parsed), and each jsonb
+# turned back into its text three ways.
+CONVERSIONS = {
+    "bytea[] received": ("SELECT cardinality(%b::bytea[])", "bytes"),
+    "jsonb[] received (parsed)": ("SELECT cardinality(%b::jsonb[])", "jsonb"),
+    "parsed + convert_to(m::text, 'UTF8')": (
+        "SELECT cardinality(ARRAY(SELECT pg_catalog.convert_to(m::text, 'UTF8') FROM unnest(%b::jsonb[]) AS m))",
+        "jsonb",
+    ),
+    "parsed + m::text": ("SELECT cardinality(ARRAY(SELECT m::text FROM unnest(%b::jsonb[]) AS m))", "jsonb"),
+    "parsed + jsonb_send(m)": (
+        "SELECT cardinality(ARRAY(SELECT jsonb_send(m) FROM unnest(%b::jsonb[]) AS m))",
+        "jsonb",
+    ),
+}
+
+
+def conversion_cost(dsn: str, batch: int, calls: int) -> dict[str, float] | None:
+    """Server CPU per message (us) of each CONVERSIONS statement over batches of ``batch``
+    messages, the statements taking turns call by call, ``calls`` calls each; None when the
+    server's processes cannot be read (a remote server)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        cpu = backend_cpu(c)
+        if cpu() is None:
+            return None
+        params = {
+            "bytes": [json.dumps(m, separators=(",", ":")).encode() for m in MSGS[:batch]],
+            "jsonb": [Jsonb(m) for m in MSGS[:batch]],
+        }
+        spent = dict.fromkeys(CONVERSIONS, 0)
+        for i in range(calls + 5):
+            for name, (query, kind) in CONVERSIONS.items():
+                start = cpu() or 0
+                c.execute(query, [params[kind]]).fetchall()
+                if i >= 5:  # the first calls prepare the statements
+                    spent[name] += (cpu() or 0) - start
+    return {name: round(ns / calls / batch / 1000, 2) for name, ns in spent.items()}
+
+
 def measure(sides: list[Side], reps: int, seconds: float, backlog: int) -> list[dict[str, Any]]:
     """Per repetition and operation: empty (and refill) every side's queue, vacuum, then run the
     sides' units in turn, one after the other, for ``seconds``, timing each: the machine's
@@ -390,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 runs = measure(sides, a.reps, a.seconds, a.backlog)
+            conversion = conversion_cost(facade_dsn, a.batch, 20 if a.quick else 300)
     rows = summarize(runs)
     load_end = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
@@ -397,6 +438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" (ratios: median of the per-repetition ratios); load {server['loadavg_at_start']} -> {load_end}\n"
     )
     print_table(rows)
+    if conversion:
+        print("\nServer CPU per message of batch send's conversion (us; one statement per batch):\n")
+        for name, us in conversion.items():
+            print(f"  {name:<40} {us:6.2f}")
     print(f"\nreproduce: {command}")
     if a.out:
         doc = {
@@ -417,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pgmq": f"pgmq SQL {get_embedded_sql_version()} (Python package {version('pgmq')})",
             },
             "summary": rows,
+            "conversion_cpu_us_per_msg": conversion,
             "runs": runs,
         }
         a.out.parent.mkdir(parents=True, exist_ok=True)
