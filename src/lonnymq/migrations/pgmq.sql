@@ -649,15 +649,16 @@ $$;
 
 -- Send ---------------------------------------------------------------------------------------
 
--- The one send: messages msgs with headers (NULL or one per message) visible from delay (NULL:
--- now). Returns the new ids in order. Raises LonnyMQ's LQ001 for an unknown queue.
--- Every overload is an inlined SQL function (see the top) over {schema}.send_batch: the
--- messages as their JSON text in UTF-8, content type application/json, in one ARRAY(...);
--- the ids in input order. Each calls {schema}.send_batch itself: one overload calling another
--- with a volatile argument (clock_timestamp() for a delay in seconds) would not be inlined.
--- A delay in seconds is a time, clock_timestamp() + delay, as pgmq computes it (negative: past).
-CREATE FUNCTION pgmq.send_batch(
-    queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz
+-- The one send: messages msgs with headers (NULL or one per message) visible from p_at, or
+-- p_delay seconds from now (clock_timestamp(), as pgmq computes it; negative: past), or now
+-- (both NULL). Returns the new ids in order. Raises LonnyMQ's LQ001 for an unknown queue. The
+-- messages go as their JSON text in UTF-8, content type application/json, in one ARRAY(...).
+-- Every send_batch overload is this one with NULLs for what it lacks, and each is inlined (see
+-- the top) down to {schema}.send_batch: the overloads pass only their own arguments, never an
+-- expression such as clock_timestamp() + delay (PostgreSQL does not inline a call with a
+-- volatile argument), and the planner folds the branches of the NULLs away.
+CREATE FUNCTION pgmq._send_batch(
+    p_queue text, p_msgs jsonb[], p_headers jsonb[], p_at timestamptz, p_delay integer
 ) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
     SELECT s.id FROM {schema}.send_batch(
@@ -665,109 +666,90 @@ LANGUAGE sql STABLE AS $$
         ARRAY(SELECT pg_catalog.convert_to(m::text, 'UTF8') FROM unnest($2) AS m),
         p_content_types => array_fill('application/json'::text, ARRAY[cardinality($2)]),
         p_headers => $3,
-        p_at_ms => CASE WHEN $4 IS NOT NULL
-                        THEN array_fill(pgmq._ms($4), ARRAY[cardinality($2)]) END
+        p_at_ms => CASE WHEN $4 IS NOT NULL THEN array_fill(pgmq._ms($4), ARRAY[cardinality($2)])
+                        WHEN $5 IS NOT NULL
+                        THEN array_fill(pgmq._ms(clock_timestamp() + make_interval(secs => $5)),
+                                        ARRAY[cardinality($2)]) END
     ) s ORDER BY s.ord
+$$;
+
+CREATE FUNCTION pgmq.send_batch(
+    queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz
+) RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT s FROM pgmq._send_batch($1, $2, $3, $4, NULL) s
 $$;
 
 -- The plain batch, what pgmq's clients send most.
 CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[]) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send_batch(
-        $1,
-        ARRAY(SELECT pg_catalog.convert_to(m::text, 'UTF8') FROM unnest($2) AS m),
-        p_content_types => array_fill('application/json'::text, ARRAY[cardinality($2)])
-    ) s ORDER BY s.ord
+    SELECT s FROM pgmq._send_batch($1, $2, NULL, NULL, NULL) s
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[]) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send_batch(
-        $1,
-        ARRAY(SELECT pg_catalog.convert_to(m::text, 'UTF8') FROM unnest($2) AS m),
-        p_content_types => array_fill('application/json'::text, ARRAY[cardinality($2)]),
-        p_headers => $3
-    ) s ORDER BY s.ord
+    SELECT s FROM pgmq._send_batch($1, $2, $3, NULL, NULL) s
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], delay integer) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send_batch(
-        $1,
-        ARRAY(SELECT pg_catalog.convert_to(m::text, 'UTF8') FROM unnest($2) AS m),
-        p_content_types => array_fill('application/json'::text, ARRAY[cardinality($2)]),
-        p_at_ms => array_fill(pgmq._ms(clock_timestamp() + make_interval(secs => $3)),
-                              ARRAY[cardinality($2)])
-    ) s ORDER BY s.ord
+    SELECT s FROM pgmq._send_batch($1, $2, NULL, NULL, $3) s
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], delay timestamptz) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send_batch(
-        $1,
-        ARRAY(SELECT pg_catalog.convert_to(m::text, 'UTF8') FROM unnest($2) AS m),
-        p_content_types => array_fill('application/json'::text, ARRAY[cardinality($2)]),
-        p_at_ms => CASE WHEN $3 IS NOT NULL
-                        THEN array_fill(pgmq._ms($3), ARRAY[cardinality($2)]) END
-    ) s ORDER BY s.ord
+    SELECT s FROM pgmq._send_batch($1, $2, NULL, $3, NULL) s
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[], delay integer)
 RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send_batch(
-        $1,
-        ARRAY(SELECT pg_catalog.convert_to(m::text, 'UTF8') FROM unnest($2) AS m),
-        p_content_types => array_fill('application/json'::text, ARRAY[cardinality($2)]),
-        p_headers => $3,
-        p_at_ms => array_fill(pgmq._ms(clock_timestamp() + make_interval(secs => $4)),
-                              ARRAY[cardinality($2)])
-    ) s ORDER BY s.ord
+    SELECT s FROM pgmq._send_batch($1, $2, $3, NULL, $4) s
 $$;
 
--- One message: LonnyMQ's lean send (one statement), not send_batch. Inlined SQL functions (see
--- the top), each calling {schema}.send itself, as send_batch's.
-CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay timestamptz)
+-- One message: LonnyMQ's lean send (one statement), not send_batch. The same scheme as
+-- send_batch's: every overload is _send with NULLs for what it lacks, inlined down to
+-- {schema}.send.
+CREATE FUNCTION pgmq._send(p_queue text, p_msg jsonb, p_headers jsonb, p_at timestamptz, p_delay integer)
 RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
     SELECT s.id FROM {schema}.send(
         $1, pg_catalog.convert_to($2::text, 'UTF8'), p_content_type => 'application/json',
-        p_headers => $3, p_at_ms => pgmq._ms($4)) s
+        p_headers => $3,
+        p_at_ms => CASE WHEN $4 IS NOT NULL THEN pgmq._ms($4)
+                        WHEN $5 IS NOT NULL THEN pgmq._ms(clock_timestamp() + make_interval(secs => $5)) END) s
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay timestamptz)
+RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT s FROM pgmq._send($1, $2, $3, $4, NULL) s
 $$;
 
 -- The plain send, what pgmq's clients send most.
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send(
-        $1, pg_catalog.convert_to($2::text, 'UTF8'), p_content_type => 'application/json') s
+    SELECT s FROM pgmq._send($1, $2, NULL, NULL, NULL) s
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send(
-        $1, pg_catalog.convert_to($2::text, 'UTF8'), p_content_type => 'application/json',
-        p_headers => $3) s
+    SELECT s FROM pgmq._send($1, $2, $3, NULL, NULL) s
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, delay integer) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send(
-        $1, pg_catalog.convert_to($2::text, 'UTF8'), p_content_type => 'application/json',
-        p_at_ms => pgmq._ms(clock_timestamp() + make_interval(secs => $3))) s
+    SELECT s FROM pgmq._send($1, $2, NULL, NULL, $3) s
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, delay timestamptz) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send(
-        $1, pg_catalog.convert_to($2::text, 'UTF8'), p_content_type => 'application/json',
-        p_at_ms => pgmq._ms($3)) s
+    SELECT s FROM pgmq._send($1, $2, NULL, $3, NULL) s
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay integer) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s.id FROM {schema}.send(
-        $1, pg_catalog.convert_to($2::text, 'UTF8'), p_content_type => 'application/json',
-        p_headers => $3, p_at_ms => pgmq._ms(clock_timestamp() + make_interval(secs => $4))) s
+    SELECT s FROM pgmq._send($1, $2, $3, NULL, $4) s
 $$;
 
 -- Read ---------------------------------------------------------------------------------------
@@ -1194,6 +1176,10 @@ $$;
 CREATE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, headers jsonb, delay integer)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
+-- plpgsql_check suggests STABLE: the sends it calls are declared STABLE to be inlined (see the
+-- top) but write; this function writes through them, so VOLATILE it stays. Volatility is a
+-- finding about the whole function, which only the in-comment option reaches.
+-- @plpgsql_check_options: performance_warnings = false
 DECLARE
     v_queue text;
     v_n     integer := 0;
@@ -1235,6 +1221,10 @@ END $$;
 CREATE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[], delay timestamptz)
 RETURNS TABLE (queue_name text, msg_id bigint)
 LANGUAGE plpgsql VOLATILE AS $$
+-- plpgsql_check suggests STABLE: the sends it calls are declared STABLE to be inlined (see the
+-- top) but write; this function writes through them, so VOLATILE it stays. Volatility is a
+-- finding about the whole function, which only the in-comment option reaches.
+-- @plpgsql_check_options: performance_warnings = false
 DECLARE
     v_queue text;
 BEGIN
