@@ -89,7 +89,7 @@ def test_message_path_is_planned_as_the_lonnymq_call(pg: Conn, plan_cache_mode: 
         functions = set(_functions(row["QUERY PLAN"][0]["Plan"]))
         assert f"lonnymq.{core}" in functions, (query, functions)
         assert not [f for f in functions if f.startswith("pgmq.")], (query, functions)
-        # And the statement runs: (a pop or read of an empty queue returns no row).
+        # And the statement runs (a pop or read of an empty queue returns no row).
         pg.execute(f"EXECUTE s{i}({args})")  # type: ignore[arg-type]
 
 
