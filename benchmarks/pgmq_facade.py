@@ -1,14 +1,16 @@
 """The pgmq facade's speed (issue 13 item 5): send, read + delete, pop and batch send through the
 facade's ``pgmq.*`` functions, through LonnyMQ's native functions (the statements its client
 sends) and through pgmq itself, side by side in one run; prints the medians and the ratios
-facade / native and facade / pgmq.
+facade / native and facade / pgmq. Batch send has a fourth side, the floor: pgmq's own
+send_batch plus, in the same statement, the conversion the facade cannot skip (each jsonb
+message to its JSON text in UTF-8, LonnyMQ's payload bytes), with the ratio facade / floor.
 
     python benchmarks/pgmq_facade.py --dsn postgresql://root@127.0.0.1:5432/test
 
 Each side runs on one autocommit connection, one statement per message (read + delete: two;
 batch send: ``--batch`` messages per statement), with the benchmark suite's ~200-byte JSON
 payload. The sides take turns call by call (facade, native, pgmq, facade, ...) for ``--seconds``
-each, every call timed, so a busy machine's drifts hit the three alike; a side's rate is its
+each, every call timed, so a busy machine's drifts hit them alike; a side's rate is its
 messages over the time spent in its calls. That repeats ``--reps`` times per operation, and
 every ratio is taken within one repetition, then the median. Before each repetition of an
 operation the queues are emptied (and, for read + delete and pop, refilled with ``--backlog``
@@ -18,7 +20,8 @@ Two scratch databases on the server (the role must be allowed to CREATE DATABASE
 ``<prefix>_facade`` holds LonnyMQ with the facade (``migrate(pgmq=True)``; the facade's queue
 ``bq`` and the native side's queue ``bn`` share its tables), ``<prefix>_pgmq`` holds pgmq's own
 SQL-only install (the ``pgmq.sql`` shipped in the ``pgmq`` PyPI package; pip install -r
-benchmarks/requirements.txt). Both are dropped at the end unless ``--keep``.
+benchmarks/requirements.txt; its queue ``bq``, and ``bf`` for the floor). Both are dropped at
+the end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ from psycopg.types.json import Jsonb
 from lonnymq import Client
 
 OPS = ("send", "read+delete", "pop", "batch send")
-SIDES = ("facade", "native", "pgmq")
+SIDES = ("facade", "native", "pgmq", "floor")
+# The goal of each ratio facade / side (issue 13 item 5).
+GOALS = {"native": 0.9, "pgmq": 1.0, "floor": 0.9}
 VT = 30
 # The statements pgmq's own Python client sends (pgmq/_sql.py), for the facade and for pgmq.
 SEND = "SELECT * FROM pgmq.send(queue_name=>%s::text, msg=>%s::jsonb)"
@@ -55,6 +60,17 @@ SEND_BATCH = "SELECT * FROM pgmq.send_batch(queue_name=>%s::text, msgs=>%b::json
 READ = "SELECT msg_id, message FROM pgmq.read(queue_name=>%s::text, vt=>%s, qty=>%s)"
 DELETE = "SELECT pgmq.delete(queue_name=>%s::text, msg_id=>%s::bigint)"
 POP = "SELECT msg_id, message FROM pgmq.pop(queue_name=>%s::text, qty=>%s)"
+# The floor of batch send: pgmq's own send_batch, and in the same statement the conversion of
+# the same messages that the facade cannot skip (LonnyMQ stores a payload as bytes, pgmq's
+# clients send jsonb: each message's JSON text, in UTF-8). The jsonb[] parameter is parsed once,
+# as in pgmq's and the facade's statements; the WHERE makes the conversion run.
+FLOOR_BATCH = (
+    "WITH m AS MATERIALIZED (SELECT %b::jsonb[] AS msgs),"
+    " c AS MATERIALIZED (SELECT ARRAY(SELECT pg_catalog.convert_to(e::text, 'UTF8')"
+    " FROM unnest(m.msgs) AS e) AS payloads FROM m)"
+    " SELECT s.id FROM m, c, LATERAL pgmq.send_batch(queue_name=>%s::text, msgs=>m.msgs) AS s(id)"
+    " WHERE cardinality(c.payloads) = cardinality(m.msgs)"
+)
 MSGS = [payload(i) for i in range(1000)]
 
 #: One unit of an operation (one message; a batch for batch send): returns the messages handled.
@@ -122,6 +138,23 @@ def pgmq_side(name: str, dsn: str, c: psycopg.Connection[Any], queue: str, batch
     return Side(name, dsn, tables, units, fill, clear, backend_cpu(c))
 
 
+def floor_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
+    """Batch send only: pgmq's send_batch plus the facade's jsonb-to-bytes conversion of the same
+    messages, on pgmq's own install (``queue``), in one statement (FLOOR_BATCH)."""
+
+    def send_batch(i: int) -> int:
+        rows = c.execute(FLOOR_BATCH, [[Jsonb(m) for m in MSGS[:batch]], queue]).fetchall()
+        if len(rows) != batch:
+            raise RuntimeError(f"the floor's batch sent {len(rows)} messages, not {batch}")
+        return batch
+
+    def clear() -> None:
+        c.execute("SELECT pgmq.purge_queue(%s)", [queue])
+
+    tables = (f"pgmq.q_{queue}", f"pgmq.a_{queue}")
+    return Side("floor", dsn, tables, {"batch send": send_batch}, lambda n: None, clear, backend_cpu(c))
+
+
 def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) -> Side:
     """The same operations through LonnyMQ's own functions, with the statements (and the row
     decoding) of its client: ``send``, ``take(1)`` + ``ack``, ``take_tx(1)`` (on a plain queue,
@@ -163,14 +196,57 @@ def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) ->
     return Side("native", dsn, ("lonnymq.message",), units, fill, clear, backend_cpu(c))
 
 
+# What batch send's conversion costs the server, per message (conversion_cost): receiving the
+# messages as bytes (LonnyMQ's client) or as jsonb (pgmq's API: each parsed), and each jsonb
+# turned back into its text three ways.
+CONVERSIONS = {
+    "bytea[] received": ("SELECT cardinality(%b::bytea[])", "bytes"),
+    "jsonb[] received (parsed)": ("SELECT cardinality(%b::jsonb[])", "jsonb"),
+    "parsed + convert_to(m::text, 'UTF8')": (
+        "SELECT cardinality(ARRAY(SELECT pg_catalog.convert_to(m::text, 'UTF8') FROM unnest(%b::jsonb[]) AS m))",
+        "jsonb",
+    ),
+    "parsed + m::text": ("SELECT cardinality(ARRAY(SELECT m::text FROM unnest(%b::jsonb[]) AS m))", "jsonb"),
+    "parsed + jsonb_send(m)": (
+        "SELECT cardinality(ARRAY(SELECT jsonb_send(m) FROM unnest(%b::jsonb[]) AS m))",
+        "jsonb",
+    ),
+}
+
+
+def conversion_cost(dsn: str, batch: int, calls: int) -> dict[str, float] | None:
+    """Server CPU per message (us) of each CONVERSIONS statement over batches of ``batch``
+    messages, the statements taking turns call by call, ``calls`` calls each; None when the
+    server's processes cannot be read (a remote server)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        cpu = backend_cpu(c)
+        if cpu() is None:
+            return None
+        params = {
+            "bytes": [json.dumps(m, separators=(",", ":")).encode() for m in MSGS[:batch]],
+            "jsonb": [Jsonb(m) for m in MSGS[:batch]],
+        }
+        spent = dict.fromkeys(CONVERSIONS, 0)
+        for i in range(calls + 5):
+            for name, (query, kind) in CONVERSIONS.items():
+                start = cpu() or 0
+                c.execute(query, [params[kind]]).fetchall()
+                if i >= 5:  # the first calls prepare the statements
+                    spent[name] += (cpu() or 0) - start
+    return {name: round(ns / calls / batch / 1000, 2) for name, ns in spent.items()}
+
+
 def measure(sides: list[Side], reps: int, seconds: float, backlog: int) -> list[dict[str, Any]]:
     """Per repetition and operation: empty (and refill) every side's queue, vacuum, then run the
     sides' units in turn, one after the other, for ``seconds``, timing each: the machine's
     drifts hit every side alike. A side's rate is its messages over the time spent in its units;
-    its CPU, the time its server process ran over the phase, per message (when readable)."""
+    its CPU, the time its server process ran over the phase, per message (when readable). A side
+    without a unit for an operation (the floor has batch send only) sits that one out."""
     out = []
+    everyone = sides
     for rep in range(reps):
         for op in OPS:
+            sides = [s for s in everyone if op in s.units]
             for side in sides:
                 side.clear()
                 if op in ("read+delete", "pop"):
@@ -218,7 +294,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for side in SIDES:
             rates = [by[(side, k)] for k in reps if (side, k) in by]
             row[side] = round(median(rates), 1) if rates else None
-        for ref, goal in (("native", 0.9), ("pgmq", 1.0)):
+        for ref, goal in GOALS.items():
             ratios = [
                 by[("facade", k)] / by[(ref, k)] for k in reps if (ref, k) in by and ("facade", k) in by
             ]
@@ -230,7 +306,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for side in SIDES:
             values = [v for k in reps if (v := cpu.get((side, k))) is not None]
             row[f"{side} cpu_us"] = round(median(values), 1) if values else None
-        for ref in ("native", "pgmq"):
+        for ref in GOALS:
             fc = [(cpu.get(("facade", k)), cpu.get((ref, k))) for k in reps]
             ratios = [f / o for f, o in fc if f is not None and o]
             row[f"cpu facade/{ref}"] = round(median(ratios), 3) if ratios else None
@@ -240,8 +316,9 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     what = {"read+delete": "read + delete (native: take + ack)", "pop": "pop (native: take_tx(1))"}
-    print("| operation | facade | native | pgmq | facade / native (≥ 0.9) | facade / pgmq (≥ 1.0) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    goals = " | ".join(f"facade / {ref} (≥ {goal})" for ref, goal in GOALS.items())
+    print(f"| operation | {' | '.join(SIDES)} | {goals} |")
+    print(f"| --- |{' ---: |' * (len(SIDES) + len(GOALS))}")
     for r in rows:
 
         def rate(side: str, r: dict[str, Any] = r) -> str:
@@ -255,16 +332,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             return f"{v:.2f}x ({per}){'' if r[f'facade/{ref} met'] else ' **missed**'}"
 
         name = what.get(r["op"], r["op"])
-        print(
-            f"| {name} | {rate('facade')} | {rate('native')} | {rate('pgmq')} | {ratio('native')} | {ratio('pgmq')} |"
-        )
+        cells = [rate(side) for side in SIDES] + [ratio(ref) for ref in GOALS]
+        print(f"| {name} | {' | '.join(cells)} |")
     if all(r["facade cpu_us"] is None for r in rows):
         return
     print("\nServer CPU per message (the backends' run time from /proc; lower is better):\n")
-    print("| operation | facade | native | pgmq | facade / native | facade / pgmq |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| operation | {' | '.join(SIDES)} | {' | '.join(f'facade / {ref}' for ref in GOALS)} |")
+    print(f"| --- |{' ---: |' * (len(SIDES) + len(GOALS))}")
     formats = [(f"{side} cpu_us", "{:,.0f} us") for side in SIDES]
-    formats += [(f"cpu facade/{ref}", "{:.2f}x") for ref in ("native", "pgmq")]
+    formats += [(f"cpu facade/{ref}", "{:.2f}x") for ref in GOALS]
     for r in rows:
         cells = ["" if r[key] is None else fmt.format(r[key]) for key, fmt in formats]
         print(f"| {what.get(r['op'], r['op'])} | {' | '.join(cells)} |")
@@ -335,15 +411,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 psycopg.connect(facade_dsn, autocommit=True) as fc,
                 psycopg.connect(facade_dsn, autocommit=True) as nc,
                 psycopg.connect(pgmq_dsn, autocommit=True) as pc,
+                psycopg.connect(pgmq_dsn, autocommit=True) as lc,
             ):
-                for conn in (fc, nc, pc):
+                for conn in (fc, nc, pc, lc):
                     conn.execute("SELECT set_config('synchronous_commit', %s, false)", [a.commit])
                 fc.execute("SELECT pgmq.create('bq')")
                 pc.execute("SELECT pgmq.create('bq')")
+                pc.execute("SELECT pgmq.create('bf')")
                 sides = [
                     pgmq_side("facade", facade_dsn, fc, "bq", a.batch),
                     native_side(facade_dsn, nc, "bn", a.batch),
                     pgmq_side("pgmq", pgmq_dsn, pc, "bq", a.batch),
+                    floor_side(pgmq_dsn, lc, "bf", a.batch),
                 ]
                 print(
                     f"pgmq facade vs native vs pgmq SQL {get_embedded_sql_version()} on PostgreSQL "
@@ -351,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 runs = measure(sides, a.reps, a.seconds, a.backlog)
+            conversion = conversion_cost(facade_dsn, a.batch, 20 if a.quick else 300)
     rows = summarize(runs)
     load_end = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
@@ -358,6 +438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" (ratios: median of the per-repetition ratios); load {server['loadavg_at_start']} -> {load_end}\n"
     )
     print_table(rows)
+    if conversion:
+        print("\nServer CPU per message of batch send's conversion (us; one statement per batch):\n")
+        for name, us in conversion.items():
+            print(f"  {name:<40} {us:6.2f}")
     print(f"\nreproduce: {command}")
     if a.out:
         doc = {
@@ -378,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pgmq": f"pgmq SQL {get_embedded_sql_version()} (Python package {version('pgmq')})",
             },
             "summary": rows,
+            "conversion_cpu_us_per_msg": conversion,
             "runs": runs,
         }
         a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -81,15 +81,16 @@ def test_delete_of_one_id_leaves_the_channel(pg: Conn, lq: Client) -> None:
 
 
 def _delete_statement(pg: Conn) -> str:
-    """The DELETE of the one-id pgmq.delete, as installed, with q.id, msg_id and v_now as $1-$3."""
+    """The statement of the one-id pgmq.delete, as installed, with queue_name, msg_id and v_now
+    as $1-$3."""
     row = pg.execute(
         "SELECT prosrc FROM pg_proc WHERE oid = 'pgmq.delete(text, bigint)'::regprocedure"
     ).fetchone()
     assert row is not None
-    match = re.search(r"(WITH d AS \(\s+DELETE .*?FROM d)\s*;", row["prosrc"], re.S)
+    match = re.search(r"(WITH x AS \(\s+SELECT .*?DELETE .*?FROM d)\s*;", row["prosrc"], re.S)
     assert match, "the DELETE is not in pgmq.delete(text, bigint)"
     text = re.sub(r"\bINTO\s+v_channel,\s*v_leased\s+", " ", match[1])
-    for name, param in {"q.id": "$1", "msg_id": "$2", "v_now": "$3"}.items():
+    for name, param in {"queue_name": "$1", "msg_id": "$2", "v_now": "$3"}.items():
         text = re.sub(rf"(?<![\w.]){re.escape(name)}\b", param, text)
     unknown = re.findall(r"(?<![\w.])(?:p|v)_\w+|\bq\.\w+", text)
     assert not unknown, f"pgmq.delete's statement uses {unknown}: teach this test about them"
@@ -104,10 +105,10 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 @pytest.mark.parametrize("statistics", ["never analysed", "analysed"])
 def test_plan_of_the_one_id_delete(db_dsn: str, lq: Client, statistics: str) -> None:
-    """The generic plan the function keeps (plan_cache_mode = force_generic_plan), with the
-    planner's defaults (it does not turn sequential scans off): the row by the primary key of
-    its queue's partition, never a sequential scan of the message table, whether the table's
-    statistics were never taken or say the queue is large."""
+    """The generic plan the function keeps, made with the function's own settings (its SET
+    clauses: force_generic_plan, enable_seqscan = off, as the core's entry points): the queue
+    by name, the row by the primary key of the message table's partitions, never a sequential
+    scan, whether the table's statistics were never taken or say the queue is large."""
     lq.create_queue("other")
     lq.create_queue("q")
     with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as pg:
@@ -116,11 +117,17 @@ def test_plan_of_the_one_id_delete(db_dsn: str, lq: Client, statistics: str) -> 
                 lq.send_batch("q", [b"x"] * 1000)
                 lq.send_batch("other", [b"x"] * 1000)
             pg.execute("ANALYZE lonnymq.message")
-        qid = pg.execute("SELECT id FROM lonnymq.queue WHERE name = 'q'").fetchone()
-        assert qid is not None
-        pg.execute("SET plan_cache_mode = force_generic_plan")
-        pg.execute(f"PREPARE d(integer, bigint, bigint) AS {_delete_statement(pg)}")  # type: ignore[arg-type]
-        row = pg.execute(f"EXPLAIN (FORMAT JSON) EXECUTE d({qid['id']}, 1, 0)").fetchone()  # type: ignore[arg-type]
+        config = pg.execute(
+            "SELECT proconfig FROM pg_proc WHERE oid = 'pgmq.delete(text, bigint)'::regprocedure"
+        ).fetchone()
+        assert config is not None
+        settings = dict(c.split("=", 1) for c in config["proconfig"])
+        assert settings["plan_cache_mode"] == "force_generic_plan" and settings["enable_seqscan"] == "off"
+        for name, value in settings.items():
+            if name != "search_path":
+                pg.execute("SELECT set_config(%s, %s, false)", (name, value))
+        pg.execute(f"PREPARE d(text, bigint, bigint) AS {_delete_statement(pg)}")  # type: ignore[arg-type]
+        row = pg.execute("EXPLAIN (FORMAT JSON) EXECUTE d('q', 1, 0)").fetchone()
         assert row is not None
         plan = row["QUERY PLAN"][0]["Plan"]
         nodes = list(_nodes(plan))
