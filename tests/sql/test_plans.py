@@ -24,15 +24,23 @@ LIMIT = 10
 GEN = 1  # the current generation of a fresh schema (sql/generations.sql): the messages' own
 
 
+def _locking_selects(function: str) -> list[str]:
+    """Every row-locking sub-SELECT of ``function`` (its current definition), whitespace
+    normalised."""
+    body = function_text(function)
+    found = re.findall(r"\(\s*(SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\s*\)", body)
+    assert found, f"no candidate SELECT ... FOR UPDATE SKIP LOCKED found in {function}()"
+    return [re.sub(r"\s+", " ", text) for text in found]
+
+
 def candidate_queries(function: str) -> list[str]:
     """The row-locking candidate SELECTs of ``function`` (its current definition), with the
     queue id, the time, the limit and the generation as $1 to $4: the subqueries in parentheses
     (take reads each generation of the window with one of them)."""
-    body = function_text(function)
-    found = re.findall(r"\(\s*(SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\s*\)", body)
-    assert found, f"no candidate SELECT ... FOR UPDATE SKIP LOCKED found in {function}()"
     queries = []
-    for text in dict.fromkeys(found):  # take_tx has the same one twice
+    # take and take_tx use the window's query twice: in the one-message statement and in the
+    # general one (the same text, indented differently).
+    for text in dict.fromkeys(_locking_selects(function)):
         text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
         text = re.sub(r"\bq\.id\b", "$1", text)
         text = re.sub(r"\b(?:v_now|p_now)\b", "$2", text)
@@ -48,8 +56,12 @@ def candidate_queries(function: str) -> list[str]:
 def window_query(function: str) -> str:
     """The candidate query of the window: the last of the two (the first locks rows of the
     queue's frozen generations when it has a backlog, which the loaded queue has not)."""
-    frozen, window = candidate_queries(function)
-    assert frozen != window
+    queries = candidate_queries(function)
+    assert len(queries) == 2
+    # The window's reads the generation of the VALUES list (g.gen), the other a frozen one.
+    [window] = [
+        q for q, raw in zip(queries, dict.fromkeys(_locking_selects(function)), strict=True) if "g.gen" in raw
+    ]
     return window
 
 
@@ -212,7 +224,8 @@ def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> Non
     plain = body.split("IF q.uses_channels")[-1].split("END IF;", 1)[1]
     locks = plain.count("FOR UPDATE SKIP LOCKED")
     if locks:
-        assert locks == len(candidate_queries(function))
+        assert locks == len(_locking_selects(function))
+        assert len(candidate_queries(function)) == 2  # the frozen generations' and the window's
 
 
 # Settling by (id, token) ----------------------------------------------------------------------

@@ -5,18 +5,22 @@ locked (a lease expired on the last attempt is dead-lettered, the next message d
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import pytest
 from psycopg import sql
 from test_send_lean import _assert_changed_by_ctid, _generic_plan, _now, _statement
 
 from lonnymq import Client
 
 
-def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str) -> None:
-    """The UPDATE of take(1): the candidates from the dequeue index in order, the row leased by
-    ctid (a TID scan: never a scan of the queue's part of the primary key), no sequential scan;
-    on a queue with ready and leased messages beside another queue's, analysed."""
+@pytest.mark.parametrize("nth", [0, 1], ids=["no frozen row", "a frozen row"])
+def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int) -> None:
+    """The UPDATEs of take(1) (without and with a row of a frozen generation): the candidates
+    from the dequeue index in order, the row leased by ctid (a TID scan: never a scan of the
+    queue's part of the primary key), no sequential scan; on a queue with ready and leased
+    messages beside another queue's, analysed."""
     s = sql.Identifier(schema)
     for name in ("other", "q"):
         client.create_queue(name)
@@ -36,7 +40,7 @@ def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str) -> None:
         "q.max_attempts": "$5",
         "v_held": "$6",
     }
-    stmt = _statement("take", r"RETURN QUERY\s+(UPDATE .*?m\.last_error, m\.payload);", names, schema)
+    stmt = _statement("take", r"RETURN QUERY\s+(UPDATE .*?m\.last_error, m\.payload);", names, schema, nth)
     plan = _generic_plan(
         conn,
         f"PREPARE lean_take(integer, bigint, bigint, bigint, integer, bigint) AS {stmt}",
@@ -63,3 +67,28 @@ def test_take_one_dead_letters_an_expired_last_attempt_and_delivers_the_next(
     assert conn.execute(left).fetchall() == [(second.id,)]
     dead = sql.SQL("SELECT sum(dead) FROM {}.queue_stat").format(s)
     assert conn.execute(dead).fetchone() == (1,)
+
+
+def test_take_acks_one_delivery_of_a_plain_queue_itself(client: Client, conn: Any, schema: str) -> None:
+    """take(1, ack=[one]) acknowledges it with its own statement (no nested ack() call): the row
+    deleted, ack's memory and the acked count written once; a repeat of that ack, or an ack
+    with a stale token, goes to ack() and changes nothing; the next message is delivered
+    each time."""
+    s = sql.Identifier(schema)
+    client.create_queue("q")
+    client.send_batch("q", [b"1", b"2", b"3", b"4"])
+    [a] = client.take("q", 1)
+    [b] = client.take("q", 1, ack=[a])
+    [c] = client.take("q", 1, ack=[a])  # a repeat: nothing more
+    stale = dataclasses.replace(b, token=b.token + 1)
+    [d] = client.take("q", 1, ack=[stale])  # b was not acked
+    assert [m.payload for m in (a, b, c, d)] == [b"1", b"2", b"3", b"4"]
+    settled = conn.execute(
+        sql.SQL("SELECT id, token, outcome FROM {}.settled ORDER BY id").format(s)
+    ).fetchall()
+    assert settled == [(a.id, a.token, "acked")]
+    [(acked,)] = conn.execute(sql.SQL("SELECT sum(acked) FROM {}.queue_stat").format(s)).fetchall()
+    assert acked == 1
+    left = conn.execute(sql.SQL("SELECT id, leased FROM {}.message ORDER BY id").format(s)).fetchall()
+    assert left == [(b.id, True), (c.id, True), (d.id, True)]
+    conn.rollback()

@@ -405,6 +405,7 @@ DECLARE
     v_old   bigint;
     v_held  bigint;
     v_head  record;
+    v_acked bigint;
 BEGIN
     -- The queue, the clock, the generation counters and the queue's frozen generations, in one
     -- statement (each statement costs a snapshot and an executor start-up; a PL/pgSQL expression
@@ -451,9 +452,26 @@ BEGIN
 
     IF cardinality(p_ack_ids) = 1 AND cardinality(p_ack_tokens) = 1 AND NOT q.uses_channels
        AND NOT q.archive THEN
-        -- One delivery of a plain queue (a consumer's drain, take(1, ack=previous)): ack's
-        -- one-statement path.
-        PERFORM {schema}.ack(p_queue, p_ack_ids, p_ack_tokens, false, p_now);
+        -- One delivery of a plain queue (a consumer's drain, take(1, ack=previous)): the
+        -- statement of ack's one-delivery path, here, on the queue already read (a nested call
+        -- of ack() cost its frame, its settings and its queue lookup again). Nothing deleted (a
+        -- repeat, a stale token): ack() itself, which answers those as before.
+        WITH d AS (
+            DELETE FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
+               AND m.leased IS TRUE
+            RETURNING m.queue_id, m.id, m.deliveries
+        ), k AS (
+            INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+            SELECT d.queue_id, d.id, d.deliveries, 'acked', v_now FROM d
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+            SELECT d.queue_id, v_now / 60000, 1 FROM d
+        )
+        SELECT count(*) INTO v_acked FROM d;
+        IF v_acked = 0 THEN
+            PERFORM {schema}.ack(p_queue, p_ack_ids, p_ack_tokens, false, p_now);
+        END IF;
     ELSIF p_ack_ids IS NOT NULL THEN
         PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
     END IF;
@@ -489,36 +507,65 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) x;
             EXIT WHEN v_held IS NOT NULL;
         END LOOP;
-        RETURN QUERY
-        UPDATE {schema}.message m
-           SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
-               deliveries = m.deliveries + 1, leased = true
-         WHERE m.ctid = ANY (ARRAY(
-               SELECT c.tid
-                 FROM (SELECT x.tid, x.ok
-                         FROM ((SELECT w.*
-                                  FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
-                                 CROSS JOIN LATERAL (
-                                       SELECT m.id, m.ctid AS tid, m.dequeue_at,
-                                              m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
-                                         FROM {schema}.message m
-                                        WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                                          AND m.dequeue_at <= v_now
-                                        ORDER BY m.dequeue_at, m.id
-                                        LIMIT 1
-                                          FOR UPDATE SKIP LOCKED) w)
-                               UNION ALL
-                               (SELECT m.id, m.ctid, m.dequeue_at,
-                                       m.attempts < q.max_attempts AND m.superseded_by IS NULL
-                                  FROM {schema}.message m
-                                 WHERE m.queue_id = q.id AND m.id = v_held)) x
-                        ORDER BY x.dequeue_at, x.id
-                        LIMIT 1) c
-                WHERE c.ok))
-           AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
-        RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
-                  m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
-                  m.last_error, m.payload;
+        IF v_held IS NULL THEN
+            -- No frozen row (no backlog in the queue's frozen generations): the statement
+            -- below without its array, union and sort (a tenth of the take's instructions,
+            -- benchmarks/server_instructions.py).
+            RETURN QUERY
+            UPDATE {schema}.message m
+               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+             WHERE m.ctid = (SELECT c.tid
+                               FROM (SELECT w.tid, w.ok
+                                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                      CROSS JOIN LATERAL (
+                                            SELECT m.id, m.ctid AS tid, m.dequeue_at,
+                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                              FROM {schema}.message m
+                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                               AND m.dequeue_at <= v_now
+                                             ORDER BY m.dequeue_at, m.id
+                                             LIMIT 1
+                                               FOR UPDATE SKIP LOCKED) w
+                                      ORDER BY w.dequeue_at, w.id
+                                      LIMIT 1) c
+                              WHERE c.ok)
+               AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
+            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
+        ELSE
+            RETURN QUERY
+            UPDATE {schema}.message m
+               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+             WHERE m.ctid = ANY (ARRAY(
+                   SELECT c.tid
+                     FROM (SELECT x.tid, x.ok
+                             FROM ((SELECT w.*
+                                      FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                     CROSS JOIN LATERAL (
+                                           SELECT m.id, m.ctid AS tid, m.dequeue_at,
+                                                  m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                             FROM {schema}.message m
+                                            WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                              AND m.dequeue_at <= v_now
+                                            ORDER BY m.dequeue_at, m.id
+                                            LIMIT 1
+                                              FOR UPDATE SKIP LOCKED) w)
+                                   UNION ALL
+                                   (SELECT m.id, m.ctid, m.dequeue_at,
+                                           m.attempts < q.max_attempts AND m.superseded_by IS NULL
+                                      FROM {schema}.message m
+                                     WHERE m.queue_id = q.id AND m.id = v_held)) x
+                            ORDER BY x.dequeue_at, x.id
+                            LIMIT 1) c
+                    WHERE c.ok))
+               AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
+            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
+        END IF;
         IF FOUND THEN
             RETURN;
         END IF;
@@ -621,50 +668,78 @@ BEGIN
     END IF;
 
     IF NOT v_archive THEN
-        FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
-            v_more := p_limit - cardinality(v_held);
-            EXIT WHEN v_more <= 0;
-            SELECT v_held_tid || array_agg(x.tid), v_held || array_agg(x.id),
-                   v_held_ats || array_agg(x.dequeue_at), v_held_ok || array_agg(x.ok)
-              INTO v_held_tid, v_held, v_held_ats, v_held_ok
-              FROM (SELECT m.ctid AS tid, m.id, m.dequeue_at,
-                           m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
-                      FROM {schema}.message m
-                     WHERE m.gen = v_old AND m.queue_id = q.id AND m.channel IS NULL
-                       AND m.dequeue_at <= v_now
-                     ORDER BY m.dequeue_at, m.id
-                     LIMIT v_more
-                       FOR UPDATE SKIP LOCKED) x;
-        END LOOP;
-        RETURN QUERY
-        WITH d AS (
+        IF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
+            -- One message and no frozen generation (the common pop): the statement below
+            -- without its array, union and sort, a tenth of a pop's server instructions (see
+            -- benchmarks/server_instructions.py): the first of the window's two candidates is
+            -- deleted by ctid if it may be delivered.
+            RETURN QUERY
             DELETE FROM {schema}.message m
-             WHERE m.ctid = ANY (ARRAY(
-                   SELECT c.tid
-                     FROM (SELECT x.tid, x.ok
-                             FROM ((SELECT w.*
-                                      FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
-                                     CROSS JOIN LATERAL (
-                                           SELECT m.ctid AS tid, m.id, m.dequeue_at,
-                                                  m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
-                                             FROM {schema}.message m
-                                            WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                                              AND m.dequeue_at <= v_now
-                                            ORDER BY m.dequeue_at, m.id
-                                            LIMIT p_limit
-                                              FOR UPDATE SKIP LOCKED) w)
-                                   UNION ALL
-                                   (SELECT * FROM unnest(v_held_tid, v_held, v_held_ats, v_held_ok))) x
-                            ORDER BY x.dequeue_at, x.id
-                            LIMIT p_limit) c
-                    WHERE c.ok))
+             WHERE m.ctid = (SELECT c.tid
+                               FROM (SELECT w.tid, w.ok
+                                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                      CROSS JOIN LATERAL (
+                                            SELECT m.ctid AS tid, m.id, m.dequeue_at,
+                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                              FROM {schema}.message m
+                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                               AND m.dequeue_at <= v_now
+                                             ORDER BY m.dequeue_at, m.id
+                                             LIMIT p_limit
+                                               FOR UPDATE SKIP LOCKED) w
+                                      ORDER BY w.dequeue_at, w.id
+                                      LIMIT 1) c
+                              WHERE c.ok)
                AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
-            RETURNING m.*
-        )
-        SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at, d.enqueued_at,
-               d.priority, d.key, d.channel, d.kind, d.content_type, d.headers, d.state,
-               d.last_error, d.payload
-          FROM d ORDER BY d.dequeue_at, d.id;
+            RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
+        ELSE
+            FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
+                v_more := p_limit - cardinality(v_held);
+                EXIT WHEN v_more <= 0;
+                SELECT v_held_tid || array_agg(x.tid), v_held || array_agg(x.id),
+                       v_held_ats || array_agg(x.dequeue_at), v_held_ok || array_agg(x.ok)
+                  INTO v_held_tid, v_held, v_held_ats, v_held_ok
+                  FROM (SELECT m.ctid AS tid, m.id, m.dequeue_at,
+                               m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                          FROM {schema}.message m
+                         WHERE m.gen = v_old AND m.queue_id = q.id AND m.channel IS NULL
+                           AND m.dequeue_at <= v_now
+                         ORDER BY m.dequeue_at, m.id
+                         LIMIT v_more
+                           FOR UPDATE SKIP LOCKED) x;
+            END LOOP;
+            RETURN QUERY
+            WITH d AS (
+                DELETE FROM {schema}.message m
+                 WHERE m.ctid = ANY (ARRAY(
+                       SELECT c.tid
+                         FROM (SELECT x.tid, x.ok
+                                 FROM ((SELECT w.*
+                                          FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                         CROSS JOIN LATERAL (
+                                               SELECT m.ctid AS tid, m.id, m.dequeue_at,
+                                                      m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                                 FROM {schema}.message m
+                                                WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                                  AND m.dequeue_at <= v_now
+                                                ORDER BY m.dequeue_at, m.id
+                                                LIMIT p_limit
+                                                  FOR UPDATE SKIP LOCKED) w)
+                                       UNION ALL
+                                       (SELECT * FROM unnest(v_held_tid, v_held, v_held_ats, v_held_ok))) x
+                                ORDER BY x.dequeue_at, x.id
+                                LIMIT p_limit) c
+                        WHERE c.ok))
+                   AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
+                RETURNING m.*
+            )
+            SELECT d.id, d.attempts + 1, d.deliveries + 1, NULL::bigint, d.scheduled_at, d.enqueued_at,
+                   d.priority, d.key, d.channel, d.kind, d.content_type, d.headers, d.state,
+                   d.last_error, d.payload
+              FROM d ORDER BY d.dequeue_at, d.id;
+        END IF;
         GET DIAGNOSTICS v_got = ROW_COUNT;
         v_want := p_limit - v_got;
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
