@@ -1,0 +1,251 @@
+"""What a call costs the server, counted in instructions: deterministic, so a change of a few
+percent shows on a shared, noisy machine where timings cannot (CPU time per call drifted
++-20% between identical runs here while other work ran).
+
+A throwaway cluster (Debian's PostgreSQL binaries, ``initdb`` into a temporary directory) gets
+one schema per source tree (``--trees name=path/to/src,...``, each migrated by its own
+``lonnymq``) and the floors' bare tables. Each workload then runs in a single-user ``postgres
+--single`` under valgrind's callgrind: one prepared statement, ``EXECUTE``d ``--calls`` times as
+top-level statements (each its own transaction, ``synchronous_commit = on`` with ``fsync = off``:
+hint bits are set and dead index entries killed as on a live server), and again ``--calls /
+4`` times; the difference of the two instruction counts over the difference of the calls is the
+cost of one call, without start-up, set-up and the statement's first (planning) calls. The
+clock is fixed (``p_now``), so no generation rotates during a run.
+
+Workloads (``--workloads``), per message:
+
+* ``pop``: ``take_tx(q, 1)``; floor: the seed queue's ``message_dequeue()`` (DELETE ... WHERE id =
+  (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *, in a PL/pgSQL function);
+* ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
+  (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
+* ``take``: ``take(q, 1)`` alone (its lease; no floor);
+* ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
+* ``send_key``: ``send`` with an idempotency key, as the Python client sends by default.
+
+Instructions are not time: a statement waiting on I/O, a lock or the WAL flush costs none here,
+and an instruction's time varies with caches. Use it to compare the server's work of two trees
+or against the floors; measure throughput with the other benchmarks.
+
+    python benchmarks/server_instructions.py --trees before=../old/src,after=src \\
+        [--workloads pop,drain1,drain100,take,send,send_key] [--calls 400] [--no-floor] [--json out.json]
+
+Needs valgrind and PostgreSQL's server binaries (``--bin``, default Debian's 15); as root it runs
+the server as the ``postgres`` user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+NOW = 1_800_000_000_000  # the fixed clock (epoch ms) of every call
+PORT = 55471
+PAYLOAD = "\\x7b226f72646572223a203132333435362c20226e6f7465223a2022787878787878787878787878227d"
+
+_ACK = "current_setting('b.ids')::bigint[], current_setting('b.toks')::int[]"
+_KEEP = (
+    "set_config('b.ids', coalesce(array_agg(t.id)::text, '{{}}'), false),"
+    " set_config('b.toks', coalesce(array_agg(t.token)::text, '{{}}'), false)"
+)
+_LEASE_FLOOR = (
+    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[])),"
+    " p AS (SELECT lq.id FROM public.lq WHERE lq.vt <= {now} ORDER BY lq.vt, lq.id LIMIT {n}"
+    " FOR UPDATE OF lq SKIP LOCKED),"
+    " u AS (UPDATE public.lq SET vt = {now} + 30000 FROM p WHERE lq.id = p.id RETURNING lq.id, lq.payload)"
+    " SELECT set_config('b.ids', coalesce(array_agg(u.id)::text, '{{}}'), false) FROM u"
+)
+#: workload: (LonnyMQ's statement for schema {s}, the floor's statement or None, messages a call)
+WORKLOADS: dict[str, tuple[str, str | None, int]] = {
+    "pop": ("SELECT * FROM {s}.take_tx('q', 1, p_now => {now})", "SELECT * FROM public.seed_dequeue()", 1),
+    "drain1": (
+        "SELECT " + _KEEP + " FROM {s}.take('q', 1, NULL, " + _ACK + ", p_now => {now}) t",
+        _LEASE_FLOOR.replace("{n}", "1"),
+        1,
+    ),
+    "drain100": (
+        "SELECT " + _KEEP + " FROM {s}.take('q', 100, NULL, " + _ACK + ", p_now => {now}) t",
+        _LEASE_FLOOR.replace("{n}", "100"),
+        100,
+    ),
+    "take": ("SELECT * FROM {s}.take('q', 1, p_now => {now})", None, 1),
+    "send": (
+        "SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea, p_now => {now})",
+        "INSERT INTO public.seedq (payload) VALUES (convert_from('" + PAYLOAD + "'::bytea, 'UTF8')::jsonb)"
+        " RETURNING id",
+        1,
+    ),
+    "send_key": (
+        "SELECT * FROM {s}.send('q', '"
+        + PAYLOAD
+        + "'::bytea, p_send_key => gen_random_uuid(), p_now => {now})",
+        None,
+        1,
+    ),
+}
+_FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jsonb NOT NULL)
+CREATE FUNCTION public.seed_dequeue() RETURNS SETOF public.seedq LANGUAGE plpgsql AS $f$ BEGIN RETURN QUERY DELETE FROM public.seedq WHERE id = (SELECT id FROM public.seedq ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *; END $f$
+CREATE TABLE public.lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL)
+CREATE INDEX lq_vt ON public.lq (vt, id)
+"""
+
+
+class Cluster:
+    """A throwaway cluster in a temporary directory, run as ``postgres`` when we are root."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bin = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="lonnymq-instr-"))
+        self.data = self.dir / "data"
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
+
+    def run(self, args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        return subprocess.run(prefix + args, text=True, **kw)  # type: ignore[call-overload,no-any-return]
+
+    def initdb(self) -> None:
+        self.run(
+            [str(self.bin / "initdb"), "-D", str(self.data), "-U", "root", "--auth=trust"],
+            check=True,
+            capture_output=True,
+        )
+
+    def pg_ctl(self, action: str) -> None:
+        opts = f"-p {PORT} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c autovacuum=off"
+        self.run(
+            [
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-o",
+                opts,
+                "-l",
+                str(self.dir / "log"),
+                "-w",
+                action,
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    def single(self, script: str) -> int:
+        """Instructions callgrind counted for ``script`` in a single-user backend."""
+        out = self.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                str(self.bin / "postgres"),
+                "--single",
+                "-c",
+                "fsync=off",
+                "-D",
+                str(self.data),
+                "bench",
+            ],
+            input=script,
+            capture_output=True,
+        )
+        found = re.search(r"Collected : (\d+)", out.stderr)
+        if out.returncode != 0 or not found or "ERROR:" in out.stdout:
+            raise SystemExit(f"single-user run failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
+        return int(found.group(1))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _script(workload: str, schema: str | None, calls: int, backlog: int) -> str:
+    stmt, floor, _ = WORKLOADS[workload]
+    if schema is None:
+        assert floor is not None
+        head = (
+            "TRUNCATE public.seedq, public.lq\n"
+            f"INSERT INTO public.seedq (payload) SELECT '{{\"i\": 1}}' FROM generate_series(1, {backlog})\n"
+            f"INSERT INTO public.lq (payload) SELECT '{{\"i\": 1}}' FROM generate_series(1, {backlog})\n"
+            "VACUUM ANALYZE public.seedq\nVACUUM ANALYZE public.lq\n"
+        )
+        text = floor
+    else:
+        head = (
+            f"SELECT {schema}.queue_purge('q')\n"
+            f"SELECT count(*) FROM {schema}.send_batch('q', array_fill('{PAYLOAD}'::bytea, ARRAY[{backlog}]),"
+            f" p_now => {NOW - 1000})\nVACUUM ANALYZE {schema}.message\n"
+        )
+        text = stmt.format(s=schema, now=NOW)
+    text = text.replace("{now}", str(NOW)).replace("{{", "{").replace("}}", "}")
+    return (
+        "SET synchronous_commit = on\nSET b.ids = '{}'\nSET b.toks = '{}'\n"
+        + head
+        + f"PREPARE w AS {text}\n"
+        + "EXECUTE w\n" * (20 + calls)  # 20 first calls: the plans are made
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trees", required=True, help="name=path/to/src,... (the first is the reference)")
+    ap.add_argument("--workloads", default="pop,drain1,drain100,take,send,send_key")
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--no-floor", action="store_true")
+    ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    trees = [tuple(t.split("=", 1)) for t in args.trees.split(",")]
+    workloads = args.workloads.split(",")
+    for w in workloads:
+        if w not in WORKLOADS:
+            ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    low, high = max(1, args.calls // 4), args.calls
+    cluster = Cluster(args.bin)
+    results: dict[str, dict[str, float]] = {}
+    try:
+        cluster.initdb()
+        cluster.pg_ctl("start")
+        dsn = f"postgresql://root@127.0.0.1:{PORT}/postgres"
+        subprocess.run([str(args.bin / "psql"), dsn, "-qc", "CREATE DATABASE bench"], check=True)
+        dsn = dsn.rsplit("/", 1)[0] + "/bench"
+        subprocess.run([str(args.bin / "psql"), dsn, "-qc", _FLOOR_DDL.replace("\n", ";\n")], check=True)
+        for name, src in trees:
+            code = (
+                "import sys; from lonnymq import Client\n"
+                "with Client(sys.argv[1], schema=sys.argv[2], pool_size=1) as c:\n"
+                "    c.migrate(); c.create_queue('q')\n"
+            )
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+            subprocess.run([sys.executable, "-c", code, dsn, f"tree_{name}"], env=env, check=True)
+        cluster.pg_ctl("stop")
+        for w in workloads:
+            per = WORKLOADS[w][2]
+            sides: list[tuple[str, str | None]] = [(name, f"tree_{name}") for name, _ in trees]
+            if WORKLOADS[w][1] is not None and not args.no_floor:
+                sides.append(("floor", None))
+            for label, schema in sides:
+                backlog = (high + 40) * per + 500
+                counts = [cluster.single(_script(w, schema, n, backlog)) for n in (low, high)]
+                results.setdefault(w, {})[label] = (counts[1] - counts[0]) / (high - low) / per
+                print(f"{w:9} {label:10} {results[w][label] / 1000:9.1f}k instructions/message", flush=True)
+    finally:
+        with_server = (cluster.data / "postmaster.pid").exists()
+        if with_server:
+            cluster.pg_ctl("stop")
+        cluster.remove()
+    ref = trees[0][0]
+    print(f"\nratios to {ref} (instructions per message; lower is less work):")
+    for w, row in results.items():
+        print(f"  {w:9} " + "  ".join(f"{k} {v / row[ref]:.3f}" for k, v in row.items()))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"calls": args.calls, "trees": dict(trees), "results": results}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()
