@@ -468,8 +468,8 @@ BEGIN
             INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
             SELECT d.queue_id, v_now / 60000, 1 FROM d
         )
-        SELECT count(*) INTO v_acked FROM d;
-        IF v_acked = 0 THEN
+        SELECT d.id INTO v_acked FROM d;  -- (one row at most: no aggregate to start)
+        IF v_acked IS NULL THEN
             PERFORM {schema}.ack(p_queue, p_ack_ids, p_ack_tokens, false, p_now);
         END IF;
     ELSIF p_ack_ids IS NOT NULL THEN
