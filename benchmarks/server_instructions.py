@@ -97,7 +97,9 @@ WORKLOADS: dict[str, tuple[str, str | None, int]] = {
         1,
     ),
     "send_batch100": (
-        "SELECT count(*) FROM {s}.send_batch('q', array_fill('" + PAYLOAD + "'::bytea, ARRAY[100]), p_now => {now})",
+        "SELECT count(*) FROM {s}.send_batch('q', array_fill('"
+        + PAYLOAD
+        + "'::bytea, ARRAY[100]), p_now => {now})",
         "WITH i AS (INSERT INTO public.seedq (payload) SELECT convert_from('"
         + PAYLOAD
         + "'::bytea, 'UTF8')::jsonb FROM generate_series(1, 100) RETURNING id) SELECT count(*) FROM i",

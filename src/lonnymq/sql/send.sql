@@ -44,8 +44,8 @@ CREATE OR REPLACE FUNCTION {schema}.send_batch(
 ) RETURNS TABLE (ord bigint, id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    q         {schema}.queue;
-    v_now     bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
+    q         {schema}.queue := {schema}._queue(p_queue);
+    v_now     bigint := {schema}._now(p_now);
     v_n       integer := coalesce(cardinality(p_payloads), 0);
     v_bad     record;
     v_ids     bigint[];
@@ -64,78 +64,6 @@ DECLARE
     v_sup_keys     text[];
     v_gen          bigint;  -- the generation new and replaced messages go to (generations.sql)
 BEGIN
-    -- The plain batch (no keys, channels or send key; p_now, if any, not ahead of the clock):
-    -- one statement, as send()'s plain one (keep them in step), which looks the queue up,
-    -- checks the messages as below (none is written unless all pass), holds the generation
-    -- and the send lock (_gen_write, _wake, inlined), inserts the messages in input order and
-    -- the call's queue_stat row. Anything it does not write (an unknown queue, a bad message,
-    -- a generation that moved) goes on below, which raises or sends with the same semantics;
-    -- so does a p_now ahead of the clock (_now's role check, and its error before the queue's).
-    IF p_keys IS NULL AND p_channels IS NULL AND p_send_key IS NULL AND v_n > 0
-       AND (p_now IS NULL OR p_now <= v_now + 1000)
-       AND p_on_conflict IN ('ignore', 'replace', 'error')
-       AND (p_kinds IS NULL OR cardinality(p_kinds) = v_n)
-       AND (p_content_types IS NULL OR cardinality(p_content_types) = v_n)
-       AND (p_headers IS NULL OR cardinality(p_headers) = v_n)
-       AND (p_at_ms IS NULL OR cardinality(p_at_ms) = v_n)
-       AND (p_delays_ms IS NULL OR cardinality(p_delays_ms) = v_n)
-       AND (p_priorities IS NULL OR cardinality(p_priorities) = v_n) THEN
-        v_now := coalesce(p_now, v_now);
-        v_gen := pg_sequence_last_value('{schema}.message_gen_seq');  -- _gen_write()'s first read
-        RETURN QUERY
-            WITH ins AS (
-                INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
-                                                  priority, kind, content_type, headers, payload)
-                SELECT x.id, g.gen, t.dequeue_at, t.at, v_now, t.priority, t.kind, t.content_type,
-                       t.headers, t.payload
-                  FROM {schema}.queue x
-                 CROSS JOIN LATERAL (
-                       SELECT v_gen AS gen,
-                              pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
-                                                           (v_gen % 2147483647)::integer)::text AS held,
-                              CASE WHEN current_setting('lonnymq.wake', true) = 'always'
-                                     OR NOT pg_try_advisory_xact_lock_shared(
-                                            hashtext({schema_name} || '/send') & 2147483647, x.id)
-                                   THEN pg_notify({schema_name}, x.name)::text
-                                   WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
-                                   THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
-                                   ELSE pg_notify({schema_name}, x.name)::text END AS woke
-                       OFFSET 0) g
-                 CROSS JOIN LATERAL (
-                       -- OFFSET 0 and the queue's priority step: the messages are joined to the
-                       -- queue's row (and its locks) once, never the locks to each message.
-                       SELECT {schema}._dequeue_at(u.at, u.priority, x.priority_step_ms, v_now) AS dequeue_at,
-                              u.at, u.priority, u.kind, u.content_type, u.headers, u.payload, u.ord
-                         FROM (SELECT coalesce(u.at_ms, v_now + coalesce(u.delay_ms, 0)) AS at,
-                                      coalesce(u.priority, 0) AS priority, u.kind, u.content_type,
-                                      u.headers, u.payload, u.ord
-                                 FROM unnest(p_payloads, p_kinds, p_content_types, p_headers, p_at_ms,
-                                             p_delays_ms, p_priorities)
-                                      WITH ORDINALITY AS u(payload, kind, content_type, headers, at_ms,
-                                                           delay_ms, priority, ord)) u
-                       OFFSET 0) t
-                 WHERE x.name = p_queue
-                   AND NOT EXISTS (SELECT FROM unnest(p_payloads, p_priorities, p_delays_ms, p_headers)
-                                               AS b(payload, priority, delay_ms, headers)
-                                    WHERE b.payload IS NULL OR octet_length(b.payload) > x.max_payload_bytes
-                                       OR b.priority NOT BETWEEN -100 AND 100 OR b.delay_ms < 0
-                                       OR (b.headers IS NOT NULL AND jsonb_typeof(b.headers) <> 'object'))
-                   AND g.held IS NOT NULL AND g.woke IS NOT NULL  -- (always: keeps the calls)
-                   -- Still the current generation now that we hold it (else below).
-                   AND g.gen = pg_sequence_last_value('{schema}.message_gen_seq')
-                 ORDER BY t.ord
-                RETURNING m.id, m.queue_id
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
-                SELECT min(ins.queue_id), v_now / 60000, count(*) FROM ins HAVING count(*) > 0
-            )
-            SELECT row_number() OVER (ORDER BY ins.id), ins.id, 'created'::text FROM ins;
-        IF FOUND THEN
-            RETURN;
-        END IF;
-    END IF;
-    q := {schema}._queue(p_queue);
-    v_now := {schema}._now(p_now);
     IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('ignore', 'replace', 'error') THEN
         PERFORM {schema}._invalid('on_conflict must be ignore, replace or error');
     END IF;
