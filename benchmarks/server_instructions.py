@@ -88,6 +88,35 @@ WORKLOADS: dict[str, tuple[str, str | None, int]] = {
         None,
         1,
     ),
+    # send and send_key on the server's clock (no p_now, as clients call them): a p_now ahead of
+    # the clock (NOW is) costs a call of _now() and its role check on every call.
+    "send_clock": ("SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea)", None, 1),
+    "send_key_clock": (
+        "SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea, p_send_key => gen_random_uuid())",
+        None,
+        1,
+    ),
+    "send_batch100": (
+        "SELECT count(*) FROM {s}.send_batch('q', array_fill('"
+        + PAYLOAD
+        + "'::bytea, ARRAY[100]), p_now => {now})",
+        "WITH i AS (INSERT INTO public.seedq (payload) SELECT convert_from('"
+        + PAYLOAD
+        + "'::bytea, 'UTF8')::jsonb FROM generate_series(1, 100) RETURNING id) SELECT count(*) FROM i",
+        100,
+    ),
+    "send_batch100_clock": (
+        "SELECT count(*) FROM {s}.send_batch('q', array_fill('" + PAYLOAD + "'::bytea, ARRAY[100]))",
+        None,
+        100,
+    ),
+    "send_batch100_key": (
+        "SELECT count(*) FROM {s}.send_batch('q', array_fill('"
+        + PAYLOAD
+        + "'::bytea, ARRAY[100]), p_now => {now}, p_send_key => gen_random_uuid())",
+        None,
+        100,
+    ),
 }
 _FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jsonb NOT NULL)
 CREATE FUNCTION public.seed_dequeue() RETURNS SETOF public.seedq LANGUAGE plpgsql AS $f$ BEGIN RETURN QUERY DELETE FROM public.seedq WHERE id = (SELECT id FROM public.seedq ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *; END $f$

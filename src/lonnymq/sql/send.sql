@@ -336,18 +336,24 @@ $$;
 -- index), takes the writer's hold on the current generation (_gen_write) and the wake-up's
 -- send lock, notifying a waiting consumer (_wake), inserts the message and its queue_stat row
 -- (the one counter of sends). Those two helpers are inlined (a nested plpgsql call costs more
--- than all of their work); keep them in step. With p_send_key a statement of its own does the
--- same and first inserts the key's send_key row (the id comes from the message sequence first,
--- so that the key row can hold it). Two statements, not one that inserts the key when there is
--- one: a statement that names send_key opens and locks it and its two indexes at every
--- executor start-up, key or none (a tenth of a plain send's server CPU, issue 12); keep the
--- two in step. Everything else, and anything those statements do not write (an unknown queue,
--- a payload over the queue's limit: errors; a key already recorded: a repeat; a generation
--- that moved while we took it: rare) goes through send_batch, which raises, replays or sends
--- with the same semantics. Paused queues accept sends; an UNLOGGED queue's message goes to
--- message_unlogged like any other.
--- Pinned plans, as take's: enable_seqscan = off (a plan made while the queue table was tiny
--- would scan it; tests/sql/test_plans.py), jit = off.
+-- than all of their work); keep them in step. The generation is read before the statement
+-- (pg_sequence_last_value: message_gen_seq is never reset to uncalled, and a NULL only takes
+-- send_batch's path) and re-read in it once held, as _gen_write does; reading it with
+-- function calls rather than scans of the sequence keeps sequential scans, and their
+-- disable_cost under enable_seqscan = off, out of the plans (benchmarks/server_instructions.py:
+-- every plan node costs its start-up at every call). With p_send_key a statement of its own
+-- does the same and first inserts the key's send_key row (the id comes from the message
+-- sequence first, so that the key row can hold it). Two statements, not one that inserts the
+-- key when there is one: a statement that names send_key opens and locks it and its two
+-- indexes at every executor start-up, key or none (a tenth of a plain send's server CPU, issue
+-- 12); keep the two in step (tests/sql/test_send_lean.py compares them). Everything else, and
+-- anything those statements do not write (an unknown queue, a payload over the queue's limit:
+-- errors; a key already recorded: a repeat; a generation that moved while we took it: rare)
+-- goes through send_batch, which raises, replays or sends with the same semantics. Paused
+-- queues accept sends; an UNLOGGED queue's message goes to message_unlogged like any other.
+-- Pinned plans: enable_seqscan = off (a plan made while the queue table was tiny would scan
+-- it; tests/sql/test_plans.py). No jit = off: with no sequential scan (tested), no plan here
+-- costs anywhere near jit_above_cost.
 CREATE OR REPLACE FUNCTION {schema}.send(
     p_queue        text,
     p_payload      bytea,
@@ -364,11 +370,12 @@ CREATE OR REPLACE FUNCTION {schema}.send(
     p_now          bigint   DEFAULT NULL
 ) RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off SET jit = off AS $$
+SET enable_seqscan = off AS $$
 DECLARE
     v_now  bigint;
     v_at   bigint;
     v_prio integer := coalesce(p_priority, 0);
+    v_gen  bigint;
 BEGIN
     IF p_now IS NULL THEN
         v_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
@@ -382,19 +389,27 @@ BEGIN
        AND (p_headers IS NULL OR jsonb_typeof(p_headers) = 'object')
        AND p_on_conflict IN ('ignore', 'replace', 'error') THEN
         v_at := coalesce(p_at_ms, v_now + coalesce(p_delay_ms, 0));
+        v_gen := pg_sequence_last_value('{schema}.message_gen_seq');  -- _gen_write()'s first read
         IF p_send_key IS NULL THEN
+            -- One INSERT ... SELECT from the queue's row: no CTE for the queue (a CTE scan and
+            -- its materialisation), no explicit id (nextval() in the SELECT list would keep it
+            -- a subquery scan of its own: the identity default takes the same sequence).
             RETURN QUERY
-                WITH q AS (
-                    SELECT x.id, x.priority_step_ms, g.gen
+                WITH ins AS (
+                    INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                                      priority, kind, content_type, headers, payload)
+                    SELECT x.id, g.gen,
+                           {schema}._dequeue_at(v_at, v_prio, x.priority_step_ms, v_now), v_at, v_now, v_prio,
+                           p_kind, p_content_type, p_headers, p_payload
                       FROM {schema}.queue x
                      CROSS JOIN LATERAL (
-                           -- _gen_write(): hold the current generation, shared, until commit; a
-                           -- rotation between reading and holding it is caught below. _wake(): the
-                           -- send lock (shared, until commit), then notify if a consumer waits.
-                           -- OFFSET 0: evaluated once per queue row, before the checks below.
-                           SELECT s.last_value AS gen,
+                           -- _gen_write(): hold generation v_gen, shared, until commit; a rotation
+                           -- since v_gen was read is caught below. _wake(): the send lock (shared,
+                           -- until commit), then notify if a consumer waits. OFFSET 0: evaluated
+                           -- once per queue row, before the checks below.
+                           SELECT v_gen AS gen,
                                   pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
-                                                               (s.last_value % 2147483647)::integer)::text AS held,
+                                                               (v_gen % 2147483647)::integer)::text AS held,
                                   CASE WHEN current_setting('lonnymq.wake', true) = 'always'
                                          OR NOT pg_try_advisory_xact_lock_shared(
                                                 hashtext({schema_name} || '/send') & 2147483647, x.id)
@@ -402,20 +417,11 @@ BEGIN
                                        WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
                                        THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
                                        ELSE pg_notify({schema_name}, x.name)::text END AS woke
-                             FROM {schema}.message_gen_seq s
                            OFFSET 0) g
                      WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
                        AND g.held IS NOT NULL AND g.woke IS NOT NULL  -- (always: keeps the calls)
                        -- Still the current generation now that we hold it (else send_batch).
-                       AND g.gen = (SELECT s.last_value FROM {schema}.message_gen_seq s
-                                     WHERE s.last_value >= g.gen)
-                ), ins AS (
-                    INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
-                                                      priority, kind, content_type, headers, payload)
-                    SELECT q.id, nextval('{schema}.message_id_seq'), q.gen,
-                           {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at, v_now, v_prio,
-                           p_kind, p_content_type, p_headers, p_payload
-                      FROM q
+                       AND g.gen = pg_sequence_last_value('{schema}.message_gen_seq')
                     RETURNING m.id, m.queue_id
                 ), st AS (
                     INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
@@ -423,18 +429,22 @@ BEGIN
                 )
                 SELECT ins.id, 'created'::text FROM ins;
         ELSE
-            -- The same statement (keep them in step), the key's send_key row first: it takes
-            -- the message's id from the sequence, so that the key row can hold it; a key the
-            -- queue has recorded (or that a running call holds: the insert waits for it)
-            -- inserts nothing.
+            -- The same (keep them in step), the key's send_key row first: the message's id
+            -- comes from the sequence first (in q, which both inserts read), so that the key
+            -- row can hold it; a key the queue has recorded (or that a running call holds: the
+            -- insert waits for it) inserts nothing.
             RETURN QUERY
                 WITH q AS (
-                    SELECT x.id, x.priority_step_ms, g.gen
+                    SELECT x.id, x.priority_step_ms, g.gen, nextval('{schema}.message_id_seq') AS mid
                       FROM {schema}.queue x
                      CROSS JOIN LATERAL (
-                           SELECT s.last_value AS gen,
+                           -- _gen_write(): hold generation v_gen, shared, until commit; a rotation
+                           -- since v_gen was read is caught below. _wake(): the send lock (shared,
+                           -- until commit), then notify if a consumer waits. OFFSET 0: evaluated
+                           -- once per queue row, before the checks below.
+                           SELECT v_gen AS gen,
                                   pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
-                                                               (s.last_value % 2147483647)::integer)::text AS held,
+                                                               (v_gen % 2147483647)::integer)::text AS held,
                                   CASE WHEN current_setting('lonnymq.wake', true) = 'always'
                                          OR NOT pg_try_advisory_xact_lock_shared(
                                                 hashtext({schema_name} || '/send') & 2147483647, x.id)
@@ -442,21 +452,20 @@ BEGIN
                                        WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
                                        THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
                                        ELSE pg_notify({schema_name}, x.name)::text END AS woke
-                             FROM {schema}.message_gen_seq s
                            OFFSET 0) g
                      WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
-                       AND g.held IS NOT NULL AND g.woke IS NOT NULL
-                       AND g.gen = (SELECT s.last_value FROM {schema}.message_gen_seq s
-                                     WHERE s.last_value >= g.gen)
+                       AND g.held IS NOT NULL AND g.woke IS NOT NULL  -- (always: keeps the calls)
+                       -- Still the current generation now that we hold it (else send_batch).
+                       AND g.gen = pg_sequence_last_value('{schema}.message_gen_seq')
                 ), k AS (
                     INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
-                    SELECT q.id, p_send_key, v_now, ARRAY[nextval('{schema}.message_id_seq')] FROM q
+                    SELECT q.id, p_send_key, v_now, ARRAY[q.mid] FROM q
                     ON CONFLICT (queue_id, key) DO NOTHING
-                    RETURNING k.queue_id, k.ids[1] AS id
+                    RETURNING k.queue_id
                 ), ins AS (
                     INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
                                                       priority, kind, content_type, headers, payload)
-                    SELECT q.id, k.id, q.gen,
+                    SELECT q.id, q.mid, q.gen,
                            {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at, v_now, v_prio,
                            p_kind, p_content_type, p_headers, p_payload
                       FROM q JOIN k ON k.queue_id = q.id
