@@ -3,9 +3,11 @@ inside the caller's transaction and exact FIFO order."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from core_helpers import CountingConnection, Sql, as_message
@@ -71,6 +73,28 @@ def test_ack_deletes(client: Client, q: str, db: Sql) -> None:
     assert client.ack(ms[0]) == {ms[0].id}
     assert client.ack(ms[1:]) == {ms[1].id, ms[2].id}
     assert db.count(q) == 0 and db.archive(q) == []
+
+
+def test_ack_of_one_delivery_with_ids_beyond_int4(
+    client: Client, q: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """One delivery is acked with scalar parameters (the client's one-delivery statement): ids
+    past 2**31 and a stale token go through as they do in arrays."""
+    conn.execute(
+        psycopg.sql.SQL("SELECT setval({}, 5000000000)").format(
+            psycopg.sql.Literal(f"{schema}.message_id_seq")
+        )
+    )
+    conn.commit()
+    client.send_batch(q, [b"a", b"b"])
+    [a] = client.take(q, 1)
+    assert a.id > 2**32
+    assert client.ack([a]) == {a.id}
+    assert client.ack([a]) == {a.id}  # a repeat: acknowledged already
+    [b] = client.take(q, 1)
+    stale = dataclasses.replace(b, token=b.token + 1)
+    assert client.ack([stale]) == set()
+    assert client.ack(b) == {b.id}
 
 
 def test_ack_archives_on_an_archive_queue_or_when_asked(client: Client, db: Sql) -> None:
