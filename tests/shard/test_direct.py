@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from shard_helpers import Traffic, drain, home, map_version
 
-from lonnymq import AsyncClient, Client, errors, shard
+from lonnymq import AsyncClient, Client, Message, errors, shard
 from lonnymq.client.direct import DIRECT, ShardMap
 from lonnymq.client.ops import Op, Ops
 
@@ -188,6 +188,17 @@ def test_what_goes_direct_and_how_a_shard_is_logged_into() -> None:
     assert m.queue_of(ops.send_batch("orders", ["x"])) == "orders"
     for op in (ops.queue_create("orders"), ops.queue_drop("orders"), ops.take_tx("orders"), ops.queue_list()):
         assert m.queue_of(op) is None  # through the router
+    # One delivery's ack and take(ack=) send scalars; routed as the array statements they are.
+    one = Message("orders", 1025, 2, 1, None, 0, 0, 0, None, None, None, None, None, None, None, b"")
+    ack = m.canonical(ops.ack([one]))
+    assert (
+        ack.query is ops.st.ack
+        and ack.params == ("orders", [1025], [2], None)
+        and m.queue_of(ack) == "orders"
+    )
+    take = m.canonical(ops.take("orders", 1, ack=[one]))
+    assert take.query is ops.st.take and take.params[3:] == ([1025], [2]) and m.queue_of(take) == "orders"
+    assert m.canonical(ops.ack([one, one])).query is ops.st.ack  # already arrays
     m.load(3, ["host=h1 port=6000 dbname=d1 connect_timeout=5", "host=h2 port=6001 dbname=d2"])
     got = conninfo_to_dict(m.conninfo(1, "postgresql://app:s3cret@router:5432/r?sslmode=require"))
     assert got == {

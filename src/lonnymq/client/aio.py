@@ -241,8 +241,10 @@ class AsyncClient:
         ):
             # Deliveries of several shards (a partitioned queue's): a call on each.
             return settle_merge([await self.run(part, conn, retry=retry) for part in parts])
-        if conn is None and self._map is not None and (queue := self._map.queue_of(op)) is not None:
-            return await self._run_direct(op, queue, retry)
+        if conn is None and self._map is not None:
+            op = self._map.canonical(op)
+            if (queue := self._map.queue_of(op)) is not None:
+                return await self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
             async with self.connection(conn) as c:
                 if op.caller_tx or _in_transaction(c):

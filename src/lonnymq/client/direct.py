@@ -254,6 +254,8 @@ class ShardMap:
         self._names = {id(getattr(st, name)): name for name in DIRECT}
         self._direct = frozenset(self._names)
         self._ack_query = st.ack
+        # The one-delivery statements (scalars) and the array statements they stand for.
+        self._scalar = {id(st.ack_one): st.ack, id(st.take_ack_one): st.take}
         self._send_turn = itertools.count()
         self._take_turn = itertools.count()
         self._down: dict[int, float] = {}  # shard -> monotonic time until which it is skipped
@@ -263,6 +265,17 @@ class ShardMap:
         self._route_query = sql.SQL("SELECT * FROM {}._route_of(%s::text)").format(s)
 
     # -- what goes where ---------------------------------------------------------------------
+
+    def canonical(self, op: Op[T]) -> Op[T]:
+        """``op`` with a one-delivery statement's scalars (``ack_one``, ``take_ack_one``) turned
+        into the arrays of the statement it stands for, the one the routing below knows."""
+        query = self._scalar.get(id(op.query))
+        if query is None:
+            return op
+        p = op.params
+        if query is self._ack_query:  # (queue, id, token, archive)
+            return replace(op, query=query, params=(p[0], [p[1]], [p[2]], p[3]))
+        return replace(op, query=query, params=(p[0], p[1], p[2], [p[3]], [p[4]]))  # take
 
     def queue_of(self, op: Op[Any]) -> str | None:
         """The queue whose shard runs ``op`` directly, or None: through the router."""

@@ -368,6 +368,10 @@ class Statements:
             " %s::bigint, %s::bigint, %s::int2, %s::text, %s::text, %s::text, %s::uuid)"
         )
         self.take = q("SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])")
+        # A drain's take(ack=previous) of one delivery: scalars, as ack_one.
+        self.take_ack_one = q(
+            "SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, ARRAY[%b::bigint], ARRAY[%b::int])"
+        )
         self.take_tx = q("SELECT * FROM {s}.take_tx(%s::text, %s::int, %s::bool)")
         # Is this schema a shard router (lonnymq.shard)? Its comment says so.
         self.is_router = sql.SQL(
@@ -753,9 +757,13 @@ class Ops:
         check_queue(queue)
         check_limit(n)
         ids, tokens = message_pairs(queue, ack)
-        params = (queue, n, to_ms(lease, "lease", positive=True), ids or None, tokens or None)
+        lease_ms = to_ms(lease, "lease", positive=True)
         # A take that ran but whose answer was lost leaves its messages leased until the lease
         # ends, and the acks riding on it are fenced by token: repeating it is harmless.
+        if len(ids) == 1:
+            params: tuple[Any, ...] = (queue, n, lease_ms, ids[0], tokens[0])
+            return Op(self.st.take_ack_one, params, _messages(queue, self.serializer), safe_to_retry=True)
+        params = (queue, n, lease_ms, ids or None, tokens or None)
         return Op(self.st.take, params, _messages(queue, self.serializer), safe_to_retry=True)
 
     def take_tx(self, queue: str, n: int = 1, *, archive: bool | None = None) -> Op[list[Message]]:

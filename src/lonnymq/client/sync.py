@@ -236,8 +236,10 @@ class Client:
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
         if (parts := settle_split(op)) is not None and (self._map is not None or self.is_router(conn=conn)):
             return settle_merge([self.run(part, conn, retry=retry) for part in parts])
-        if conn is None and self._map is not None and ((queue := self._map.queue_of(op)) is not None):
-            return self._run_direct(op, queue, retry)
+        if conn is None and self._map is not None:
+            op = self._map.canonical(op)
+            if (queue := self._map.queue_of(op)) is not None:
+                return self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
             with self.connection(conn) as c:
                 if op.caller_tx or _in_transaction(c):
