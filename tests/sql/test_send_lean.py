@@ -473,23 +473,22 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         "v_held_ats": "$8",
         "v_held_ok": "$9",
     }
-    stmt = _statement(
-        "take_tx", r"RETURN QUERY\s+(WITH d AS \(\s+DELETE .*?ORDER BY d\.dequeue_at, d\.id);", names, schema
-    )
-    plan = _generic_plan(
-        conn,
-        f"PREPARE lean_pop(integer, bigint, bigint, integer, integer, tid[], bigint[], bigint[], boolean[]) AS {stmt}",
-        f"lean_pop({qid}, {gen}, {_now(conn, s)}, 10, 5, '{{}}', '{{}}', '{{}}', '{{}}')",
-    )
-    nodes = _assert_changed_by_ctid(plan)
-    # Nothing read from the primary key.
-    assert not [x for x in nodes if "_pkey" in x.get("Index Name", "")], plan
-    # The one-message DELETE (no frozen generation): the same, one row by ctid.
-    one = _statement("take_tx", r"RETURN QUERY\s+(DELETE FROM .*?m\.last_error, m\.payload);", names, schema)
-    plan = _generic_plan(
-        conn,
-        f"PREPARE lean_pop_one(integer, bigint, bigint, integer, integer) AS {one}",
-        f"lean_pop_one({qid}, {gen}, {_now(conn, s)}, 1, 5)",
-    )
-    nodes = _assert_changed_by_ctid(plan)
-    assert not [x for x in nodes if "_pkey" in x.get("Index Name", "")], plan
+    now = _now(conn, s)
+    # The general DELETE, and the one-message DELETE (no frozen generation): rows by ctid.
+    general = r"RETURN QUERY\s+(WITH d AS \(\s+DELETE .*?ORDER BY d\.dequeue_at, d\.id);"
+    one = r"RETURN QUERY\s+(DELETE FROM .*?m\.last_error, m\.payload);"
+    cases = [
+        (
+            "lean_pop",
+            general,
+            "integer, bigint, bigint, integer, integer, tid[], bigint[], bigint[], boolean[]",
+            f"{qid}, {gen}, {now}, 10, 5, '{{}}', '{{}}', '{{}}', '{{}}'",
+        ),
+        ("lean_pop_one", one, "integer, bigint, bigint, integer, integer", f"{qid}, {gen}, {now}, 1, 5"),
+    ]
+    for name, pattern, types, args in cases:
+        stmt = _statement("take_tx", pattern, names, schema)
+        plan = _generic_plan(conn, f"PREPARE {name}({types}) AS {stmt}", f"{name}({args})")
+        nodes = _assert_changed_by_ctid(plan)
+        # Nothing read from the primary key.
+        assert not [x for x in nodes if "_pkey" in x.get("Index Name", "")], plan
