@@ -509,7 +509,7 @@ BEGIN
         END LOOP;
         IF v_held IS NULL THEN
             -- No frozen row (no backlog in the queue's frozen generations): the statement
-            -- below without its array, union and sort (a tenth of the take's instructions,
+            -- below without its array, union and sort (7 % of take(1)'s instructions,
             -- benchmarks/server_instructions.py).
             RETURN QUERY
             UPDATE {schema}.message m
