@@ -83,6 +83,12 @@ class MigrationError(LonnyMQError):
     """The installed schema is newer than this package or a migration failed."""
 
 
+class MigrationBlocked(MigrationError):
+    """Migrate gave up: a lock it needs stayed held (by a long transaction, named in the message)
+    for longer than its lock_timeout at every attempt. Nothing was changed; run it again once
+    that transaction has ended."""
+
+
 class EmbeddedServerError(LonnyMQError):
     """The embedded PostgreSQL server could not be started or stopped."""
 

@@ -12,8 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
+from core_helpers import drop_schema, fresh_schema_name
 from lonnymq import Client
 
 _NOT_CONFIG = ("LONNYMQ_DSN", "DATABASE_URL", "LONNYMQ_CONNECT_TIMEOUT")
@@ -129,6 +132,26 @@ def test_unknown_queue(tmp_path: Path, db: list[str]) -> None:
     for command in (["peek", "nope"], ["send", "nope", "x"], ["queue", "purge", "nope", "--yes"]):
         line = one_line_failure(run(tmp_path, *command, *db))
         assert "nope" in line and "does not exist" in line
+
+
+def test_migrate_blocked_by_a_long_transaction_says_who(tmp_path: Path, dsn: str) -> None:
+    """Migration 0018 alters `settled`, which every ack writes: while a forgotten transaction
+    holds the table, migrate gives way (lock_timeout) and at last names the session; once it
+    has ended, migrate applies it."""
+    schema = fresh_schema_name()
+    try:
+        with Client(dsn, schema=schema, pool_size=1) as c:
+            c.migrate(target=17)
+        with psycopg.connect(dsn) as holder:
+            holder.execute(sql.SQL("SELECT count(*) FROM {}.settled").format(sql.Identifier(schema)))
+            args = ("migrate", "--dsn", dsn, "--schema", schema, "--lock-timeout", "0.1", "--attempts", "2")
+            line = one_line_failure(run(tmp_path, *args))
+            assert f"pid {holder.info.backend_pid} (idle in transaction" in line, line
+            assert "gave up after 2 attempt(s)" in line and "nothing was changed" in line
+        proc = run(tmp_path, *args)
+        assert proc.returncode == 0 and "applied migrations [18" in proc.stdout, proc.stderr
+    finally:
+        drop_schema(dsn, schema)
 
 
 # -- send ------------------------------------------------------------------------------------------

@@ -507,3 +507,93 @@ def test_0006_moves_every_message_of_a_populated_database(dsn: str, new_schema: 
         new_id = client.send("fast", b"new", conn=conn).id
         assert new_id is not None and new_id > top
         assert client.metrics("fast", conn=conn).ready >= 1
+
+
+def _with_a_migration_locking_the_queue_table(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The next release has a migration that needs the strongest lock on a table every send and
+    take reads (as ALTER TABLE does); returns its version."""
+    version = latest_version() + 1
+    shipped = all_migrations()
+    extra = migrations.Migration(version, "lock_test", "LOCK TABLE {schema}.queue IN ACCESS EXCLUSIVE MODE;")
+    monkeypatch.setattr(migrations, "all_migrations", lambda: (*shipped, extra))
+    return version
+
+
+def _forgotten_begin(dsn: str, schema: str) -> psycopg.Connection:
+    """A session left idle in a transaction that has read the queue table (a forgotten BEGIN in
+    psql): it holds the table's weakest lock until it ends."""
+    holder = psycopg.connect(dsn)
+    holder.execute(sql.SQL("SELECT count(*) FROM {}.queue").format(sql.Identifier(schema)))
+    return holder
+
+
+def applied_versions(schema: str) -> sql.Composed:
+    return sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema))
+
+
+def test_migrate_gives_way_to_a_long_transaction_while_the_queue_runs(
+    dsn: str, new_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration that needs a strong lock while a forgotten transaction holds the table: it
+    never makes the queue's traffic wait behind it for longer than its lock_timeout, keeps
+    trying, and is applied once the transaction ends. Without the timeout every take would
+    wait for the forgotten transaction (the takes below fail on their statement_timeout)."""
+    with Client(dsn, schema=new_schema, pool_size=2) as c:
+        c.migrate()
+        c.create_queue("q")
+        c.send_batch("q", list(range(200)))
+        version = _with_a_migration_locking_the_queue_table(monkeypatch)
+        holder = _forgotten_begin(dsn, new_schema)
+        result: list[list[int] | BaseException] = []
+
+        def migrate() -> None:
+            try:
+                with Client(dsn, schema=new_schema, pool_size=1) as m:
+                    result.append(m.migrate(lock_timeout=0.2, attempts=1000, retry_delay=0.05))
+            except BaseException as e:  # reported below
+                result.append(e)
+
+        t = threading.Thread(target=migrate)
+        t.start()
+        try:
+            taken, slowest = 0, 0.0
+            with psycopg.connect(dsn, options="-c statement_timeout=5s") as tconn:
+                end = time.monotonic() + 3
+                while time.monotonic() < end:
+                    start = time.monotonic()
+                    ds = c.take("q", 1, conn=tconn)
+                    c.ack(ds, conn=tconn)
+                    tconn.commit()
+                    slowest = max(slowest, time.monotonic() - start)
+                    taken += len(ds)
+            assert taken >= 10 and slowest < 2, (taken, slowest)
+            assert t.is_alive() and result == [], result  # still trying, nothing applied
+            applied = {r[0] for r in holder.execute(applied_versions(new_schema)).fetchall()}
+            assert version not in applied
+        finally:
+            holder.rollback()
+            holder.close()
+            t.join(30)
+        assert result == [[version]]
+
+
+def test_migrate_gives_up_with_the_blocking_session_named(
+    dsn: str, new_schema: str, monkeypatch: pytest.MonkeyPatch, conn: psycopg.Connection
+) -> None:
+    with Client(dsn, schema=new_schema, pool_size=1) as c:
+        c.migrate()
+        version = _with_a_migration_locking_the_queue_table(monkeypatch)
+        holder = _forgotten_begin(dsn, new_schema)
+        try:
+            with pytest.raises(errors.MigrationBlocked) as raised:
+                c.migrate(lock_timeout=0.1, attempts=3, retry_delay=0.05)
+            message = str(raised.value)
+            assert f"pid {holder.info.backend_pid} (idle in transaction" in message, message
+            assert "after 3 attempt(s)" in message and "0.1 s" in message
+            assert isinstance(raised.value, errors.MigrationError)
+            assert version not in {r[0] for r in conn.execute(applied_versions(new_schema)).fetchall()}
+        finally:
+            holder.close()
+        assert c.migrate() == [version]
+        with pytest.raises(errors.InvalidArgument):
+            c.migrate(attempts=0)

@@ -29,6 +29,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="also (re)install the pgmq facade: a pgmq schema with pgmq's SQL API over these queues (docs/pgmq.md)",
     )
     p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=migrations.MIGRATE_LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="wait at most this long for a lock, then roll back and try again, so that the queues"
+        f" never wait behind migrate waiting behind a long transaction (default {migrations.MIGRATE_LOCK_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--attempts",
+        type=int,
+        default=migrations.MIGRATE_ATTEMPTS,
+        help=f"attempts, {migrations.MIGRATE_RETRY_DELAY:g} s apart, before giving up (default {migrations.MIGRATE_ATTEMPTS})",
+    )
+    p.add_argument(
         "--uninstall-pgmq",
         action="store_true",
         help="drop the pgmq facade (the pgmq schema) and nothing else",
@@ -54,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     with _util.client(args) as c:
-        applied = c.migrate(target=args.target, pgmq=args.pgmq)
+        applied = c.migrate(
+            target=args.target, pgmq=args.pgmq, lock_timeout=args.lock_timeout, attempts=args.attempts
+        )
     if applied:
         text = f"applied migrations {applied} to schema {name!r}"
     else:

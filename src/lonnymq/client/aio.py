@@ -23,10 +23,15 @@ from psycopg_pool import AsyncConnectionPool
 from .. import errors
 from ..migrations import (
     DEFAULT_SCHEMA,
+    MIGRATE_ATTEMPTS,
+    MIGRATE_LOCK_TIMEOUT,
+    MIGRATE_RETRY_DELAY,
     applied_query,
+    blockers_query,
     bootstrap_query,
     check_schema,
     lock_query,
+    lock_timeout_query,
     recorded_query,
     upgrade,
 )
@@ -481,7 +486,14 @@ class AsyncClient:
     # -- schema ----------------------------------------------------------------------------
 
     async def migrate(
-        self, *, target: int | None = None, pgmq: bool = False, conn: AsyncConnection[Any] | None = None
+        self,
+        *,
+        target: int | None = None,
+        pgmq: bool = False,
+        lock_timeout: float = MIGRATE_LOCK_TIMEOUT,
+        attempts: int = MIGRATE_ATTEMPTS,
+        retry_delay: float = MIGRATE_RETRY_DELAY,
+        conn: AsyncConnection[Any] | None = None,
     ) -> list[int]:
         """Apply the versioned migrations this package ships that the schema lacks (to
         ``target``), then, at the latest version, every function file (``lonnymq/sql/``) whose
@@ -489,12 +501,43 @@ class AsyncClient:
         the versions applied by this call. ``pgmq=True`` also (re)installs the pgmq facade, a
         ``pgmq`` schema with pgmq's SQL API over this schema's queues (docs/pgmq.md), in the same
         transaction; it refuses (psycopg error, SQLSTATE 55000) when the pgmq extension or
-        another ``pgmq`` schema exists."""
+        another ``pgmq`` schema exists.
+
+        Safe while the queues are in use: every lock is waited for at most ``lock_timeout``
+        seconds (a migration that alters a table needs its strongest lock, and while it waited
+        behind a long transaction holding that table, every send and take would queue behind
+        it); then the transaction is rolled back and tried again, ``retry_delay`` seconds later,
+        up to ``attempts`` times in all, after which :class:`~lonnymq.errors.MigrationBlocked`
+        names the transactions holding the schema's tables. Concurrent migrators still wait for
+        one another (their advisory lock is taken first, without the timeout)."""
+        if attempts < 1 or not lock_timeout > 0 or retry_delay < 0:
+            raise errors.InvalidArgument("attempts must be >= 1, lock_timeout > 0 and retry_delay >= 0")
+        attempt = 1
+        while True:
+            try:
+                return await self._migrate_once(target, pgmq, lock_timeout, conn)
+            except psycopg.errors.LockNotAvailable as e:
+                if attempt >= attempts:
+                    raise errors.MigrationBlocked(
+                        f"migrate of schema {self.schema!r} gave up after {attempts} attempt(s):"
+                        f" a lock stayed held longer than lock_timeout ({lock_timeout:g} s)"
+                        f"{await self._lock_holders(lock_timeout, conn)}; nothing was changed:"
+                        " end the transaction holding it and migrate again"
+                    ) from e
+            attempt += 1
+            await asleep(retry_delay)
+
+    async def _migrate_once(
+        self, target: int | None, pgmq: bool, lock_timeout: float, conn: AsyncConnection[Any] | None
+    ) -> list[int]:
         s = self.schema
         async with self.connection(conn) as c, c.transaction():
             await c.execute(lock_query(s))
-            await c.execute(bootstrap_query(s))
             cur = c.cursor(row_factory=dict_row)
+            await cur.execute("SELECT current_setting('lock_timeout') AS was")
+            was = await cur.fetchone()
+            await c.execute(lock_timeout_query(lock_timeout))
+            await c.execute(bootstrap_query(s))
             await cur.execute(applied_query(s))
             applied = {r["version"] for r in await cur.fetchall()}
             await cur.execute(recorded_query(s))
@@ -507,7 +550,22 @@ class AsyncClient:
                 installed = await cur.fetchone()
                 if versions or installed is None or installed["obj_description"] != pgmq_facade.marker(s):
                     await c.execute(pgmq_facade.install_query(s))
+            # A caller's transaction goes on with its own setting.
+            await c.execute("SELECT set_config('lock_timeout', %s, true)", (was["was"] if was else "0",))
         return versions
+
+    async def _lock_holders(self, lock_timeout: float, conn: AsyncConnection[Any] | None) -> str:
+        """': pid 12 (idle in transaction for 40 s: SELECT ...), ...', the sessions holding the
+        schema's tables for longer than ``lock_timeout``, or '' (none found, or no permission)."""
+        try:
+            async with self.connection(conn) as c, c.transaction():
+                cur = await c.execute(blockers_query(self.schema), (f"{lock_timeout} seconds",))
+                rows = await cur.fetchall()
+        except psycopg.Error:
+            return ""
+        return (
+            ": " + ", ".join(f"pid {p} ({st} for {secs} s: {q})" for p, st, secs, q in rows) if rows else ""
+        )
 
     async def uninstall_pgmq(self, *, conn: AsyncConnection[Any] | None = None) -> None:
         """Drop the pgmq facade (the ``pgmq`` schema) if installed over this schema. LonnyMQ's

@@ -76,6 +76,37 @@ def lock_query(schema: str) -> sql.Composed:
     )
 
 
+#: How long migrate waits for a lock (seconds) before it gives way and tries again: a migration
+#: that alters a table needs its strongest lock, and while it waits for a long transaction that
+#: holds the table (a forgotten ``BEGIN``, a Spark read, ``pg_dump``), every take and send of the
+#: queue would wait behind it.
+MIGRATE_LOCK_TIMEOUT = 1.0
+#: Attempts migrate makes, :data:`MIGRATE_RETRY_DELAY` seconds apart, before raising MigrationBlocked.
+MIGRATE_ATTEMPTS = 10
+MIGRATE_RETRY_DELAY = 1.0
+
+
+def lock_timeout_query(seconds: float) -> sql.Composed:
+    """Sets lock_timeout for the rest of the migrating transaction (taken after :func:`lock_query`,
+    so that migrators still queue behind one another)."""
+    return sql.SQL("SET LOCAL lock_timeout = {};").format(sql.Literal(f"{max(1, round(seconds * 1000))}ms"))
+
+
+def blockers_query(schema: str) -> sql.Composed:
+    """The sessions, oldest transaction first, that hold a lock on one of ``schema``'s relations
+    and whose transaction is older than this one's lock_timeout: (pid, state, seconds in the
+    transaction, the start of their last statement)."""
+    return sql.SQL(
+        "SELECT a.pid, a.state, round(extract(epoch FROM clock_timestamp() - a.xact_start))::bigint,"
+        "       left(regexp_replace(a.query, '\\s+', ' ', 'g'), 60)"
+        "  FROM pg_stat_activity a"
+        " WHERE a.pid <> pg_backend_pid() AND a.xact_start < clock_timestamp() - %s::interval"
+        "   AND EXISTS (SELECT FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+        "                WHERE l.pid = a.pid AND l.granted AND c.relnamespace = {}::regnamespace)"
+        " ORDER BY a.xact_start LIMIT 3"
+    ).format(sql.Literal(schema))
+
+
 def bootstrap_query(schema: str) -> sql.Composed:
     return sql.SQL(
         "CREATE SCHEMA IF NOT EXISTS {schema};\n"
@@ -175,9 +206,11 @@ def privileges_query(schema: str) -> sql.Composed:
 
 def script(schema: str = DEFAULT_SCHEMA, target: int | None = None) -> str:
     """The whole install as one SQL script (versioned migrations, function files, the rows that
-    record them), for users who run migrations with their own tool."""
+    record them), for users who run migrations with their own tool. A strong lock is waited for
+    at most :data:`MIGRATE_LOCK_TIMEOUT` seconds (then the script fails with SQLSTATE 55P03, having
+    changed nothing: run it again)."""
     check_schema(schema)
-    parts = ["BEGIN;", lock_query(schema).as_string()]
+    parts = ["BEGIN;", lock_query(schema).as_string(), lock_timeout_query(MIGRATE_LOCK_TIMEOUT).as_string()]
     parts.append(bootstrap_query(schema).as_string())
     for step in upgrade(schema, set(), {}, target)[1]:
         if step.label:
