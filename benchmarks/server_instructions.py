@@ -45,7 +45,9 @@ set-up of a facade run moves the start of LonnyMQ's current generation an hour a
 rotates generations during the run (a rotation every 2 s, amortised over a live server's
 thousands of calls, would land every few dozen calls under callgrind). Each run's set-up
 empties the queue (pgmq: ``TRUNCATE``; the facade: ``queue_purge`` and ``VACUUM FULL``), so a
-run does not clean up after the previous one.
+run does not clean up after the previous one. With ``--commits`` each statement's commit is
+counted too (``CommitTransactionCommand``: the commit record, the WAL written, with fsync off
+the write but not the disk): pgmq and LonnyMQ do not write the same WAL for the same message.
 
 Instructions are not time: a statement waiting on I/O, a lock or the WAL flush costs none here,
 and an instruction's time varies with caches. Use it to compare the server's work of two trees
@@ -54,7 +56,7 @@ or against the floors; measure throughput with the other benchmarks.
     python benchmarks/server_instructions.py --trees before=../old/src,after=src \\
         [--workloads pop,drain1,drain100,take,send,send_key] [--calls 400] [--no-floor] [--json out.json]
     python benchmarks/server_instructions.py --trees facade=src \\
-        --workloads pgmq_send,pgmq_read_delete,pgmq_pop,pgmq_send_batch100
+        --workloads pgmq_send,pgmq_read_delete,pgmq_pop,pgmq_send_batch100 [--commits]
 
 Needs valgrind and PostgreSQL's server binaries (``--bin``, default Debian's 15); as root it runs
 the server as the ``postgres`` user.
@@ -228,8 +230,9 @@ class Cluster:
             capture_output=True,
         )
 
-    def single(self, script: str, db: str = "bench") -> int:
-        """Instructions callgrind counted for ``script`` in a single-user backend on ``db``."""
+    def single(self, script: str, db: str = "bench", commits: bool = False) -> int:
+        """Instructions callgrind counted for ``script`` in a single-user backend on ``db``
+        (with ``commits``, each statement's commit too)."""
         out = self.run(
             [
                 "valgrind",
@@ -239,6 +242,7 @@ class Cluster:
                 # its cost differs between runs), nor each call's commit.
                 "--collect-atstart=no",
                 "--toggle-collect=ExecuteQuery",
+                *(["--toggle-collect=CommitTransactionCommand"] if commits else []),
                 str(self.bin / "postgres"),
                 "--single",
                 "-c",
@@ -346,15 +350,18 @@ def _pgmq_databases(cluster: Cluster, dsn: str, trees: list[tuple[str, str]]) ->
 
 
 def _pgmq_count(
-    cluster: Cluster, workload: str, trees: list[tuple[str, str]], low: int, high: int
+    cluster: Cluster, workload: str, trees: list[tuple[str, str]], low: int, high: int, commits: bool = False
 ) -> dict[str, float]:
-    """Instructions per message of a pgmq workload: the facade over each tree, then pgmq."""
+    """Instructions per message of a pgmq workload: the facade over each tree, then pgmq (with
+    ``commits``, the calls' commits counted too)."""
     per = PGMQ_WORKLOADS[workload][2]
     backlog = high + 40 + 500
     sides = [(name, f"facade_{name}", True) for name, _ in trees] + [("pgmq", "pgmq", False)]
     out = {}
     for label, db, facade in sides:
-        counts = [cluster.single(_pgmq_script(workload, facade, n, backlog), db) for n in (low, high)]
+        counts = [
+            cluster.single(_pgmq_script(workload, facade, n, backlog), db, commits) for n in (low, high)
+        ]
         out[label] = (counts[1] - counts[0]) / (high - low) / per
         print(f"{workload:9} {label:10} {out[label] / 1000:9.1f}k instructions/message", flush=True)
     return out
@@ -366,6 +373,12 @@ def main() -> None:
     ap.add_argument("--workloads", default="pop,drain1,drain100,take,send,send_key")
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--no-floor", action="store_true")
+    ap.add_argument(
+        "--commits",
+        action="store_true",
+        help="pgmq_* workloads: count each call's commit too (CommitTransactionCommand: the commit"
+        " record, the WAL it flushes, the end of the transaction)",
+    )
     ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -397,7 +410,7 @@ def main() -> None:
         cluster.pg_ctl("stop")
         for w in workloads:
             if w in PGMQ_WORKLOADS:
-                results[w] = _pgmq_count(cluster, w, trees, low, high)
+                results[w] = _pgmq_count(cluster, w, trees, low, high, args.commits)
                 continue
             per = WORKLOADS[w][2]
             sides: list[tuple[str, str | None]] = [(name, f"tree_{name}") for name, _ in trees]
