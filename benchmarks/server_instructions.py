@@ -25,12 +25,38 @@ Workloads (``--workloads``), per message:
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default.
 
+pgmq's API (issue 13), the statements pgmq's own Python client sends (``pgmq/_sql.py``),
+``PREPARE``d with their parameters as a driver prepares them and ``EXECUTE``d with the
+parameter values (the jsonb parsed on the way in, as for a client's parameter; the rows
+printed by the single-user backend as a client's are sent), against the facade over each tree
+(``migrate(pgmq=True)``, one database per tree: ``facade_<name>``) and against pgmq itself (the
+SQL-only ``pgmq.sql`` of the ``pgmq`` PyPI package, benchmarks/requirements.txt, in database
+``pgmq``; its ``pgmq`` schema cannot share a database with the facade's); the label ``pgmq``:
+
+* ``pgmq_send``: ``pgmq.send(queue_name, msg)``;
+* ``pgmq_read_delete``: ``pgmq.read(queue_name, vt => 30, qty => 1)``, then ``pgmq.delete(queue_name,
+  msg_id)`` of the id it read (kept by ``set_config`` in the read's select list, on both sides);
+* ``pgmq_pop``: ``pgmq.pop(queue_name, qty => 1)``;
+* ``pgmq_send_batch100``: ``pgmq.send_batch(queue_name, msgs)`` of 100 messages.
+
+Each message is the benchmark suite's ~200-byte JSON (``lonnymq_bench.harness.payload``, as in
+``benchmarks/pgmq_facade.py``). These run on the server's clock (pgmq's API takes none), so the
+set-up of a facade run moves the start of LonnyMQ's current generation an hour ahead: no take
+rotates generations during the run (a rotation every 2 s, amortised over a live server's
+thousands of calls, would land every few dozen calls under callgrind). Each run's set-up
+empties the queue (pgmq: ``TRUNCATE``; the facade: ``queue_purge`` and ``VACUUM FULL``), so a
+run does not clean up after the previous one. With ``--commits`` each statement's commit is
+counted too (``CommitTransactionCommand``: the commit record, the WAL written, with fsync off
+the write but not the disk): pgmq and LonnyMQ do not write the same WAL for the same message.
+
 Instructions are not time: a statement waiting on I/O, a lock or the WAL flush costs none here,
 and an instruction's time varies with caches. Use it to compare the server's work of two trees
 or against the floors; measure throughput with the other benchmarks.
 
     python benchmarks/server_instructions.py --trees before=../old/src,after=src \\
         [--workloads pop,drain1,drain100,take,send,send_key] [--calls 400] [--no-floor] [--json out.json]
+    python benchmarks/server_instructions.py --trees facade=src \\
+        --workloads pgmq_send,pgmq_read_delete,pgmq_pop,pgmq_send_batch100 [--commits]
 
 Needs valgrind and PostgreSQL's server binaries (``--bin``, default Debian's 15); as root it runs
 the server as the ``postgres`` user.
@@ -128,6 +154,43 @@ WORKLOADS: dict[str, tuple[str, str | None, int]] = {
         100,
     ),
 }
+# pgmq's API: the statements of pgmq's Python client (pgmq/_sql.py), with $n for its %s.
+_PGMQ_READ = (
+    "SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers"
+    " FROM pgmq.read(queue_name=>$1::text, vt=>$2::integer, qty=>$3::integer)"
+)
+_PGMQ_POP = (
+    "SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers"
+    " FROM pgmq.pop(queue_name=>$1::text, qty=>$2::integer)"
+)
+#: workload: (the statements PREPAREd as p0, p1, ...; the EXECUTEs of one call, where {msg} is
+#: one message and {msgs} a batch as literals; messages a call; whether it consumes a backlog)
+PGMQ_WORKLOADS: dict[str, tuple[tuple[str, ...], str, int, bool]] = {
+    "pgmq_send": (
+        ("SELECT * FROM pgmq.send(queue_name=>$1::text, msg=>$2::jsonb)",),
+        "EXECUTE p0('q', {msg})",
+        1,
+        False,
+    ),
+    "pgmq_read_delete": (
+        (
+            # The read keeps the id it got for the delete (the one addition to the client's
+            # statement, the same on both sides).
+            _PGMQ_READ.replace(" FROM", ", set_config('b.id', msg_id::text, false) FROM", 1),
+            "SELECT pgmq.delete(queue_name=>$1::text, msg_id=>$2::bigint)",
+        ),
+        "EXECUTE p0('q', 30, 1)\nEXECUTE p1('q', current_setting('b.id')::bigint)",
+        1,
+        True,
+    ),
+    "pgmq_pop": ((_PGMQ_POP,), "EXECUTE p0('q', 1)", 1, True),
+    "pgmq_send_batch100": (
+        ("SELECT * FROM pgmq.send_batch(queue_name=>$1::text, msgs=>$2::jsonb[])",),
+        "EXECUTE p0('q', {msgs})",
+        100,
+        False,
+    ),
+}
 _FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jsonb NOT NULL)
 CREATE FUNCTION public.seed_dequeue() RETURNS SETOF public.seedq LANGUAGE plpgsql AS $f$ BEGIN RETURN QUERY DELETE FROM public.seedq WHERE id = (SELECT id FROM public.seedq ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *; END $f$
 CREATE TABLE public.lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL)
@@ -174,8 +237,9 @@ class Cluster:
             capture_output=True,
         )
 
-    def single(self, script: str) -> int:
-        """Instructions callgrind counted for ``script`` in a single-user backend."""
+    def single(self, script: str, db: str = "bench", commits: bool = False) -> int:
+        """Instructions callgrind counted for ``script`` in a single-user backend on ``db``
+        (with ``commits``, each statement's commit too)."""
         out = self.run(
             [
                 "valgrind",
@@ -185,13 +249,14 @@ class Cluster:
                 # its cost differs between runs), nor each call's commit.
                 "--collect-atstart=no",
                 "--toggle-collect=ExecuteQuery",
+                *(["--toggle-collect=CommitTransactionCommand"] if commits else []),
                 str(self.bin / "postgres"),
                 "--single",
                 "-c",
                 "fsync=off",
                 "-D",
                 str(self.data),
-                "bench",
+                db,
             ],
             input=script,
             capture_output=True,
@@ -236,20 +301,103 @@ def _script(workload: str, schema: str | None, calls: int, backlog: int) -> str:
     )
 
 
+def _pgmq_messages(n: int) -> list[str]:
+    """The benchmark suite's messages 0..n-1 as JSON text (benchmarks/pgmq_facade.py's)."""
+    from lonnymq_bench.harness import payload
+
+    return [json.dumps(payload(i), separators=(",", ":")) for i in range(n)]
+
+
+def _pgmq_script(workload: str, facade: bool, calls: int, backlog: int) -> str:
+    """A single-user script of ``calls`` calls of a pgmq workload (after 20 that make the
+    plans), on the facade's database (``facade``) or on pgmq's."""
+    prepares, call, _, consumes = PGMQ_WORKLOADS[workload]
+    msgs = _pgmq_messages(100)
+    # Literals: a message (jsonb) and the batch (a jsonb[] literal: each message quoted).
+    quoted = ",".join('"' + m.replace("\\", "\\\\").replace('"', '\\"') + '"' for m in msgs)
+    body = call.format(msg=f"'{msgs[0]}'", msgs="'{" + quoted + "}'")
+    head = "SELECT pgmq.purge_queue('q')\n"
+    if facade:
+        # No rotation during the run (see the top); a fresh table, as pgmq's TRUNCATE leaves.
+        head += (
+            "SELECT setval('lonnymq.message_gen_started_seq',"
+            " (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 3600000)\n"
+            "VACUUM FULL lonnymq.message\n"
+        )
+    if consumes:
+        head += (
+            f"SELECT count(*) FROM pgmq.send_batch('q', array_fill('{msgs[0]}'::jsonb, ARRAY[{backlog}]))\n"
+        )
+    head += "VACUUM ANALYZE lonnymq.message\n" if facade else "VACUUM ANALYZE pgmq.q_q\n"
+    prepared = "".join(f"PREPARE p{i} AS {text}\n" for i, text in enumerate(prepares))
+    return "SET synchronous_commit = on\n" + head + prepared + (body + "\n") * (20 + calls)
+
+
+def _pgmq_databases(cluster: Cluster, dsn: str, trees: list[tuple[str, str]]) -> None:
+    """Database ``facade_<name>`` per tree, LonnyMQ migrated by the tree with the facade and its
+    queue ``q``; database ``pgmq`` with pgmq's own SQL-only install and its queue ``q``."""
+    from pgmq.install import get_embedded_install_sql
+
+    psql = str(cluster.bin / "psql")
+    server = dsn.rsplit("/", 1)[0]
+    code = (
+        "import sys; from lonnymq import Client\n"
+        "with Client(sys.argv[1], pool_size=1) as c:\n"
+        "    c.migrate(pgmq=True)\n"
+    )
+    for name, src in trees:
+        subprocess.run([psql, dsn, "-qc", f'CREATE DATABASE "facade_{name}"'], check=True)
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+        subprocess.run([sys.executable, "-c", code, f"{server}/facade_{name}"], env=env, check=True)
+        subprocess.run([psql, f"{server}/facade_{name}", "-qAtc", "SELECT pgmq.create('q')"], check=True)
+    subprocess.run([psql, dsn, "-qc", "CREATE DATABASE pgmq"], check=True)
+    subprocess.run(
+        [psql, f"{server}/pgmq", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction"],
+        input=get_embedded_install_sql() + "\nSELECT pgmq.create('q');\n",
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+
+
+def _pgmq_count(
+    cluster: Cluster, workload: str, trees: list[tuple[str, str]], low: int, high: int, commits: bool = False
+) -> dict[str, float]:
+    """Instructions per message of a pgmq workload: the facade over each tree, then pgmq (with
+    ``commits``, the calls' commits counted too)."""
+    per = PGMQ_WORKLOADS[workload][2]
+    backlog = high + 40 + 500
+    sides = [(name, f"facade_{name}", True) for name, _ in trees] + [("pgmq", "pgmq", False)]
+    out = {}
+    for label, db, facade in sides:
+        counts = [
+            cluster.single(_pgmq_script(workload, facade, n, backlog), db, commits) for n in (low, high)
+        ]
+        out[label] = (counts[1] - counts[0]) / (high - low) / per
+        print(f"{workload:9} {label:10} {out[label] / 1000:9.1f}k instructions/message", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trees", required=True, help="name=path/to/src,... (the first is the reference)")
     ap.add_argument("--workloads", default="pop,drain1,drain100,take,send,send_key")
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--no-floor", action="store_true")
+    ap.add_argument(
+        "--commits",
+        action="store_true",
+        help="pgmq_* workloads: count each call's commit too (CommitTransactionCommand: the commit"
+        " record, the WAL it flushes, the end of the transaction)",
+    )
     ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     trees = [tuple(t.split("=", 1)) for t in args.trees.split(",")]
     workloads = args.workloads.split(",")
     for w in workloads:
-        if w not in WORKLOADS:
-            ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+        if w not in WORKLOADS and w not in PGMQ_WORKLOADS:
+            ap.error(f"unknown workload {w!r}; choose from {', '.join([*WORKLOADS, *PGMQ_WORKLOADS])}")
     low, high = max(1, args.calls // 4), args.calls
     cluster = Cluster(args.bin)
     results: dict[str, dict[str, float]] = {}
@@ -268,8 +416,13 @@ def main() -> None:
             )
             env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
             subprocess.run([sys.executable, "-c", code, dsn, f"tree_{name}"], env=env, check=True)
+        if any(w in PGMQ_WORKLOADS for w in workloads):
+            _pgmq_databases(cluster, dsn, trees)
         cluster.pg_ctl("stop")
         for w in workloads:
+            if w in PGMQ_WORKLOADS:
+                results[w] = _pgmq_count(cluster, w, trees, low, high, args.commits)
+                continue
             per = WORKLOADS[w][2]
             sides: list[tuple[str, str | None]] = [(name, f"tree_{name}") for name, _ in trees]
             if WORKLOADS[w][1] is not None and not args.no_floor:

@@ -137,3 +137,67 @@ def test_calls_that_are_not_inlined_still_write(pg: Conn, lq: Client) -> None:
     assert [r["message"] for r in popped] == [{"n": 2}, {"n": 3}, {"n": 4}]
     assert popped[0]["msg_id"] == batch[0]
     assert lq.metrics("q").total_sent == 4
+
+
+def _outputs(plan: dict[str, Any]) -> Iterator[str]:
+    """Every output expression of the plan's nodes (EXPLAIN VERBOSE)."""
+    yield from plan.get("Output", [])
+    for child in plan.get("Plans", []):
+        yield from _outputs(child)
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_read_and_pop_convert_times_without_numeric(pg: Conn, plan_cache_mode: str) -> None:
+    """The times of read's and pop's rows (pgmq._ts, epoch ms to timestamptz) are computed in
+    float8, not numeric (a numeric division and a text round trip to float8 per value:
+    benchmarks/server_instructions.py, pgmq_pop); and they are the instants LonnyMQ stored."""
+    pg.execute("SELECT pgmq.create('q')")
+    pg.execute("SELECT set_config('plan_cache_mode', %s, false)", (plan_cache_mode,))
+    for name, call, args in [
+        ("r", "read(queue_name=>$1::text, vt=>$2::integer, qty=>$3::integer)", "'q', 30, 1"),
+        ("p", "pop(queue_name=>$1::text, qty=>$2::integer)", "'q', 1"),
+    ]:
+        pg.execute(
+            f"PREPARE {name} AS SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers"  # type: ignore[arg-type]
+            f" FROM pgmq.{call}"
+        )
+        row = pg.execute(f"EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE {name}({args})").fetchone()  # type: ignore[arg-type]
+        assert row is not None
+        outputs = list(_outputs(row["QUERY PLAN"][0]["Plan"]))
+        assert any("to_timestamp" in o for o in outputs), outputs
+        assert not [o for o in outputs if "numeric" in o], outputs
+    pg.execute("SELECT pgmq.send_batch('q', ARRAY['{\"a\": 1}', '{\"a\": 2}']::jsonb[])")
+    stored = {
+        r["id"]: r["enqueued_at"] for r in pg.execute("SELECT m.id, m.enqueued_at FROM lonnymq.message m")
+    }
+    got = [pg.execute("EXECUTE r('q', 30, 1)").fetchone(), pg.execute("EXECUTE p('q', 1)").fetchone()]
+    assert sorted(r["msg_id"] for r in got if r is not None) == sorted(stored)
+    for r in got:
+        assert r is not None
+        ms = pg.execute(
+            "SELECT (extract(epoch FROM %s::timestamptz) * 1000)::bigint AS ms", (r["enqueued_at"],)
+        )
+        assert ms.fetchone() == {"ms": stored[r["msg_id"]]}
+
+
+def test_ts_is_the_instant_of_its_milliseconds(pg: Conn) -> None:
+    """pgmq._ts(ms) is what the numeric form to_timestamp(ms / 1000.0) gave, everywhere: before
+    the epoch, around now, far ahead, at values whose quotient by 1000 is not exact in binary;
+    and, around the epoch and now, the exact instant ms milliseconds after the epoch (far from
+    2000, to_timestamp's float8 seconds times 10^6 may miss it by a microsecond or more, in
+    either form)."""
+    row = pg.execute(
+        "SELECT count(*) AS n,"
+        " count(*) FILTER (WHERE pgmq._ts(x.ms) IS DISTINCT FROM pg_catalog.to_timestamp(x.ms / 1000.0))"
+        "   AS not_numeric,"
+        " count(*) FILTER (WHERE abs(x.ms) < 2000000000000 AND pgmq._ts(x.ms)"
+        "   IS DISTINCT FROM timestamptz 'epoch' + (x.ms / 1000) * interval '1 second'"
+        "                    + (x.ms % 1000) * interval '1 millisecond') AS not_exact,"
+        " count(*) FILTER (WHERE pgmq._ts(NULL) IS NOT NULL) AS not_null"
+        " FROM (SELECT g AS ms FROM generate_series(-5000, 5000) g"
+        "       UNION ALL SELECT 1700000000000 + g * 7 FROM generate_series(0, 20000) g"
+        "       UNION ALL SELECT -62135596800000 + g * 997 FROM generate_series(0, 2000) g"
+        "       UNION ALL SELECT 9007199254740 - g * 1013 FROM generate_series(0, 2000) g"
+        "       UNION ALL SELECT 253402300799999 - g * 1009 FROM generate_series(0, 2000) g) x"
+    ).fetchone()
+    assert row == {"n": 36005, "not_numeric": 0, "not_exact": 0, "not_null": 0}

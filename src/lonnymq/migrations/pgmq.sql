@@ -150,10 +150,15 @@ LANGUAGE sql STABLE AS $$
                 ELSE pg_catalog.to_jsonb(pg_catalog.encode($1, 'base64')) END
 $$;
 
--- Epoch milliseconds as timestamptz (NULL stays NULL).
+-- Epoch milliseconds as timestamptz (NULL stays NULL). In float8, not numeric: to_timestamp
+-- takes float8 seconds, and ms / 1000.0 in numeric (exact) then cast to float8 gives the
+-- double nearest the exact quotient, which is what the IEEE division of the exactly converted
+-- ms gives (|ms| < 2^53, year 287,396 and on: past any timestamp LonnyMQ stores) at a fifth of
+-- the instructions (numeric_div, then numeric_float8's text round trip: ~2.8k a call, two a
+-- message read; benchmarks/server_instructions.py, workloads pgmq_*).
 CREATE FUNCTION pgmq._ts(p_ms bigint) RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
-    SELECT pg_catalog.to_timestamp($1 / 1000.0)
+    SELECT pg_catalog.to_timestamp($1::float8 / 1000)
 $$;
 
 -- timestamptz as epoch milliseconds (NULL stays NULL).
