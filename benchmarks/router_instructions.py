@@ -92,12 +92,13 @@ DEFAULT = "send,send_batch100,take,take_ack,bare_send,bare_send_batch100,bare_ta
 BARE = ("send", "send_batch", "take", "ack")
 
 
-def _single(cluster: pgcluster.Cluster, db: str, script: str) -> int:
-    """Instructions callgrind counted in the EXECUTEs of ``script`` in a single-user backend."""
+def _single(cluster: pgcluster.Cluster, db: str, script: str, profile: Path | None = None) -> int:
+    """Instructions callgrind counted in the EXECUTEs of ``script`` in a single-user backend
+    (``profile``: callgrind's output file, for callgrind_annotate)."""
     argv = [
         "valgrind",
         "--tool=callgrind",
-        "--callgrind-out-file=/dev/null",
+        f"--callgrind-out-file={profile or '/dev/null'}",
         "--collect-atstart=no",
         "--toggle-collect=ExecuteQuery",
         str(pgcluster.BINDIR / "postgres"),
@@ -119,7 +120,8 @@ def _single(cluster: pgcluster.Cluster, db: str, script: str) -> int:
 
 
 def _script(statements: tuple[str, ...], calls: int, names: dict[str, str]) -> str:
-    prepared = [f"PREPARE w{i} AS {s.format(**names)}" for i, s in enumerate(statements)]
+    texts = [s.replace("{q}", names["q"]).replace("{pq}", names["pq"]) for s in statements]
+    prepared = [f"PREPARE w{i} AS {s}" for i, s in enumerate(texts)]
     once = "".join(f"EXECUTE w{i}\n" for i in range(len(statements)))
     # 20 first calls: plans made, connections to the shards opened.
     return "SET b.ids = '{}'\nSET b.toks = '{}'\n" + "\n".join(prepared) + "\n" + once * (20 + calls)
@@ -162,7 +164,16 @@ def main() -> None:
     ap.add_argument("--workloads", default=DEFAULT)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--profiles",
+        type=Path,
+        help="also keep callgrind's output of each workload's longer run in this directory"
+        " (callgrind.<workload>.<tree>: callgrind_annotate --inclusive=yes shows where it goes)",
+    )
     args = ap.parse_args()
+    if args.profiles:
+        args.profiles.mkdir(parents=True, exist_ok=True)
+        os.chmod(args.profiles, 0o777)  # written by the postgres OS user
     trees = [tuple(t.split("=", 1)) for t in args.trees.split(",")]
     workloads = args.workloads.split(",")
     for w in workloads:
@@ -210,7 +221,12 @@ def main() -> None:
                     counts = []
                     for n in (low, high):
                         _fill(targets, backlog)
-                        counts.append(_single(router, f"router_{name}", _script(statements, n, names)))
+                        profile = (
+                            args.profiles / f"callgrind.{w}.{name}" if args.profiles and n == high else None
+                        )
+                        counts.append(
+                            _single(router, f"router_{name}", _script(statements, n, names), profile)
+                        )
                     results.setdefault(w, {})[name] = (counts[1] - counts[0]) / (high - low)
                     print(f"{w:20} {name:8} {results[w][name] / 1000:9.1f}k instructions/call", flush=True)
         finally:

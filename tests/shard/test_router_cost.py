@@ -16,14 +16,22 @@ from lonnymq.shard import partitions
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
+#: The fence's keys of queue %s, as pg_locks shows them (the int4 keys' bits, unsigned), then
+#: as given to pg_advisory_lock.
+KEYS = (
+    "SELECT hashtext('lonnymq/route')::bigint & 4294967295, hashtext(%s)::bigint & 4294967295,"
+    " hashtext('lonnymq/route'), hashtext(%s)"
+)
+
 #: The router's functions that a call of a plain queue runs (besides PL/Proxy's own).
 PLAIN_PATH = ("_shard_of", *partitions.FAST_ROUTES, *partitions.DISPATCHED)
 
 
 def _fence_locks(conn: psycopg.Connection[object]) -> list[tuple[int, int, str]]:
-    """This session's advisory locks: (key 1, key 2, mode)."""
+    """This session's advisory locks: (key 1, key 2, mode), the keys as pg_locks shows them
+    (unsigned: :data:`KEYS`)."""
     rows = conn.execute(
-        "SELECT classid::bigint::integer, objid::bigint::integer, mode FROM pg_locks"
+        "SELECT classid::bigint, objid::bigint, mode FROM pg_locks"
         " WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY 1, 2"
     ).fetchall()
     return [(int(a), int(b), str(m)) for a, b, m in rows]
@@ -49,9 +57,10 @@ def test_a_plain_queues_call_holds_its_fence_and_waits_for_a_move(sharded) -> No
         c.create_queue(q, if_not_exists=True)
         c.send_batch(q, ["a", "b"])
     with psycopg.connect(r) as conn:
-        key = conn.execute("SELECT hashtext('lonnymq/route'), hashtext(%s)", (q,)).fetchone()
+        key = conn.execute(KEYS, (q, q)).fetchone()
         assert key is not None
         fence = (int(key[0]), int(key[1]), "ShareLock")
+        lock_args = (int(key[2]), int(key[3]))
         # Each routed call of a plain queue, in one router transaction: the queue's fence, shared,
         # and no other advisory lock.
         got = conn.execute("SELECT id, token FROM lonnymq.take(%s, 1)", (q,)).fetchall()
@@ -68,7 +77,7 @@ def test_a_plain_queues_call_holds_its_fence_and_waits_for_a_move(sharded) -> No
         conn.rollback()
     # While a move holds the fence (exclusively), the queue's calls wait.
     with psycopg.connect(r, autocommit=True) as mover, psycopg.connect(r, autocommit=True) as conn:
-        mover.execute("SELECT pg_advisory_lock(%s, %s)", fence[:2])
+        mover.execute("SELECT pg_advisory_lock(%s, %s)", lock_args)
         conn.execute("SET lock_timeout = '300ms'")
         for call in (
             "SELECT lonnymq.send(%s, '\\x7b7d'::bytea)",
@@ -78,7 +87,7 @@ def test_a_plain_queues_call_holds_its_fence_and_waits_for_a_move(sharded) -> No
         ):
             with pytest.raises(pg_errors.LockNotAvailable):
                 conn.execute(call, (q,))
-        mover.execute("SELECT pg_advisory_unlock(%s, %s)", fence[:2])
+        mover.execute("SELECT pg_advisory_unlock(%s, %s)", lock_args)
         # a and b, less a (acked), plus the send and the batch of one above
         assert conn.execute("SELECT count(*) FROM lonnymq.take(%s, 5)", (q,)).fetchone() == (3,)
 
@@ -132,10 +141,7 @@ def test_routes_ignore_the_callers_search_path(sharded) -> None:  # type: ignore
                     for q in (plain, moved)
                 }
                 conn.execute("RESET search_path")  # the locks taken, read on the usual path
-                keys = {
-                    conn.execute("SELECT hashtext('lonnymq/route'), hashtext(%s)", (q,)).fetchone()
-                    for q in (plain, moved)
-                }
+                keys = {conn.execute(KEYS, (q, q)).fetchone()[:2] for q in (plain, moved)}  # type: ignore[index]
                 assert {(a, b) for a, b, _ in _fence_locks(conn)} == keys
             assert got == want
         finally:

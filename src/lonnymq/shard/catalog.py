@@ -155,7 +155,6 @@ ROUTE_STATEMENTS: tuple[LiteralString, ...] = (
 -- (transaction, shared) on (hashtext(schema || '/route'), hashtext(p_queue)).
 CREATE FUNCTION {s}._shard_of(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
-BEGIN
 """
     + partitions.PLAIN_ROUTE
     + """    -- A partitioned queue (shard_partition, lonnymq.shard.partitions) has no one shard: the
@@ -171,7 +170,8 @@ END $fn$""",
 CREATE FUNCTION {s}._shard_of_new(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/map'), 0);
+    -- Schema-qualified, as _shard_of: it runs in the caller's role and search_path.
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/map'), 0);
     RETURN {s}._shard_of(p_queue);
 END $fn$""",
     """-- The shard map's version: bumped in the transaction of every change of where queues are

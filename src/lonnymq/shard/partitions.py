@@ -139,21 +139,30 @@ ROUTING_FUNCTIONS = (
     "_route_of",
 )
 
-#: The start of the body of every function that routes a call of one queue (``_shard_of``, the
-#: routing functions of :data:`FAST_ROUTES`): a plain queue's shard, returned at once. That is
-#: its override in shard_route (a moved queue) or its hash, behind the queue's fence (a shared
-#: advisory lock, which a move of the queue holds exclusively). A partitioned queue (a row in
-#: shard_partition) goes on to the rest of the body, without the lock. These functions run in
-#: the caller's role and search_path (not SECURITY DEFINER, no SET clause: a SET clause costs
-#: more than the route itself), so every operator and function here is schema-qualified: no
-#: object on the caller's search_path changes where a call goes or which lock it takes.
-PLAIN_ROUTE: LiteralString = """    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
-                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext(p_queue))
-     WHERE NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) p_queue);
+#: The start (declarations included) of every function that routes a call of one queue
+#: (``_shard_of``, the routing functions of :data:`FAST_ROUTES`): a plain queue's shard, returned
+#: at once. That is its override in shard_route (a moved queue) or its hash, behind the queue's
+#: fence (a shared advisory lock, which a move of the queue holds exclusively; a partitioned
+#: queue's calls hold it too, see _partitions). A partitioned queue (a row in shard_partition)
+#: goes on to the rest of the body. One statement reads both tables (each statement on a table
+#: costs the router about as much as a SET clause and a plpgsql frame together), shard_partition
+#: first: the order `shard init` locks them in. These functions run in the caller's role and
+#: search_path (not SECURITY DEFINER, no SET clause), so every operator and function here is
+#: schema-qualified: no object on the caller's search_path changes where a call goes or which
+#: lock it takes.
+PLAIN_ROUTE: LiteralString = """DECLARE
+    v_shard integer;
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
+                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext(p_queue));
+    -- A statement after the lock: it sees the route that a move committed before releasing it.
+    SELECT r.shard INTO v_shard
+      FROM (SELECT) AS one
+      LEFT JOIN {s}.shard_partition p ON p.queue OPERATOR(pg_catalog.=) p_queue
+      LEFT JOIN {s}.shard_route r ON r.queue OPERATOR(pg_catalog.=) p_queue
+     WHERE p.queue IS NULL;
     IF FOUND THEN
-        -- A statement after the lock: it sees the route that a move committed before releasing it.
-        RETURN coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) p_queue),
-                        pg_catalog.hashtext(p_queue));
+        RETURN coalesce(v_shard, pg_catalog.hashtext(p_queue));
     END IF;
 """
 
@@ -166,7 +175,7 @@ def _fast(name: LiteralString, args: LiteralString) -> LiteralString:
         "-- " + name + ": a plain queue's shard (PLAIN_ROUTE: in the caller's role, no SET clause);\n"
         "-- a partitioned queue's: _parted" + name + ". Locks: _shard_of's, or _partitions'.\n"
         "CREATE FUNCTION {s}." + name + "(" + args + ") RETURNS integer\n"
-        "LANGUAGE plpgsql VOLATILE AS $fn$\nBEGIN\n"
+        "LANGUAGE plpgsql VOLATILE AS $fn$\n"
         + PLAIN_ROUTE
         + "    RETURN {s}._parted"
         + name
@@ -184,7 +193,11 @@ _MERGE_SCALAR = {
 
 #: The router's partition state and routing functions; ``{s}`` the schema identifier, ``{name}``
 #: its name as a literal, ``{cluster}`` the cluster's name as a literal, ``{stride}`` STRIDE,
-#: ``{kp}`` KEY_PARTITION of (key, n) with ``p_key``/``v_n``.
+#: ``{kp}`` KEY_PARTITION of (key, n) with ``p_key``/``v_n``. The internal functions without
+#: SECURITY DEFINER or a SET clause besides those of a plain queue's path (PLAIN_ROUTE's):
+#: ``_partitions``, ``_moved_ids``, ``_id_at``, ``_shard_down``, ``_mark_down`` and ``_turn``,
+#: which only the router's SECURITY DEFINER functions call (EXECUTE granted to none), on their
+#: pinned search_path.
 ROUTING_STATEMENTS: tuple[LiteralString, ...] = (
     """-- The partitioned queues: each partition's shard, partition k at shards[k + 1].
 -- moved_ids: where the message ids of a partition that moved (lonnymq.shard.move, partition=)
@@ -203,14 +216,13 @@ CREATE SEQUENCE {s}.partition_take_turn AS bigint CYCLE""",
     """-- The shards of partitioned queue p_queue (partition order), NULL for any other queue.
 -- Behind the queue's fence, as _shard_of: a partitioned queue's call waits while a move of one
 -- of its partitions holds it, then reads the partitions again (the move's commit).
--- Reads shard_partition. Locks: advisory (transaction, shared) on (hashtext(schema ||
--- '/route'), hashtext(p_queue)), for a partitioned queue.
+-- Not SECURITY DEFINER, no SET clause: only the router's SECURITY DEFINER functions call it
+-- (EXECUTE granted to none), on their pinned search_path. Reads shard_partition. Locks:
+-- advisory (transaction, shared) on (hashtext(schema || '/route'), hashtext(p_queue)), which
+-- every call of a queue holds (_shard_of's for a plain queue).
 CREATE FUNCTION {s}._partitions(p_queue text) RETURNS integer[]
 LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-    IF NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue = p_queue) THEN
-        RETURN NULL;
-    END IF;
     PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
     -- A statement after the lock: it sees what the move committed before releasing it.
     RETURN (SELECT p.shards FROM {s}.shard_partition p WHERE p.queue = p_queue);
