@@ -139,30 +139,24 @@ ROUTING_FUNCTIONS = (
     "_route_of",
 )
 
-#: The start (declarations included) of every function that routes a call of one queue
-#: (``_shard_of``, the routing functions of :data:`FAST_ROUTES`): a plain queue's shard, returned
-#: at once. That is its override in shard_route (a moved queue) or its hash, behind the queue's
-#: fence (a shared advisory lock, which a move of the queue holds exclusively; a partitioned
-#: queue's calls hold it too, see _partitions). A partitioned queue (a row in shard_partition)
-#: goes on to the rest of the body. One statement reads both tables (each statement on a table
-#: costs the router about as much as a SET clause and a plpgsql frame together), shard_partition
-#: first: the order `shard init` locks them in. These functions run in the caller's role and
-#: search_path (not SECURITY DEFINER, no SET clause), so every operator and function here is
-#: schema-qualified: no object on the caller's search_path changes where a call goes or which
-#: lock it takes.
-PLAIN_ROUTE: LiteralString = """DECLARE
-    v_shard integer;
-BEGIN
+#: The start of the body of every function that routes a call of one queue (``_shard_of``, the
+#: routing functions of :data:`FAST_ROUTES`): a plain queue's shard, returned at once. That is
+#: its override in shard_route (a moved queue) or its hash, behind the queue's fence (a shared
+#: advisory lock, which a move of the queue holds exclusively). A partitioned queue (a row in
+#: shard_partition) goes on to the rest of the body, without the lock (_partitions takes it).
+#: shard_partition is read before shard_route, the order `shard init` locks them in. (One
+#: statement joining both tables cost the router as much as these two: benchmarks/
+#: router_instructions.py.) These functions run in the caller's role and search_path (not
+#: SECURITY DEFINER, no SET clause), so every operator and function here is schema-qualified:
+#: no object on the caller's search_path changes where a call goes or which lock it takes.
+PLAIN_ROUTE: LiteralString = """BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock_shared(
-                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext(p_queue));
-    -- A statement after the lock: it sees the route that a move committed before releasing it.
-    SELECT r.shard INTO v_shard
-      FROM (SELECT) AS one
-      LEFT JOIN {s}.shard_partition p ON p.queue OPERATOR(pg_catalog.=) p_queue
-      LEFT JOIN {s}.shard_route r ON r.queue OPERATOR(pg_catalog.=) p_queue
-     WHERE p.queue IS NULL;
+                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext(p_queue))
+     WHERE NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) p_queue);
     IF FOUND THEN
-        RETURN coalesce(v_shard, pg_catalog.hashtext(p_queue));
+        -- A statement after the lock: it sees the route that a move committed before releasing it.
+        RETURN coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) p_queue),
+                        pg_catalog.hashtext(p_queue));
     END IF;
 """
 
