@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 from psycopg import sql
-from shard_helpers import home
+from shard_helpers import as_producer_then_consumer, home, roles_on_router
 
 from lonnymq import Client, shard
 from lonnymq.shard import partitions
@@ -155,22 +155,13 @@ def test_producer_and_consumer_roles_on_the_plain_path(sharded) -> None:  # type
     and a call routed by _shard_of alone (cron_upsert, which a worker logged in as a consumer
     makes)."""
     r = sharded.dsn
-    with psycopg.connect(r, autocommit=True) as conn:
-        for role in ("lonnymq_producer", "lonnymq_consumer"):
-            if not conn.execute("SELECT FROM pg_roles WHERE rolname = %s", (role,)).fetchall():
-                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
-    shard.init(r, sharded.shard_dsns)  # grants for the roles that now exist on the router
+    roles_on_router(r, sharded.shard_dsns)
     q = "cost_roles"
     with Client(r) as c:
         c.create_queue(q, if_not_exists=True)
     with psycopg.connect(r, autocommit=True) as conn, Client(r) as c:
         try:
-            conn.execute("SET ROLE lonnymq_producer")
-            c.send(q, "by a producer", conn=conn)
-            conn.execute("SET ROLE lonnymq_consumer")
-            got = c.take(q, conn=conn)
-            assert [m.payload for m in got] == ["by a producer"]
-            assert c.ack(got, conn=conn) == {got[0].id}
+            as_producer_then_consumer(c, conn, q)  # the routing functions and take's dispatcher
             assert c.metrics(q, conn=conn).ready == 0
             row = conn.execute(
                 "SELECT lonnymq.cron_upsert('cost_roles_tick', '* * * * *', %s, '\\x7b7d'::bytea)", (q,)
