@@ -23,8 +23,9 @@ KEYS = (
     " hashtext('lonnymq/route'), hashtext(%s)"
 )
 
-#: The router's functions that a call of a plain queue runs (besides PL/Proxy's own).
-PLAIN_PATH = ("_shard_of", *partitions.FAST_ROUTES, *partitions.DISPATCHED)
+#: The router's functions that a call of a plain queue runs in the caller's role (besides
+#: PL/Proxy's own); the dispatchers (partitions.DISPATCHED) are SECURITY DEFINER.
+PLAIN_PATH = ("_shard_of", *partitions.FAST_ROUTES)
 
 
 def _fence_locks(conn: psycopg.Connection[object]) -> list[tuple[int, int, str]]:
@@ -37,7 +38,7 @@ def _fence_locks(conn: psycopg.Connection[object]) -> list[tuple[int, int, str]]
     return [(int(a), int(b), str(m)) for a, b, m in rows]
 
 
-def test_the_plain_path_has_no_set_clause_and_every_definer_a_pinned_path(sharded) -> None:  # type: ignore[no-untyped-def]
+def test_the_routing_functions_have_no_set_clause_and_every_definer_a_pinned_path(sharded) -> None:  # type: ignore[no-untyped-def]
     with psycopg.connect(sharded.dsn) as conn:
         rows = conn.execute(
             "SELECT p.proname, p.prosecdef, p.proconfig FROM pg_proc p"
@@ -46,7 +47,9 @@ def test_the_plain_path_has_no_set_clause_and_every_definer_a_pinned_path(sharde
     by_name = {name: (definer, config) for name, definer, config in rows}
     assert {n: by_name[n] for n in PLAIN_PATH} == {n: (False, None) for n in PLAIN_PATH}
     definers = {name: config for name, definer, config in rows if definer}
-    assert {"_parted_take", "_parted_send_shard", "_route_of", "queue_create_partitioned"} <= set(definers)
+    assert {*partitions.DISPATCHED, "_parted_send_shard", "_route_of", "queue_create_partitioned"} <= set(
+        definers
+    )
     assert {n for n, c in definers.items() if c != ["search_path=pg_catalog, pg_temp"]} == set()
 
 

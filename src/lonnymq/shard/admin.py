@@ -414,8 +414,6 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
                 continue
             roles.add(role)
             names = [fn.name] + ([f"_all_{fn.name}"] if catalog.route(fn).merge else [])
-            if fn.name in partitions.DISPATCHED:  # what the public dispatcher calls in the caller's role
-                names += [f"_hash_{fn.name}", f"_parted_{fn.name}"]
             if fn.name == "queue_create":  # who may create a queue may create a partitioned one
                 conn.execute(
                     sql.SQL("GRANT EXECUTE ON FUNCTION {}.queue_create_partitioned TO {}").format(

@@ -155,6 +155,7 @@ ROUTE_STATEMENTS: tuple[LiteralString, ...] = (
 -- (transaction, shared) on (hashtext(schema || '/route'), hashtext(p_queue)).
 CREATE FUNCTION {s}._shard_of(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
 """
     + partitions.PLAIN_ROUTE
     + """    -- A partitioned queue (shard_partition, lonnymq.shard.partitions) has no one shard: the
@@ -203,7 +204,10 @@ def route_statements(schema: str) -> list[sql.Composed]:
     (:data:`lonnymq.shard.partitions.ROUTING_STATEMENTS`)."""
     return [
         sql.SQL(stmt).format(
-            s=sql.Identifier(schema), name=sql.Literal(schema), cluster=sql.Literal(cluster_name(schema))
+            s=sql.Identifier(schema),
+            name=sql.Literal(schema),
+            cluster=sql.Literal(cluster_name(schema)),
+            **partitions.PLAIN_RETURN,
         )
         for stmt in ROUTE_STATEMENTS
     ] + partitions.routing_statements(schema, cluster_name(schema))

@@ -139,8 +139,9 @@ ROUTING_FUNCTIONS = (
     "_route_of",
 )
 
-#: The start of the body of every function that routes a call of one queue (``_shard_of``, the
-#: routing functions of :data:`FAST_ROUTES`): a plain queue's shard, returned at once. That is
+#: The start of the body of every function that routes a call of one queue ``{q}`` (``_shard_of``,
+#: the routing functions of :data:`FAST_ROUTES`, the dispatchers of :data:`DISPATCHED`): a plain
+#: queue's shard, given to ``{then}`` (RETURN it, or ``p_shard :=`` and the call ``{plain}``). That is
 #: its override in shard_route (a moved queue) or its hash, behind the queue's fence (a shared
 #: advisory lock, which a move of the queue holds exclusively). A partitioned queue (a row in
 #: shard_partition) goes on to the rest of the body, without the lock (_partitions takes it).
@@ -149,16 +150,18 @@ ROUTING_FUNCTIONS = (
 #: router_instructions.py.) These functions run in the caller's role and search_path (not
 #: SECURITY DEFINER, no SET clause), so every operator and function here is schema-qualified:
 #: no object on the caller's search_path changes where a call goes or which lock it takes.
-PLAIN_ROUTE: LiteralString = """BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
-                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext(p_queue))
-     WHERE NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) p_queue);
+PLAIN_ROUTE: LiteralString = """    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
+                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext({q}))
+     WHERE NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) {q});
     IF FOUND THEN
         -- A statement after the lock: it sees the route that a move committed before releasing it.
-        RETURN coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) p_queue),
-                        pg_catalog.hashtext(p_queue));
+        {then} coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) {q}),
+                        pg_catalog.hashtext({q}));{plain}
     END IF;
 """
+
+#: How :data:`PLAIN_ROUTE` reads in a routing function: the queue is p_queue, its shard returned.
+PLAIN_RETURN = {"q": sql.SQL("p_queue"), "then": sql.SQL("RETURN"), "plain": sql.SQL("")}
 
 
 def _fast(name: LiteralString, args: LiteralString) -> LiteralString:
@@ -169,7 +172,7 @@ def _fast(name: LiteralString, args: LiteralString) -> LiteralString:
         "-- " + name + ": a plain queue's shard (PLAIN_ROUTE: in the caller's role, no SET clause);\n"
         "-- a partitioned queue's: _parted" + name + ". Locks: _shard_of's, or _partitions'.\n"
         "CREATE FUNCTION {s}." + name + "(" + args + ") RETURNS integer\n"
-        "LANGUAGE plpgsql VOLATILE AS $fn$\n"
+        "LANGUAGE plpgsql VOLATILE AS $fn$\nBEGIN\n"
         + PLAIN_ROUTE
         + "    RETURN {s}._parted"
         + name
@@ -378,6 +381,7 @@ def _fmt(stmt: LiteralString, schema: str, cluster: str) -> sql.Composed:
         stride=sql.SQL(str(STRIDE)),
         kp=kp,
         down_skip=sql.SQL(str(DOWN_SKIP)),
+        **PLAIN_RETURN,
     )
 
 
@@ -458,9 +462,9 @@ def _skipping(s: sql.Identifier, call: sql.Composable) -> sql.Composed:
 
 
 def dispatcher_statements(schema: str, fn: CoreFunction) -> list[sql.Composed]:
-    """The router's functions for a call of :data:`DISPATCHED`: ``_parted_<name>``, the call on
-    each partition of a partitioned queue, and the public function: a plain queue's call goes
-    to ``_hash_<name>`` (its shard, as every proxy), a partitioned queue's to ``_parted_<name>``."""
+    """The router's public function for a call of :data:`DISPATCHED`: a plain queue's call goes
+    to its shard (``_on_<name>``, routed as by ``_shard_of``), a partitioned queue's to each
+    partition."""
     how = DISPATCHED[fn.name]
     key = "p_queue" if "p_queue" in fn.argnames else "p_name"
     s = sql.Identifier(schema)
@@ -580,51 +584,45 @@ def dispatcher_statements(schema: str, fn: CoreFunction) -> list[sql.Composed]:
                 ).format(s=s),
             ]
         )
-    plain = sql.SQL(ret).format(hashed)
+    # A plain queue's call: on its shard (PLAIN_ROUTE, as _shard_of routes it, behind the fence)
+    # by _on_<name>, with no routing function for PL/Proxy to call.
+    route = sql.SQL(PLAIN_ROUTE).format(
+        s=s,
+        name=sql.Literal(schema),
+        q=sql.Identifier(key),
+        then=sql.SQL("p_shard :="),
+        plain=sql.Composed([sql.SQL("\n        "), sql.SQL(ret).format(on)]),
+    )
     body = sql.SQL(
-        "DECLARE {decl}\nBEGIN\n    v_parts := {s}._partitions({key});\n"
-        "    IF v_parts IS NULL THEN\n        {plain}\n    END IF;\n    {part}{after}\nEND"
-    ).format(decl=sql.SQL(decl), s=s, key=sql.Identifier(key), plain=plain, part=part, after=after)
-    # The public function: a plain queue's call straight to _hash_<name>, in the caller's role and
-    # without a SET clause (PLAIN_ROUTE's reasons: _hash_<name> routes by _shard_of, which holds
-    # the fence and refuses a partitioned queue, so it is granted with <name>); a partitioned
-    # queue's to _parted_<name>, which visits the partitions (SECURITY DEFINER: it calls the
-    # _on_<name> functions, granted to none, as the owner).
-    fast = sql.SQL(
-        "BEGIN\n    IF NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) {key})"
-        " THEN\n        {plain}\n    END IF;\n    {parted}\nEND"
+        "DECLARE {decl}\nBEGIN\n{route}    v_parts := {s}._partitions({key});\n"
+        "    IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)\n        {plain}\n"
+        "    END IF;\n    {part}{after}\nEND"
     ).format(
+        decl=sql.SQL(decl),
+        route=route,
         s=s,
         key=sql.Identifier(key),
-        plain=plain,
-        parted=sql.SQL(ret).format(_call(schema, f"_parted_{fn.name}", fn.argnames)),
-    )
-    head = sql.SQL("CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plpgsql VOLATILE{strict}").format(
-        s=s,
-        n=sql.Identifier(f"_parted_{fn.name}"),
-        a=sql.SQL(fn.arguments),
-        r=sql.SQL(fn.result),
-        strict=sql.SQL(" STRICT" if fn.strict else ""),
+        plain=sql.SQL(ret).format(hashed),
+        part=part,
+        after=after,
     )
     return [
         sql.SQL(
-            "-- {name} of a partitioned queue: on each partition (lonnymq.shard.partitions.DISPATCHED:\n"
-            "-- {how}); of a plain queue (one that is no longer partitioned): on its shard.\n"
-            "{head} SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$\n{b}\n$fn$"
-        ).format(name=sql.SQL(fn.name), how=sql.SQL(how), head=head, b=body),
-        sql.SQL(
-            "-- {name} on the router: a plain queue's call on its shard (_hash_{name}); a partitioned\n"
-            "-- queue's on each partition (_parted_{name}).\n"
-            "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plpgsql VOLATILE{strict} AS $fn$\n{b}\n$fn$"
+            "-- {name} on the router: a plain queue's call on its shard; a partitioned queue's on each\n"
+            "-- partition (lonnymq.shard.partitions.DISPATCHED: {how}). SECURITY DEFINER: it calls the\n"
+            "-- _on_<name> functions, granted to none.\n"
+            "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plpgsql VOLATILE{strict} SECURITY DEFINER"
+            " SET search_path = pg_catalog, pg_temp AS $fn$\n{b}\n$fn$"
         ).format(
             name=sql.SQL(fn.name),
+            how=sql.SQL(how),
             s=s,
             n=sql.Identifier(fn.name),
             a=sql.SQL(fn.arguments),
             r=sql.SQL(fn.result),
             strict=sql.SQL(" STRICT" if fn.strict else ""),
-            b=fast,
-        ),
+            b=body,
+        )
     ]
 
 
