@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import psycopg
 import pytest
+from psycopg import sql
 
-from lonnymq import Client
+from lonnymq import Client, shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import pgcluster
@@ -41,6 +42,28 @@ def home(router_dsn: str, queue: str, shards: int = 2) -> int:
         row = conn.execute("SELECT hashtext(%s) & %s", (queue, shards - 1)).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def roles_on_router(router_dsn: str, shard_dsns: list[str]) -> None:
+    """The producer and consumer roles created on the router too (as docs/sharding.md says),
+    then the router rebuilt (``shard init``) so that they get its grants."""
+    with psycopg.connect(router_dsn, autocommit=True) as conn:
+        for role in ("lonnymq_producer", "lonnymq_consumer"):
+            if not conn.execute("SELECT FROM pg_roles WHERE rolname = %s", (role,)).fetchall():
+                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    shard.init(router_dsn, shard_dsns)
+
+
+def as_producer_then_consumer(c: Client, conn: psycopg.Connection[Any], queue: str) -> None:
+    """On ``conn`` (a superuser's, autocommit): a send to ``queue`` as lonnymq_producer, then its
+    take and ack as lonnymq_consumer (:func:`roles_on_router` first); the role stays the
+    consumer's."""
+    conn.execute("SET ROLE lonnymq_producer")
+    c.send(queue, "by a producer", conn=conn)
+    conn.execute("SET ROLE lonnymq_consumer")
+    got = c.take(queue, conn=conn)
+    assert [m.payload for m in got] == ["by a producer"]
+    assert c.ack(got, conn=conn) == {got[0].id}
 
 
 def map_version(router: str) -> int:

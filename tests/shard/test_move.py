@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 from psycopg import sql
-from shard_helpers import Traffic, drain
+from shard_helpers import Traffic, as_producer_then_consumer, drain, roles_on_router
 from shard_helpers import home as hash_home
 
 from lonnymq import Client, Envelope, Message, errors, shard
@@ -321,22 +321,13 @@ def test_producer_and_consumer_roles_route_through_overrides(sharded) -> None:  
     """The routing function and table are granted like the proxies: a producer and a consumer
     role (created on the router too, as docs/sharding.md says) reach a moved queue."""
     r = sharded.dsn
-    with psycopg.connect(r, autocommit=True) as conn:
-        for role in ("lonnymq_producer", "lonnymq_consumer"):
-            if not conn.execute("SELECT FROM pg_roles WHERE rolname = %s", (role,)).fetchall():
-                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
-    shard.init(r, sharded.shard_dsns)  # grants for the roles that now exist on the router
+    roles_on_router(r, sharded.shard_dsns)
     q = name_on(r, "mv_roles", 0)
     with Client(r) as c:
         c.create_queue(q)
     shard.move(r, q, 1)
     with psycopg.connect(r, autocommit=True) as conn, Client(r) as c:
-        conn.execute("SET ROLE lonnymq_producer")
-        c.send(q, "by a producer", conn=conn)
-        conn.execute("SET ROLE lonnymq_consumer")
-        got = c.take(q, conn=conn)
-        assert [m.payload for m in got] == ["by a producer"]
-        assert c.ack(got, conn=conn) == {got[0].id}
+        as_producer_then_consumer(c, conn, q)
         conn.execute("RESET ROLE")
     assert where_is(r, q) == 1
 

@@ -434,8 +434,9 @@ def _grant(conn: psycopg.Connection[Any], schema: str, fns: Sequence[catalog.Cor
         r = sql.Identifier(role)
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, r))
         conn.execute(sql.SQL("GRANT SELECT ON {}.migration TO {}").format(s, r))
-        # The routing functions run in the caller's role (PL/Proxy calls them as given).
-        conn.execute(sql.SQL("GRANT SELECT ON {}.shard_route TO {}").format(s, r))
+        # The routing functions run in the caller's role (PL/Proxy calls them as given) and read
+        # the routes and which queues are partitioned (as _route_of tells them anyway).
+        conn.execute(sql.SQL("GRANT SELECT ON {}.shard_route, {}.shard_partition TO {}").format(s, s, r))
         for fn_name in (
             catalog.SHARD_OF,
             catalog.SHARD_OF_NEW,

@@ -150,27 +150,20 @@ ROUTE_STATEMENTS: tuple[LiteralString, ...] = (
 )""",
     """-- The shard of queue p_queue for PL/Proxy's RUN ON: its override in shard_route, else its
 -- hash (PL/Proxy masks it to the shard count). Waits while a move of the queue holds its fence.
--- Raises LQ002 for a partitioned queue. Reads shard_partition, shard_route. Locks: advisory (transaction, shared) on (hashtext(schema || '/route'),
--- hashtext(p_queue)).
+-- Raises LQ002 for a partitioned queue. Runs in the caller's role, without a SET clause
+-- (lonnymq.shard.partitions.PLAIN_ROUTE). Reads shard_partition, shard_route. Locks: advisory
+-- (transaction, shared) on (hashtext(schema || '/route'), hashtext(p_queue)).
 CREATE FUNCTION {s}._shard_of(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
-DECLARE
-    v_shard integer;
-    v_parts integer[];
 BEGIN
-    -- A partitioned queue (shard_partition, lonnymq.shard.partitions) has no one shard: the
+"""
+    + partitions.PLAIN_ROUTE
+    + """    -- A partitioned queue (shard_partition, lonnymq.shard.partitions) has no one shard: the
     -- calls that would see one partition only are refused.
-    SELECT p.shards INTO v_parts FROM {s}.shard_partition p WHERE p.queue = p_queue;
-    IF FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned over'
-            ' shards %s: this call would see one partition only and is not available for it'
-            ' (docs/sharding.md, one hot queue over several shards)', p_queue,
-            array_to_string(v_parts, ', '));
-    END IF;
-    PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
-    -- A statement after the lock: it sees the route that the move committed before releasing it.
-    SELECT r.shard INTO v_shard FROM {s}.shard_route r WHERE r.queue = p_queue;
-    RETURN coalesce(v_shard, hashtext(p_queue));
+    RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = pg_catalog.format('queue %s is partitioned over'
+        ' shards %s: this call would see one partition only and is not available for it'
+        ' (docs/sharding.md, one hot queue over several shards)', p_queue, pg_catalog.array_to_string(
+            (SELECT p.shards FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) p_queue), ', '));
 END $fn$""",
     """-- _shard_of for queue_create: also waits while `shard add` changes the shard count (so no
 -- queue is created on a shard its hash no longer names). Locks: advisory (transaction, shared)
@@ -178,7 +171,8 @@ END $fn$""",
 CREATE FUNCTION {s}._shard_of_new(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/map'), 0);
+    -- Schema-qualified, as _shard_of: it runs in the caller's role and search_path.
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/map'), 0);
     RETURN {s}._shard_of(p_queue);
 END $fn$""",
     """-- The shard map's version: bumped in the transaction of every change of where queues are
@@ -210,7 +204,10 @@ def route_statements(schema: str) -> list[sql.Composed]:
     (:data:`lonnymq.shard.partitions.ROUTING_STATEMENTS`)."""
     return [
         sql.SQL(stmt).format(
-            s=sql.Identifier(schema), name=sql.Literal(schema), cluster=sql.Literal(cluster_name(schema))
+            s=sql.Identifier(schema),
+            name=sql.Literal(schema),
+            cluster=sql.Literal(cluster_name(schema)),
+            **partitions.PLAIN_RETURN,
         )
         for stmt in ROUTE_STATEMENTS
     ] + partitions.routing_statements(schema, cluster_name(schema))
@@ -359,7 +356,7 @@ def proxy_statements(
                 raise NoRoute(f"cannot name {schema}.{fn.name} and its arguments in PL/Proxy")
             out.append(partitions.on_shard_statement(schema, cluster_name(schema), fn))
             if dispatched:
-                out.append(partitions.dispatcher_statement(schema, fn))
+                out.extend(partitions.dispatcher_statements(schema, fn))
             if fn.name == "queue_create":
                 out.append(partitions.create_statement(schema, cluster_name(schema), fn))
         # PL/Proxy functions must be VOLATILE (so is a merge over them): a proxy's result comes

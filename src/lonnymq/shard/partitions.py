@@ -120,9 +120,67 @@ ROUTER_ONLY = ("queue_create_partitioned",)
 #: The calls the router can make on one given shard (``_on_<name>(p_shard, ...)``).
 ON_SHARD = (*DISPATCHED, "queue_create")
 
+#: The routing functions of :data:`ROUTED` written in plpgsql, with their arguments: each is a
+#: plain queue's route (:data:`PLAIN_ROUTE`) in front of ``_parted<name>``, a partitioned
+#: queue's (SECURITY DEFINER).
+FAST_ROUTES: dict[LiteralString, LiteralString] = {
+    "_send_shard": "p_queue text, p_key text, p_send_key uuid",
+    "_batch_shard": "p_queue text, p_keys text[], p_send_key uuid",
+    "_id_shard": "p_queue text, p_ids bigint[]",
+    "_cancel_shard": "p_queue text, p_ids bigint[], p_keys text[]",
+}
+
 #: The routing functions that PL/Proxy calls in the caller's role (EXECUTE granted with the
 #: queue functions); ``_route_of`` is for clients that go straight to the shards.
-ROUTING_FUNCTIONS = ("_send_shard", "_batch_shard", "_id_shard", "_msg_shard", "_cancel_shard", "_route_of")
+ROUTING_FUNCTIONS = (
+    *FAST_ROUTES,
+    *(f"_parted{name}" for name in FAST_ROUTES),
+    "_msg_shard",
+    "_route_of",
+)
+
+#: The start of the body of every function that routes a call of one queue ``{q}`` (``_shard_of``,
+#: the routing functions of :data:`FAST_ROUTES`, the dispatchers of :data:`DISPATCHED`): a plain
+#: queue's shard, given to ``{then}`` (RETURN it, or ``p_shard :=`` and the call ``{plain}``). That is
+#: its override in shard_route (a moved queue) or its hash, behind the queue's fence (a shared
+#: advisory lock, which a move of the queue holds exclusively). A partitioned queue (a row in
+#: shard_partition) goes on to the rest of the body, without the lock (_partitions takes it).
+#: shard_partition is read before shard_route, the order `shard init` locks them in. (One
+#: statement joining both tables cost the router as much as these two: benchmarks/
+#: router_instructions.py.) These functions run in the caller's role and search_path (not
+#: SECURITY DEFINER, no SET clause), so every operator and function here is schema-qualified:
+#: no object on the caller's search_path changes where a call goes or which lock it takes.
+PLAIN_ROUTE: LiteralString = """    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
+                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext({q}))
+     WHERE NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) {q});
+    IF FOUND THEN
+        -- A statement after the lock: it sees the route that a move committed before releasing it.
+        {then} coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) {q}),
+                        pg_catalog.hashtext({q}));{plain}
+    END IF;
+"""
+
+#: How :data:`PLAIN_ROUTE` reads in a routing function: the queue is p_queue, its shard returned.
+PLAIN_RETURN = {"q": sql.SQL("p_queue"), "then": sql.SQL("RETURN"), "plain": sql.SQL("")}
+
+
+def _fast(name: LiteralString, args: LiteralString) -> LiteralString:
+    """Routing function ``name`` (:data:`FAST_ROUTES`): :data:`PLAIN_ROUTE`, else
+    ``_parted<name>`` with the same arguments."""
+    call = ", ".join(a.split()[0] for a in args.split(", "))
+    return (
+        "-- " + name + ": a plain queue's shard (PLAIN_ROUTE: in the caller's role, no SET clause);\n"
+        "-- a partitioned queue's: _parted" + name + ". Locks: _shard_of's, or _partitions'.\n"
+        "CREATE FUNCTION {s}." + name + "(" + args + ") RETURNS integer\n"
+        "LANGUAGE plpgsql VOLATILE AS $fn$\nBEGIN\n"
+        + PLAIN_ROUTE
+        + "    RETURN {s}._parted"
+        + name
+        + "("
+        + call
+        + ");\nEND $fn$"
+    )
+
 
 _MERGE_SCALAR = {
     "or": "SELECT coalesce(bool_or(r), false) FROM unnest(v_vals) AS r",
@@ -132,7 +190,11 @@ _MERGE_SCALAR = {
 
 #: The router's partition state and routing functions; ``{s}`` the schema identifier, ``{name}``
 #: its name as a literal, ``{cluster}`` the cluster's name as a literal, ``{stride}`` STRIDE,
-#: ``{kp}`` KEY_PARTITION of (key, n) with ``p_key``/``v_n``.
+#: ``{kp}`` KEY_PARTITION of (key, n) with ``p_key``/``v_n``. The internal functions without
+#: SECURITY DEFINER or a SET clause besides those of a plain queue's path (PLAIN_ROUTE's):
+#: ``_partitions``, ``_moved_ids``, ``_id_at``, ``_shard_down``, ``_mark_down`` and ``_turn``,
+#: which only the router's SECURITY DEFINER functions call (EXECUTE granted to none), on their
+#: pinned search_path.
 ROUTING_STATEMENTS: tuple[LiteralString, ...] = (
     """-- The partitioned queues: each partition's shard, partition k at shards[k + 1].
 -- moved_ids: where the message ids of a partition that moved (lonnymq.shard.move, partition=)
@@ -151,14 +213,13 @@ CREATE SEQUENCE {s}.partition_take_turn AS bigint CYCLE""",
     """-- The shards of partitioned queue p_queue (partition order), NULL for any other queue.
 -- Behind the queue's fence, as _shard_of: a partitioned queue's call waits while a move of one
 -- of its partitions holds it, then reads the partitions again (the move's commit).
--- Reads shard_partition. Locks: advisory (transaction, shared) on (hashtext(schema ||
--- '/route'), hashtext(p_queue)), for a partitioned queue.
+-- Not SECURITY DEFINER, no SET clause: only the router's SECURITY DEFINER functions call it
+-- (EXECUTE granted to none), on their pinned search_path. Reads shard_partition. Locks:
+-- advisory (transaction, shared) on (hashtext(schema || '/route'), hashtext(p_queue)), which
+-- every call of a queue holds (_shard_of's for a plain queue).
 CREATE FUNCTION {s}._partitions(p_queue text) RETURNS integer[]
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-    IF NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue = p_queue) THEN
-        RETURN NULL;
-    END IF;
     PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
     -- A statement after the lock: it sees what the move committed before releasing it.
     RETURN (SELECT p.shards FROM {s}.shard_partition p WHERE p.queue = p_queue);
@@ -166,32 +227,32 @@ END $fn$""",
     """-- Where the ids of partitioned queue p_queue's moved partitions are (shard_partition.moved_ids;
 -- '{{}}' for any other queue). Call it after _partitions (which holds the fence). Locks: none.
 CREATE FUNCTION {s}._moved_ids(p_queue text) RETURNS jsonb
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE sql STABLE AS $fn$
 SELECT coalesce((SELECT p.moved_ids FROM {s}.shard_partition p WHERE p.queue = p_queue), '{{}}')
 $fn$""",
     """-- The shard holding message p_id of a partitioned queue with partitions on p_parts and moved
 -- ids p_moved (_moved_ids): the partition its ids moved with, else the shard that made it.
 CREATE FUNCTION {s}._id_at(p_parts integer[], p_moved jsonb, p_id bigint) RETURNS integer
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE sql IMMUTABLE AS $fn$
 SELECT coalesce(p_parts[(p_moved ->> (p_id % {stride})::text)::integer + 1], (p_id % {stride})::integer)
 $fn$""",
     """-- Whether this session found shard p_shard unreachable less than {down_skip} s ago (a take
 -- then skips its partition). Session state (a setting), no table: a router session finds out
 -- for itself. Locks: none.
 CREATE FUNCTION {s}._shard_down(p_shard integer) RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE sql STABLE AS $fn$
 SELECT coalesce(nullif(current_setting('lonnymq_shard.down_' || {name} || '_' || p_shard, true), ''),
                 '0')::float8 > extract(epoch FROM clock_timestamp())
 $fn$""",
     """-- Remember for {down_skip} s in this session that shard p_shard cannot be reached.
 CREATE FUNCTION {s}._mark_down(p_shard integer) RETURNS void
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE sql VOLATILE AS $fn$
 SELECT set_config('lonnymq_shard.down_' || {name} || '_' || p_shard,
                   (extract(epoch FROM clock_timestamp()) + {down_skip})::text, false)
 $fn$""",
     """-- The next partition in turn among p_n, for a send or (p_take) a take. Locks: none.
 CREATE FUNCTION {s}._turn(p_n integer, p_take boolean DEFAULT false) RETURNS integer
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE sql VOLATILE AS $fn$
 SELECT (CASE WHEN p_take THEN nextval('{s}.partition_take_turn')
              ELSE nextval('{s}.partition_send_turn') END % p_n)::integer
 $fn$""",
@@ -211,7 +272,7 @@ END $fn$""",
     """-- The shard of a send: a plain queue's; a partitioned queue's partition of p_key, else of
 -- its idempotency key p_send_key (so a repeat of the call finds the first), else the next
 -- partition in turn. Reads shard_partition, shard_route. Locks: _shard_of's.
-CREATE FUNCTION {s}._send_shard(p_queue text, p_key text, p_send_key uuid) RETURNS integer
+CREATE FUNCTION {s}._parted_send_shard(p_queue text, p_key text, p_send_key uuid) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_parts integer[] := {s}._partitions(p_queue);
@@ -228,7 +289,7 @@ END $fn$""",
     """-- The shard of a batch send: as _send_shard, for the whole batch: its keys must all fall
 -- in one partition (items without a key go with them; a batch without keys: its idempotency
 -- key's partition, else the next in turn).
-CREATE FUNCTION {s}._batch_shard(p_queue text, p_keys text[], p_send_key uuid) RETURNS integer
+CREATE FUNCTION {s}._parted_batch_shard(p_queue text, p_keys text[], p_send_key uuid) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_parts integer[] := {s}._partitions(p_queue);
@@ -241,7 +302,7 @@ BEGIN
     v_ks := ARRAY(SELECT DISTINCT (SELECT {kp} FROM (SELECT k AS p_key) x)
                     FROM unnest(p_keys) AS k WHERE k IS NOT NULL);
     IF cardinality(v_ks) = 0 AND p_send_key IS NOT NULL THEN
-        RETURN {s}._send_shard(p_queue, NULL, p_send_key);
+        RETURN {s}._parted_send_shard(p_queue, NULL, p_send_key);
     ELSIF cardinality(v_ks) = 0 THEN
         RETURN v_parts[1 + {s}._turn(v_n)];
     ELSIF cardinality(v_ks) > 1 THEN
@@ -255,7 +316,7 @@ END $fn$""",
 -- the shard holding the ids (_id_at: the shard that made them, id mod {stride}, or where their
 -- partition moved), which must be one of its partitions' and the same for all (empty: the
 -- first partition).
-CREATE FUNCTION {s}._id_shard(p_queue text, p_ids bigint[]) RETURNS integer
+CREATE FUNCTION {s}._parted_id_shard(p_queue text, p_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_parts integer[] := {s}._partitions(p_queue);
@@ -280,14 +341,8 @@ BEGIN
     END IF;
     RETURN v_at[1];
 END $fn$""",
-    """-- The shard of message_get: by id (as _id_shard) or by key (as _send_shard).
-CREATE FUNCTION {s}._msg_shard(p_queue text, p_id bigint, p_key text) RETURNS integer
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-SELECT CASE WHEN p_id IS NOT NULL OR p_key IS NULL THEN {s}._id_shard(p_queue, ARRAY[p_id])
-            ELSE {s}._send_shard(p_queue, p_key, NULL) END
-$fn$""",
     """-- The shard of message_cancel: every id and key given must be of one partition.
-CREATE FUNCTION {s}._cancel_shard(p_queue text, p_ids bigint[], p_keys text[]) RETURNS integer
+CREATE FUNCTION {s}._parted_cancel_shard(p_queue text, p_ids bigint[], p_keys text[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_at integer[];
@@ -296,16 +351,23 @@ BEGIN
         RETURN {s}._shard_of(p_queue);
     END IF;
     v_at := ARRAY(SELECT DISTINCT x FROM (
-        SELECT {s}._id_shard(p_queue, ARRAY[i]) FROM unnest(p_ids) AS i WHERE i IS NOT NULL
+        SELECT {s}._parted_id_shard(p_queue, ARRAY[i]) FROM unnest(p_ids) AS i WHERE i IS NOT NULL
         UNION ALL
-        SELECT {s}._send_shard(p_queue, k, NULL) FROM unnest(p_keys) AS k WHERE k IS NOT NULL) AS t(x));
+        SELECT {s}._parted_send_shard(p_queue, k, NULL) FROM unnest(p_keys) AS k WHERE k IS NOT NULL) AS t(x));
     IF cardinality(v_at) > 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: the'
             ' messages of one cancel are on shards %s; cancel per partition', p_queue,
             array_to_string(v_at, ', '));
     END IF;
-    RETURN coalesce(v_at[1], {s}._id_shard(p_queue, '{{}}'));
+    RETURN coalesce(v_at[1], {s}._parted_id_shard(p_queue, '{{}}'));
 END $fn$""",
+    *(_fast(name, args) for name, args in FAST_ROUTES.items()),
+    """-- The shard of message_get: by id (as _id_shard) or by key (as _send_shard).
+CREATE FUNCTION {s}._msg_shard(p_queue text, p_id bigint, p_key text) RETURNS integer
+LANGUAGE sql VOLATILE AS $fn$
+SELECT CASE WHEN p_id IS NOT NULL OR p_key IS NULL THEN {s}._id_shard(p_queue, ARRAY[p_id])
+            ELSE {s}._send_shard(p_queue, p_key, NULL) END
+$fn$""",
 )
 
 
@@ -319,6 +381,7 @@ def _fmt(stmt: LiteralString, schema: str, cluster: str) -> sql.Composed:
         stride=sql.SQL(str(STRIDE)),
         kp=kp,
         down_skip=sql.SQL(str(DOWN_SKIP)),
+        **PLAIN_RETURN,
     )
 
 
@@ -398,9 +461,10 @@ def _skipping(s: sql.Identifier, call: sql.Composable) -> sql.Composed:
     )
 
 
-def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
+def dispatcher_statements(schema: str, fn: CoreFunction) -> list[sql.Composed]:
     """The router's public function for a call of :data:`DISPATCHED`: a plain queue's call goes
-    to ``_hash_<name>`` (its shard, as every proxy), a partitioned queue's to each partition."""
+    to its shard (``_on_<name>``, routed as by ``_shard_of``), a partitioned queue's to each
+    partition."""
     how = DISPATCHED[fn.name]
     key = "p_queue" if "p_queue" in fn.argnames else "p_name"
     s = sql.Identifier(schema)
@@ -409,7 +473,8 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
     decl = "v_parts integer[]; p_shard integer; v_i integer; v_got bigint; v_start integer;"
     if fn.name in SKIPS_DOWN:
         decl += " v_skip boolean; v_down integer := 0; v_state text; v_msg text;"
-    plain = sql.SQL("RETURN QUERY SELECT * FROM {};\n        RETURN;").format(hashed)
+    # How the body returns the result of a call ``{}``: rows, a value, or nothing.
+    ret: LiteralString = "RETURN QUERY SELECT * FROM {};\n        RETURN;"
     after: sql.Composable = sql.SQL("")
     if how == "first":  # take: the partitions in turn until one hands out messages
         part = sql.SQL(
@@ -457,7 +522,7 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
             "     ORDER BY m.id LIMIT p_limit;"
         ).format(on=_call(schema, f"_on_{fn.name}", fn.argnames, "x.shard"))
     elif how == "by_ids":  # dead_requeue: every partition, or the ids each partition's shard made
-        plain = sql.SQL("RETURN {};").format(hashed)
+        ret = "RETURN {};"
         decl += f" v_vals {fn.result}[] := '{{}}'; v_ids bigint[]; v_moved jsonb;"
         on_ids = _call(
             schema, f"_on_{fn.name}", [a if a != "p_ids" else "v_ids" for a in fn.argnames], "p_shard"
@@ -484,15 +549,15 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
             "      FROM unnest(v_parts) AS x(shard), LATERAL {on} AS m;"
         ).format(on=_call(schema, f"_on_{fn.name}", fn.argnames, "x.shard"))
     elif how == "none":
-        plain = sql.SQL("RETURN {};").format(hashed)
+        ret = "RETURN {};"
         part = sql.Composed([sql.SQL("RETURN '{}';")])
     elif how == "void":
-        plain = sql.SQL("PERFORM {};\n        RETURN;").format(hashed)
+        ret = "PERFORM {};\n        RETURN;"
         part = sql.SQL("FOREACH p_shard IN ARRAY v_parts LOOP\n        PERFORM {on};\n    END LOOP;").format(
             on=on
         )
     elif fn.name in SKIPS_DOWN:  # one value from each partition that answers, merged
-        plain = sql.SQL("RETURN {};").format(hashed)
+        ret = "RETURN {};"
         decl += f" v_vals {fn.result}[] := '{{}}';"
         part = sql.SQL(
             "{skip_init}\n    FOREACH p_shard IN ARRAY v_parts LOOP\n        {attempt}\n    END LOOP;\n    {all_down}"
@@ -503,7 +568,7 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
         )
         after = sql.SQL("\n    RETURN ({});").format(sql.SQL(_MERGE_SCALAR[how]))
     else:  # one value from each partition, merged
-        plain = sql.SQL("RETURN {};").format(hashed)
+        ret = "RETURN {};"
         decl += f" v_vals {fn.result}[] := '{{}}';"
         part = sql.SQL(
             "FOREACH p_shard IN ARRAY v_parts LOOP\n        v_vals := v_vals || {on};\n    END LOOP;"
@@ -519,25 +584,46 @@ def dispatcher_statement(schema: str, fn: CoreFunction) -> sql.Composed:
                 ).format(s=s),
             ]
         )
-    body = sql.SQL(
-        "DECLARE {decl}\nBEGIN\n    v_parts := {s}._partitions({key});\n"
-        "    IF v_parts IS NULL THEN\n        {plain}\n    END IF;\n    {part}{after}\nEND"
-    ).format(decl=sql.SQL(decl), s=s, key=sql.Identifier(key), plain=plain, part=part, after=after)
-    return sql.SQL(
-        "-- {name} on the router: a plain queue's call on its shard; a partitioned queue's on each\n"
-        "-- partition (lonnymq.shard.partitions.DISPATCHED: {how}).\n"
-        "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plpgsql VOLATILE{strict} SECURITY DEFINER"
-        " SET search_path = pg_catalog, pg_temp AS $fn$\n{b}\n$fn$"
-    ).format(
-        name=sql.SQL(fn.name),
-        how=sql.SQL(how),
+    # A plain queue's call: on its shard (PLAIN_ROUTE, as _shard_of routes it, behind the fence)
+    # by _on_<name>, with no routing function for PL/Proxy to call.
+    route = sql.SQL(PLAIN_ROUTE).format(
         s=s,
-        n=sql.Identifier(fn.name),
-        a=sql.SQL(fn.arguments),
-        r=sql.SQL(fn.result),
-        strict=sql.SQL(" STRICT" if fn.strict else ""),
-        b=body,
+        name=sql.Literal(schema),
+        q=sql.Identifier(key),
+        then=sql.SQL("p_shard :="),
+        plain=sql.Composed([sql.SQL("\n        "), sql.SQL(ret).format(on)]),
     )
+    body = sql.SQL(
+        "DECLARE {decl}\nBEGIN\n{route}    v_parts := {s}._partitions({key});\n"
+        "    IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)\n        {plain}\n"
+        "    END IF;\n    {part}{after}\nEND"
+    ).format(
+        decl=sql.SQL(decl),
+        route=route,
+        s=s,
+        key=sql.Identifier(key),
+        plain=sql.SQL(ret).format(hashed),
+        part=part,
+        after=after,
+    )
+    return [
+        sql.SQL(
+            "-- {name} on the router: a plain queue's call on its shard; a partitioned queue's on each\n"
+            "-- partition (lonnymq.shard.partitions.DISPATCHED: {how}). SECURITY DEFINER: it calls the\n"
+            "-- _on_<name> functions, granted to none.\n"
+            "CREATE FUNCTION {s}.{n}({a}) RETURNS {r} LANGUAGE plpgsql VOLATILE{strict} SECURITY DEFINER"
+            " SET search_path = pg_catalog, pg_temp AS $fn$\n{b}\n$fn$"
+        ).format(
+            name=sql.SQL(fn.name),
+            how=sql.SQL(how),
+            s=s,
+            n=sql.Identifier(fn.name),
+            a=sql.SQL(fn.arguments),
+            r=sql.SQL(fn.result),
+            strict=sql.SQL(" STRICT" if fn.strict else ""),
+            b=body,
+        )
+    ]
 
 
 def create_statement(schema: str, cluster: str, fn: CoreFunction) -> sql.Composed:

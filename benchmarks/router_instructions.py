@@ -1,0 +1,251 @@
+"""What a call through the shard router costs the router itself, counted in instructions
+(deterministic, like benchmarks/server_instructions.py, which this follows).
+
+Three throwaway clusters (tools/pgcluster.py: Debian's PostgreSQL 15, run as the ``postgres``
+OS user): shard a, shard b and a router server holding one router database per source tree
+(``--trees name=path/to/src,...``, each made by that tree's ``lonnymq.shard.init`` over the same
+two shards, so the trees must share the core's SQL). The router's postmaster is then stopped and
+each workload runs in a single-user ``postgres --single`` on the router database under valgrind's
+callgrind, the shards serving as usual: prepared statements, ``EXECUTE``d ``--calls`` times (and
+``--calls / 4`` times; the difference of the two counts over the difference of the calls is one
+call, without start-up, connection to the shards and planning). Only the EXECUTEs are counted
+(``--toggle-collect=ExecuteQuery``): not each statement's commit, and not the shard's work (another
+process), so this is the router's own CPU work per call; waiting for the shard costs nothing here.
+
+Workloads (``--workloads``), on a plain queue held by shard a unless named ``_parted``:
+
+* ``send``, ``send_batch100`` (one call of 100 messages), ``take`` (one message), ``take_ack``
+  (a take of one message, then its ack: two calls; ``ack`` is reported as take_ack - take):
+  the router's public functions, as clients call them;
+* ``bare_*``: the same calls through bare PL/Proxy functions with the same signatures (``RUN ON 0;
+  TARGET lonnymq.<call>``): PL/Proxy's own part, with none of LonnyMQ's routing;
+* ``route_send``, ``route_batch``, ``route_ack``: the routing function that PL/Proxy calls for
+  ``send``, ``send_batch`` and ``ack`` (``_send_shard``, ``_batch_shard``, ``_id_shard``) alone;
+  ``shard_of``: ``_shard_of`` alone (what ``_hash_take`` runs); ``partitions``: ``_partitions``;
+  ``noop``: ``SELECT 1`` (what a top-level statement costs: subtract it from the ones alone);
+* ``send_parted``, ``take_parted``: a queue with 2 partitions (one on each shard).
+
+    python benchmarks/router_instructions.py --trees before=../main/src,after=src \\
+        [--workloads send,take,...] [--calls 200] [--json out.json]
+
+Needs root (the servers run as the postgres OS user), valgrind and PL/Proxy (installed from
+Debian when missing, as the tests do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import pgcluster
+
+PAYLOAD = "\\x7b226f72646572223a203132333435362c20226e6f7465223a2022787878787878787878787878227d"
+#: Keeps a take's ids and tokens in settings for the ack that follows.
+_KEEP = (
+    "set_config('b.ids', coalesce(array_agg(t.id)::text, '{}'), false),"
+    " set_config('b.toks', coalesce(array_agg(t.token)::text, '{}'), false)"
+)
+_ACK = "current_setting('b.ids')::bigint[], current_setting('b.toks')::int[]"
+
+
+def _calls(fn: str) -> dict[str, tuple[str, ...]]:
+    """The four calls' statements with ``fn`` the function's name pattern (``{}`` the call)."""
+    send = f"SELECT * FROM {fn.format('send')}('{{q}}', '{PAYLOAD}'::bytea)"
+    batch = (
+        f"SELECT count(*) FROM {fn.format('send_batch')}('{{q}}', array_fill('{PAYLOAD}'::bytea, ARRAY[100]))"
+    )
+    take = f"SELECT {_KEEP} FROM {fn.format('take')}('{{q}}', 1) t"
+    ack = f"SELECT * FROM {fn.format('ack')}('{{q}}', {_ACK})"
+    return {"send": (send,), "send_batch100": (batch,), "take": (take,), "take_ack": (take, ack)}
+
+
+#: workload: the statements of one call (each EXECUTEd once a call), and whether the shard's
+#: queue needs a backlog of messages.
+WORKLOADS: dict[str, tuple[str, ...]] = {
+    **_calls("lonnymq.{}"),
+    **{f"bare_{k}": v for k, v in _calls("public.bare_{}").items()},
+    "route_send": ("SELECT lonnymq._send_shard('{q}', NULL, NULL)",),
+    "route_batch": ("SELECT lonnymq._batch_shard('{q}', NULL, NULL)",),
+    "route_ack": ("SELECT lonnymq._id_shard('{q}', ARRAY[2]::bigint[])",),
+    "shard_of": ("SELECT lonnymq._shard_of('{q}')",),
+    "partitions": ("SELECT lonnymq._partitions('{q}')",),
+    "noop": ("SELECT 1",),
+    "send_parted": (_calls("lonnymq.{}")["send"][0].replace("{q}", "{pq}"),),
+    "take_parted": (_calls("lonnymq.{}")["take"][0].replace("{q}", "{pq}"),),
+}
+TAKES = ("take", "take_ack", "bare_take", "bare_take_ack", "take_parted")
+DEFAULT = "send,send_batch100,take,take_ack,bare_send,bare_send_batch100,bare_take,bare_take_ack," + (
+    "route_send,route_batch,route_ack,shard_of,partitions,noop,send_parted,take_parted"
+)
+
+#: The bare PL/Proxy functions (no routing: shard 0) of the calls, made in each router database.
+BARE = ("send", "send_batch", "take", "ack")
+
+
+def _single(cluster: pgcluster.Cluster, db: str, script: str, profile: Path | None = None) -> int:
+    """Instructions callgrind counted in the EXECUTEs of ``script`` in a single-user backend
+    (``profile``: callgrind's output file, for callgrind_annotate)."""
+    argv = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={profile or '/dev/null'}",
+        "--collect-atstart=no",
+        "--toggle-collect=ExecuteQuery",
+        str(pgcluster.BINDIR / "postgres"),
+        "--single",
+        "-D",
+        str(cluster.datadir),
+        db,
+    ]
+    out = subprocess.run(
+        ["runuser", "-u", pgcluster.OS_USER, "--", *argv] if os.geteuid() == 0 else argv,
+        input=script,
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    # A single-user backend reports a failed statement on stderr and goes on: a call that fails
+    # would be counted as a cheap one.
+    if out.returncode != 0 or not found or "ERROR:" in out.stdout or "ERROR:" in out.stderr:
+        raise SystemExit(f"single-user run failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def _script(statements: tuple[str, ...], calls: int, names: dict[str, str]) -> str:
+    texts = [s.replace("{q}", names["q"]).replace("{pq}", names["pq"]) for s in statements]
+    prepared = [f"PREPARE w{i} AS {s}" for i, s in enumerate(texts)]
+    once = "".join(f"EXECUTE w{i}\n" for i in range(len(statements)))
+    # 20 first calls: plans made, connections to the shards opened.
+    return "SET b.ids = '{}'\nSET b.toks = '{}'\n" + "\n".join(prepared) + "\n" + once * (20 + calls)
+
+
+def _fill(shards: list[tuple[str, str]], backlog: int) -> None:
+    """Empty each (shard DSN, queue) and, with ``backlog``, give it that many ready messages."""
+    for dsn, queue in shards:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT lonnymq.queue_purge(%s)", (queue,))
+            if backlog:
+                conn.execute(
+                    "SELECT count(*) FROM lonnymq.send_batch(%s, array_fill(%s::bytea, ARRAY[%s]))",
+                    (queue, b'{"n": 1}', backlog),
+                )
+            conn.execute("VACUUM ANALYZE lonnymq.message")
+
+
+def _bare(dsn: str) -> None:
+    """The bare PL/Proxy functions of :data:`BARE` in the router database ``dsn``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in BARE:
+            sig = f"lonnymq.{name}"
+            args, result = conn.execute(
+                "SELECT pg_get_function_arguments(p.oid), pg_get_function_result(p.oid) FROM pg_proc p"
+                " WHERE p.oid = %s::regproc",
+                (sig,),
+            ).fetchone() or ("", "")
+            conn.execute(
+                sql.SQL(
+                    "CREATE OR REPLACE FUNCTION public.{}({}) RETURNS {} LANGUAGE plproxy AS"
+                    " $$ CLUSTER 'lonnymq_lonnymq'; RUN ON 0; TARGET lonnymq.{}; $$"
+                ).format(sql.Identifier(f"bare_{name}"), sql.SQL(args), sql.SQL(result), sql.SQL(name))
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trees", required=True, help="name=path/to/src,... (the first is the reference)")
+    ap.add_argument("--workloads", default=DEFAULT)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--profiles",
+        type=Path,
+        help="also keep callgrind's output of each workload's longer run in this directory"
+        " (callgrind.<workload>.<tree>: callgrind_annotate --inclusive=yes shows where it goes)",
+    )
+    args = ap.parse_args()
+    if args.profiles:
+        args.profiles.mkdir(parents=True, exist_ok=True)
+        os.chmod(args.profiles, 0o777)  # written by the postgres OS user
+    trees = [tuple(t.split("=", 1)) for t in args.trees.split(",")]
+    workloads = args.workloads.split(",")
+    for w in workloads:
+        if w not in WORKLOADS:
+            ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    low, high = max(1, args.calls // 4), args.calls
+    pgcluster.ensure_plproxy()
+    settings = {"shared_preload_libraries": "''"}
+    results: dict[str, dict[str, float]] = {}
+    with ExitStack() as stack:
+        router, a, b = (
+            stack.enter_context(pgcluster.temporary_cluster(settings, install=False)) for _ in range(3)
+        )
+        base = router.admin_dsn().rsplit("/", 1)[0]
+        with psycopg.connect(router.admin_dsn(), autocommit=True) as conn:
+            for name, _ in trees:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(f"router_{name}")))
+            # A plain queue on shard 0 (a): PL/Proxy's rule, hashtext & (shards - 1).
+            i = 0
+            while conn.execute("SELECT hashtext(%s) & 1", (f"rq{i}",)).fetchone() != (0,):
+                i += 1
+        names = {"q": f"rq{i}", "pq": "pq"}
+        for name, src in trees:
+            code = "import sys; from lonnymq import shard; shard.init(sys.argv[1], sys.argv[2:])\n"
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+            subprocess.run(
+                [sys.executable, "-c", code, f"{base}/router_{name}", a.dsn, b.dsn], env=env, check=True
+            )
+            _bare(f"{base}/router_{name}")
+        first = f"{base}/router_{trees[0][0]}"
+        with psycopg.connect(first, autocommit=True) as conn:
+            conn.execute("SELECT lonnymq.queue_create(%s)", (names["q"],))
+            conn.execute("SELECT lonnymq.queue_create_partitioned('pq', 2)")
+            parts = conn.execute("SELECT shards FROM lonnymq.shard_partition WHERE queue = 'pq'").fetchone()
+        for name, _ in trees[1:]:  # the same partitioned queue, known to the other routers
+            with psycopg.connect(f"{base}/router_{name}", autocommit=True) as conn:
+                conn.execute("INSERT INTO lonnymq.shard_partition (queue, shards) VALUES ('pq', %s)", parts)
+        router.stop()
+        try:
+            for w in workloads:
+                statements = WORKLOADS[w]
+                targets = [(d, "pq") for d in (a.dsn, b.dsn)] if "parted" in w else [(a.dsn, names["q"])]
+                backlog = (high + 40) * 2 if w in TAKES else 0
+                for name, _ in trees:
+                    counts = []
+                    for n in (low, high):
+                        _fill(targets, backlog)
+                        profile = (
+                            args.profiles / f"callgrind.{w}.{name}" if args.profiles and n == high else None
+                        )
+                        counts.append(
+                            _single(router, f"router_{name}", _script(statements, n, names), profile)
+                        )
+                    results.setdefault(w, {})[name] = (counts[1] - counts[0]) / (high - low)
+                    print(f"{w:20} {name:8} {results[w][name] / 1000:9.1f}k instructions/call", flush=True)
+        finally:
+            router.start()  # temporary_cluster stops it on leaving
+    ref = trees[0][0]
+    if "take_ack" in results and "take" in results:
+        results["ack (take_ack - take)"] = {
+            n: results["take_ack"][n] - results["take"][n] for n in results["take"]
+        }
+    print(f"\ninstructions per call on the router (k); ratios to {ref}:")
+    for w, row in results.items():
+        print(f"  {w:22} " + "  ".join(f"{k} {v / 1000:8.1f}k ({v / row[ref]:.3f})" for k, v in row.items()))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"calls": args.calls, "trees": dict(trees), "results": results}, indent=2) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
