@@ -39,14 +39,16 @@ def candidate_queries(function: str) -> list[str]:
     (take reads each generation of the window with one of them)."""
     queries = []
     # take and take_tx use the window's query twice: in the one-message statement and in the
-    # general one (the same text, indented differently).
+    # general one (the same text, indented differently). The one-message statements of an
+    # ordinary queue read its partition, message_logged, and take_tx's reads the queue (x) and
+    # the clock (h) in the same statement.
     for text in dict.fromkeys(_locking_selects(function)):
         text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
-        text = re.sub(r"\bq\.id\b", "$1", text)
-        text = re.sub(r"\b(?:v_now|p_now)\b", "$2", text)
+        text = re.sub(r"\b[qx]\.id\b", "$1", text)
+        text = re.sub(r"\b(?:v_now|p_now|h\.now)\b", "$2", text)
         text = re.sub(r"\b(?:p_limit|v_want|v_more)\b", "$3", text)
         text = re.sub(r"\b(?:g\.gen|v_old)\b", "$4", text)  # v_old: a frozen generation
-        text = re.sub(r"\bq\.max_attempts\b", "5", text)  # take_tx's lean path: deliverable?
+        text = re.sub(r"\b[qx]\.max_attempts\b", "5", text)  # the lean paths: deliverable?
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
         assert not unknown, f"{function}() candidate query uses {unknown}: teach this test about them"
         queries.append(text)
@@ -54,14 +56,17 @@ def candidate_queries(function: str) -> list[str]:
 
 
 def window_query(function: str) -> str:
-    """The candidate query of the window: the last of the two (the first locks rows of the
-    queue's frozen generations when it has a backlog, which the loaded queue has not)."""
+    """The candidate query of the window that ``function`` runs on the loaded (ordinary) queue,
+    which has no frozen generation: the one that reads the generation of the VALUES list
+    (g.gen), not a frozen one (v_old), and in take() the one-message statement's, which reads
+    the ordinary queues' partition."""
     queries = candidate_queries(function)
-    assert len(queries) == 2
-    # The window's reads the generation of the VALUES list (g.gen), the other a frozen one.
-    [window] = [
+    windows = [
         q for q, raw in zip(queries, dict.fromkeys(_locking_selects(function)), strict=True) if "g.gen" in raw
     ]
+    if len(windows) > 1:
+        windows = [q for q in windows if ".message_logged " in q]
+    [window] = windows
     return window
 
 
@@ -221,11 +226,11 @@ def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> Non
     their plain path is either _lock_ready()'s or one candidate_queries() extracts."""
     body = function_text(function)
     assert "{schema}._lock_ready(q, v_want, v_now)" in body
-    plain = body.split("IF q.uses_channels")[-1].split("END IF;", 1)[1]
-    locks = plain.count("FOR UPDATE SKIP LOCKED")
-    if locks:
-        assert locks == len(_locking_selects(function))
-        assert len(candidate_queries(function)) == 2  # the frozen generations' and the window's
+    # (The channels' row locks are _take_channels'.)
+    assert body.count("FOR UPDATE SKIP LOCKED") == len(_locking_selects(function))
+    # The frozen generations', the window's, and the window's in the ordinary queues' partition
+    # (the one-message statement).
+    assert len(candidate_queries(function)) == 3
 
 
 # Settling by (id, token) ----------------------------------------------------------------------

@@ -92,3 +92,62 @@ def test_take_acks_one_delivery_of_a_plain_queue_itself(client: Client, conn: An
     left = conn.execute(sql.SQL("SELECT id, leased FROM {}.message ORDER BY id").format(s)).fetchall()
     assert left == [(b.id, True), (c.id, True), (d.id, True)]
     conn.rollback()
+
+
+def _partitions_locked(conn: Any, schema: str) -> set[str]:
+    """The message partitions (and their indexes) this transaction has locked."""
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+        " WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND c.relnamespace = %s::regnamespace"
+        " AND c.relname LIKE 'message\\_%%logged%%'",
+        (schema,),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_pop_and_drain_of_an_ordinary_queue_open_only_its_partition(
+    client: Client, conn: Any, schema: str
+) -> None:
+    """A pop (take_tx(1)) and a drain's take(1, ack=previous) of an ordinary queue read and
+    change message_logged only: over the partitioned table each statement opened (and locked)
+    message_unlogged and its indexes too."""
+    s = sql.Identifier(schema)
+    client.create_queue("q")
+    client.send_batch("q", [b"1", b"2", b"3"])
+    with conn.transaction():
+        [(one,)] = conn.execute(sql.SQL("SELECT payload FROM {}.take_tx('q', 1)").format(s)).fetchall()
+        locked = _partitions_locked(conn, schema)
+    assert bytes(one) == b"1"
+    assert "message_logged" in locked and not [n for n in locked if "unlogged" in n], locked
+    [a] = client.take("q", 1)
+    take = sql.SQL("SELECT id, payload FROM {}.take('q', 1, NULL, %s, %s)").format(s)
+    with conn.transaction():
+        [(b_id, b)] = conn.execute(take, ([a.id], [a.token])).fetchall()
+        locked = _partitions_locked(conn, schema)
+    assert bytes(b) == b"3"
+    assert "message_logged" in locked and not [n for n in locked if "unlogged" in n], locked
+    left = conn.execute(sql.SQL("SELECT id FROM {}.message").format(s)).fetchall()
+    assert left == [(b_id,)]  # a acked, b leased
+
+
+def test_pop_and_drain_of_an_unlogged_queue(client: Client, conn: Any, schema: str) -> None:
+    """An UNLOGGED queue's messages are in the other partition: its pops and drains take the
+    paths over the partitioned table, with the same results (in order, the ack written once),
+    beside an ordinary queue whose messages they never touch."""
+    s = sql.Identifier(schema)
+    client.create_queue("u", unlogged=True)
+    client.create_queue("q")
+    client.send_batch("q", [b"q1", b"q2"])
+    client.send_batch("u", [b"1", b"2", b"3", b"4"])
+    pop = sql.SQL("SELECT payload FROM {}.take_tx('u', 1)").format(s)
+    assert [bytes(r[0]) for r in conn.execute(pop).fetchall()] == [b"1"]
+    [a] = client.take("u", 1)
+    [b] = client.take("u", 1, ack=[a])
+    [c] = client.take("u", 1, ack=[a])  # a repeat: nothing more
+    assert [m.payload for m in (a, b, c)] == [b"2", b"3", b"4"]
+    assert conn.execute(pop).fetchall() == []  # b and c are leased
+    settled = conn.execute(sql.SQL("SELECT id, token, outcome FROM {}.settled").format(s)).fetchall()
+    assert settled == [(a.id, a.token, "acked")]
+    [(acked,)] = conn.execute(sql.SQL("SELECT sum(acked) FROM {}.queue_stat").format(s)).fetchall()
+    assert acked == 1
+    assert [m.payload for m in client.peek("q")] == [b"q1", b"q2"]

@@ -411,12 +411,13 @@ BEGIN
     -- statement (each statement costs a snapshot and an executor start-up; a PL/pgSQL expression
     -- that calls a function that is not immutable takes a snapshot too). The checks of _queue,
     -- _check_limit, _check_positive and _now are called only when they are going to fail.
-    SELECT x AS q, s.last_value AS gen, st.last_value AS started,
+    SELECT x AS q, pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
+           pg_sequence_last_value('{schema}.message_gen_started_seq') AS started,
            (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now
       INTO v_head
-      FROM {schema}.queue x, {schema}.message_gen_seq s, {schema}.message_gen_started_seq st
+      FROM {schema}.queue x
      WHERE x.name = p_queue;
     IF NOT FOUND THEN
         q := {schema}._queue(p_queue);
@@ -454,21 +455,26 @@ BEGIN
        AND NOT q.archive THEN
         -- One delivery of a plain queue (a consumer's drain, take(1, ack=previous)): the
         -- statement of ack's one-delivery path, here, on the queue already read (a nested call
-        -- of ack() cost its frame, its settings and its queue lookup again). Nothing deleted (a
-        -- repeat, a stale token): ack() itself, which answers those as before.
-        WITH d AS (
-            DELETE FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
-               AND m.leased IS TRUE
-            RETURNING m.queue_id, m.id, m.deliveries
-        ), k AS (
-            INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
-            SELECT d.queue_id, d.id, d.deliveries, 'acked', v_now FROM d
-        ), st AS (
-            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
-            SELECT d.queue_id, v_now / 60000, 1 FROM d
-        )
-        SELECT d.id INTO v_acked FROM d;  -- (one row at most: no aggregate to start)
+        -- of ack() cost its frame, its settings and its queue lookup again), in message_logged,
+        -- the partition of every ordinary queue (queues.sql), by name: a DELETE of the
+        -- partitioned table opens both partitions (2 % of a drain's instructions). Nothing
+        -- deleted (a repeat, a stale token; an UNLOGGED queue's delivery): ack() itself, which
+        -- answers those as before and acks the UNLOGGED queue's delivery with its statement.
+        IF q.id >= 0 THEN
+            WITH d AS (
+                DELETE FROM {schema}.message_logged m
+                 WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
+                   AND m.leased IS TRUE
+                RETURNING m.queue_id, m.id, m.deliveries
+            ), k AS (
+                INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+                SELECT d.queue_id, d.id, d.deliveries, 'acked', v_now FROM d
+            ), st AS (
+                INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+                SELECT d.queue_id, v_now / 60000, 1 FROM d
+            )
+            SELECT d.id INTO v_acked FROM d;  -- (one row at most: no aggregate to start)
+        END IF;
         IF v_acked IS NULL THEN
             PERFORM {schema}.ack(p_queue, p_ack_ids, p_ack_tokens, false, p_now);
         END IF;
@@ -507,12 +513,16 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) x;
             EXIT WHEN v_held IS NOT NULL;
         END LOOP;
-        IF v_held IS NULL THEN
-            -- No frozen row (no backlog in the queue's frozen generations): the statement
-            -- below without its array, union and sort (7 % of take(1)'s instructions,
-            -- benchmarks/server_instructions.py).
+        IF v_held IS NULL AND q.id >= 0 THEN
+            -- No frozen row (no backlog in the queue's frozen generations) of an ordinary queue:
+            -- the statement below without its array, union and sort (7 % of take(1)'s
+            -- instructions, benchmarks/server_instructions.py), in message_logged, the
+            -- partition of every ordinary queue (queues.sql), by name: an UPDATE of the
+            -- partitioned table opens both partitions and all their indexes (its TIDs cannot
+            -- be pruned), a further 7 % of a drain's instructions. An UNLOGGED queue's takes
+            -- the statement below.
             RETURN QUERY
-            UPDATE {schema}.message m
+            UPDATE {schema}.message_logged m
                SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
                    deliveries = m.deliveries + 1, leased = true
              WHERE m.ctid = (SELECT c.tid
@@ -521,7 +531,7 @@ BEGIN
                                       CROSS JOIN LATERAL (
                                             SELECT m.id, m.ctid AS tid, m.dequeue_at,
                                                    m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
-                                              FROM {schema}.message m
+                                              FROM {schema}.message_logged m
                                              WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
                                                AND m.dequeue_at <= v_now
                                              ORDER BY m.dequeue_at, m.id
@@ -530,7 +540,6 @@ BEGIN
                                       ORDER BY w.dequeue_at, w.id
                                       LIMIT 1) c
                               WHERE c.ok)
-               AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
             RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
                       m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
                       m.last_error, m.payload;
@@ -634,16 +643,66 @@ DECLARE
     v_held_ats bigint[]  := ARRAY[]::bigint[];
     v_held_ok  boolean[] := ARRAY[]::boolean[];
     v_head     record;
+    v_missed   boolean := false;
 BEGIN
+    -- One message without archiving (a pop): one statement finds the queue by its name, reads
+    -- the clock and the generation counter, and deletes the first of the window's two
+    -- candidates by ctid if it may be delivered, on a queue that is not paused, has no channels
+    -- and no frozen generation: the lean path's statement below, with the queue, the clock and
+    -- the generation read in it (a statement less). It reads and deletes in message_logged,
+    -- the partition of every ordinary queue (queues.sql), by name: over the partitioned table
+    -- each statement would open both partitions and their indexes, since the queue's id is
+    -- not known before it runs (no pruning at executor start-up). The generation is read once
+    -- (h), by pg_sequence_last_value (no scan of the sequence), so the window is one pair.
+    -- Nothing deleted (an empty queue; an unknown, UNLOGGED, paused, archiving or channel
+    -- queue; a frozen generation; a candidate that may not be delivered): the path below,
+    -- which raises or answers as before, without running the same DELETE again.
+    IF p_limit = 1 AND p_archive IS NOT TRUE THEN
+        RETURN QUERY
+        DELETE FROM {schema}.message_logged m
+         WHERE m.ctid = (
+               SELECT c.tid
+                 FROM (SELECT w.tid, w.ok
+                         FROM {schema}.queue x
+                        CROSS JOIN (SELECT CASE WHEN p_now IS NULL
+                                                THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
+                                                ELSE {schema}._now(p_now) END AS now,
+                                           pg_sequence_last_value('{schema}.message_gen_seq') AS gen
+                                     OFFSET 0) h
+                        CROSS JOIN LATERAL (VALUES (h.gen - 1), (h.gen)) AS g(gen)
+                        CROSS JOIN LATERAL (
+                              SELECT m.ctid AS tid, m.id, m.dequeue_at,
+                                     m.attempts < x.max_attempts AND m.superseded_by IS NULL AS ok
+                                FROM {schema}.message_logged m
+                               WHERE m.gen = g.gen AND m.queue_id = x.id AND m.channel IS NULL
+                                 AND m.dequeue_at <= h.now
+                               ORDER BY m.dequeue_at, m.id
+                               LIMIT 1
+                                 FOR UPDATE SKIP LOCKED) w
+                        WHERE x.name = p_queue AND NOT x.paused AND NOT x.uses_channels
+                          AND NOT coalesce(p_archive, x.archive)
+                          AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
+                                           WHERE f.queue_id = x.id AND cardinality(f.gens) > 0)
+                        ORDER BY w.dequeue_at, w.id
+                        LIMIT 1) c
+                WHERE c.ok)
+        RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
+                  m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                  m.last_error, m.payload;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        v_missed := true;
+    END IF;
     -- The queue, the clock, the generation counter and the queue's frozen generations, in one
     -- statement, as in take(). The checks of _queue, _check_limit and _now are called only when
     -- they are going to fail.
-    SELECT x AS q, s.last_value AS gen,
+    SELECT x AS q, pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
            (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now
       INTO v_head
-      FROM {schema}.queue x, {schema}.message_gen_seq s
+      FROM {schema}.queue x
      WHERE x.name = p_queue;
     IF NOT FOUND THEN
         q := {schema}._queue(p_queue);
@@ -668,11 +727,15 @@ BEGIN
     END IF;
 
     IF NOT v_archive THEN
-        IF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
-            -- One message and no frozen generation (the common pop): the statement below
-            -- without its array, union and sort, a tenth of a pop's server instructions (see
-            -- benchmarks/server_instructions.py): the first of the window's two candidates is
-            -- deleted by ctid if it may be delivered.
+        IF v_missed AND q.id >= 0 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
+            -- A pop of an ordinary queue without a frozen generation: the statement at the top
+            -- found nothing to deliver among these candidates.
+            v_got := 0;
+        ELSIF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
+            -- One message and no frozen generation (the pop of an UNLOGGED queue): the
+            -- statement below without its array, union and sort, a tenth of a pop's server
+            -- instructions (see benchmarks/server_instructions.py): the first of the window's
+            -- two candidates is deleted by ctid if it may be delivered.
             RETURN QUERY
             DELETE FROM {schema}.message m
              WHERE m.ctid = (SELECT c.tid
@@ -694,6 +757,7 @@ BEGIN
             RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
                       m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
                       m.last_error, m.payload;
+            GET DIAGNOSTICS v_got = ROW_COUNT;
         ELSE
             FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
                 v_more := p_limit - cardinality(v_held);
@@ -739,8 +803,8 @@ BEGIN
                    d.priority, d.key, d.channel, d.kind, d.content_type, d.headers, d.state,
                    d.last_error, d.payload
               FROM d ORDER BY d.dequeue_at, d.id;
+            GET DIAGNOSTICS v_got = ROW_COUNT;
         END IF;
-        GET DIAGNOSTICS v_got = ROW_COUNT;
         v_want := p_limit - v_got;
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
             RETURN;
