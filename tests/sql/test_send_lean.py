@@ -496,4 +496,6 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         plan = _generic_plan(conn, f"PREPARE {name}({types}) AS {stmt}", f"{name}({args})")
         nodes = _assert_changed_by_ctid(plan)
         # Nothing read from the message table's primary key.
-        assert not [x for x in nodes if x.get("Index Name") in ("message_logged_pkey", "message_unlogged_pkey")], plan
+        assert not [
+            x for x in nodes if x.get("Index Name") in ("message_logged_pkey", "message_unlogged_pkey")
+        ], plan
