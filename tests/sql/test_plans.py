@@ -38,17 +38,15 @@ def candidate_queries(function: str) -> list[str]:
     queue id, the time, the limit and the generation as $1 to $4: the subqueries in parentheses
     (take reads each generation of the window with one of them)."""
     queries = []
-    # take and take_tx use the window's query twice: in the one-message statement and in the
-    # general one (the same text, indented differently). The one-message statements of an
-    # ordinary queue read its partition, message_logged, and take_tx's reads the queue (x) and
-    # the clock (h) in the same statement.
+    # take and take_tx use the window's query twice: in the one-message statement, which reads
+    # the ordinary queues' partition (message_logged), and in the general one.
     for text in dict.fromkeys(_locking_selects(function)):
         text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
-        text = re.sub(r"\b[qx]\.id\b", "$1", text)
-        text = re.sub(r"\b(?:v_now|p_now|h\.now)\b", "$2", text)
+        text = re.sub(r"\bq\.id\b", "$1", text)
+        text = re.sub(r"\b(?:v_now|p_now)\b", "$2", text)
         text = re.sub(r"\b(?:p_limit|v_want|v_more)\b", "$3", text)
         text = re.sub(r"\b(?:g\.gen|v_old)\b", "$4", text)  # v_old: a frozen generation
-        text = re.sub(r"\b[qx]\.max_attempts\b", "5", text)  # the lean paths: deliverable?
+        text = re.sub(r"\bq\.max_attempts\b", "5", text)  # take_tx's lean path: deliverable?
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
         assert not unknown, f"{function}() candidate query uses {unknown}: teach this test about them"
         queries.append(text)
@@ -58,8 +56,8 @@ def candidate_queries(function: str) -> list[str]:
 def window_query(function: str) -> str:
     """The candidate query of the window that ``function`` runs on the loaded (ordinary) queue,
     which has no frozen generation: the one that reads the generation of the VALUES list
-    (g.gen), not a frozen one (v_old), and in take() the one-message statement's, which reads
-    the ordinary queues' partition."""
+    (g.gen), not a frozen one (v_old), and in take() and take_tx() the one-message statement's,
+    which reads the ordinary queues' partition."""
     queries = candidate_queries(function)
     windows = [
         q for q, raw in zip(queries, dict.fromkeys(_locking_selects(function)), strict=True) if "g.gen" in raw

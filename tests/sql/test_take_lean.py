@@ -15,9 +15,10 @@ from test_send_lean import _assert_changed_by_ctid, _generic_plan, _now, _statem
 from lonnymq import Client
 
 
-@pytest.mark.parametrize("nth", [0, 1], ids=["no frozen row", "a frozen row"])
+@pytest.mark.parametrize("nth", [0, 1, 2], ids=["no frozen row", "no frozen row, unlogged", "a frozen row"])
 def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int) -> None:
-    """The UPDATEs of take(1) (without and with a row of a frozen generation): the candidates
+    """The UPDATEs of take(1) (without a row of a frozen generation: of an ordinary queue, in its
+    partition, and of an UNLOGGED one; with a frozen row): the candidates
     from the dequeue index in order, the row leased by ctid (a TID scan: never a scan of the
     queue's part of the primary key), no sequential scan; on a queue with ready and leased
     messages beside another queue's, analysed."""
@@ -105,29 +106,23 @@ def _partitions_locked(conn: Any, schema: str) -> set[str]:
     return {r[0] for r in rows}
 
 
-def test_pop_and_drain_of_an_ordinary_queue_open_only_its_partition(
+def test_pop_and_take_of_an_ordinary_queue_open_only_its_partition(
     client: Client, conn: Any, schema: str
 ) -> None:
-    """A pop (take_tx(1)) and a drain's take(1, ack=previous) of an ordinary queue read and
-    change message_logged only: over the partitioned table each statement opened (and locked)
+    """A pop (take_tx(1)) and a take(1) of an ordinary queue read and change message_logged
+    only: over the partitioned table each of their statements opened (and locked)
     message_unlogged and its indexes too."""
     s = sql.Identifier(schema)
     client.create_queue("q")
-    client.send_batch("q", [b"1", b"2", b"3"])
-    with conn.transaction():
-        [(one,)] = conn.execute(sql.SQL("SELECT payload FROM {}.take_tx('q', 1)").format(s)).fetchall()
-        locked = _partitions_locked(conn, schema)
-    assert bytes(one) == b"1"
-    assert "message_logged" in locked and not [n for n in locked if "unlogged" in n], locked
-    [a] = client.take("q", 1)
-    take = sql.SQL("SELECT id, payload FROM {}.take('q', 1, NULL, %s, %s)").format(s)
-    with conn.transaction():
-        [(b_id, b)] = conn.execute(take, ([a.id], [a.token])).fetchall()
-        locked = _partitions_locked(conn, schema)
-    assert bytes(b) == b"3"
-    assert "message_logged" in locked and not [n for n in locked if "unlogged" in n], locked
-    left = conn.execute(sql.SQL("SELECT id FROM {}.message").format(s)).fetchall()
-    assert left == [(b_id,)]  # a acked, b leased
+    client.send_batch("q", [b"1", b"2"])
+    for call, payload in (("take_tx('q', 1)", b"1"), ("take('q', 1)", b"2")):
+        with conn.transaction():
+            [(got,)] = conn.execute(sql.SQL(f"SELECT payload FROM {{}}.{call}").format(s)).fetchall()
+            locked = _partitions_locked(conn, schema)
+        assert bytes(got) == payload
+        assert "message_logged" in locked and not [n for n in locked if "unlogged" in n], (call, locked)
+    left = conn.execute(sql.SQL("SELECT payload, leased FROM {}.message").format(s)).fetchall()
+    assert [(bytes(p), leased) for p, leased in left] == [(b"2", True)]
 
 
 def test_pop_and_drain_of_an_unlogged_queue(client: Client, conn: Any, schema: str) -> None:

@@ -455,26 +455,23 @@ BEGIN
        AND NOT q.archive THEN
         -- One delivery of a plain queue (a consumer's drain, take(1, ack=previous)): the
         -- statement of ack's one-delivery path, here, on the queue already read (a nested call
-        -- of ack() cost its frame, its settings and its queue lookup again), in message_logged,
-        -- the partition of every ordinary queue (queues.sql), by name: a DELETE of the
-        -- partitioned table opens both partitions (2 % of a drain's instructions). Nothing
-        -- deleted (a repeat, a stale token; an UNLOGGED queue's delivery): ack() itself, which
-        -- answers those as before and acks the UNLOGGED queue's delivery with its statement.
-        IF q.id >= 0 THEN
-            WITH d AS (
-                DELETE FROM {schema}.message_logged m
-                 WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
-                   AND m.leased IS TRUE
-                RETURNING m.queue_id, m.id, m.deliveries
-            ), k AS (
-                INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
-                SELECT d.queue_id, d.id, d.deliveries, 'acked', v_now FROM d
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
-                SELECT d.queue_id, v_now / 60000, 1 FROM d
-            )
-            SELECT d.id INTO v_acked FROM d;  -- (one row at most: no aggregate to start)
-        END IF;
+        -- of ack() cost its frame, its settings and its queue lookup again). Nothing deleted (a
+        -- repeat, a stale token): ack() itself, which answers those as before. (Tried in
+        -- message_logged, as the lease below: 2 % less for an ordinary queue's drain, but an
+        -- UNLOGGED queue's ack would then need a copy of this statement or ack()'s frame.)
+        WITH d AS (
+            DELETE FROM {schema}.message m
+             WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
+               AND m.leased IS TRUE
+            RETURNING m.queue_id, m.id, m.deliveries
+        ), k AS (
+            INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+            SELECT d.queue_id, d.id, d.deliveries, 'acked', v_now FROM d
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+            SELECT d.queue_id, v_now / 60000, 1 FROM d
+        )
+        SELECT d.id INTO v_acked FROM d;  -- (one row at most: no aggregate to start)
         IF v_acked IS NULL THEN
             PERFORM {schema}.ack(p_queue, p_ack_ids, p_ack_tokens, false, p_now);
         END IF;
@@ -519,8 +516,7 @@ BEGIN
             -- instructions, benchmarks/server_instructions.py), in message_logged, the
             -- partition of every ordinary queue (queues.sql), by name: an UPDATE of the
             -- partitioned table opens both partitions and all their indexes (its TIDs cannot
-            -- be pruned), a further 7 % of a drain's instructions. An UNLOGGED queue's takes
-            -- the statement below.
+            -- be pruned): 2.4 % of a drain's instructions. Keep the two in step.
             RETURN QUERY
             UPDATE {schema}.message_logged m
                SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
@@ -540,6 +536,32 @@ BEGIN
                                       ORDER BY w.dequeue_at, w.id
                                       LIMIT 1) c
                               WHERE c.ok)
+            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
+        ELSIF v_held IS NULL THEN
+            -- The same of an UNLOGGED queue, over the partitioned table (by ctid: the TIDs of
+            -- the queue's partition, see settle.sql).
+            RETURN QUERY
+            UPDATE {schema}.message m
+               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+             WHERE m.ctid = (SELECT c.tid
+                               FROM (SELECT w.tid, w.ok
+                                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                      CROSS JOIN LATERAL (
+                                            SELECT m.id, m.ctid AS tid, m.dequeue_at,
+                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                              FROM {schema}.message m
+                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                               AND m.dequeue_at <= v_now
+                                             ORDER BY m.dequeue_at, m.id
+                                             LIMIT 1
+                                               FOR UPDATE SKIP LOCKED) w
+                                      ORDER BY w.dequeue_at, w.id
+                                      LIMIT 1) c
+                              WHERE c.ok)
+               AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
             RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
                       m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
                       m.last_error, m.payload;
@@ -638,62 +660,14 @@ DECLARE
     v_old      bigint;
     v_more     integer;
     v_got      integer;
-    v_held     bigint[]  := ARRAY[]::bigint[];  -- rows locked in frozen generations
-    v_held_tid tid[]     := ARRAY[]::tid[];
-    v_held_ats bigint[]  := ARRAY[]::bigint[];
-    v_held_ok  boolean[] := ARRAY[]::boolean[];
+    -- Rows locked in frozen generations; NULL until then (each initial value is an expression
+    -- that every call evaluates: 2 % of a pop's instructions).
+    v_held     bigint[];
+    v_held_tid tid[];
+    v_held_ats bigint[];
+    v_held_ok  boolean[];
     v_head     record;
-    v_missed   boolean := false;
 BEGIN
-    -- One message without archiving (a pop): one statement finds the queue by its name, reads
-    -- the clock and the generation counter, and deletes the first of the window's two
-    -- candidates by ctid if it may be delivered, on a queue that is not paused, has no channels
-    -- and no frozen generation: the lean path's statement below, with the queue, the clock and
-    -- the generation read in it (a statement less). It reads and deletes in message_logged,
-    -- the partition of every ordinary queue (queues.sql), by name: over the partitioned table
-    -- each statement would open both partitions and their indexes, since the queue's id is
-    -- not known before it runs (no pruning at executor start-up). The generation is read once
-    -- (h), by pg_sequence_last_value (no scan of the sequence), so the window is one pair.
-    -- Nothing deleted (an empty queue; an unknown, UNLOGGED, paused, archiving or channel
-    -- queue; a frozen generation; a candidate that may not be delivered): the path below,
-    -- which raises or answers as before, without running the same DELETE again.
-    IF p_limit = 1 AND p_archive IS NOT TRUE THEN
-        RETURN QUERY
-        DELETE FROM {schema}.message_logged m
-         WHERE m.ctid = (
-               SELECT c.tid
-                 FROM (SELECT w.tid, w.ok
-                         FROM {schema}.queue x
-                        CROSS JOIN (SELECT CASE WHEN p_now IS NULL
-                                                THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
-                                                ELSE {schema}._now(p_now) END AS now,
-                                           pg_sequence_last_value('{schema}.message_gen_seq') AS gen
-                                     OFFSET 0) h
-                        CROSS JOIN LATERAL (VALUES (h.gen - 1), (h.gen)) AS g(gen)
-                        CROSS JOIN LATERAL (
-                              SELECT m.ctid AS tid, m.id, m.dequeue_at,
-                                     m.attempts < x.max_attempts AND m.superseded_by IS NULL AS ok
-                                FROM {schema}.message_logged m
-                               WHERE m.gen = g.gen AND m.queue_id = x.id AND m.channel IS NULL
-                                 AND m.dequeue_at <= h.now
-                               ORDER BY m.dequeue_at, m.id
-                               LIMIT 1
-                                 FOR UPDATE SKIP LOCKED) w
-                        WHERE x.name = p_queue AND NOT x.paused AND NOT x.uses_channels
-                          AND NOT coalesce(p_archive, x.archive)
-                          AND NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f
-                                           WHERE f.queue_id = x.id AND cardinality(f.gens) > 0)
-                        ORDER BY w.dequeue_at, w.id
-                        LIMIT 1) c
-                WHERE c.ok)
-        RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
-                  m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
-                  m.last_error, m.payload;
-        IF FOUND THEN
-            RETURN;
-        END IF;
-        v_missed := true;
-    END IF;
     -- The queue, the clock, the generation counter and the queue's frozen generations, in one
     -- statement, as in take(). The checks of _queue, _check_limit and _now are called only when
     -- they are going to fail.
@@ -727,15 +701,37 @@ BEGIN
     END IF;
 
     IF NOT v_archive THEN
-        IF v_missed AND q.id >= 0 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
-            -- A pop of an ordinary queue without a frozen generation: the statement at the top
-            -- found nothing to deliver among these candidates.
-            v_got := 0;
-        ELSIF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
-            -- One message and no frozen generation (the pop of an UNLOGGED queue): the
+        IF p_limit = 1 AND q.id >= 0 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
+            -- One message of an ordinary queue and no frozen generation (the common pop): the
             -- statement below without its array, union and sort, a tenth of a pop's server
             -- instructions (see benchmarks/server_instructions.py): the first of the window's
-            -- two candidates is deleted by ctid if it may be delivered.
+            -- two candidates is deleted by ctid if it may be delivered; in message_logged, the
+            -- partition of every ordinary queue (queues.sql), by name, as take(1)'s lease (keep
+            -- the two in step).
+            RETURN QUERY
+            DELETE FROM {schema}.message_logged m
+             WHERE m.ctid = (SELECT c.tid
+                               FROM (SELECT w.tid, w.ok
+                                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                      CROSS JOIN LATERAL (
+                                            SELECT m.ctid AS tid, m.id, m.dequeue_at,
+                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                              FROM {schema}.message_logged m
+                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                               AND m.dequeue_at <= v_now
+                                             ORDER BY m.dequeue_at, m.id
+                                             LIMIT p_limit
+                                               FOR UPDATE SKIP LOCKED) w
+                                      ORDER BY w.dequeue_at, w.id
+                                      LIMIT 1) c
+                              WHERE c.ok)
+            RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
+            GET DIAGNOSTICS v_got = ROW_COUNT;
+        ELSIF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
+            -- The same of an UNLOGGED queue, over the partitioned table (by ctid: the TIDs of
+            -- the queue's partition, see settle.sql).
             RETURN QUERY
             DELETE FROM {schema}.message m
              WHERE m.ctid = (SELECT c.tid
@@ -760,7 +756,7 @@ BEGIN
             GET DIAGNOSTICS v_got = ROW_COUNT;
         ELSE
             FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
-                v_more := p_limit - cardinality(v_held);
+                v_more := p_limit - coalesce(cardinality(v_held), 0);
                 EXIT WHEN v_more <= 0;
                 SELECT v_held_tid || array_agg(x.tid), v_held || array_agg(x.id),
                        v_held_ats || array_agg(x.dequeue_at), v_held_ok || array_agg(x.ok)
