@@ -12,10 +12,8 @@ hint bits are set and dead index entries killed as on a live server), and again 
 cost of one call, without start-up, set-up and the statement's first (planning) calls.
 Only the EXECUTEs are counted (callgrind's ``--toggle-collect=ExecuteQuery``): the set-up of a
 run cleans up after the previous one, which differs between runs, and each call's commit,
-much the same for every workload, is left out. The clock is fixed (``p_now``) and the current
-generation opened at it, so no generation rotates during a run (a take's rotation, due at the
-first call otherwise, cost once 8.5M instructions, which the difference of the two runs took
-out of the per-call count).
+much the same for every workload, is left out. The clock is fixed (``p_now``), so no
+generation rotates during a run.
 
 Workloads (``--workloads``), per message:
 
@@ -24,7 +22,6 @@ Workloads (``--workloads``), per message:
 * ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
   (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
-* ``pop_clock``: ``pop`` without ``p_now``, as clients call it;
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default.
 
@@ -81,8 +78,6 @@ WORKLOADS: dict[str, tuple[str, str | None, int]] = {
         100,
     ),
     "take": ("SELECT * FROM {s}.take('q', 1, p_now => {now})", None, 1),
-    # pop on the server's clock, as clients call it (no rotation to fear: take_tx never rotates).
-    "pop_clock": ("SELECT * FROM {s}.take_tx('q', 1)", "SELECT * FROM public.seed_dequeue()", 1),
     "send": (
         "SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea, p_now => {now})",
         "INSERT INTO public.seedq (payload) VALUES (convert_from('" + PAYLOAD + "'::bytea, 'UTF8')::jsonb)"
@@ -219,8 +214,6 @@ def _script(workload: str, schema: str | None, calls: int, backlog: int) -> str:
             f"SELECT {schema}.queue_purge('q')\n"
             f"SELECT count(*) FROM {schema}.send_batch('q', array_fill('{PAYLOAD}'::bytea, ARRAY[{backlog}]),"
             f" p_now => {NOW - 1000})\nVACUUM ANALYZE {schema}.message\n"
-            # The generation opened now: no rotation falls due in the first calls of a run.
-            f"SELECT setval('{schema}.message_gen_started_seq', {NOW})\n"
         )
         text = stmt.format(s=schema, now=NOW)
     text = text.replace("{now}", str(NOW)).replace("{{", "{").replace("}}", "}")
