@@ -38,8 +38,8 @@ def candidate_queries(function: str) -> list[str]:
     queue id, the time, the limit and the generation as $1 to $4: the subqueries in parentheses
     (take reads each generation of the window with one of them)."""
     queries = []
-    # take and take_tx use the window's query twice: in the one-message statement and in the
-    # general one (the same text, indented differently).
+    # take and take_tx use the window's query twice: in the one-message statement, which reads
+    # the ordinary queues' partition (message_logged), and in the general one.
     for text in dict.fromkeys(_locking_selects(function)):
         text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
         text = re.sub(r"\bq\.id\b", "$1", text)
@@ -54,14 +54,17 @@ def candidate_queries(function: str) -> list[str]:
 
 
 def window_query(function: str) -> str:
-    """The candidate query of the window: the last of the two (the first locks rows of the
-    queue's frozen generations when it has a backlog, which the loaded queue has not)."""
+    """The candidate query of the window that ``function`` runs on the loaded (ordinary) queue,
+    which has no frozen generation: the one that reads the generation of the VALUES list
+    (g.gen), not a frozen one (v_old), and in take() and take_tx() the one-message statement's,
+    which reads the ordinary queues' partition."""
     queries = candidate_queries(function)
-    assert len(queries) == 2
-    # The window's reads the generation of the VALUES list (g.gen), the other a frozen one.
-    [window] = [
+    windows = [
         q for q, raw in zip(queries, dict.fromkeys(_locking_selects(function)), strict=True) if "g.gen" in raw
     ]
+    if len(windows) > 1:
+        windows = [q for q in windows if ".message_logged " in q]
+    [window] = windows
     return window
 
 
@@ -221,11 +224,11 @@ def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> Non
     their plain path is either _lock_ready()'s or one candidate_queries() extracts."""
     body = function_text(function)
     assert "{schema}._lock_ready(q, v_want, v_now)" in body
-    plain = body.split("IF q.uses_channels")[-1].split("END IF;", 1)[1]
-    locks = plain.count("FOR UPDATE SKIP LOCKED")
-    if locks:
-        assert locks == len(_locking_selects(function))
-        assert len(candidate_queries(function)) == 2  # the frozen generations' and the window's
+    # (The channels' row locks are _take_channels'.)
+    assert body.count("FOR UPDATE SKIP LOCKED") == len(_locking_selects(function))
+    # The frozen generations', the window's, and the window's in the ordinary queues' partition
+    # (the one-message statement).
+    assert len(candidate_queries(function)) == 3
 
 
 # Settling by (id, token) ----------------------------------------------------------------------

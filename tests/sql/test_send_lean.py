@@ -485,9 +485,16 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
             f"{qid}, {gen}, {now}, 10, 5, '{{}}', '{{}}', '{{}}', '{{}}'",
         ),
         ("lean_pop_one", one, "integer, bigint, bigint, integer, integer", f"{qid}, {gen}, {now}, 1, 5"),
+        # The same over the partitioned table (an UNLOGGED queue's).
+        (
+            "lean_pop_one_unlogged",
+            one,
+            "integer, bigint, bigint, integer, integer",
+            f"{qid}, {gen}, {now}, 1, 5",
+        ),
     ]
     for name, pattern, types, args in cases:
-        stmt = _statement("take_tx", pattern, names, schema)
+        stmt = _statement("take_tx", pattern, names, schema, 1 if name.endswith("_unlogged") else 0)
         plan = _generic_plan(conn, f"PREPARE {name}({types}) AS {stmt}", f"{name}({args})")
         nodes = _assert_changed_by_ctid(plan)
         # Nothing read from the primary key.

@@ -15,9 +15,10 @@ from test_send_lean import _assert_changed_by_ctid, _generic_plan, _now, _statem
 from lonnymq import Client
 
 
-@pytest.mark.parametrize("nth", [0, 1], ids=["no frozen row", "a frozen row"])
+@pytest.mark.parametrize("nth", [0, 1, 2], ids=["no frozen row", "no frozen row, unlogged", "a frozen row"])
 def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int) -> None:
-    """The UPDATEs of take(1) (without and with a row of a frozen generation): the candidates
+    """The UPDATEs of take(1) (without a row of a frozen generation: of an ordinary queue, in its
+    partition, and of an UNLOGGED one; with a frozen row): the candidates
     from the dequeue index in order, the row leased by ctid (a TID scan: never a scan of the
     queue's part of the primary key), no sequential scan; on a queue with ready and leased
     messages beside another queue's, analysed."""
@@ -92,3 +93,56 @@ def test_take_acks_one_delivery_of_a_plain_queue_itself(client: Client, conn: An
     left = conn.execute(sql.SQL("SELECT id, leased FROM {}.message ORDER BY id").format(s)).fetchall()
     assert left == [(b.id, True), (c.id, True), (d.id, True)]
     conn.rollback()
+
+
+def _partitions_locked(conn: Any, schema: str) -> set[str]:
+    """The message partitions (and their indexes) this transaction has locked."""
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+        " WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND c.relnamespace = %s::regnamespace"
+        " AND c.relname LIKE 'message\\_%%logged%%'",
+        (schema,),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_pop_and_take_of_an_ordinary_queue_open_only_its_partition(
+    client: Client, conn: Any, schema: str
+) -> None:
+    """A pop (take_tx(1)) and a take(1) of an ordinary queue read and change message_logged
+    only: over the partitioned table each of their statements opened (and locked)
+    message_unlogged and its indexes too."""
+    s = sql.Identifier(schema)
+    client.create_queue("q")
+    client.send_batch("q", [b"1", b"2"])
+    for call, payload in (("take_tx('q', 1)", b"1"), ("take('q', 1)", b"2")):
+        with conn.transaction():
+            [(got,)] = conn.execute(sql.SQL(f"SELECT payload FROM {{}}.{call}").format(s)).fetchall()
+            locked = _partitions_locked(conn, schema)
+        assert bytes(got) == payload
+        assert "message_logged" in locked and not [n for n in locked if "unlogged" in n], (call, locked)
+    left = conn.execute(sql.SQL("SELECT payload, leased FROM {}.message").format(s)).fetchall()
+    assert [(bytes(p), leased) for p, leased in left] == [(b"2", True)]
+
+
+def test_pop_and_drain_of_an_unlogged_queue(client: Client, conn: Any, schema: str) -> None:
+    """An UNLOGGED queue's messages are in the other partition: its pops and drains take the
+    paths over the partitioned table, with the same results (in order, the ack written once),
+    beside an ordinary queue whose messages they never touch."""
+    s = sql.Identifier(schema)
+    client.create_queue("u", unlogged=True)
+    client.create_queue("q")
+    client.send_batch("q", [b"q1", b"q2"])
+    client.send_batch("u", [b"1", b"2", b"3", b"4"])
+    pop = sql.SQL("SELECT payload FROM {}.take_tx('u', 1)").format(s)
+    assert [bytes(r[0]) for r in conn.execute(pop).fetchall()] == [b"1"]
+    [a] = client.take("u", 1)
+    [b] = client.take("u", 1, ack=[a])
+    [c] = client.take("u", 1, ack=[a])  # a repeat: nothing more
+    assert [m.payload for m in (a, b, c)] == [b"2", b"3", b"4"]
+    assert conn.execute(pop).fetchall() == []  # b and c are leased
+    settled = conn.execute(sql.SQL("SELECT id, token, outcome FROM {}.settled").format(s)).fetchall()
+    assert settled == [(a.id, a.token, "acked")]
+    [(acked,)] = conn.execute(sql.SQL("SELECT sum(acked) FROM {}.queue_stat").format(s)).fetchall()
+    assert acked == 1
+    assert [m.payload for m in client.peek("q")] == [b"q1", b"q2"]

@@ -411,12 +411,13 @@ BEGIN
     -- statement (each statement costs a snapshot and an executor start-up; a PL/pgSQL expression
     -- that calls a function that is not immutable takes a snapshot too). The checks of _queue,
     -- _check_limit, _check_positive and _now are called only when they are going to fail.
-    SELECT x AS q, s.last_value AS gen, st.last_value AS started,
+    SELECT x AS q, pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
+           pg_sequence_last_value('{schema}.message_gen_started_seq') AS started,
            (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now
       INTO v_head
-      FROM {schema}.queue x, {schema}.message_gen_seq s, {schema}.message_gen_started_seq st
+      FROM {schema}.queue x
      WHERE x.name = p_queue;
     IF NOT FOUND THEN
         q := {schema}._queue(p_queue);
@@ -455,7 +456,9 @@ BEGIN
         -- One delivery of a plain queue (a consumer's drain, take(1, ack=previous)): the
         -- statement of ack's one-delivery path, here, on the queue already read (a nested call
         -- of ack() cost its frame, its settings and its queue lookup again). Nothing deleted (a
-        -- repeat, a stale token): ack() itself, which answers those as before.
+        -- repeat, a stale token): ack() itself, which answers those as before. (Tried in
+        -- message_logged, as the lease below: 2 % less for an ordinary queue's drain, but an
+        -- UNLOGGED queue's ack would then need a copy of this statement or ack()'s frame.)
         WITH d AS (
             DELETE FROM {schema}.message m
              WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
@@ -507,10 +510,38 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) x;
             EXIT WHEN v_held IS NOT NULL;
         END LOOP;
-        IF v_held IS NULL THEN
-            -- No frozen row (no backlog in the queue's frozen generations): the statement
-            -- below without its array, union and sort (7 % of take(1)'s instructions,
-            -- benchmarks/server_instructions.py).
+        IF v_held IS NULL AND q.id >= 0 THEN
+            -- No frozen row (no backlog in the queue's frozen generations) of an ordinary queue:
+            -- the statement below without its array, union and sort (7 % of take(1)'s
+            -- instructions, benchmarks/server_instructions.py), in message_logged, the
+            -- partition of every ordinary queue (queues.sql), by name: an UPDATE of the
+            -- partitioned table opens both partitions and all their indexes (its TIDs cannot
+            -- be pruned): 2.4 % of a drain's instructions. Keep the two in step.
+            RETURN QUERY
+            UPDATE {schema}.message_logged m
+               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+             WHERE m.ctid = (SELECT c.tid
+                               FROM (SELECT w.tid, w.ok
+                                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                      CROSS JOIN LATERAL (
+                                            SELECT m.id, m.ctid AS tid, m.dequeue_at,
+                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                              FROM {schema}.message_logged m
+                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                               AND m.dequeue_at <= v_now
+                                             ORDER BY m.dequeue_at, m.id
+                                             LIMIT 1
+                                               FOR UPDATE SKIP LOCKED) w
+                                      ORDER BY w.dequeue_at, w.id
+                                      LIMIT 1) c
+                              WHERE c.ok)
+            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
+        ELSIF v_held IS NULL THEN
+            -- The same of an UNLOGGED queue, over the partitioned table (by ctid: the TIDs of
+            -- the queue's partition, see settle.sql).
             RETURN QUERY
             UPDATE {schema}.message m
                SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
@@ -629,21 +660,23 @@ DECLARE
     v_old      bigint;
     v_more     integer;
     v_got      integer;
-    v_held     bigint[]  := ARRAY[]::bigint[];  -- rows locked in frozen generations
-    v_held_tid tid[]     := ARRAY[]::tid[];
-    v_held_ats bigint[]  := ARRAY[]::bigint[];
-    v_held_ok  boolean[] := ARRAY[]::boolean[];
+    -- Rows locked in frozen generations; NULL until then (each initial value is an expression
+    -- that every call evaluates: 2 % of a pop's instructions).
+    v_held     bigint[];
+    v_held_tid tid[];
+    v_held_ats bigint[];
+    v_held_ok  boolean[];
     v_head     record;
 BEGIN
     -- The queue, the clock, the generation counter and the queue's frozen generations, in one
     -- statement, as in take(). The checks of _queue, _check_limit and _now are called only when
     -- they are going to fail.
-    SELECT x AS q, s.last_value AS gen,
+    SELECT x AS q, pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
            (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now
       INTO v_head
-      FROM {schema}.queue x, {schema}.message_gen_seq s
+      FROM {schema}.queue x
      WHERE x.name = p_queue;
     IF NOT FOUND THEN
         q := {schema}._queue(p_queue);
@@ -668,11 +701,37 @@ BEGIN
     END IF;
 
     IF NOT v_archive THEN
-        IF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
-            -- One message and no frozen generation (the common pop): the statement below
-            -- without its array, union and sort, a tenth of a pop's server instructions (see
-            -- benchmarks/server_instructions.py): the first of the window's two candidates is
-            -- deleted by ctid if it may be delivered.
+        IF p_limit = 1 AND q.id >= 0 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
+            -- One message of an ordinary queue and no frozen generation (the common pop): the
+            -- statement below without its array, union and sort, a tenth of a pop's server
+            -- instructions (see benchmarks/server_instructions.py): the first of the window's
+            -- two candidates is deleted by ctid if it may be delivered; in message_logged, the
+            -- partition of every ordinary queue (queues.sql), by name, as take(1)'s lease (keep
+            -- the two in step).
+            RETURN QUERY
+            DELETE FROM {schema}.message_logged m
+             WHERE m.ctid = (SELECT c.tid
+                               FROM (SELECT w.tid, w.ok
+                                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                      CROSS JOIN LATERAL (
+                                            SELECT m.ctid AS tid, m.id, m.dequeue_at,
+                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                              FROM {schema}.message_logged m
+                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                               AND m.dequeue_at <= v_now
+                                             ORDER BY m.dequeue_at, m.id
+                                             LIMIT p_limit
+                                               FOR UPDATE SKIP LOCKED) w
+                                      ORDER BY w.dequeue_at, w.id
+                                      LIMIT 1) c
+                              WHERE c.ok)
+            RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
+            GET DIAGNOSTICS v_got = ROW_COUNT;
+        ELSIF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
+            -- The same of an UNLOGGED queue, over the partitioned table (by ctid: the TIDs of
+            -- the queue's partition, see settle.sql).
             RETURN QUERY
             DELETE FROM {schema}.message m
              WHERE m.ctid = (SELECT c.tid
@@ -694,9 +753,10 @@ BEGIN
             RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
                       m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
                       m.last_error, m.payload;
+            GET DIAGNOSTICS v_got = ROW_COUNT;
         ELSE
             FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
-                v_more := p_limit - cardinality(v_held);
+                v_more := p_limit - coalesce(cardinality(v_held), 0);
                 EXIT WHEN v_more <= 0;
                 SELECT v_held_tid || array_agg(x.tid), v_held || array_agg(x.id),
                        v_held_ats || array_agg(x.dequeue_at), v_held_ok || array_agg(x.ok)
@@ -739,8 +799,8 @@ BEGIN
                    d.priority, d.key, d.channel, d.kind, d.content_type, d.headers, d.state,
                    d.last_error, d.payload
               FROM d ORDER BY d.dequeue_at, d.id;
+            GET DIAGNOSTICS v_got = ROW_COUNT;
         END IF;
-        GET DIAGNOSTICS v_got = ROW_COUNT;
         v_want := p_limit - v_got;
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
             RETURN;
