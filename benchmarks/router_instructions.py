@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 from contextlib import ExitStack
@@ -48,6 +47,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import pgcluster
+from server_instructions import collected
 
 PAYLOAD = "\\x7b226f72646572223a203132333435362c20226e6f7465223a2022787878787878787878787878227d"
 #: Keeps a take's ids and tokens in settings for the ack that follows.
@@ -113,12 +113,7 @@ def _single(cluster: pgcluster.Cluster, db: str, script: str, profile: Path | No
         capture_output=True,
         text=True,
     )
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    # A single-user backend reports a failed statement on stderr and goes on: a call that fails
-    # would be counted as a cheap one.
-    if out.returncode != 0 or not found or "ERROR:" in out.stdout or "ERROR:" in out.stderr:
-        raise SystemExit(f"single-user run failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
-    return int(found.group(1))
+    return collected(out)
 
 
 def _script(statements: tuple[str, ...], calls: int, names: dict[str, str]) -> str:

@@ -198,6 +198,16 @@ CREATE INDEX lq_vt ON public.lq (vt, id)
 """
 
 
+def collected(out: subprocess.CompletedProcess[str]) -> int:
+    """The instructions callgrind counted in single-user run ``out``; stops on a failed run."""
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    # A single-user backend reports a failed statement on stderr and goes on: a call that fails
+    # would be counted as a cheap one.
+    if out.returncode != 0 or not found or "ERROR:" in out.stdout or "ERROR:" in out.stderr:
+        raise SystemExit(f"single-user run failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
 class Cluster:
     """A throwaway cluster in a temporary directory, run as ``postgres`` when we are root."""
 
@@ -261,12 +271,7 @@ class Cluster:
             input=script,
             capture_output=True,
         )
-        found = re.search(r"Collected : (\d+)", out.stderr)
-        # A single-user backend reports a failed statement on stderr and goes on: a call that
-        # fails would be counted as a cheap one.
-        if out.returncode != 0 or not found or "ERROR:" in out.stdout or "ERROR:" in out.stderr:
-            raise SystemExit(f"single-user run failed:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
-        return int(found.group(1))
+        return collected(out)
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
