@@ -18,7 +18,14 @@ from psycopg import sql
 
 from core_helpers import catalog, drop_schema, fresh_schema_name, pg_program
 from lonnymq import Client, errors, migrations
-from lonnymq.migrations import all_migrations, bootstrap_query, latest_version, lock_query, script
+from lonnymq.migrations import (
+    all_migrations,
+    applied_query,
+    bootstrap_query,
+    latest_version,
+    lock_query,
+    script,
+)
 from lonnymq.sql import FILES, FunctionFile, defined_functions, function_files
 
 ALL = [m.version for m in all_migrations()]
@@ -527,10 +534,6 @@ def _forgotten_begin(dsn: str, schema: str) -> psycopg.Connection:
     return holder
 
 
-def applied_versions(schema: str) -> sql.Composed:
-    return sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema))
-
-
 def test_migrate_gives_way_to_a_long_transaction_while_the_queue_runs(
     dsn: str, new_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -569,7 +572,7 @@ def test_migrate_gives_way_to_a_long_transaction_while_the_queue_runs(
                     taken += len(ds)
             assert taken >= 10 and slowest < 2, (taken, slowest)
             assert t.is_alive() and result == [], result  # still trying, nothing applied
-            applied = {r[0] for r in holder.execute(applied_versions(new_schema)).fetchall()}
+            applied = {r[0] for r in holder.execute(applied_query(new_schema)).fetchall()}
             assert version not in applied
         finally:
             holder.rollback()
@@ -592,7 +595,7 @@ def test_migrate_gives_up_with_the_blocking_session_named(
             assert f"pid {holder.info.backend_pid} (idle in transaction" in message, message
             assert "after 3 attempt(s)" in message and "0.1 s" in message
             assert isinstance(raised.value, errors.MigrationError)
-            assert version not in {r[0] for r in conn.execute(applied_versions(new_schema)).fetchall()}
+            assert version not in {r[0] for r in conn.execute(applied_query(new_schema)).fetchall()}
         finally:
             holder.close()
         assert c.migrate() == [version]
