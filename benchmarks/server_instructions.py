@@ -18,7 +18,11 @@ generation rotates during a run.
 Workloads (``--workloads``), per message:
 
 * ``pop``: ``take_tx(q, 1)``; floor: the seed queue's ``message_dequeue()`` (DELETE ... WHERE id =
-  (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *, in a PL/pgSQL function);
+  (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *, in a PL/pgSQL function); and the pop
+  floor (``popfloor``): the row ``take_tx(q, 1)`` deletes, as one plain statement on LonnyMQ's
+  own tables (``lonnymq_bench/systems/pop_floor.py``, the producers benchmark's ``popfloor``; in
+  the last tree's schema, the queue's id, generation and max_attempts as literals); ``pop_clock``
+  likewise, both on the server's clock;
 * ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
   (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
@@ -73,6 +77,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from lonnymq_bench.systems.pop_floor import CLOCK, TEMPLATE
 
 NOW = 1_700_000_000_000  # the fixed clock (epoch ms) of every call: in the past, so p_now needs no check
 PORT = 55471
@@ -191,6 +197,9 @@ PGMQ_WORKLOADS: dict[str, tuple[tuple[str, ...], str, int, bool]] = {
         False,
     ),
 }
+#: Floors on LonnyMQ's own tables (workload: the floor's clock), run in the last tree's schema:
+#: the pop floor's statement (lonnymq_bench/systems/pop_floor.py) with the queue's constants.
+TREE_FLOORS: dict[str, str] = {"pop": str(NOW), "pop_clock": CLOCK}
 _FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jsonb NOT NULL)
 CREATE FUNCTION public.seed_dequeue() RETURNS SETOF public.seedq LANGUAGE plpgsql AS $f$ BEGIN RETURN QUERY DELETE FROM public.seedq WHERE id = (SELECT id FROM public.seedq ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *; END $f$
 CREATE TABLE public.lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL)
@@ -277,7 +286,12 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _script(workload: str, schema: str | None, calls: int, backlog: int) -> str:
+def _script(
+    workload: str, schema: str | None, calls: int, backlog: int, floor_on_tree: str | None = None
+) -> str:
+    """The single-user script of ``calls`` calls of ``workload``: LonnyMQ's statement in
+    ``schema``, the floor's on the bare tables (``schema`` None), or ``floor_on_tree`` (a
+    statement on LonnyMQ's tables) in ``schema``."""
     stmt, floor, _ = WORKLOADS[workload]
     if schema is None:
         assert floor is not None
@@ -296,7 +310,7 @@ def _script(workload: str, schema: str | None, calls: int, backlog: int) -> str:
             f"SELECT setval('{schema}.message_gen_started_seq',"
             " (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 86400000)\n"
         )
-        text = stmt.format(s=schema, now=NOW)
+        text = floor_on_tree if floor_on_tree is not None else stmt.format(s=schema, now=NOW)
     text = text.replace("{now}", str(NOW)).replace("{{", "{").replace("}}", "}")
     return (
         "SET synchronous_commit = on\nSET b.ids = '{}'\nSET b.toks = '{}'\n"
@@ -421,6 +435,24 @@ def main() -> None:
             )
             env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
             subprocess.run([sys.executable, "-c", code, dsn, f"tree_{name}"], env=env, check=True)
+        # The pop floor's constants, from the last tree's queue (nothing rotates in a run).
+        last = f"tree_{trees[-1][0]}"
+        got = subprocess.run(
+            [
+                str(args.bin / "psql"),
+                dsn,
+                "-qAt",
+                "-F",
+                ",",
+                "-c",
+                f"SELECT q.id, s.last_value, q.max_attempts FROM {last}.queue q, {last}.message_gen_seq s"
+                " WHERE q.name = 'q'",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split(",")
+        consts = dict(zip(("q", "gen", "max"), (int(x) for x in got), strict=True))
         if any(w in PGMQ_WORKLOADS for w in workloads):
             _pgmq_databases(cluster, dsn, trees)
         cluster.pg_ctl("stop")
@@ -432,9 +464,14 @@ def main() -> None:
             sides: list[tuple[str, str | None]] = [(name, f"tree_{name}") for name, _ in trees]
             if WORKLOADS[w][1] is not None and not args.no_floor:
                 sides.append(("floor", None))
+            tree_floor = None
+            if w in TREE_FLOORS and not args.no_floor:
+                tree_floor = TEMPLATE.format(s=last, now=TREE_FLOORS[w], **consts)
+                sides.append(("popfloor", last))
             for label, schema in sides:
                 backlog = (high + 40) * per + 500
-                counts = [cluster.single(_script(w, schema, n, backlog)) for n in (low, high)]
+                on_tree = tree_floor if label == "popfloor" else None
+                counts = [cluster.single(_script(w, schema, n, backlog, on_tree)) for n in (low, high)]
                 results.setdefault(w, {})[label] = (counts[1] - counts[0]) / (high - low) / per
                 print(f"{w:9} {label:10} {results[w][label] / 1000:9.1f}k instructions/message", flush=True)
     finally:

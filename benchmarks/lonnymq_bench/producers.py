@@ -11,7 +11,9 @@ emptied and vacuumed tables, systems interleaved in a rotating order) with workl
   floor (the rows ``send()`` writes, as one plain statement on LonnyMQ's own tables) and the
   floor's commit floor (an empty row into a table without columns or indexes).
 - ``batch``: batches of 1,000 per transaction from ``send_procs`` processes.
-- ``pop``: take-and-delete one message per call (no lease) from a backlog.
+- ``pop``: take-and-delete one message per call (no lease) from a backlog; the references are
+  the seed's delete-on-dequeue and the pop floor (the row ``take_tx(1)`` deletes, as one plain
+  statement on LonnyMQ's own tables).
 - ``drain``: each system's at-least-once path (lease + ack), one message and 100 per call,
   against the lease floor (and the floor's ``DELETE ... LIMIT 100``).
 - ``pickup``: one producer at ``latency_rate`` msg/s to idle consumers, p50/p99 from commit.
@@ -39,7 +41,7 @@ from .workloads import Bench, _rotate, drain_phase, latency, send_phase
 from .workloads import Config as SuiteConfig
 
 WORKLOADS = ("producers", "batch", "pop", "drain", "pickup")
-# The suite's systems and the references of this benchmark only (the send floor).
+# The suite's systems and the references of this benchmark only (the send and pop floors).
 SYSTEMS = [*REGISTRY, *PRODUCERS_ONLY]
 
 # Targets of issue 12 item 4, as ratios within one run.
@@ -48,6 +50,7 @@ SENDS_VS_SEED = 0.8  # 8 concurrent one-message producers
 # Where a target is out of reach: >= 0.9x a floor measured the same way (the send floor).
 SENDS_VS_FLOOR = 0.9
 POP_VS_SEED = 0.8
+POP_VS_FLOOR = 0.9  # the pop floor: the row pop deletes, one plain statement
 DRAIN_VS_LEASE_FLOOR = 0.9
 PICKUP_P99_MS = 20.0
 
@@ -142,7 +145,8 @@ def _drains(b: Bench, pick: Callable[[System], list[Variant]], kind: str, worklo
 
 def pop(b: Bench) -> None:
     """Take-and-delete one message per call, no lease (LonnyMQ's pop, pgmq's ``pop(1)``, the
-    seed's ``message_dequeue()``, the floor's ``DELETE ... LIMIT 1``)."""
+    seed's ``message_dequeue()``, the pop floor's plain DELETE on LonnyMQ's tables, the floor's
+    ``DELETE ... LIMIT 1``)."""
     _drains(b, lambda s: s.pops(), "one", "pop")
 
 
@@ -273,6 +277,15 @@ def targets(b: Bench) -> list[dict[str, Any]]:
             POP_VS_SEED,
             "vs message_dequeue(): DELETE ... WHERE id = (SELECT ... SKIP LOCKED LIMIT 1)",
         )
+        add(
+            f"pop / pop floor (P={p})",
+            "pop",
+            "one",
+            p,
+            "popfloor",
+            POP_VS_FLOOR,
+            "vs the row take_tx(1) deletes, one plain statement on LonnyMQ's tables",
+        )
         add(f"pop / pgmq pop(1) (P={p})", "pop", "one", p, "pgmq", None, "take-and-delete, one per call")
         add(f"pop / floor DELETE ... LIMIT 1 (P={p})", "pop", "one", p, "floor", None, "one plain statement")
         for kind, n in (("one", 1), ("batch", 100)):
@@ -314,13 +327,14 @@ def targets(b: Bench) -> list[dict[str, Any]]:
     return out
 
 
-_COLUMNS = ("lonnymq", "pgmq", "pgqueuer", "seed", "sendfloor", "floor", "leasefloor")
+_COLUMNS = ("lonnymq", "pgmq", "pgqueuer", "seed", "sendfloor", "popfloor", "floor", "leasefloor")
 _LABELS = {
     "lonnymq": "LonnyMQ",
     "pgmq": "pgmq",
     "pgqueuer": "PgQueuer",
     "seed": "seed",
     "sendfloor": "send floor",
+    "popfloor": "pop floor",
     "floor": "floor",
     "leasefloor": "lease floor",
 }

@@ -215,7 +215,7 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         ("send", "one", 1): sends | {"floor", "sendfloor"},
         ("send", "one", 2): sends | {"floor", "sendfloor"},
         ("send", "batch", 2): sends,
-        ("pop", "one", 2): {"lonnymq", "pgmq", "seed", "floor"},
+        ("pop", "one", 2): {"lonnymq", "pgmq", "seed", "popfloor", "floor"},
         ("drain", "one", 2): {"lonnymq", "pgmq", "pgqueuer", "leasefloor"},
         ("drain", "batch", 2): {"lonnymq", "pgmq", "pgqueuer", "floor", "leasefloor"},
     }
@@ -231,6 +231,7 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         "send, 1 producer (serial) / send floor",
         "send_batch(1000) / pgmq send_batch",
         "pop / seed's delete-on-dequeue",
+        "pop / pop floor",
         "drain at batch 1 / lease floor",
         "drain at batch 100 / lease floor",
         "idle pickup p99 (ms)",

@@ -20,6 +20,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
 #: References only the producers benchmark (benchmarks/producers.py) runs, not the suite.
 PRODUCERS_ONLY: dict[str, tuple[str, str]] = {
     "sendfloor": ("send_floor", "SendFloor"),
+    "popfloor": ("pop_floor", "PopFloor"),
 }
 
 
