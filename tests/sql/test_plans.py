@@ -42,11 +42,11 @@ def candidate_queries(function: str) -> list[str]:
     # the ordinary queues' partition (message_logged), and in the general one.
     for text in dict.fromkeys(_locking_selects(function)):
         text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
-        text = re.sub(r"\bq\.id\b", "$1", text)
-        text = re.sub(r"\b(?:v_now|p_now)\b", "$2", text)
+        text = re.sub(r"\b(?:q\.id|v_head\.qid)\b", "$1", text)  # v_head: take_tx's lean pop
+        text = re.sub(r"\b(?:v_now|p_now|v_head\.now)\b", "$2", text)
         text = re.sub(r"\b(?:p_limit|v_want|v_more)\b", "$3", text)
         text = re.sub(r"\b(?:g\.gen|v_old)\b", "$4", text)  # v_old: a frozen generation
-        text = re.sub(r"\bq\.max_attempts\b", "5", text)  # take_tx's lean path: deliverable?
+        text = re.sub(r"\b(?:q|v_head)\.max_attempts\b", "5", text)  # take_tx's lean path: deliverable?
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
         assert not unknown, f"{function}() candidate query uses {unknown}: teach this test about them"
         queries.append(text)

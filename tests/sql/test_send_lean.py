@@ -472,6 +472,11 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         "v_held": "$7",
         "v_held_ats": "$8",
         "v_held_ok": "$9",
+        # take_tx's lean pop reads the queue's fields from the record its first statement filled.
+        "v_head.qid": "$1",
+        "v_head.gen": "$2",
+        "v_head.now": "$3",
+        "v_head.max_attempts": "$5",
     }
     now = _now(conn, s)
     # The general DELETE, and the one-message DELETE (no frozen generation): rows by ctid.
