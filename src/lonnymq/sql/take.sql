@@ -637,7 +637,13 @@ END $$;
 -- locked until the transaction ends, untouched. A candidate that may not be delivered (dead or
 -- superseded: always an expired lease) is left locked; when the statement delivered fewer than
 -- p_limit and the queue has such a lease, the general path (_lock_ready, _deliver) deals with
--- it and goes on.
+-- it and goes on. Writes nothing else: a pop hands out no token, so it leaves no settled row
+-- (ack's memory of a token) and counts nothing in queue_stat (which counts sends, acks, nacks,
+-- dead letters and cancels); the pop floor of benchmarks/server_instructions.py is this DELETE
+-- alone, as one plain statement.
+-- The commonest call, pop (one message of an ordinary queue, not paused, no channels, no
+-- archiving, no frozen generation), is decided by the first statement and runs its DELETE
+-- next, before any other statement or expression of the function.
 -- Pinned plans as in take().
 CREATE OR REPLACE FUNCTION {schema}.take_tx(
     p_queue   text,
@@ -683,20 +689,19 @@ BEGIN
      WHERE x.name = p_queue;
     IF v_head.lean THEN
         -- One message of an ordinary queue (not paused, no channels, no archiving) and no
-        -- frozen generation: the common pop. Each PL/pgSQL statement and expression evaluated
-        -- costs its own executor checks (2-3k instructions each, 10 % of a pop when the checks
-        -- and assignments below ran first; benchmarks/server_instructions.py), so this path
-        -- evaluates only the statement's own: the statement of the general path below without
-        -- its array, union and sort (a tenth of a pop's server instructions): the first of the
-        -- window's two candidates is deleted by ctid if it may be delivered; in
-        -- message_logged, the partition of every ordinary queue (queues.sql), by name, as
-        -- take(1)'s lease (keep the two in step). Nothing deleted (an empty queue, a candidate
-        -- that may not be delivered, a row changed under the statement): on below, which looks
-        -- for what the general path must deal with.
+        -- frozen generation: the common pop. Every PL/pgSQL statement and expression costs its
+        -- own checks (2-3k instructions each: the checks and assignments below, evaluated
+        -- first, were 5 % of a pop; benchmarks/server_instructions.py), so nothing else runs
+        -- before it. The general path's statement without its array and union: the first of
+        -- the window's two candidates is deleted by ctid if it may be delivered (CASE: no
+        -- subquery scan to filter it, 1.7 %); in message_logged, the partition of every
+        -- ordinary queue (queues.sql), by name, as take(1)'s lease (keep the two in step).
+        -- Nothing deleted (an empty queue, a candidate that may not be delivered, a row
+        -- changed under the statement): on below (v_head.lean), which looks for what the
+        -- general path must deal with.
         RETURN QUERY
         DELETE FROM {schema}.message_logged m
-         WHERE m.ctid = (SELECT c.tid
-                           FROM (SELECT w.tid, w.ok
+         WHERE m.ctid = (SELECT CASE WHEN w.ok THEN w.tid END  -- (no row: NULL)
                                    FROM (VALUES (v_head.gen - 1), (v_head.gen)) AS g(gen)
                                   CROSS JOIN LATERAL (
                                         SELECT m.ctid AS tid, m.id, m.dequeue_at,
@@ -708,8 +713,7 @@ BEGIN
                                          LIMIT 1
                                            FOR UPDATE SKIP LOCKED) w
                                   ORDER BY w.dequeue_at, w.id
-                                  LIMIT 1) c
-                          WHERE c.ok)
+                                  LIMIT 1)
         RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
                   m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
                   m.last_error, m.payload;
@@ -748,21 +752,19 @@ BEGIN
             -- the queue's partition, see settle.sql).
             RETURN QUERY
             DELETE FROM {schema}.message m
-             WHERE m.ctid = (SELECT c.tid
-                               FROM (SELECT w.tid, w.ok
-                                       FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
-                                      CROSS JOIN LATERAL (
-                                            SELECT m.ctid AS tid, m.id, m.dequeue_at,
-                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
-                                              FROM {schema}.message m
-                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                                               AND m.dequeue_at <= v_now
-                                             ORDER BY m.dequeue_at, m.id
-                                             LIMIT p_limit
-                                               FOR UPDATE SKIP LOCKED) w
-                                      ORDER BY w.dequeue_at, w.id
-                                      LIMIT 1) c
-                              WHERE c.ok)
+             WHERE m.ctid = (SELECT CASE WHEN w.ok THEN w.tid END  -- (no row: NULL)
+                               FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                              CROSS JOIN LATERAL (
+                                    SELECT m.ctid AS tid, m.id, m.dequeue_at,
+                                           m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                      FROM {schema}.message m
+                                     WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                       AND m.dequeue_at <= v_now
+                                     ORDER BY m.dequeue_at, m.id
+                                     LIMIT p_limit
+                                       FOR UPDATE SKIP LOCKED) w
+                              ORDER BY w.dequeue_at, w.id
+                              LIMIT 1)
                AND (m.queue_id = q.id) IS TRUE  -- (the TIDs of the queue's partition: settle.sql)
             RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
                       m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
