@@ -21,8 +21,9 @@ Workloads (``--workloads``), per message:
   (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *, in a PL/pgSQL function); and the pop
   floor (``popfloor``): the row ``take_tx(q, 1)`` deletes, as one plain statement on LonnyMQ's
   own tables (``lonnymq_bench/systems/pop_floor.py``, the producers benchmark's ``popfloor``; in
-  the last tree's schema, the queue's id, generation and max_attempts as literals); ``pop_clock``
-  likewise, both on the server's clock;
+  the last tree's schema, the queue's id, generation and max_attempts as literals), and the same
+  over the window's two generations (``popfloor2``); ``pop_clock`` likewise, the floors on the
+  server's clock;
 * ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
   (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
@@ -78,7 +79,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lonnymq_bench.systems.pop_floor import CLOCK, TEMPLATE
+from lonnymq_bench.systems.pop_floor import CLOCK, TEMPLATE, WINDOW_TEMPLATE
 
 NOW = 1_700_000_000_000  # the fixed clock (epoch ms) of every call: in the past, so p_now needs no check
 PORT = 55471
@@ -464,14 +465,16 @@ def main() -> None:
             sides: list[tuple[str, str | None]] = [(name, f"tree_{name}") for name, _ in trees]
             if WORKLOADS[w][1] is not None and not args.no_floor:
                 sides.append(("floor", None))
-            tree_floor = None
+            on_tree: dict[str, str] = {}  # label: a floor's statement on the last tree's tables
             if w in TREE_FLOORS and not args.no_floor:
-                tree_floor = TEMPLATE.format(s=last, now=TREE_FLOORS[w], **consts)
-                sides.append(("popfloor", last))
+                for label, template in (("popfloor", TEMPLATE), ("popfloor2", WINDOW_TEMPLATE)):
+                    on_tree[label] = template.format(s=last, now=TREE_FLOORS[w], **consts)
+                    sides.append((label, last))
             for label, schema in sides:
                 backlog = (high + 40) * per + 500
-                on_tree = tree_floor if label == "popfloor" else None
-                counts = [cluster.single(_script(w, schema, n, backlog, on_tree)) for n in (low, high)]
+                counts = [
+                    cluster.single(_script(w, schema, n, backlog, on_tree.get(label))) for n in (low, high)
+                ]
                 results.setdefault(w, {})[label] = (counts[1] - counts[0]) / (high - low) / per
                 print(f"{w:9} {label:10} {results[w][label] / 1000:9.1f}k instructions/message", flush=True)
     finally:

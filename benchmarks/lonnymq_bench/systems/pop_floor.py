@@ -52,6 +52,22 @@ TEMPLATE = (
     " m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload"
 )
 
+#: The same with LonnyMQ's generations (sql/generations.sql): the first ready message of each of
+#: the window's two generations (gen - 1 and gen) locked, the earlier deleted, as take_tx's lean
+#: pop reads them. What the dequeue index's leading generation costs a pop, beside the floor
+#: above (benchmarks/server_instructions.py counts it as ``popfloor2``).
+WINDOW_TEMPLATE = (
+    "DELETE FROM {s}.message_logged m"
+    " WHERE m.ctid = (SELECT CASE WHEN w.ok THEN w.tid END"
+    " FROM (VALUES ({gen} - 1), ({gen})) AS g(gen) CROSS JOIN LATERAL ("
+    " SELECT x.ctid AS tid, x.id, x.dequeue_at, x.attempts < {max} AND x.superseded_by IS NULL AS ok"
+    " FROM {s}.message_logged x"
+    " WHERE x.gen = g.gen AND x.queue_id = {q} AND x.channel IS NULL AND x.dequeue_at <= {now}"
+    " ORDER BY x.dequeue_at, x.id LIMIT 1 FOR UPDATE SKIP LOCKED) w ORDER BY w.dequeue_at, w.id LIMIT 1)"
+    " RETURNING m.id, m.attempts + 1, m.deliveries + 1, m.scheduled_at, m.enqueued_at, m.priority,"
+    " m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload"
+)
+
 POP = TEMPLATE.format(s=SCHEMA, q="%(q)s", gen="%(gen)s", max="%(max)s", now=CLOCK)
 
 
