@@ -151,15 +151,16 @@ def test_pop_and_drain_of_an_unlogged_queue(client: Client, conn: Any, schema: s
 
 #: take(n)'s lean statements (a queue without a frozen generation): of an ordinary queue, in
 #: its partition, and of an UNLOGGED one.
-BATCH_TAKE = r"RETURN QUERY\s+(WITH u AS \(\s+UPDATE .*?FROM u ORDER BY u\.ord);"
+BATCH_TAKE = r"RETURN QUERY\s+(UPDATE [^;]*?FROM unnest\(ARRAY.*?m\.last_error, m\.payload);"
 
 
 @pytest.mark.parametrize("nth", [0, 1], ids=["ordinary", "unlogged"])
 def test_plan_of_the_lean_batch_take(client: Client, conn: Any, schema: str, nth: int) -> None:
     """take(n)'s UPDATE: the candidates from the dequeue index in order, each row leased by its
-    ctid (a TID scan per candidate: no join planned from statistics, no read of the queue's part
-    of the primary key), no sequential scan; on a queue with ready and leased messages beside
-    another queue's, analysed."""
+    ctid (a TID scan per candidate: no read of the queue's part of the primary key), no
+    sequential scan; and the join is a nested loop over the array of candidates, whose order is
+    the order in which the UPDATE returns its rows (take() does not sort them again). On a queue
+    with ready and leased messages beside another queue's, analysed."""
     s = sql.Identifier(schema)
     for name in ("other", "q"):
         client.create_queue(name, unlogged=nth == 1)
@@ -185,6 +186,12 @@ def test_plan_of_the_lean_batch_take(client: Client, conn: Any, schema: str, nth
     part = "message_unlogged_gen" if nth == 1 else "message_logged_gen"
     assert [x for x in nodes if x.get("Index Name", "").startswith(part)], plan
     assert not [x for x in nodes if x.get("Index Name", "").endswith("_pkey")], plan
+    # ModifyTable <- Nested Loop (outer: the array's unnest; inner: the TID scans).
+    [join] = [x for x in plan["Plans"] if x.get("Parent Relationship") == "Outer"]
+    assert join["Node Type"] == "Nested Loop", plan
+    outer, inner = (x for x in join["Plans"] if x.get("Parent Relationship") in ("Outer", "Inner"))
+    assert outer["Node Type"] == "Function Scan" and outer["Function Name"] == "unnest", plan
+    assert {x["Node Type"] for x in _nodes(inner)} <= {"Tid Scan", "Append"}, plan
 
 
 @pytest.mark.parametrize("unlogged", [False, True], ids=["ordinary", "unlogged"])

@@ -607,23 +607,26 @@ BEGIN
         -- A batch of a queue with no frozen generation (a drain's take(n, ack=previous)):
         -- _lock_ready's candidate query and _deliver's lease in one statement, as take(1)'s
         -- above: the window's candidates are locked in (dequeue_at, id) order and those that
-        -- may be delivered leased by their ctid (which stays put while we hold the row), in
-        -- that order (ord). No probe of the primary key per row, no arrays handed between
-        -- nested calls, no copy of each row through their result sets: 28 % of a drain's
-        -- server instructions at batch 100 (docs/benchmarks.md). In message_logged for an
-        -- ordinary queue, over the partitioned table for an UNLOGGED one (see take(1)'s).
-        -- A row changed and committed by another transaction between this statement's
-        -- start and its lock is locked in a version the UPDATE's snapshot does not see: not
-        -- leased by this call (as take_tx's lean path; see there). Fewer than asked: the
-        -- general path only when a candidate may not be delivered (an expired lease on its
-        -- last attempt or superseded: the partial index of leases).
+        -- may be delivered are leased by their ctid (which stays put while we hold the row).
+        -- No probe of the primary key per row, no arrays handed between nested calls, no copy
+        -- of each row through their result sets, a CTE and a sort: a sixth fewer server
+        -- instructions per message of a drain at batch 100 (docs/benchmarks.md). The rows
+        -- come out in the order of the array, without a sort: an UPDATE returns its rows in
+        -- the order its join makes them, and the only join here without a scan of the whole
+        -- table (which enable_seqscan = off prices out) is a nested loop over the array, each
+        -- element fetched by a TID scan (tests/sql/test_take_lean.py tests that plan and the
+        -- order). In message_logged for an ordinary queue, over the partitioned table for an
+        -- UNLOGGED one (as take(1)'s). A row changed and committed by another transaction
+        -- between this statement's start and its lock is locked in a version the UPDATE's
+        -- snapshot does not see: not leased by this call (as take_tx's lean path). Fewer than
+        -- asked: the general path only when a candidate may not be delivered (an expired
+        -- lease on its last attempt, or superseded: the partial index of leases).
         IF q.id >= 0 THEN
             RETURN QUERY
-            WITH u AS (
-                UPDATE {schema}.message_logged m
-                   SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
-                       deliveries = m.deliveries + 1, leased = true
-                  FROM unnest(ARRAY(
+            UPDATE {schema}.message_logged m
+               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+              FROM unnest(ARRAY(
                        SELECT c.tid
                          FROM (SELECT w.tid, w.ok, w.dequeue_at, w.id
                                  FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
@@ -639,21 +642,17 @@ BEGIN
                                 ORDER BY w.dequeue_at, w.id
                                 LIMIT p_limit) c
                         WHERE c.ok
-                        ORDER BY c.dequeue_at, c.id)) WITH ORDINALITY AS t(tid, ord)
-                 WHERE m.ctid = t.tid
-                RETURNING t.ord, m.*
-            )
-            SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
-                   u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
-                   u.last_error, u.payload
-              FROM u ORDER BY u.ord;
+                        ORDER BY c.dequeue_at, c.id)) AS t(tid)
+             WHERE m.ctid = t.tid
+            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
         ELSE
             RETURN QUERY
-            WITH u AS (
-                UPDATE {schema}.message m
-                   SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
-                       deliveries = m.deliveries + 1, leased = true
-                  FROM unnest(ARRAY(
+            UPDATE {schema}.message m
+               SET dequeue_at = v_now + v_lease, attempts = m.attempts + 1,
+                   deliveries = m.deliveries + 1, leased = true
+              FROM unnest(ARRAY(
                        SELECT c.tid
                          FROM (SELECT w.tid, w.ok, w.dequeue_at, w.id
                                  FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
@@ -669,14 +668,11 @@ BEGIN
                                 ORDER BY w.dequeue_at, w.id
                                 LIMIT p_limit) c
                         WHERE c.ok
-                        ORDER BY c.dequeue_at, c.id)) WITH ORDINALITY AS t(tid, ord)
-                 WHERE m.ctid = t.tid AND (m.queue_id = q.id) IS TRUE  -- (the queue's partition)
-                RETURNING t.ord, m.*
-            )
-            SELECT u.id, u.attempts, u.deliveries, u.dequeue_at, u.scheduled_at, u.enqueued_at,
-                   u.priority, u.key, u.channel, u.kind, u.content_type, u.headers, u.state,
-                   u.last_error, u.payload
-              FROM u ORDER BY u.ord;
+                        ORDER BY c.dequeue_at, c.id)) AS t(tid)
+             WHERE m.ctid = t.tid AND (m.queue_id = q.id) IS TRUE  -- (the queue's partition)
+            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                      m.last_error, m.payload;
         END IF;
         GET DIAGNOSTICS v_got = ROW_COUNT;
         v_want := p_limit - v_got;
