@@ -21,6 +21,9 @@ Workloads (``--workloads``), per message:
   (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *, in a PL/pgSQL function);
 * ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
   (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
+* ``drain1_floor_settled`` / ``drain100_floor_settled``: the lease floor's statement with ack's
+  memory (each acknowledged id also inserted into an UNLOGGED table keyed by (queue, id), with a
+  BRIN index on the time, as LonnyMQ's ``settled``): a floor alone, no LonnyMQ statement;
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default.
@@ -90,8 +93,18 @@ _LEASE_FLOOR = (
     " u AS (UPDATE public.lq SET vt = {now} + 30000 FROM p WHERE lq.id = p.id RETURNING lq.id, lq.payload)"
     " SELECT set_config('b.ids', coalesce(array_agg(u.id)::text, '{{}}'), false) FROM u"
 )
-#: workload: (LonnyMQ's statement for schema {s}, the floor's statement or None, messages a call)
-WORKLOADS: dict[str, tuple[str, str | None, int]] = {
+# The lease floor with ack's memory: each acknowledged id also leaves a row (queue, id, token,
+# outcome, time) in an UNLOGGED table keyed by (queue, id) with a BRIN index on the time, as
+# LonnyMQ's settled (what answers a repeated ack, sql/settle.sql): a guarantee the lease floor
+# does not pay.
+_LEASE_FLOOR_SETTLED = _LEASE_FLOOR.replace(
+    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[])),",
+    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[]) RETURNING lq.id),"
+    " s AS (INSERT INTO public.lq_settled SELECT 1, a.id, 1, 'acked', {now} FROM a),",
+)
+#: workload: (LonnyMQ's statement for schema {s} or None (a floor alone), the floor's statement
+#: or None, messages a call)
+WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
     "pop": ("SELECT * FROM {s}.take_tx('q', 1, p_now => {now})", "SELECT * FROM public.seed_dequeue()", 1),
     "drain1": (
         "SELECT " + _KEEP + " FROM {s}.take('q', 1, NULL, " + _ACK + ", p_now => {now}) t",
@@ -103,6 +116,9 @@ WORKLOADS: dict[str, tuple[str, str | None, int]] = {
         _LEASE_FLOOR.replace("{n}", "100"),
         100,
     ),
+    # The drain floors with ack's memory (no LonnyMQ statement: compare with drain1, drain100).
+    "drain1_floor_settled": (None, _LEASE_FLOOR_SETTLED.replace("{n}", "1"), 1),
+    "drain100_floor_settled": (None, _LEASE_FLOOR_SETTLED.replace("{n}", "100"), 100),
     "take": ("SELECT * FROM {s}.take('q', 1, p_now => {now})", None, 1),
     "send": (
         "SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea, p_now => {now})",
@@ -195,6 +211,8 @@ _FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jso
 CREATE FUNCTION public.seed_dequeue() RETURNS SETOF public.seedq LANGUAGE plpgsql AS $f$ BEGIN RETURN QUERY DELETE FROM public.seedq WHERE id = (SELECT id FROM public.seedq ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *; END $f$
 CREATE TABLE public.lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL)
 CREATE INDEX lq_vt ON public.lq (vt, id)
+CREATE UNLOGGED TABLE public.lq_settled (queue_id integer, id bigint, token integer, outcome text NOT NULL, settled_at bigint NOT NULL, PRIMARY KEY (queue_id, id))
+CREATE INDEX lq_settled_at ON public.lq_settled USING brin (settled_at)
 """
 
 
@@ -282,7 +300,7 @@ def _script(workload: str, schema: str | None, calls: int, backlog: int) -> str:
     if schema is None:
         assert floor is not None
         head = (
-            "TRUNCATE public.seedq, public.lq\n"
+            "TRUNCATE public.seedq, public.lq, public.lq_settled\n"
             f"INSERT INTO public.seedq (payload) SELECT '{{\"i\": 1}}' FROM generate_series(1, {backlog})\n"
             f"INSERT INTO public.lq (payload) SELECT '{{\"i\": 1}}' FROM generate_series(1, {backlog})\n"
             "VACUUM ANALYZE public.seedq\nVACUUM ANALYZE public.lq\n"
@@ -296,6 +314,7 @@ def _script(workload: str, schema: str | None, calls: int, backlog: int) -> str:
             f"SELECT setval('{schema}.message_gen_started_seq',"
             " (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 86400000)\n"
         )
+        assert stmt is not None
         text = stmt.format(s=schema, now=NOW)
     text = text.replace("{now}", str(NOW)).replace("{{", "{").replace("}}", "}")
     return (
@@ -429,7 +448,9 @@ def main() -> None:
                 results[w] = _pgmq_count(cluster, w, trees, low, high, args.commits)
                 continue
             per = WORKLOADS[w][2]
-            sides: list[tuple[str, str | None]] = [(name, f"tree_{name}") for name, _ in trees]
+            sides: list[tuple[str, str | None]] = (
+                [(name, f"tree_{name}") for name, _ in trees] if WORKLOADS[w][0] is not None else []
+            )
             if WORKLOADS[w][1] is not None and not args.no_floor:
                 sides.append(("floor", None))
             for label, schema in sides:
@@ -445,7 +466,8 @@ def main() -> None:
     ref = trees[0][0]
     print(f"\nratios to {ref} (instructions per message; lower is less work):")
     for w, row in results.items():
-        print(f"  {w:9} " + "  ".join(f"{k} {v / row[ref]:.3f}" for k, v in row.items()))
+        if ref in row:  # (not a floor alone)
+            print(f"  {w:9} " + "  ".join(f"{k} {v / row[ref]:.3f}" for k, v in row.items()))
     if args.json:
         args.json.write_text(
             json.dumps({"calls": args.calls, "trees": dict(trees), "results": results}, indent=2)
