@@ -172,7 +172,14 @@ def test_plan_of_the_lean_batch_take(client: Client, conn: Any, schema: str, nth
             s, s
         )
     ).fetchall()
-    names = {"q.id": "$1", "v_gen": "$2", "v_now": "$3", "v_lease": "$4", "q.max_attempts": "$5", "p_limit": "$6"}
+    names = {
+        "q.id": "$1",
+        "v_gen": "$2",
+        "v_now": "$3",
+        "v_lease": "$4",
+        "q.max_attempts": "$5",
+        "p_limit": "$6",
+    }
     stmt = _statement("take", BATCH_TAKE, names, schema, nth)
     plan = _generic_plan(
         conn,
