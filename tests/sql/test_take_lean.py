@@ -14,17 +14,26 @@ from test_send_lean import _assert_changed_by_ctid, _generic_plan, _nodes, _now,
 
 from lonnymq import Client
 
+#: take()'s variables in its lean statements, as the parameters of _plan_on_a_loaded_queue.
+_NAMES = {
+    "q.id": "$1",
+    "v_gen": "$2",
+    "v_now": "$3",
+    "v_lease": "$4",
+    "q.max_attempts": "$5",
+    "v_held": "$6",
+    "p_limit": "$7",  # (take(1)'s too: the window's query is the batch's, see take())
+}
 
-@pytest.mark.parametrize("nth", [0, 1, 2], ids=["no frozen row", "no frozen row, unlogged", "a frozen row"])
-def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int) -> None:
-    """The UPDATEs of take(1) (without a row of a frozen generation: of an ordinary queue, in its
-    partition, and of an UNLOGGED one; with a frozen row): the candidates
-    from the dequeue index in order, the row leased by ctid (a TID scan: never a scan of the
-    queue's part of the primary key), no sequential scan; on a queue with ready and leased
-    messages beside another queue's, analysed."""
+
+def _plan_on_a_loaded_queue(
+    client: Client, conn: Any, schema: str, stmt: str, limit: int, unlogged: bool = False
+) -> dict[str, Any]:
+    """The generic plan of take()'s statement ``stmt`` (its variables as in _NAMES) on queue
+    "q" with ready and leased messages beside another queue's, analysed."""
     s = sql.Identifier(schema)
     for name in ("other", "q"):
-        client.create_queue(name)
+        client.create_queue(name, unlogged=unlogged)
         client.send_batch(name, [b"x"] * 4000)
     client.take("q", 1000)  # leased: new entries at the end of the dequeue index
     conn.execute(sql.SQL("ANALYZE {}.message").format(s))
@@ -33,22 +42,22 @@ def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int)
             s, s
         )
     ).fetchall()
-    names = {
-        "q.id": "$1",
-        "v_gen": "$2",
-        "v_now": "$3",
-        "v_lease": "$4",
-        "q.max_attempts": "$5",
-        "v_held": "$6",
-        "p_limit": "$7",  # (1: the window's query is the batch's, see take())
-    }
-    stmt = _statement("take", r"RETURN QUERY\s+(UPDATE .*?m\.last_error, m\.payload);", names, schema, nth)
-    plan = _generic_plan(
+    return _generic_plan(
         conn,
         f"PREPARE lean_take(integer, bigint, bigint, bigint, integer, bigint, integer) AS {stmt}",
-        f"lean_take({qid}, {gen}, {_now(conn, s)}, 30000, 5, NULL, 1)",
+        f"lean_take({qid}, {gen}, {_now(conn, s)}, 30000, 5, NULL, {limit})",
     )
-    _assert_changed_by_ctid(plan)
+
+
+@pytest.mark.parametrize("nth", [0, 1, 2], ids=["no frozen row", "no frozen row, unlogged", "a frozen row"])
+def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int) -> None:
+    """The UPDATEs of take(1) (without a row of a frozen generation: of an ordinary queue, in its
+    partition, and of an UNLOGGED one; with a frozen row): the candidates
+    from the dequeue index in order, the row leased by ctid (a TID scan: never a scan of the
+    queue's part of the primary key), no sequential scan; on a queue with ready and leased
+    messages beside another queue's, analysed."""
+    stmt = _statement("take", r"RETURN QUERY\s+(UPDATE .*?m\.last_error, m\.payload);", _NAMES, schema, nth)
+    _assert_changed_by_ctid(_plan_on_a_loaded_queue(client, conn, schema, stmt, limit=1))
 
 
 def test_take_one_dead_letters_an_expired_last_attempt_and_delivers_the_next(
@@ -161,31 +170,8 @@ def test_plan_of_the_lean_batch_take(client: Client, conn: Any, schema: str, nth
     sequential scan; and the join is a nested loop over the array of candidates, whose order is
     the order in which the UPDATE returns its rows (take() does not sort them again). On a queue
     with ready and leased messages beside another queue's, analysed."""
-    s = sql.Identifier(schema)
-    for name in ("other", "q"):
-        client.create_queue(name, unlogged=nth == 1)
-        client.send_batch(name, [b"x"] * 4000)
-    client.take("q", 1000)
-    conn.execute(sql.SQL("ANALYZE {}.message").format(s))
-    [(qid, gen)] = conn.execute(
-        sql.SQL("SELECT q.id, g.last_value FROM {}.queue q, {}.message_gen_seq g WHERE q.name = 'q'").format(
-            s, s
-        )
-    ).fetchall()
-    names = {
-        "q.id": "$1",
-        "v_gen": "$2",
-        "v_now": "$3",
-        "v_lease": "$4",
-        "q.max_attempts": "$5",
-        "p_limit": "$6",
-    }
-    stmt = _statement("take", BATCH_TAKE, names, schema, nth)
-    plan = _generic_plan(
-        conn,
-        f"PREPARE batch_take(integer, bigint, bigint, bigint, integer, integer) AS {stmt}",
-        f"batch_take({qid}, {gen}, {_now(conn, s)}, 30000, 5, 100)",
-    )
+    stmt = _statement("take", BATCH_TAKE, _NAMES, schema, nth)
+    plan = _plan_on_a_loaded_queue(client, conn, schema, stmt, limit=100, unlogged=nth == 1)
     nodes = list(_nodes(plan))
     assert not [x for x in nodes if x["Node Type"] in ("Seq Scan", "Hash Join", "Merge Join")], plan
     changes = [x for x in nodes if x["Node Type"] == "Tid Scan"]
