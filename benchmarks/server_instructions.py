@@ -86,21 +86,24 @@ _KEEP = (
     "set_config('b.ids', coalesce(array_agg(t.id)::text, '{{}}'), false),"
     " set_config('b.toks', coalesce(array_agg(t.token)::text, '{{}}'), false)"
 )
+# The main query reads the DELETE (its count comes first in the select list): a data-modifying
+# CTE that nothing reads runs after the main query, whose set_config has by then replaced the
+# ids with the ones this call leased, which it cannot delete (it changed them itself): until
+# 2026-11-26 the floor deleted nothing, and its 70.5k / 237.4k counted the lease alone.
 _LEASE_FLOOR = (
-    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[])),"
+    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[]) RETURNING lq.id),"
     " p AS (SELECT lq.id FROM public.lq WHERE lq.vt <= {now} ORDER BY lq.vt, lq.id LIMIT {n}"
     " FOR UPDATE OF lq SKIP LOCKED),"
     " u AS (UPDATE public.lq SET vt = {now} + 30000 FROM p WHERE lq.id = p.id RETURNING lq.id, lq.payload)"
-    " SELECT set_config('b.ids', coalesce(array_agg(u.id)::text, '{{}}'), false) FROM u"
+    " SELECT (SELECT count(*) FROM a), set_config('b.ids', coalesce(array_agg(u.id)::text, '{{}}'), false) FROM u"
 )
 # The lease floor with ack's memory: each acknowledged id also leaves a row (queue, id, token,
 # outcome, time) in an UNLOGGED table keyed by (queue, id) with a BRIN index on the time, as
 # LonnyMQ's settled (what answers a repeated ack, sql/settle.sql): a guarantee the lease floor
 # does not pay.
 _LEASE_FLOOR_SETTLED = _LEASE_FLOOR.replace(
-    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[])),",
-    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[]) RETURNING lq.id),"
-    " s AS (INSERT INTO public.lq_settled SELECT 1, a.id, 1, 'acked', {now} FROM a),",
+    "RETURNING lq.id),",
+    "RETURNING lq.id), s AS (INSERT INTO public.lq_settled SELECT 1, a.id, 1, 'acked', {now} FROM a),",
 )
 #: workload: (LonnyMQ's statement for schema {s} or None (a floor alone), the floor's statement
 #: or None, messages a call)
