@@ -26,6 +26,9 @@ Workloads (``--workloads``), per message:
   server's clock;
 * ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
   (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
+* ``drain1_floor_settled`` / ``drain100_floor_settled``: the lease floor's statement with ack's
+  memory (each acknowledged id also inserted into an UNLOGGED table keyed by (queue, id), with a
+  BRIN index on the time, as LonnyMQ's ``settled``): a floor alone, no LonnyMQ statement;
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default.
@@ -90,15 +93,28 @@ _KEEP = (
     "set_config('b.ids', coalesce(array_agg(t.id)::text, '{{}}'), false),"
     " set_config('b.toks', coalesce(array_agg(t.token)::text, '{{}}'), false)"
 )
+# The main query reads the DELETE (its count comes first in the select list): a data-modifying
+# CTE that nothing reads runs after the main query, whose set_config has by then replaced the
+# ids with the ones this call leased, which it cannot delete (it changed them itself): until
+# 2026-11-26 the floor deleted nothing, and its 70.5k / 237.4k counted the lease alone.
 _LEASE_FLOOR = (
-    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[])),"
+    "WITH a AS (DELETE FROM public.lq WHERE id = ANY (current_setting('b.ids')::bigint[]) RETURNING lq.id),"
     " p AS (SELECT lq.id FROM public.lq WHERE lq.vt <= {now} ORDER BY lq.vt, lq.id LIMIT {n}"
     " FOR UPDATE OF lq SKIP LOCKED),"
     " u AS (UPDATE public.lq SET vt = {now} + 30000 FROM p WHERE lq.id = p.id RETURNING lq.id, lq.payload)"
-    " SELECT set_config('b.ids', coalesce(array_agg(u.id)::text, '{{}}'), false) FROM u"
+    " SELECT (SELECT count(*) FROM a), set_config('b.ids', coalesce(array_agg(u.id)::text, '{{}}'), false) FROM u"
 )
-#: workload: (LonnyMQ's statement for schema {s}, the floor's statement or None, messages a call)
-WORKLOADS: dict[str, tuple[str, str | None, int]] = {
+# The lease floor with ack's memory: each acknowledged id also leaves a row (queue, id, token,
+# outcome, time) in an UNLOGGED table keyed by (queue, id) with a BRIN index on the time, as
+# LonnyMQ's settled (what answers a repeated ack, sql/settle.sql): a guarantee the lease floor
+# does not pay.
+_LEASE_FLOOR_SETTLED = _LEASE_FLOOR.replace(
+    "RETURNING lq.id),",
+    "RETURNING lq.id), s AS (INSERT INTO public.lq_settled SELECT 1, a.id, 1, 'acked', {now} FROM a),",
+)
+#: workload: (LonnyMQ's statement for schema {s} or None (a floor alone), the floor's statement
+#: or None, messages a call)
+WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
     "pop": ("SELECT * FROM {s}.take_tx('q', 1, p_now => {now})", "SELECT * FROM public.seed_dequeue()", 1),
     "drain1": (
         "SELECT " + _KEEP + " FROM {s}.take('q', 1, NULL, " + _ACK + ", p_now => {now}) t",
@@ -110,6 +126,9 @@ WORKLOADS: dict[str, tuple[str, str | None, int]] = {
         _LEASE_FLOOR.replace("{n}", "100"),
         100,
     ),
+    # The drain floors with ack's memory (no LonnyMQ statement: compare with drain1, drain100).
+    "drain1_floor_settled": (None, _LEASE_FLOOR_SETTLED.replace("{n}", "1"), 1),
+    "drain100_floor_settled": (None, _LEASE_FLOOR_SETTLED.replace("{n}", "100"), 100),
     "take": ("SELECT * FROM {s}.take('q', 1, p_now => {now})", None, 1),
     "send": (
         "SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea, p_now => {now})",
@@ -205,6 +224,8 @@ _FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jso
 CREATE FUNCTION public.seed_dequeue() RETURNS SETOF public.seedq LANGUAGE plpgsql AS $f$ BEGIN RETURN QUERY DELETE FROM public.seedq WHERE id = (SELECT id FROM public.seedq ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *; END $f$
 CREATE TABLE public.lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL)
 CREATE INDEX lq_vt ON public.lq (vt, id)
+CREATE UNLOGGED TABLE public.lq_settled (queue_id integer, id bigint, token integer, outcome text NOT NULL, settled_at bigint NOT NULL, PRIMARY KEY (queue_id, id))
+CREATE INDEX lq_settled_at ON public.lq_settled USING brin (settled_at)
 """
 
 
@@ -297,7 +318,7 @@ def _script(
     if schema is None:
         assert floor is not None
         head = (
-            "TRUNCATE public.seedq, public.lq\n"
+            "TRUNCATE public.seedq, public.lq, public.lq_settled\n"
             f"INSERT INTO public.seedq (payload) SELECT '{{\"i\": 1}}' FROM generate_series(1, {backlog})\n"
             f"INSERT INTO public.lq (payload) SELECT '{{\"i\": 1}}' FROM generate_series(1, {backlog})\n"
             "VACUUM ANALYZE public.seedq\nVACUUM ANALYZE public.lq\n"
@@ -311,7 +332,11 @@ def _script(
             f"SELECT setval('{schema}.message_gen_started_seq',"
             " (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 86400000)\n"
         )
-        text = floor_on_tree if floor_on_tree is not None else stmt.format(s=schema, now=NOW)
+        if floor_on_tree is not None:
+            text = floor_on_tree
+        else:
+            assert stmt is not None
+            text = stmt.format(s=schema, now=NOW)
     text = text.replace("{now}", str(NOW)).replace("{{", "{").replace("}}", "}")
     return (
         "SET synchronous_commit = on\nSET b.ids = '{}'\nSET b.toks = '{}'\n"
@@ -462,7 +487,9 @@ def main() -> None:
                 results[w] = _pgmq_count(cluster, w, trees, low, high, args.commits)
                 continue
             per = WORKLOADS[w][2]
-            sides: list[tuple[str, str | None]] = [(name, f"tree_{name}") for name, _ in trees]
+            sides: list[tuple[str, str | None]] = (
+                [(name, f"tree_{name}") for name, _ in trees] if WORKLOADS[w][0] is not None else []
+            )
             if WORKLOADS[w][1] is not None and not args.no_floor:
                 sides.append(("floor", None))
             on_tree: dict[str, str] = {}  # label: a floor's statement on the last tree's tables
@@ -485,7 +512,8 @@ def main() -> None:
     ref = trees[0][0]
     print(f"\nratios to {ref} (instructions per message; lower is less work):")
     for w, row in results.items():
-        print(f"  {w:9} " + "  ".join(f"{k} {v / row[ref]:.3f}" for k, v in row.items()))
+        if ref in row:  # (not a floor alone)
+            print(f"  {w:9} " + "  ".join(f"{k} {v / row[ref]:.3f}" for k, v in row.items()))
     if args.json:
         args.json.write_text(
             json.dumps({"calls": args.calls, "trees": dict(trees), "results": results}, indent=2)

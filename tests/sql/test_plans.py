@@ -172,7 +172,7 @@ def test_candidate_query_walks_the_dequeue_index(
         conn.rollback()
 
 
-@pytest.mark.parametrize(("function", "rows"), [("_lock_ready", LIMIT), ("take", 1)])
+@pytest.mark.parametrize(("function", "rows"), [("_lock_ready", LIMIT), ("take", LIMIT)])
 def test_candidate_query_reads_a_handful_of_buffers(
     dsn: str, loaded: tuple[str, int, int], function: str, rows: int
 ) -> None:
@@ -192,12 +192,13 @@ def test_candidate_query_reads_a_handful_of_buffers(
             conn.rollback()  # the EXPLAIN ANALYZE really locked the rows
 
 
-@pytest.mark.parametrize(("function", "limit"), [("_lock_ready", LIMIT), ("take", 1)])
+@pytest.mark.parametrize(("function", "limit"), [("_lock_ready", LIMIT), ("take", 1), ("take", LIMIT)])
 def test_the_extracted_query_is_the_one_take_runs(
     dsn: str, loaded: tuple[str, int, int], function: str, limit: int
 ) -> None:
     """Guard against the regex drifting: the extracted SELECT picks exactly what take() leases
-    (take(n) for n > 1 locks through _lock_ready, take(1) through its own lean path)."""
+    (take(1) and take(n) of a queue without frozen generations through their lean statements,
+    which share the window's query; _lock_ready's is the general path's)."""
     schema, qid, now = loaded
     query = window_query(function)
     with psycopg.connect(dsn) as conn:
@@ -227,7 +228,7 @@ def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> Non
     # (The channels' row locks are _take_channels'.)
     assert body.count("FOR UPDATE SKIP LOCKED") == len(_locking_selects(function))
     # The frozen generations', the window's, and the window's in the ordinary queues' partition
-    # (the one-message statement).
+    # (the lean statements of one message and of a batch share it).
     assert len(candidate_queries(function)) == 3
 
 

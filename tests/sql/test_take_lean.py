@@ -10,9 +10,43 @@ from typing import Any
 
 import pytest
 from psycopg import sql
-from test_send_lean import _assert_changed_by_ctid, _generic_plan, _now, _statement
+from test_send_lean import _assert_changed_by_ctid, _generic_plan, _nodes, _now, _statement
 
 from lonnymq import Client
+
+#: take()'s variables in its lean statements, as the parameters of _plan_on_a_loaded_queue.
+_NAMES = {
+    "q.id": "$1",
+    "v_gen": "$2",
+    "v_now": "$3",
+    "v_lease": "$4",
+    "q.max_attempts": "$5",
+    "v_held": "$6",
+    "p_limit": "$7",  # (take(1)'s too: the window's query is the batch's, see take())
+}
+
+
+def _plan_on_a_loaded_queue(
+    client: Client, conn: Any, schema: str, stmt: str, limit: int, unlogged: bool = False
+) -> dict[str, Any]:
+    """The generic plan of take()'s statement ``stmt`` (its variables as in _NAMES) on queue
+    "q" with ready and leased messages beside another queue's, analysed."""
+    s = sql.Identifier(schema)
+    for name in ("other", "q"):
+        client.create_queue(name, unlogged=unlogged)
+        client.send_batch(name, [b"x"] * 4000)
+    client.take("q", 1000)  # leased: new entries at the end of the dequeue index
+    conn.execute(sql.SQL("ANALYZE {}.message").format(s))
+    [(qid, gen)] = conn.execute(
+        sql.SQL("SELECT q.id, g.last_value FROM {}.queue q, {}.message_gen_seq g WHERE q.name = 'q'").format(
+            s, s
+        )
+    ).fetchall()
+    return _generic_plan(
+        conn,
+        f"PREPARE lean_take(integer, bigint, bigint, bigint, integer, bigint, integer) AS {stmt}",
+        f"lean_take({qid}, {gen}, {_now(conn, s)}, 30000, 5, NULL, {limit})",
+    )
 
 
 @pytest.mark.parametrize("nth", [0, 1, 2], ids=["no frozen row", "no frozen row, unlogged", "a frozen row"])
@@ -22,32 +56,8 @@ def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int)
     from the dequeue index in order, the row leased by ctid (a TID scan: never a scan of the
     queue's part of the primary key), no sequential scan; on a queue with ready and leased
     messages beside another queue's, analysed."""
-    s = sql.Identifier(schema)
-    for name in ("other", "q"):
-        client.create_queue(name)
-        client.send_batch(name, [b"x"] * 4000)
-    client.take("q", 1000)  # leased: new entries at the end of the dequeue index
-    conn.execute(sql.SQL("ANALYZE {}.message").format(s))
-    [(qid, gen)] = conn.execute(
-        sql.SQL("SELECT q.id, g.last_value FROM {}.queue q, {}.message_gen_seq g WHERE q.name = 'q'").format(
-            s, s
-        )
-    ).fetchall()
-    names = {
-        "q.id": "$1",
-        "v_gen": "$2",
-        "v_now": "$3",
-        "v_lease": "$4",
-        "q.max_attempts": "$5",
-        "v_held": "$6",
-    }
-    stmt = _statement("take", r"RETURN QUERY\s+(UPDATE .*?m\.last_error, m\.payload);", names, schema, nth)
-    plan = _generic_plan(
-        conn,
-        f"PREPARE lean_take(integer, bigint, bigint, bigint, integer, bigint) AS {stmt}",
-        f"lean_take({qid}, {gen}, {_now(conn, s)}, 30000, 5, NULL)",
-    )
-    _assert_changed_by_ctid(plan)
+    stmt = _statement("take", r"RETURN QUERY\s+(UPDATE .*?m\.last_error, m\.payload);", _NAMES, schema, nth)
+    _assert_changed_by_ctid(_plan_on_a_loaded_queue(client, conn, schema, stmt, limit=1))
 
 
 def test_take_one_dead_letters_an_expired_last_attempt_and_delivers_the_next(
@@ -146,3 +156,84 @@ def test_pop_and_drain_of_an_unlogged_queue(client: Client, conn: Any, schema: s
     [(acked,)] = conn.execute(sql.SQL("SELECT sum(acked) FROM {}.queue_stat").format(s)).fetchall()
     assert acked == 1
     assert [m.payload for m in client.peek("q")] == [b"q1", b"q2"]
+
+
+#: take(n)'s lean statements (a queue without a frozen generation): of an ordinary queue, in
+#: its partition, and of an UNLOGGED one.
+BATCH_TAKE = r"RETURN QUERY\s+(UPDATE [^;]*?FROM unnest\(ARRAY.*?m\.last_error, m\.payload);"
+
+
+@pytest.mark.parametrize("nth", [0, 1], ids=["ordinary", "unlogged"])
+def test_plan_of_the_lean_batch_take(client: Client, conn: Any, schema: str, nth: int) -> None:
+    """take(n)'s UPDATE: the candidates from the dequeue index in order, each row leased by its
+    ctid (a TID scan per candidate: no read of the queue's part of the primary key), no
+    sequential scan; and the join is a nested loop over the array of candidates, whose order is
+    the order in which the UPDATE returns its rows (take() does not sort them again). On a queue
+    with ready and leased messages beside another queue's, analysed."""
+    stmt = _statement("take", BATCH_TAKE, _NAMES, schema, nth)
+    plan = _plan_on_a_loaded_queue(client, conn, schema, stmt, limit=100, unlogged=nth == 1)
+    nodes = list(_nodes(plan))
+    assert not [x for x in nodes if x["Node Type"] in ("Seq Scan", "Hash Join", "Merge Join")], plan
+    changes = [x for x in nodes if x["Node Type"] == "Tid Scan"]
+    assert changes and all(x.get("TID Cond") == "(ctid = t.tid)" for x in changes), plan
+    part = "message_unlogged_gen" if nth == 1 else "message_logged_gen"
+    assert [x for x in nodes if x.get("Index Name", "").startswith(part)], plan
+    assert not [x for x in nodes if x.get("Index Name", "").endswith("_pkey")], plan
+    # ModifyTable <- Nested Loop (outer: the array's unnest; inner: the TID scans).
+    [join] = [x for x in plan["Plans"] if x.get("Parent Relationship") == "Outer"]
+    assert join["Node Type"] == "Nested Loop", plan
+    outer, inner = (x for x in join["Plans"] if x.get("Parent Relationship") in ("Outer", "Inner"))
+    assert outer["Node Type"] == "Function Scan" and outer["Function Name"] == "unnest", plan
+    assert {x["Node Type"] for x in _nodes(inner)} <= {"Tid Scan", "Append"}, plan
+
+
+@pytest.mark.parametrize("unlogged", [False, True], ids=["ordinary", "unlogged"])
+def test_take_n_leases_in_order_and_fills_the_batch_past_dead_letters(
+    client: Client, conn: Any, schema: str, unlogged: bool
+) -> None:
+    """take(n): the ready messages in (dequeue_at, id) order (priority first), leased once with
+    their token; a later take(n) dead-letters the candidates whose lease expired on their last
+    attempt (they do not count against n) and delivers the next ones in the same call."""
+    s = sql.Identifier(schema)
+    client.create_queue("q", max_attempts=1, unlogged=unlogged)
+    low = client.send("q", b"low")
+    high = client.send("q", b"high", priority=5)
+    mid = client.send("q", b"mid", priority=1)
+    now = _now(conn, s)
+    later = [client.send("q", p, at=now + 1500) for p in (b"a", b"b", b"c")]  # due after the leases
+    take = sql.SQL("SELECT id, attempt, token FROM {}.take('q', %s, 1000, NULL, NULL, %s)").format(s)
+    assert conn.execute(take, (5, now)).fetchall() == [(high.id, 1, 1), (mid.id, 1, 1), (low.id, 1, 1)]
+    conn.commit()
+    assert conn.execute(take, (2, now + 2000)).fetchall() == [(later[0].id, 1, 1), (later[1].id, 1, 1)]
+    conn.commit()
+    dead = sql.SQL("SELECT sum(dead) FROM {}.queue_stat").format(s)
+    assert conn.execute(dead).fetchone() == (3,)
+    left = sql.SQL("SELECT id, leased FROM {}.message ORDER BY id").format(s)
+    assert conn.execute(left).fetchall() == [(later[0].id, True), (later[1].id, True), (later[2].id, False)]
+
+
+@pytest.mark.parametrize("unlogged", [False, True], ids=["ordinary", "unlogged"])
+def test_take_n_of_a_plain_queue_leases_in_one_statement(
+    client: Client, conn: Any, schema: str, unlogged: bool
+) -> None:
+    """take(n, ack=...) of a plain queue without frozen generations leases with its own
+    statement: no call of _lock_ready() or _deliver() (nested frames, the rows copied through
+    their result sets, a probe of the primary key per row); the acks go to _ack() as before."""
+    s = sql.Identifier(schema)
+    client.create_queue("q", unlogged=unlogged)
+    client.send_batch("q", [b"x"] * 30)
+    first = client.take("q", 10)
+    conn.execute("SET track_functions = 'pl'")
+    call = sql.SQL("SELECT id FROM {}.take('q', 10, p_ack_ids => %s, p_ack_tokens => %s)").format(s)
+    taken = conn.execute(call, ([m.id for m in first], [m.token for m in first])).fetchall()
+    calls = {
+        name: conn.execute(
+            "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regproc), 0)", (f"{schema}.{name}",)
+        ).fetchone()[0]
+        for name in ("_lock_ready", "_deliver", "_ack")
+    }
+    conn.commit()
+    assert [r[0] for r in taken] == sorted(r[0] for r in taken) and len(taken) == 10
+    assert not {m.id for m in first} & {r[0] for r in taken}
+    assert calls == {"_lock_ready": 0, "_deliver": 0, "_ack": 1}, calls
+    assert conn.execute(sql.SQL("SELECT count(*) FROM {}.message").format(s)).fetchone() == (20,)
