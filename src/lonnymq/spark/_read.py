@@ -15,11 +15,9 @@ import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, LiteralString
+from typing import TYPE_CHECKING, Any, LiteralString
 
-import numpy as np
 import psycopg
-import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 from psycopg import sql
 from pyspark.sql.datasource import (
     DataSourceReader,
@@ -54,7 +52,15 @@ from pyspark.sql.types import (
 from .. import errors
 from ..client.direct import STRIDE, key_partition
 from ._conf import Target, choice_option, float_option, int_option
+from ._lazy import LazyModule
 from ._payload import CORRUPT, PayloadDecoder, payload_ddl, to_ms_bounds
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
+else:  # Spark's planning processes import this module and never need them: _lazy.py
+    np = LazyModule("numpy")
+    pa = LazyModule("pyarrow")
 
 #: Columns of every read, in the order the SQL read functions return them.
 COLUMNS: tuple[tuple[str, DataType], ...] = (

@@ -29,11 +29,8 @@ import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
-import pyarrow.compute as pc  # type: ignore[import-untyped]
 from psycopg import sql
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -63,6 +60,16 @@ from ..client.direct import key_partition
 from ..client.ops import check_text
 from ..models import JSON, TEXT
 from ._conf import Target, choice_option, describe_dsn, float_option, option
+from ._lazy import LazyModule
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+else:  # Spark's planning processes import this module and never need them: _lazy.py
+    np = LazyModule("numpy")
+    pa = LazyModule("pyarrow")
+    pc = LazyModule("pyarrow.compute")
 
 log = logging.getLogger("lonnymq.spark")
 
