@@ -13,16 +13,17 @@ import re
 import select
 import time
 import uuid
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.pq import ConnStatus, TransactionStatus
-from psycopg.rows import namedtuple_row
+from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
+from psycopg.rows import RowMaker, no_result
 from psycopg.types.json import Jsonb
 
 from .. import errors
@@ -64,10 +65,31 @@ _KEY_MAX = 512
 _KIND_MAX = 255
 
 
+@lru_cache(maxsize=256)
+def _row_type(*names: bytes) -> Callable[[Sequence[Any]], Any]:
+    """The maker of named tuples of the columns ``names``: ``tuple.__new__`` of their class (C),
+    not the class's ``_make`` (Python). A name that is no identifier (``?column?``) becomes
+    ``_<position>`` (namedtuple's ``rename``): decoders read such a column by position."""
+    row = namedtuple("Row", [n.decode("utf-8", "replace") for n in names], rename=True)  # type: ignore[misc]
+    return partial(tuple.__new__, row)
+
+
+def _named_rows(cursor: Any) -> RowMaker[Any]:
+    """psycopg's ``namedtuple_row`` for the client's own statements, for half its CPU per
+    result (1.5 us against 2.2 for a take's 15 columns): no lookup of the connection's encoding
+    (the names are the SQL functions' own, ASCII) and rows made by :func:`_row_type`."""
+    res = cursor.pgresult
+    if res is None or res.status != _TUPLES_OK:
+        return no_result
+    return _row_type(*map(res.fname, range(res.nfields)))
+
+
+_TUPLES_OK = ExecStatus.TUPLES_OK
+
 #: The row factory every op is executed with, whatever the row factory of the connection it runs
 #: on (a caller's connection or pool may use ``dict_row``, ``class_row``...): rows are named
 #: tuples, which decoders read by column name (``r.id``; ``r[0]`` only for one-column results).
-ROW_FACTORY = namedtuple_row
+ROW_FACTORY = _named_rows
 
 
 # Not frozen: a frozen dataclass's __init__ costs 0.9 us here against 0.3 us, on every call.
