@@ -1128,9 +1128,8 @@ def connection_quiet(conn: psycopg.BaseConnection[Any]) -> bool:
     read, so the pool's check falls back to an empty query for those (and for a connection that
     has notifications waiting); a healthy idle connection costs one ``select()``, not a round trip.
     """
-    if conn.closed or conn.broken:
-        return False
     pg = conn.pgconn
+    # A closed or broken connection's status is BAD: no need to ask conn.closed and conn.broken.
     if pg.status != ConnStatus.OK or pg.transaction_status != TransactionStatus.IDLE:
         return False
     try:
