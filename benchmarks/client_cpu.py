@@ -13,16 +13,20 @@ made once by the parent. Two methods:
   median of ``--rounds``). Deterministic but ~50x slower: use a few hundred calls. Whatever
   costs per unit of wall time (the pool's threads waking up) weighs 50x too much here.
 
-Cases (``--ops``): ``take_ack`` (``take(q, 1)`` then ``ack(got)``), ``send``, ``send_batch``
-(10 payloads), ``take_nack``, ``extend`` (one message, extended again and again),
+Cases (``--ops``): ``take_ack`` (``take(q, 1)`` then ``ack(got)``), ``drain`` (``take(q, 1,
+ack=previous)``: one call), ``take_tx`` (``take_tx(q, 1)`` in autocommit: the pop), ``send``,
+``send_batch`` (10 payloads), ``take_nack``, ``extend`` (one message, extended again and again),
 ``receive_ack`` (``receive(q, 1)`` with a message ready, then ``ack``). Modes (``--modes``):
 ``client`` (``Client(dsn, pool_size=1)``), ``conn`` (``Client(connection)``: no pool, no
-retries), ``raw`` (psycopg alone: the client's composed statements, its row factory, ``json``),
-``raw_bytes`` (the same with the statements rendered to bytes once).
+retries; the benchmark's lonnymq_bench clients), ``raw`` (psycopg alone: the client's composed
+statements, its row factory, ``json``, one cursor), ``raw_bytes`` (the same with the statements
+rendered to bytes once), ``bare`` (psycopg as pgmq's Python users call it: ``conn.execute(...)
+.fetchall()``, a new cursor per call, tuple rows, the statements as bytes; the payload decoded
+with ``json``).
 
     PYTHONPATH=src python benchmarks/client_cpu.py --dsn postgresql://... \\
         --trees before=../main/src,after=src [--ops take_ack,send] [--modes client,raw] \\
-        [--calls 2000] [--rounds 5] [--method time|callgrind]
+        [--calls 2000] [--rounds 5] [--method time|callgrind] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ import time
 import uuid
 from typing import Any
 
-OPS = ("take_ack", "send", "send_batch", "take_nack", "extend", "receive_ack")
-MODES = ("client", "conn", "raw", "raw_bytes")
+OPS = ("take_ack", "drain", "take_tx", "send", "send_batch", "take_nack", "extend", "receive_ack")
+MODES = ("client", "conn", "raw", "raw_bytes", "bare")
 QUEUE = "q"
 
 
@@ -68,6 +72,13 @@ def _client_loop(c: Any, op: str, calls: int) -> None:
         settle = c.nack if op == "take_nack" else c.ack
         for _ in range(calls):
             settle(c.receive(QUEUE, 1, timeout=5) if op == "receive_ack" else c.take(QUEUE, 1))
+    elif op == "drain":
+        prev: list[Any] = []
+        for _ in range(calls):
+            prev = c.take(QUEUE, 1, ack=prev)
+    elif op == "take_tx":
+        for _ in range(calls):
+            c.take_tx(QUEUE, 1)
     elif op == "send":
         for i in range(calls):
             c.send(QUEUE, {"n": i})
@@ -98,8 +109,8 @@ def _raw_loop(conn: Any, schema: str, op: str, calls: int, prerender: bool) -> N
         s = getattr(st, name)
         return s.as_bytes(conn) if prerender else s
 
-    take, ack, nack, send, send_batch, extend = (
-        q(n) for n in ("take", "ack", "nack", "send", "send_batch", "extend")
+    take, ack_one, nack, send, send_batch, extend, take_ack_one, take_tx = (
+        q(n) for n in ("take", "ack_one", "nack", "send", "send_batch", "extend", "take_ack_one", "take_tx")
     )
     cur = conn.cursor(row_factory=namedtuple_row)
 
@@ -117,9 +128,21 @@ def _raw_loop(conn: Any, schema: str, op: str, calls: int, prerender: bool) -> N
             if op == "take_nack":
                 params: tuple[Any, ...] = (QUEUE, ids, tokens, [0], [None], None, True)
                 cur.execute(nack, params, binary=True)
-            else:
-                cur.execute(ack, (QUEUE, ids, tokens, None), binary=True)
+            else:  # one delivery: the client's ack_one
+                cur.execute(ack_one, (QUEUE, ids[0], tokens[0], None), binary=True)
             {r[0] for r in cur.fetchall()}
+    elif op == "drain":
+        rows = take1()
+        for _ in range(calls - 1):
+            cur.execute(take_ack_one, (QUEUE, 1, None, rows[0].id, rows[0].token), binary=True)
+            rows = cur.fetchall()
+            for r in rows:
+                json.loads(bytes(r.payload))
+    elif op == "take_tx":
+        for _ in range(calls):
+            cur.execute(take_tx, (QUEUE, 1, None), binary=True)
+            for r in cur.fetchall():
+                json.loads(bytes(r.payload))
     elif op == "send":
         for i in range(calls):
             body = json.dumps({"n": i}).encode()
@@ -142,6 +165,44 @@ def _raw_loop(conn: Any, schema: str, op: str, calls: int, prerender: bool) -> N
             cur.fetchall()
     else:
         raise SystemExit(f"unknown op {op}")
+
+
+def _bare_loop(conn: Any, schema: str, op: str, calls: int) -> None:
+    """The same statements as pgmq's Python users make theirs: ``conn.execute(...).fetchall()``
+    (a new cursor each), tuple rows (the payload is the last column), ``json``."""
+    from lonnymq.client.ops import statements
+    from lonnymq.serializer import default_serializer
+
+    st = statements(schema)
+    take, ack_one, send, take_ack_one, take_tx = (
+        getattr(st, n).as_bytes(conn) for n in ("take", "ack_one", "send", "take_ack_one", "take_tx")
+    )
+    ctype = default_serializer().content_type
+
+    def rows_of(query: bytes, params: tuple[Any, ...]) -> list[Any]:
+        rows = conn.execute(query, params, binary=True).fetchall()
+        for r in rows:
+            json.loads(bytes(r[-1]))
+        return rows
+
+    if op == "take_ack":
+        for _ in range(calls):
+            r = rows_of(take, (QUEUE, 1, None, None, None))[0]
+            {x[0] for x in conn.execute(ack_one, (QUEUE, r[0], r[1], None), binary=True).fetchall()}
+    elif op == "drain":
+        r = rows_of(take, (QUEUE, 1, None, None, None))[0]
+        for _ in range(calls - 1):
+            r = rows_of(take_ack_one, (QUEUE, 1, None, r[0], r[1]))[0]
+    elif op == "take_tx":
+        for _ in range(calls):
+            rows_of(take_tx, (QUEUE, 1, None))
+    elif op == "send":
+        for i in range(calls):
+            body = json.dumps({"n": i}, separators=(",", ":")).encode()
+            params = (QUEUE, body, ctype, None, None, None, None, 0, None, None, "ignore", None)
+            conn.execute(send, params, binary=True).fetchall()
+    else:
+        raise SystemExit(f"no bare loop for {op}")
 
 
 def child(dsn: str, schema: str, op: str, mode: str, calls: int, reps: int, warm: int) -> None:
@@ -168,6 +229,8 @@ def child(dsn: str, schema: str, op: str, mode: str, calls: int, reps: int, warm
         started = time.process_time()
         if c is not None:
             _client_loop(c, op, n)
+        elif mode == "bare":
+            _bare_loop(conn, schema, op, n)
         else:
             _raw_loop(conn, schema, op, n, prerender=mode == "raw_bytes")
         if rep >= 0:
@@ -210,6 +273,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warm", type=int, default=200)
     ap.add_argument("--method", choices=("time", "callgrind"), default="time")
+    ap.add_argument("--json", help="also write every measurement (and the load) to this file")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--schema", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -229,12 +293,13 @@ def main() -> None:
     with Client(args.dsn, schema=schema, pool_size=1) as c:
         c.migrate()
         c.create_queue(QUEUE, max_attempts=2**31 - 1, lease=3600)
+    results: list[dict[str, Any]] = []
     try:
         print(f"{args.method}: {args.calls} calls, {args.rounds} rounds; trees {trees}")
         for op in ops:
             for mode in modes:
                 # The floor does not depend on the tree: measured on the first.
-                names = [next(iter(trees))] if mode.startswith("raw") else list(trees)
+                names = [next(iter(trees))] if mode in ("raw", "raw_bytes", "bare") else list(trees)
                 got: dict[str, list[float]] = {name: [] for name in names}
                 for _ in range(args.rounds):
                     for name in names:
@@ -253,6 +318,20 @@ def main() -> None:
                         else f"median {statistics.median(xs):7.1f}  (min {min(xs):.1f}, max {max(xs):.1f})"
                     )
                     print(f"{op:12s} {mode:10s} {name:8s} {stat} {unit}", flush=True)
+                    results.append(
+                        {
+                            "op": op,
+                            "mode": mode,
+                            "tree": name,
+                            "unit": unit,
+                            "values": xs,
+                            "loadavg": os.getloadavg(),
+                        }
+                    )
+        if args.json:
+            with open(args.json, "w") as f:
+                meta = {"method": args.method, "calls": args.calls, "rounds": args.rounds, "trees": trees}
+                json.dump({**meta, "argv": sys.argv, "results": results}, f, indent=1)
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

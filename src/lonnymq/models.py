@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 from .serializer import JSON as JSON
 from .serializer import Serializer
@@ -19,6 +20,8 @@ MessageStatus = Literal["ready", "scheduled", "leased"]
 ArchiveStatus = Literal["acked", "dead", "cancelled"]
 
 TEXT = "text/plain; charset=utf-8"
+
+T = TypeVar("T")
 
 
 def decode_payload(body: bytes, content_type: str | None, serializer: Serializer | None = None) -> Any:
@@ -70,6 +73,24 @@ class Message:
         """The payload decoded: bytes, str, or the serializer's value (see
         :mod:`lonnymq.serializer`)."""
         return decode_payload(self.body, self.content_type, self.serializer)
+
+
+def _slot_constructor(cls: type[T]) -> Callable[..., T]:
+    """A constructor of the frozen, slotted dataclass ``cls`` taking every field by position, in
+    ``fields()`` order: the object ``cls(...)`` makes (frozen as ever), without its ``__init__``,
+    which sets each field through ``object.__setattr__``: 2.7 us for Message's 18 fields,
+    this 1.2 us (docs/benchmarks.md, "The client's own CPU per call"). For decoders of rows,
+    whose values need no default."""
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    scope.update({f"set_{n}": getattr(cls, n).__set__ for n in names})
+    body = "".join(f"    set_{n}(o, {n})\n" for n in names)
+    exec(f"def make({', '.join(names)}):\n    o = new(cls)\n{body}    return o\n", scope)
+    return cast("Callable[..., T]", scope["make"])
+
+
+#: ``Message(...)`` with every field by position, made faster (see :func:`_slot_constructor`).
+new_message: Callable[..., Message] = _slot_constructor(Message)
 
 
 @dataclass(frozen=True, slots=True)

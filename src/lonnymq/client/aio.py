@@ -81,7 +81,11 @@ T = TypeVar("T")
 
 def _in_transaction(c: AsyncConnection[Any]) -> bool:
     """A call on ``c`` joins the caller's transaction (open, or begun by the call itself)."""
-    return not c.autocommit or c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+    # pgconn's status, not c.info's: that makes a ConnectionInfo and an enum on every call.
+    return not c.autocommit or c.pgconn.transaction_status != _IDLE
+
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 async def _check_connection(conn: AsyncConnection[Any]) -> None:
@@ -251,10 +255,13 @@ class AsyncClient:
             if (queue := self._map.queue_of(op)) is not None:
                 return await self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
-            async with self.connection(conn) as c:
-                if op.caller_tx or _in_transaction(c):
-                    await self._refuse_on_router(c)
-                return await self._execute(c, op)
+            # The caller's connection, else the client's own (self.connection(), without its
+            # context manager: nothing to open or give back).
+            c = conn if conn is not None else self._conn
+            assert c is not None
+            if op.caller_tx or _in_transaction(c):
+                await self._refuse_on_router(c)
+            return await self._execute(c, op)
         pool = self._pool
         if op.caller_tx and self._router is not False:
             async with self.connection() as c:
@@ -267,20 +274,28 @@ class AsyncClient:
         """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
         under the retry policy (see :meth:`run`); without retries, waiting at most ``wait``
         seconds for a connection (None: the pool's timeout)."""
-        backoff = self.retry.start() if retry and self.retry is not None else None
+        # The policy's state is made only once an attempt fails (the deadline still counts from
+        # now): most calls never need it.
+        policy = self.retry if retry else None
+        started = monotonic()
+        backoff: Backoff | None = None
         ran = False  # an attempt reached the server: it may have committed
         while True:
             sent = False
             undone: float | None = None  # the wait before repeating a call the server rolled back
             try:
-                if pool is self._pool and not self._opened and backoff is not None and self._owns_pool:
+                if pool is self._pool and not self._opened and policy is not None and self._owns_pool:
                     # Not open(): its wait closes the pool for good if the server is down now;
                     # getconn() waits for the first connection, within the deadline.
                     await pool.open(wait=False)
                     self._opened = True
                 elif pool is self._pool and not self._opened:  # (a shard's pool is opened when made)
                     await self.open()
-                c = await pool.getconn(wait if backoff is None else backoff.remaining())
+                if policy is None:
+                    timeout = wait
+                else:
+                    timeout = policy.deadline if backoff is None else backoff.remaining()
+                c = await pool.getconn(timeout)
             except psycopg.OperationalError as e:  # no connection (PoolTimeout): nothing was sent
                 lost = e
             else:
@@ -292,6 +307,8 @@ class AsyncClient:
                     # A deadlock or a serialization failure: the call is one statement in its own
                     # transaction, which the server rolled back whole, so repeating it is safe
                     # (a send without a key too) and it did not commit.
+                    if backoff is None and policy is not None:
+                        backoff = policy.start(started)
                     undone = None if backoff is None else backoff.next_delay()
                     if undone is None or c.broken or c.closed:
                         raise
@@ -305,6 +322,8 @@ class AsyncClient:
             if undone is not None:
                 await asleep(undone)
                 continue
+            if backoff is None and policy is not None:
+                backoff = policy.start(started)
             if backoff is None and not sent:
                 raise lost  # retries off, nothing sent: the pool's own error
             unsafe = sent and not op.safe_to_retry

@@ -63,17 +63,18 @@ class RetryPolicy:
         if not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter <= 1:
             raise errors.InvalidArgument(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter!r}")
 
-    def start(self) -> Backoff:
-        """The state of one call's attempts, its deadline counted from now."""
-        return Backoff(self)
+    def start(self, started: float | None = None) -> Backoff:
+        """The state of one call's attempts, its deadline counted from ``started`` (a
+        ``time.monotonic()`` reading: when the call's first attempt began), default now."""
+        return Backoff(self, started)
 
 
 class Backoff:
     """The attempts of one call: how long is left, and the next (jittered) wait."""
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy, started: float | None = None) -> None:
         self.policy = policy
-        self.give_up_at = monotonic() + policy.deadline
+        self.give_up_at = (monotonic() if started is None else started) + policy.deadline
         self.delay = policy.initial_delay
         self.attempts = 1
 

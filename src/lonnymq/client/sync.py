@@ -84,7 +84,10 @@ T = TypeVar("T")
 
 def _in_transaction(c: Connection[Any]) -> bool:
     """A call on ``c`` joins the caller's transaction (open, or begun by the call itself)."""
-    return not c.autocommit or c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+    return not c.autocommit or c.pgconn.transaction_status != _IDLE
+
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _check_connection(conn: Connection[Any]) -> None:
@@ -246,10 +249,11 @@ class Client:
             if (queue := self._map.queue_of(op)) is not None:
                 return self._run_direct(op, queue, retry)
         if conn is not None or self._pool is None:
-            with self.connection(conn) as c:
-                if op.caller_tx or _in_transaction(c):
-                    self._refuse_on_router(c)
-                return self._execute(c, op)
+            c = conn if conn is not None else self._conn
+            assert c is not None
+            if op.caller_tx or _in_transaction(c):
+                self._refuse_on_router(c)
+            return self._execute(c, op)
         pool = self._pool
         if op.caller_tx and self._router is not False:
             with self.connection() as c:
@@ -260,18 +264,24 @@ class Client:
         """``op`` on a connection of ``pool`` (the client's, or a shard's of a direct client)
         under the retry policy (see :meth:`run`); without retries, waiting at most ``wait``
         seconds for a connection (None: the pool's timeout)."""
-        backoff = self.retry.start() if retry and self.retry is not None else None
+        policy = self.retry if retry else None
+        started = monotonic()
+        backoff: Backoff | None = None
         ran = False
         while True:
             sent = False
             undone: float | None = None
             try:
-                if pool is self._pool and (not self._opened) and (backoff is not None) and self._owns_pool:
+                if pool is self._pool and (not self._opened) and (policy is not None) and self._owns_pool:
                     pool.open(wait=False)
                     self._opened = True
                 elif pool is self._pool and (not self._opened):
                     self.open()
-                c = pool.getconn(wait if backoff is None else backoff.remaining())
+                if policy is None:
+                    timeout = wait
+                else:
+                    timeout = policy.deadline if backoff is None else backoff.remaining()
+                c = pool.getconn(timeout)
             except psycopg.OperationalError as e:
                 lost = e
             else:
@@ -280,6 +290,8 @@ class Client:
                     sent = True
                     return self._execute(c, op)
                 except ROLLED_BACK:
+                    if backoff is None and policy is not None:
+                        backoff = policy.start(started)
                     undone = None if backoff is None else backoff.next_delay()
                     if undone is None or c.broken or c.closed:
                         raise
@@ -293,6 +305,8 @@ class Client:
             if undone is not None:
                 sleep(undone)
                 continue
+            if backoff is None and policy is not None:
+                backoff = policy.start(started)
             if backoff is None and (not sent):
                 raise lost
             unsafe = sent and (not op.safe_to_retry)
