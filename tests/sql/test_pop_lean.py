@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from psycopg import sql
-from test_send_lean import _now
+from test_take_lean import _last_attempt_leased
 
 from lonnymq import Client
 from lonnymq.errors import QueueNotFound
@@ -69,12 +69,7 @@ def test_pop_dead_letters_an_expired_last_attempt_and_delivers_the_next(
     """The first candidate's lease expired on its last attempt: the lean DELETE deletes nothing,
     the general path dead-letters it and the same call delivers the next message."""
     s = sql.Identifier(schema)
-    client.create_queue("q", max_attempts=1)
-    first = client.send("q", b"1")
-    now = _now(conn, s)
-    client.send("q", b"2", at=now + 1500)  # due after the first's lease expires
-    take = sql.SQL("SELECT id FROM {}.take('q', 1, 1000, NULL, NULL, %s)").format(s)
-    assert conn.execute(take, (now,)).fetchall() == [(first.id,)]
+    now, _ = _last_attempt_leased(client, conn, s)
     assert _pop(conn, s, "q", now + 2000) == [b"2"]
     assert conn.execute(sql.SQL("SELECT count(*) FROM {}.message").format(s)).fetchone() == (0,)
     assert conn.execute(sql.SQL("SELECT sum(dead) FROM {}.queue_stat").format(s)).fetchone() == (1,)

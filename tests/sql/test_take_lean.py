@@ -60,22 +60,31 @@ def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int)
     _assert_changed_by_ctid(_plan_on_a_loaded_queue(client, conn, schema, stmt, limit=1))
 
 
+def _last_attempt_leased(client: Client, conn: Any, s: sql.Identifier) -> tuple[int, int]:
+    """Queue ``q`` (max_attempts 1) whose first message is leased for 1 s at the returned
+    ``now`` and whose second is due at ``now + 1500``, after that lease expired: (now, the
+    second's id)."""
+    client.create_queue("q", max_attempts=1)
+    first = client.send("q", b"1")
+    now = _now(conn, s)
+    second = client.send("q", b"2", at=now + 1500)
+    take = sql.SQL("SELECT id, attempt FROM {}.take('q', 1, 1000, NULL, NULL, %s)").format(s)
+    assert conn.execute(take, (now,)).fetchall() == [(first.id, 1)]
+    return now, second.id
+
+
 def test_take_one_dead_letters_an_expired_last_attempt_and_delivers_the_next(
     client: Client, conn: Any, schema: str
 ) -> None:
     """The first candidate's lease expired on its last attempt: the lean UPDATE leases nothing,
     the general path dead-letters it and the same call delivers the next message."""
     s = sql.Identifier(schema)
-    client.create_queue("q", max_attempts=1)
-    first = client.send("q", b"1")
-    now = _now(conn, s)
-    second = client.send("q", b"2", at=now + 1500)  # due after the first's lease expires
+    now, second = _last_attempt_leased(client, conn, s)
     take = sql.SQL("SELECT id, attempt FROM {}.take('q', 1, 1000, NULL, NULL, %s)").format(s)
-    assert conn.execute(take, (now,)).fetchall() == [(first.id, 1)]
-    assert conn.execute(take, (now + 2000,)).fetchall() == [(second.id, 1)]  # first's lease expired
+    assert conn.execute(take, (now + 2000,)).fetchall() == [(second, 1)]  # first's lease expired
     conn.commit()
     left = sql.SQL("SELECT id FROM {}.message ORDER BY id").format(s)
-    assert conn.execute(left).fetchall() == [(second.id,)]
+    assert conn.execute(left).fetchall() == [(second,)]
     dead = sql.SQL("SELECT sum(dead) FROM {}.queue_stat").format(s)
     assert conn.execute(dead).fetchone() == (1,)
 
