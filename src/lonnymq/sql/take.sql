@@ -77,6 +77,19 @@ BEGIN
     END IF;
 END $$;
 
+-- Whether queue q has a ready row that take()'s and take_tx()'s lean statements leave to the
+-- general path: an expired lease that may not be delivered (its last attempt, or a superseded
+-- version), read in the partial index of leases (usually empty). A SQL function that
+-- PostgreSQL inlines into the caller's statement: the same plan as the EXISTS written there.
+CREATE OR REPLACE FUNCTION {schema}._undeliverable_ready(q {schema}.queue, p_now bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT FROM {schema}.message m
+         WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased
+           AND m.dequeue_at <= p_now
+           AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL))
+$$;
+
 -- Hand out locked messages p_ids, in that order: 'lease' them for p_lease_ms, or 'delete' /
 -- 'archive' them (take_tx). Returns the deliveries in the order of p_ids. Each row is found by
 -- its key (a LATERAL probe, OFFSET 0 so that it stays one) and changed by its ctid, which stays
@@ -679,11 +692,7 @@ BEGIN
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
             RETURN;
         END IF;
-        IF NOT EXISTS (
-            SELECT FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased
-               AND m.dequeue_at <= v_now
-               AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)) THEN
+        IF NOT {schema}._undeliverable_ready(q, v_now) THEN
             RETURN;
         END IF;
     END IF;
@@ -909,11 +918,7 @@ BEGIN
         END IF;
         -- Fewer than asked: done, unless an expired lease that may not be delivered is among
         -- the ready rows (the partial index of leases: usually none).
-        IF NOT EXISTS (
-            SELECT FROM {schema}.message m
-             WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased
-               AND m.dequeue_at <= v_now
-               AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)) THEN
+        IF NOT {schema}._undeliverable_ready(q, v_now) THEN
             RETURN;
         END IF;
     END IF;
