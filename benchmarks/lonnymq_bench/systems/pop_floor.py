@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from ..harness import Ctx
 from .base import System, Variant
@@ -73,11 +74,10 @@ POP = TEMPLATE.format(s=SCHEMA, q="%(q)s", gen="%(gen)s", max="%(max)s", now=CLO
 
 def where(c: psycopg.Connection[Any], schema: str = SCHEMA, queue: str = QUEUE) -> dict[str, Any]:
     """The floor's constants of ``queue``: its id, the current generation and its max_attempts."""
-    row = c.execute(
-        f"SELECT q.id, s.last_value, q.max_attempts FROM {schema}.queue q, {schema}.message_gen_seq s"
-        " WHERE q.name = %s",
-        (queue,),
-    ).fetchone()
+    stmt = sql.SQL(
+        "SELECT q.id, s.last_value, q.max_attempts FROM {}.queue q, {}.message_gen_seq s WHERE q.name = %s"
+    ).format(sql.Identifier(schema), sql.Identifier(schema))
+    row = c.execute(stmt, (queue,)).fetchone()
     assert row is not None
     return {"q": row[0], "gen": row[1], "max": row[2]}
 
