@@ -77,6 +77,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -85,7 +86,6 @@ from pathlib import Path
 from lonnymq_bench.systems.pop_floor import CLOCK, TEMPLATE, WINDOW_TEMPLATE
 
 NOW = 1_700_000_000_000  # the fixed clock (epoch ms) of every call: in the past, so p_now needs no check
-PORT = 55471
 PAYLOAD = "\\x7b226f72646572223a203132333435362c20226e6f7465223a2022787878787878787878787878227d"
 
 _ACK = "current_setting('b.ids')::bigint[], current_setting('b.toks')::int[]"
@@ -246,6 +246,10 @@ class Cluster:
         self.bin = bindir
         self.dir = Path(tempfile.mkdtemp(prefix="lonnymq-instr-"))
         self.data = self.dir / "data"
+        # A port free now, not a fixed one: several engineers' runs share the machine.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            self.port: int = s.getsockname()[1]
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres")
 
@@ -261,7 +265,7 @@ class Cluster:
         )
 
     def pg_ctl(self, action: str) -> None:
-        opts = f"-p {PORT} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c autovacuum=off"
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c autovacuum=off"
         self.run(
             [
                 str(self.bin / "pg_ctl"),
@@ -449,7 +453,7 @@ def main() -> None:
     try:
         cluster.initdb()
         cluster.pg_ctl("start")
-        dsn = f"postgresql://root@127.0.0.1:{PORT}/postgres"
+        dsn = f"postgresql://root@127.0.0.1:{cluster.port}/postgres"
         subprocess.run([str(args.bin / "psql"), dsn, "-qc", "CREATE DATABASE bench"], check=True)
         dsn = dsn.rsplit("/", 1)[0] + "/bench"
         subprocess.run([str(args.bin / "psql"), dsn, "-qc", _FLOOR_DDL.replace("\n", ";\n")], check=True)
