@@ -367,8 +367,7 @@ class AsyncClient:
                 m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
             shard = m.route(queue)
             if shard is None:
-                found = await self._run_pooled(self._router_pool(), m.locate_op(queue), True)
-                shard = m.remember(queue, *found)
+                shard = m.remember(queue, *await self._locate(queue))
             if shard < 0:
                 return await self._run_partitioned(op, queue, retry, fenced)
             pool = await self._shard_pool(shard)
@@ -377,7 +376,7 @@ class AsyncClient:
             except errors.QueueNotFound:
                 m.forget(queue)
                 m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
-                again = await self._run_pooled(self._router_pool(), m.locate_op(queue), True)
+                again = await self._locate(queue)
                 if attempt == ATTEMPTS or m.remember(queue, *again) == shard:
                     raise
             except psycopg.OperationalError as e:
@@ -419,7 +418,7 @@ class AsyncClient:
                 m.forget(queue)  # moved, dropped (or made again): ask the router
                 if attempt < ATTEMPTS:
                     m.load(*await self._run_pooled(self._router_pool(), m.map_op(), True))
-                    found = await self._run_pooled(self._router_pool(), m.locate_op(queue), True)
+                    found = await self._locate(queue)
                     if m.remember(queue, *found) < 0 and m.placement(queue) != was:
                         return await self._run_partitioned(op, queue, retry, fenced, attempt + 1)
                 raise
@@ -441,6 +440,20 @@ class AsyncClient:
         if not answered and down is not None:
             raise m.unavailable(*down) from down[1]
         return cast(T, result)
+
+    async def _locate(
+        self, queue: str, wait: float | None = None
+    ) -> tuple[int | None, list[int] | None, dict[int, int] | None]:
+        """The router's answer where ``queue`` is (``ShardMap.locate_op``), with the shard map
+        read again first when the answer names a shard the map does not have (added since)."""
+        m = self._map if self._map is not None else self._listen_map
+        assert m is not None
+        retry = wait is None
+        found = await self._run_pooled(self._router_pool(), m.locate_op(queue), retry, wait)
+        if m.outside(found):
+            m.load(*await self._run_pooled(self._router_pool(), m.map_op(), retry, wait))
+            found = await self._run_pooled(self._router_pool(), m.locate_op(queue), retry, wait)
+        return found
 
     def _router_pool(self) -> AsyncConnectionPool[Any]:
         assert self._pool is not None
@@ -935,8 +948,7 @@ class AsyncClient:
                 m.load(*await self._run_pooled(router, m.map_op(), False, PARTITION_WAIT))
             shard = m.route(queue)
             if shard is None:
-                found = await self._run_pooled(router, m.locate_op(queue), False, PARTITION_WAIT)
-                shard = m.remember(queue, *found)
+                shard = m.remember(queue, *await self._locate(queue, PARTITION_WAIT))
         except errors.NotInstalled:
             if self._map is not None:
                 raise

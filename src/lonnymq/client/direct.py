@@ -315,6 +315,13 @@ class ShardMap:
         self._routes[queue] = i
         return i
 
+    def outside(self, found: tuple[int | None, list[int] | None, dict[int, int] | None]) -> bool:
+        """Whether the router's answer (:meth:`locate_op`) names a partition's shard this map
+        does not have (shards were added since it was read, ``shard add``): read the map again
+        before :meth:`remember`."""
+        parts = found[1]
+        return bool(parts) and max(parts or [0]) >= len(self.shards)
+
     def partitions(self, queue: str) -> list[int]:
         """The shards of partitioned ``queue``'s partitions (after :meth:`remember`)."""
         return list(self._parts[queue])

@@ -345,8 +345,7 @@ class Client:
                 m.load(*self._run_pooled(self._router_pool(), m.map_op(), True))
             shard = m.route(queue)
             if shard is None:
-                found = self._run_pooled(self._router_pool(), m.locate_op(queue), True)
-                shard = m.remember(queue, *found)
+                shard = m.remember(queue, *self._locate(queue))
             if shard < 0:
                 return self._run_partitioned(op, queue, retry, fenced)
             pool = self._shard_pool(shard)
@@ -355,7 +354,7 @@ class Client:
             except errors.QueueNotFound:
                 m.forget(queue)
                 m.load(*self._run_pooled(self._router_pool(), m.map_op(), True))
-                again = self._run_pooled(self._router_pool(), m.locate_op(queue), True)
+                again = self._locate(queue)
                 if attempt == ATTEMPTS or m.remember(queue, *again) == shard:
                     raise
             except psycopg.OperationalError as e:
@@ -393,7 +392,7 @@ class Client:
                 m.forget(queue)
                 if attempt < ATTEMPTS:
                     m.load(*self._run_pooled(self._router_pool(), m.map_op(), True))
-                    found = self._run_pooled(self._router_pool(), m.locate_op(queue), True)
+                    found = self._locate(queue)
                     if m.remember(queue, *found) < 0 and m.placement(queue) != was:
                         return self._run_partitioned(op, queue, retry, fenced, attempt + 1)
                 raise
@@ -415,6 +414,20 @@ class Client:
         if not answered and down is not None:
             raise m.unavailable(*down) from down[1]
         return cast(T, result)
+
+    def _locate(
+        self, queue: str, wait: float | None = None
+    ) -> tuple[int | None, list[int] | None, dict[int, int] | None]:
+        """The router's answer where ``queue`` is (``ShardMap.locate_op``), with the shard map
+        read again first when the answer names a shard the map does not have (added since)."""
+        m = self._map if self._map is not None else self._listen_map
+        assert m is not None
+        retry = wait is None
+        found = self._run_pooled(self._router_pool(), m.locate_op(queue), retry, wait)
+        if m.outside(found):
+            m.load(*self._run_pooled(self._router_pool(), m.map_op(), retry, wait))
+            found = self._run_pooled(self._router_pool(), m.locate_op(queue), retry, wait)
+        return found
 
     def _router_pool(self) -> ConnectionPool[Any]:
         assert self._pool is not None
@@ -871,8 +884,7 @@ class Client:
                 m.load(*self._run_pooled(router, m.map_op(), False, PARTITION_WAIT))
             shard = m.route(queue)
             if shard is None:
-                found = self._run_pooled(router, m.locate_op(queue), False, PARTITION_WAIT)
-                shard = m.remember(queue, *found)
+                shard = m.remember(queue, *self._locate(queue, PARTITION_WAIT))
         except errors.NotInstalled:
             if self._map is not None:
                 raise

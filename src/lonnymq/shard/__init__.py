@@ -10,7 +10,8 @@ router as to any LonnyMQ database; a call runs in the shard's own transaction, n
     print(shard.status(router_dsn))
     shard.upgrade(router_dsn)   # after upgrading lonnymq: shards migrated, router rebuilt
     shard.move(router_dsn, "orders", 1)   # the queue, with its messages, to shard 1
-    shard.add(router_dsn, [shard2_dsn, shard3_dsn])   # 2 -> 4 shards, queues rehomed
+    shard.add(router_dsn, [shard2_dsn, shard3_dsn])   # 2 -> 4 shards, queues and partitions rehomed
+    shard.prune_moved_ids(router_dsn)   # forget moved partitions' old ids once none is left
 
 A client may skip the router's hop for the calls of one queue: ``Client(router_dsn,
 direct=True)`` reads the shard map from the router and calls the queue's shard itself
@@ -20,7 +21,7 @@ direct=True)`` reads the shard map from the router and calls the queue's shard i
 from .add import AddResult, add
 from .admin import InitBlocked, RouterStatus, ShardStatus, init, shard_dsns, status, upgrade
 from .catalog import ROUTER_MARKER, NoRoute
-from .move import MoveBlocked, MoveError, MoveResult, move
+from .move import MoveBlocked, MoveError, MoveResult, move, prune_moved_ids
 
 __all__ = [
     "ROUTER_MARKER",
@@ -35,6 +36,7 @@ __all__ = [
     "add",
     "init",
     "move",
+    "prune_moved_ids",
     "shard_dsns",
     "status",
     "upgrade",

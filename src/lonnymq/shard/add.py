@@ -23,10 +23,11 @@ __all__ = ["AddResult", "add"]
 
 @dataclass(frozen=True, slots=True)
 class AddResult:
-    """What :func:`add` did: the shard count before and after, the queues it moved to the new
-    shards (with what each move reported), and those it could not move (queue -> error; each
-    stays, whole, on its old shard, routed there by an override: move it later with
-    :func:`move`)."""
+    """What :func:`add` did: the shard count before and after, the queues and partitions it
+    moved to the new shards (with what each move reported; a partition's has
+    ``MoveResult.partition``), and those it could not move (queue, or ``"<queue> partition
+    <k>"``, -> error; each stays, whole, where it was: a plain queue on its old shard, routed
+    there by an override; move it later with :func:`move`, or run :func:`add` again)."""
 
     before: int
     after: int
@@ -54,9 +55,12 @@ def add(
     shards to the cluster (PL/Proxy's shard ``i + n`` takes the queues of shard ``i`` whose hash
     has bit ``n`` set). From then on every call finds its queue, and new queues are created
     where the new count says. Each pinned queue then moves with the guarantees of :func:`move`
-    (exactly once, a short pause of that queue); one that cannot move is reported in
-    ``AddResult.failed`` and stays where it is. Run it again with the same shards to retry
-    those (it only moves)."""
+    (exactly once, a short pause of that queue); then each partition of a partitioned queue
+    whose place under the new count (partition k on ``(hash + k) mod shards``, as
+    ``queue_create_partitioned`` places it) is a new shard moves there, one partition at a
+    time (:func:`move` with ``partition=``, the same guarantees). One that cannot move is
+    reported in ``AddResult.failed`` and stays where it is. Run it again with the same shards
+    to retry those (it only moves)."""
     check_schema(schema)
     dsns = admin.shard_dsns(router_dsn, schema=schema)
     with admin._connect(router_dsn, "router", autocommit=True) as router:
@@ -83,7 +87,51 @@ def add(
         before, after = n, 2 * n
     else:  # a retry with the shards already added: only the moves
         before, after = n // 2, n
-    return _rehome(router_dsn, schema, before, after, lock_timeout, attempts, retry_delay)
+    result = _rehome(router_dsn, schema, before, after, lock_timeout, attempts, retry_delay)
+    for q, k, target in _partition_moves(router_dsn, schema, before, after):
+        try:
+            result.moved.append(
+                move(
+                    router_dsn,
+                    q,
+                    target,
+                    schema=schema,
+                    archive=True,
+                    partition=k,
+                    lock_timeout=lock_timeout,
+                    attempts=attempts,
+                    retry_delay=retry_delay,
+                )
+            )
+        except errors.QueueNotFound:
+            continue  # dropped meanwhile: nothing left to move
+        except errors.LonnyMQError as e:
+            result.failed[f"{q} partition {k}"] = str(e)
+    return result
+
+
+def _partition_moves(router_dsn: str, schema: str, before: int, after: int) -> list[tuple[str, int, int]]:
+    """The partitions that move onto the new shards, as (queue, partition, target): partition k
+    of a partitioned queue goes to ``(hash + k) mod after`` (its place had the queue been created
+    with ``after`` shards) when that is a new shard (``>= before``) holding none of its
+    partitions. A partition created with ``before`` shards and not moved by hand is on
+    ``(hash + k) mod before``, the same shard modulo ``before``: so each moves to its old
+    shard's new twin or stays, and no two go to the same shard."""
+    with admin._connect(router_dsn, "router", autocommit=True) as router:
+        parted = admin.partitioned(router, schema)
+        homes = dict(
+            router.execute(
+                "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (after - 1, sorted(parted))
+            ).fetchall()
+        )
+    moves: list[tuple[str, int, int]] = []
+    for q in sorted(parted):
+        parts = parted[q]
+        for k in range(len(parts)):
+            want = (int(homes[q]) + k) % after
+            if want >= before and want not in parts:
+                moves.append((q, k, want))
+    return moves
 
 
 def _same_db(a: str, b: str) -> bool:
@@ -142,7 +190,8 @@ def _widen(
                     )
                     router.execute("SELECT pg_advisory_xact_lock(hashtext(%s || '/map'), 0)", (schema,))
                     overrides = admin.routes(router, schema)
-                    # Partitioned queues stay where they are (their ids name their shards).
+                    # Partitioned queues are not pinned: their partitions have their own places
+                    # (shard_partition); those whose place is a new shard move after (_partition_moves).
                     overrides.update(dict.fromkeys(admin.partitioned(router, schema), -1))
                     pins: list[tuple[str, int]] = []
                     for i, dsn in enumerate(dsns):

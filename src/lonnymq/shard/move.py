@@ -41,11 +41,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from .. import errors
-from ..client.direct import MOVED
+from ..client.direct import MOVED, STRIDE
 from ..migrations import DEFAULT_SCHEMA, check_schema
 from . import admin, catalog
 
-__all__ = ["MoveBlocked", "MoveError", "MoveResult", "move"]
+__all__ = ["MoveBlocked", "MoveError", "MoveResult", "move", "prune_moved_ids"]
 
 #: Message ids (channel turns) skipped on the target beyond the largest moved in (see _advance).
 ID_MARGIN = 1_000_000
@@ -260,6 +260,10 @@ def move(
         admin.check_movable(router, schema)
         overrides = admin.routes(router, schema)
         parted = admin.partitioned(router, schema)
+        if queue in parted and partition is not None:
+            owner = admin.moved_ids(router, schema).get(queue, {}).get(target, partition)
+            if owner != partition:  # the target's ids are another partition's: still?
+                prune_moved_ids(router_dsn, queue, schema=schema, lock_timeout=lock_timeout)
         if queue in parted:
             source = _partition_source(router, schema, queue, partition, parted[queue], target)
         elif partition is not None:
@@ -414,10 +418,87 @@ def _partition_source(
     if owner != partition:
         raise errors.InvalidArgument(
             f"the message ids that shard {target} made for queue {queue!r} are now partition {owner}'s"
-            f" (it moved from there): ids would no longer say their partition, so partition {partition}"
-            f" cannot go to shard {target}"
+            f" (it moved from there) and some of its messages still hold such ids: ids would no longer"
+            f" say their partition, so partition {partition} cannot go to shard {target} until they"
+            " are gone (acked, or deleted from the archive)"
         )
     return source
+
+
+#: Whether partition ``%s`` (queue name) on a shard still holds a message id made by shard
+#: ``%s`` (id mod STRIDE): live messages, the archive (dead letters, archived acks), ack's memory
+#: of recent settles and the ids remembered for repeated sends (send_key). NULL: no such queue.
+_HOLDS_IDS: LiteralString = """
+SELECT EXISTS (SELECT FROM {s}.message m WHERE m.queue_id = q.id AND m.id %% {stride} = r.made)
+    OR EXISTS (SELECT FROM {s}.archive a WHERE a.queue_id = q.id AND a.id %% {stride} = r.made)
+    OR EXISTS (SELECT FROM {s}.settled t WHERE t.queue_id = q.id AND t.id %% {stride} = r.made)
+    OR EXISTS (SELECT FROM {s}.send_key k, unnest(k.ids) AS i(id)
+                WHERE k.queue_id = q.id AND i.id %% {stride} = r.made)
+  FROM {s}.queue q, (SELECT %s::bigint AS made) r WHERE q.name = %s
+"""
+
+
+def prune_moved_ids(
+    router_dsn: str,
+    queue: str | None = None,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    lock_timeout: float = 1.0,
+) -> dict[str, list[int]]:
+    """Forget where a moved partition's old ids are once none is left: for each partitioned
+    queue (or only ``queue``), each shard recorded in ``moved_ids`` (its ids moved with a
+    partition) whose ids no message of that partition holds any more (live, archived, in
+    ack's settle memory or in a send's idempotency record). Such a shard may then take another
+    partition of the queue (:func:`move` calls this when a target's ids are recorded as another
+    partition's). Returns queue -> the shards forgotten.
+
+    Holds the queue's fence shared on the router while it looks (calls of the queue go on; a
+    move of one of its partitions waits, so no id can come back meanwhile: only a move brings a
+    partition ids of another shard) and bumps the shard map's version when it forgets any.
+    A settle of a delivery whose message is gone (cancelled, purged) made on a forgotten shard
+    is then refused as not the queue's (InvalidArgument) rather than as a lost lease."""
+    check_schema(schema)
+    dsns = admin.shard_dsns(router_dsn, schema=schema)
+    s = sql.Identifier(schema)
+    holds = sql.SQL(_HOLDS_IDS).format(s=s, stride=sql.SQL(str(STRIDE)))
+    pruned: dict[str, list[int]] = {}
+    with admin._connect(router_dsn, "router", autocommit=True) as router:
+        recorded = admin.moved_ids(router, schema)
+        for q in sorted(recorded) if queue is None else [queue] if queue in recorded else []:
+            with router.transaction():
+                router.execute(
+                    sql.SQL("SET LOCAL lock_timeout = {}").format(
+                        sql.Literal(f"{max(1, int(lock_timeout * 1000))}ms")
+                    )
+                )
+                router.execute(
+                    "SELECT pg_advisory_xact_lock_shared(hashtext(%s || '/route'), hashtext(%s))", (schema, q)
+                )
+                row = router.execute(
+                    sql.SQL(
+                        "SELECT shards, moved_ids FROM {}.shard_partition WHERE queue = %s FOR UPDATE"
+                    ).format(s),
+                    (q,),
+                ).fetchone()
+                if row is None:
+                    continue
+                shards, moved = [int(i) for i in row[0]], {int(k): int(v) for k, v in row[1].items()}
+                gone = []
+                for made, k in sorted(moved.items()):
+                    with admin._connect(dsns[shards[k]], f"shard {shards[k]}", autocommit=True) as conn:
+                        left = conn.execute(holds, (made, q)).fetchone()
+                    if left is not None and left[0] is False:
+                        gone.append(made)
+                if gone:
+                    router.execute(
+                        sql.SQL(
+                            "UPDATE {}.shard_partition SET moved_ids = moved_ids - %s::text[] WHERE queue = %s"
+                        ).format(s),
+                        ([str(i) for i in gone], q),
+                    )
+                    router.execute(catalog.bump_version(schema))
+                    pruned[q] = gone
+    return pruned
 
 
 def _partition_links(
