@@ -194,7 +194,7 @@ def test_refusals(sharded) -> None:  # type: ignore[no-untyped-def]
         c.create_queue("hot_ref", partitions=2)
         # A call that would see one partition only is refused, not answered partly.
         with pytest.raises(errors.InvalidArgument, match="partitioned"):
-            c.archived("hot_ref")  # (dead letters visit every partition: test_partitioned_dead.py)
+            c.channels("hot_ref")  # (dead letters and the archive visit every partition)
         # A partition moves only when named, and only to a shard holding none of the queue's
         # (here both shards hold one: tests/shard/test_partition_move.py moves them over 4).
         with pytest.raises(errors.InvalidArgument, match="say which partition moves"):

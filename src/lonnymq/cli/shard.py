@@ -166,12 +166,13 @@ def add(args: argparse.Namespace) -> int:
         return 0 if not r.failed else 1
     print(f"router {shard.admin.where(router)}: {r.before} -> {r.after} shards")
     for m in r.moved:
+        what = ", ".join(m.queues) if m.partition is None else f"partition {m.partition} of {m.queues[0]}"
         print(
-            f"  moved {', '.join(m.queues)}: shard {m.source} -> {m.target},"
+            f"  moved {what}: shard {m.source} -> {m.target},"
             f" {m.rows.get('message', 0)} message(s), paused {m.pause_ms:.0f} ms"
         )
     for q, e in sorted(r.failed.items()):
-        print(f"  NOT MOVED {q} (still served from its old shard): {e}")
+        print(f"  NOT MOVED {q} (still served from where it was): {e}")
     return 0 if not r.failed else 1
 
 

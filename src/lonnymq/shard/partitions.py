@@ -20,8 +20,9 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
   a partition whose shard cannot be reached is skipped (and then left alone for
   :data:`DOWN_SKIP` seconds by that router session), the take fails only when every partition's
   shard is unreachable; ``next_ready_in`` the same (:data:`SKIPS_DOWN`);
-* metrics, peek, next_ready_in, drop, purge, pause, resume, wait_begin/end and the dead
-  letters (dead_list, dead_requeue, dead_purge): every partition, merged (:data:`DISPATCHED`);
+* metrics, peek, next_ready_in, drop, purge, pause, resume, wait_begin/end, the dead
+  letters (dead_list, dead_requeue, dead_purge) and the archive (archive_list): every
+  partition, merged (:data:`DISPATCHED`);
   a partitioned queue's dead-letter queue is partitioned over (at least) the same shards, and
   each partition dead-letters into the dead-letter queue's partition on its own shard;
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
@@ -31,7 +32,8 @@ A partition moves with ``shard move QUEUE SHARD --partition K`` (:func:`lonnymq.
 ``partition=K``): its messages keep their ids, so ``shard_partition.moved_ids`` records which
 partition now holds the ids each former shard made (:data:`ROUTING_STATEMENTS`: ``_id_at``), and
 every partitioned call holds the queue's fence (``_partitions``), as a plain queue's
-``_shard_of`` does. ``shard add`` leaves partitions where they are.
+``_shard_of`` does. ``shard add`` moves the partitions whose place under the new shard count
+(partition k on ``(hash + k) mod shards``) is a new shard (:mod:`lonnymq.shard.add`).
 """
 
 from __future__ import annotations
@@ -97,6 +99,10 @@ DISPATCHED: dict[str, str] = {
     # shards, id % STRIDE the shard: keyset paging by id holds), a requeue asks each partition
     # (given ids: each partition those its shard made).
     "dead_list": "by_id",
+    # The archive (acked with archiving on, dead, cancelled with archive): each partition keeps
+    # its own; a listing merges them by id as dead_list's (the same keyset paging by id, the
+    # time window and status applied on each partition).
+    "archive_list": "by_id",
     "dead_requeue": "by_ids",
     # receive()'s registration as a waiter: NOTIFY is sent on the shards, where no one listens
     # through a router (receive polls), so a partitioned queue's registers nowhere.
@@ -516,7 +522,7 @@ def dispatcher_statements(schema: str, fn: CoreFunction) -> list[sql.Composed]:
             "        v_got := v_got + v_i;\n"
             "    END LOOP;"
         ).format(on=on)
-    elif how == "by_id":  # dead_list: each partition's first p_limit after p_after_id, by id
+    elif how == "by_id":  # dead_list, archive_list: each partition's first p_limit after p_after_id, by id
         part = sql.SQL(
             "RETURN QUERY SELECT m.* FROM unnest(v_parts) AS x(shard), LATERAL {on} AS m\n"
             "     ORDER BY m.id LIMIT p_limit;"
