@@ -57,11 +57,23 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
     # partitions move), `half` on [3, 0] (partition 0 moves from 1 to 3), `calm` on [0, 1] (none).
     hot, half, calm = named(r, "pgrow_hot", 2), named(r, "pgrow_half", 3), named(r, "pgrow_calm", 0)
     plain = named(r, "pgrow_plain", 2)
+    # A queue dead-lettering into a partitioned dead-letter queue: its partitions belong on the
+    # new shards, where the dead-letter queue has none (moving them together is not built).
+    fed, dlq = named(r, "pgrow_fed", 2), named(r, "pgrow_dlq", 0)
     with Client(r) as c, Client(r, direct=True) as dc:
         for q in (hot, half, calm):
             c.create_queue(q, partitions=2)
         c.create_queue(plain)
-        assert shard.status(r).partitioned == {hot: [0, 1], half: [1, 0], calm: [0, 1]}
+        c.create_queue(dlq, partitions=2)
+        c.create_queue(fed, partitions=2, dead_letter_queue=dlq)
+        c.send(fed, "fed")
+        assert shard.status(r).partitioned == {
+            hot: [0, 1],
+            half: [1, 0],
+            calm: [0, 1],
+            fed: [0, 1],
+            dlq: [0, 1],
+        }
         later = {f"later-{i}": c.send(hot, {"n": -1 - i}, key=f"later-{i}", delay=3600) for i in range(12)}
         assert {m.id % STRIDE for m in later.values()} == {0, 1}
         pre = list(range(10**7, 10**7 + 40))
@@ -77,14 +89,19 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
             result = shard.add(r, new)
             time.sleep(1.5)
         assert not routed.errors and not direct.errors, (routed.errors + direct.errors)[:3]
-        assert (result.before, result.after, result.failed) == (2, 4, {})
+        assert (result.before, result.after) == (2, 4)
+        assert sorted(result.failed) == [f"{fed} partition 0", f"{fed} partition 1"]
+        assert all(
+            f"dead-letter queue {dlq!r}" in e and "no partition on shard" in e for e in result.failed.values()
+        )
         parts = sorted(
             (m.queues[0], m.partition, m.source, m.target) for m in result.moved if m.partition is not None
         )
         assert parts == sorted([(hot, 0, 0, 2), (hot, 1, 1, 3), (half, 0, 1, 3)])
         assert [m.queues for m in result.moved if m.partition is None] == [[plain]]
         status = shard.status(r)
-        assert status.healthy and status.partitioned == {hot: [2, 3], half: [3, 0], calm: [0, 1]}
+        assert status.healthy
+        assert status.partitioned == {hot: [2, 3], half: [3, 0], calm: [0, 1], fed: [0, 1], dlq: [0, 1]}
         assert held_on(old[0], hot) == [] and held_on(old[1], hot) == []
         assert held_on(old[1], half) == []
         assert moved_ids(r) == {hot: {0: 0, 1: 1}, half: {1: 0}}
@@ -109,6 +126,7 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
         assert c.take(hot, 500) == [] and dc.take(hot, 500) == []  # nothing comes back
         assert sorted(m.payload["n"] for m in c.take(half, 20)) == list(range(10))
         assert sorted(m.payload["n"] for m in c.take(plain, 20)) == list(range(5))
+        assert [m.payload for m in c.take(fed, 5)] == ["fed"]  # where it was
     delivered = Counter(
         [
             *(n for n, _ in routed.delivered),
@@ -123,7 +141,7 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
     assert routed.sent and direct.sent and routed.delivered and direct.delivered
     # Run again: nothing left to move.
     again = shard.add(r, new)
-    assert (again.moved, again.failed) == ([], {})
+    assert again.moved == [] and sorted(again.failed) == sorted(result.failed)
 
 
 def test_moved_ids_are_pruned_once_no_message_holds_them(sharded) -> None:  # type: ignore[no-untyped-def]
