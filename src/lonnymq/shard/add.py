@@ -4,9 +4,11 @@ shard with :func:`lonnymq.shard.move.move`."""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -87,27 +89,33 @@ def add(
         before, after = n, 2 * n
     else:  # a retry with the shards already added: only the moves
         before, after = n // 2, n
-    result = _rehome(router_dsn, schema, before, after, lock_timeout, attempts, retry_delay)
+    # Every move of an add: with the archive, each lock asked for as the caller said.
+    mover = functools.partial(
+        move,
+        router_dsn,
+        schema=schema,
+        archive=True,
+        lock_timeout=lock_timeout,
+        attempts=attempts,
+        retry_delay=retry_delay,
+    )
+    result = _rehome(router_dsn, schema, before, after, mover)
     for q, k, target in _partition_moves(router_dsn, schema, before, after):
         try:
-            result.moved.append(
-                move(
-                    router_dsn,
-                    q,
-                    target,
-                    schema=schema,
-                    archive=True,
-                    partition=k,
-                    lock_timeout=lock_timeout,
-                    attempts=attempts,
-                    retry_delay=retry_delay,
-                )
-            )
+            result.moved.append(mover(q, target, partition=k))
         except errors.QueueNotFound:
             continue  # dropped meanwhile: nothing left to move
         except errors.LonnyMQError as e:
             result.failed[f"{q} partition {k}"] = str(e)
     return result
+
+
+def _homes(router: psycopg.Connection[Any], names: Iterable[str], shards: int) -> dict[str, int]:
+    """The shard each queue's name hashes to among ``shards`` (PL/Proxy's rule)."""
+    rows = router.execute(
+        "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (shards - 1, sorted(names))
+    ).fetchall()
+    return {str(n): int(h) for n, h in rows}
 
 
 def _partition_moves(router_dsn: str, schema: str, before: int, after: int) -> list[tuple[str, int, int]]:
@@ -119,11 +127,7 @@ def _partition_moves(router_dsn: str, schema: str, before: int, after: int) -> l
     shard's new twin or stays, and no two go to the same shard."""
     with admin._connect(router_dsn, "router", autocommit=True) as router:
         parted = admin.partitioned(router, schema)
-        homes = dict(
-            router.execute(
-                "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (after - 1, sorted(parted))
-            ).fetchall()
-        )
+        homes = _homes(router, parted, after)
     moves: list[tuple[str, int, int]] = []
     for q in sorted(parted):
         parts = parted[q]
@@ -240,13 +244,7 @@ def _widen(
 
 
 def _rehome(
-    router_dsn: str,
-    schema: str,
-    before: int,
-    after: int,
-    lock_timeout: float,
-    attempts: int,
-    retry_delay: float,
+    router_dsn: str, schema: str, before: int, after: int, mover: Callable[..., MoveResult]
 ) -> AddResult:
     """Move each queue pinned away from the shard its hash names (queue by queue)."""
     moved: list[MoveResult] = []
@@ -254,27 +252,14 @@ def _rehome(
     done: set[str] = set()
     with admin._connect(router_dsn, "router", autocommit=True) as router:
         pinned = admin.routes(router, schema)
-        homes = dict(
-            router.execute(
-                "SELECT n, hashtext(n) & %s FROM unnest(%s::text[]) AS n", (after - 1, sorted(pinned))
-            ).fetchall()
-        )
+        homes = _homes(router, pinned, after)
     for q in sorted(pinned):
         # Only queues that the doubling pinned (on an old shard, hashed to its new twin).
         home = int(homes[q])
         if q in done or pinned[q] >= before or home != pinned[q] + before:
             continue
         try:
-            result = move(
-                router_dsn,
-                q,
-                home,
-                schema=schema,
-                archive=True,
-                lock_timeout=lock_timeout,
-                attempts=attempts,
-                retry_delay=retry_delay,
-            )
+            result = mover(q, home)
         except errors.QueueNotFound:
             # Dropped since it was pinned: its override has nothing left to route.
             with admin._connect(router_dsn, "router", autocommit=True) as router:
