@@ -337,8 +337,71 @@ def test_a_partition_dead_letters_into_its_dead_letter_queue_on_the_target(four)
         with pytest.raises(errors.InvalidArgument, match=f"dead-letter queue '{narrow}' .* has no partition"):
             shard.move(router, src, free, partition=0)
         with pytest.raises(errors.InvalidArgument, match=f"is the dead-letter queue of {src} on shard"):
-            shard.move(router, narrow, free, partition=0)
+            shard.move(router, narrow, free, partition=0, feeders=False)
         assert shard.status(router).partitioned[src] == parts == shard.status(router).partitioned[narrow]
+
+
+def test_a_dead_letter_queues_partition_moves_with_the_queues_feeding_it(four) -> None:  # type: ignore[no-untyped-def]
+    """A partition of a partitioned dead-letter queue moves together with the partitions on its
+    shard of the partitioned queues that dead-letter into it (one move: same fence, one router
+    transaction): their live messages and the dead letters already made move once each, and
+    the queue's moved partition dead-letters into the dead-letter queue's partition on the new
+    shard. Without feeders, or with a plain queue feeding it there, it is refused."""
+    router, shards = four
+    dlq = "pmove_tog_dlq"
+    with Client(router) as c, Client(router, direct=True) as dc:
+        c.create_queue(dlq, partitions=2)
+        parts = shard.status(router).partitioned[dlq]
+        q = next(n for n in (f"pmove_tog_{i}" for i in range(200)) if home(router, n, 4) == parts[0])
+        c.create_queue(q, partitions=2, max_attempts=1, dead_letter_queue=dlq)
+        assert shard.status(router).partitioned[q] == parts
+        free = [i for i in range(4) if i not in parts]
+        before = [f"b{i}" for i in range(12)]
+        _keyed(c, q, before)
+        dead = kill_all(c, q, 12)
+        assert {i % STRIDE for i in dead} == set(parts)
+        live = [f"l{i}" for i in range(12)]
+        _keyed(c, q, live)
+        assert dc.get(q, key=live[0]) is not None  # the direct client's map: from before
+        with pytest.raises(errors.InvalidArgument, match=f"is the dead-letter queue of {q} on shard"):
+            shard.move(router, dlq, free[0], partition=0, feeders=False)
+        result = shard.move(router, dlq, free[0], partition=0)
+        assert (result.queues, result.partitions) == ([dlq, q], {dlq: 0, q: 0})
+        assert result.source == parts[0] and result.target == free[0]
+        assert result.rows["queue"] == 2 and result.rows["message"] > 0
+        moved = [free[0], parts[1]]
+        assert shard.status(router).partitioned[dlq] == moved == shard.status(router).partitioned[q]
+        assert held_on(shards[parts[0]], dlq) == [] and held_on(shards[parts[0]], q) == []
+        # The moved partition dead-letters into the dead-letter queue's partition on its new shard.
+        after = [f"a{i}" for i in range(12)]
+        _keyed(c, q, after)
+        got: list[str] = []
+        while len(got) < len(live) + len(after):
+            batch = dc.take(q, 7)
+            assert batch
+            for m in batch:
+                if m.payload.startswith("a"):
+                    assert dc.nack([m], error="boom") == {m.id: "dead"}
+                else:
+                    assert dc.ack([m]) == {m.id}
+            got += [m.payload for m in batch]
+        assert Counter(got) == Counter(live + after), "0 lost, 0 duplicated"
+        on_target = held_on(shards[free[0]], dlq)
+        assert on_target and all(i % STRIDE in (free[0], parts[0]) for i in on_target)
+        drained: list[str] = []
+        while batch := c.take(dlq, 10):
+            drained += [m.payload for m in batch]
+            assert c.ack(batch) == {m.id for m in batch}
+        assert Counter(drained) == Counter(before + after), "0 lost, 0 duplicated"
+        assert c.take(q, 10) == [] and c.take(dlq, 10) == []
+        # A plain queue dead-letters into the other partition: that one stays with it.
+        plain = next(
+            n for n in (f"pmove_tog_plain_{i}" for i in range(200)) if home(router, n, 4) == parts[1]
+        )
+        c.create_queue(plain, dead_letter_queue=dlq)
+        with pytest.raises(errors.InvalidArgument, match=f"queue '{plain}', not partitioned, dead-letters"):
+            shard.move(router, dlq, free[1], partition=1)
+        assert shard.status(router).partitioned[dlq] == moved
 
 
 def test_a_waiting_receive_follows_a_moving_partition(four) -> None:  # type: ignore[no-untyped-def]

@@ -62,7 +62,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         " messages, leases, keys, channels and dead letters to SHARD, exactly once, while clients"
         " keep calling through the router: the queue's calls pause for the copy. A partitioned"
         " queue moves one partition at a time (--partition K), to a shard holding none of its"
-        " partitions. The router is --dsn / $LONNYMQ_DSN.",
+        " partitions, with the partitions on its shard of the partitioned queues that"
+        " dead-letter into it. The router is --dsn / $LONNYMQ_DSN.",
     )
     common(m)
     m.add_argument("queue", metavar="QUEUE")
@@ -142,7 +143,7 @@ def move(args: argparse.Namespace) -> int:
     if args.json:
         _util.print_json(r)
         return 0
-    what = ", ".join(r.queues) if r.partition is None else f"partition {r.partition} of {r.queues[0]}"
+    what = _moved(r)
     print(
         f"moved {what} from shard {r.source} to shard {r.target}:"
         f" {r.rows.get('message', 0)} message(s), {r.rows.get('archive', 0)} archived/dead,"
@@ -150,6 +151,13 @@ def move(args: argparse.Namespace) -> int:
         f" (attempt {r.attempts})"
     )
     return 0
+
+
+def _moved(r: shard.MoveResult) -> str:
+    """What a move moved: its queues, or the partitions (a partition and those moved with it)."""
+    if r.partitions is None:
+        return ", ".join(r.queues)
+    return ", ".join(f"partition {k} of {q}" for q, k in r.partitions.items())
 
 
 def add(args: argparse.Namespace) -> int:
@@ -166,9 +174,8 @@ def add(args: argparse.Namespace) -> int:
         return 0 if not r.failed else 1
     print(f"router {shard.admin.where(router)}: {r.before} -> {r.after} shards")
     for m in r.moved:
-        what = ", ".join(m.queues) if m.partition is None else f"partition {m.partition} of {m.queues[0]}"
         print(
-            f"  moved {what}: shard {m.source} -> {m.target},"
+            f"  moved {_moved(m)}: shard {m.source} -> {m.target},"
             f" {m.rows.get('message', 0)} message(s), paused {m.pause_ms:.0f} ms"
         )
     for q, e in sorted(r.failed.items()):

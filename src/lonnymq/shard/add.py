@@ -102,7 +102,7 @@ def add(
     result = _rehome(router_dsn, schema, before, after, mover)
     for q, k, target in _partition_moves(router_dsn, schema, before, after):
         try:
-            result.moved.append(mover(q, target, partition=k))
+            result.moved.append(mover(q, target, partition=k, feeders=False))
         except errors.QueueNotFound:
             continue  # dropped meanwhile: nothing left to move
         except errors.LonnyMQError as e:

@@ -75,6 +75,9 @@ class MoveResult:
     attempts: int
     #: The partition moved (of the partitioned queue ``queues[0]``), None for a plain queue.
     partition: int | None = None
+    #: A partition's move: each queue moved -> its partition moved (``queues[0]``'s and those of
+    #: the queues that dead-letter into it on the source, moved with it); None for a plain queue.
+    partitions: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,8 @@ class _Move:
     timeout_ms: int
     mask: int
     partition: int | None = None
+    #: A partition's move: queue -> its partition (the queue's, and its feeders' on the source).
+    parts: dict[str, int] | None = None
 
 
 # Tables holding a queue's rows, with the column that names the queue: its id or its name.
@@ -227,6 +232,7 @@ def move(
     attempts: int = 5,
     retry_delay: float = 0.5,
     partition: int | None = None,
+    feeders: bool = True,
 ) -> MoveResult:
     """Move ``queue`` from its shard to ``shard`` (an index of the router's shard map or a
     shard's DSN), with its live messages (ready, scheduled, leased with their lease, attempts
@@ -234,6 +240,11 @@ def move(
     cron schedules and Spark logs; its archive of acked and cancelled messages too when
     ``archive``, else that archive is dropped. Queues tied to it by dead-letter links move with
     it (they must share a shard).
+
+    ``partition=K`` moves partition K of a partitioned queue (to a shard holding none of its
+    partitions). With ``feeders`` (the default), the partitions of the partitioned queues that
+    dead-letter into it on its shard (transitively) move with it, in the same move (each to the
+    same target, which must hold none of theirs either); without, such a partition is refused.
 
     Exactly once, while producers and consumers keep calling through the router: the queue's
     calls wait for the move (the pause, typically milliseconds: ``MoveResult.pause_ms``), then
@@ -278,9 +289,12 @@ def move(
             admin._connect(dsns[source], f"shard {source}") as src,
             admin._connect(dsns[target], f"shard {target}") as dst,
         ):
+            parts: dict[str, int] | None = None
             if partition is not None:
-                _partition_links(src, schema, queue, partition, parted, source, target)
-                group = [queue]
+                parts = _partition_links(
+                    router, src, schema, queue, partition, parted, source, target, feeders
+                )
+                group = list(parts)
             else:
                 group = _plain_group(router, src, schema, queue, parted, overrides, source, target, mask)
             _same_version(src, dst, schema, source, target)
@@ -300,6 +314,7 @@ def move(
                     timeout_ms,
                     mask,
                     partition,
+                    parts,
                 ),
                 attempts,
                 retry_delay,
@@ -376,7 +391,7 @@ def _retrying(m: _Move, attempts: int, retry_delay: float) -> MoveResult:
                 " during the move: nothing was moved; run the move again"
                 + (" (it moves them together)" if m.partition is None else "")
             ) from e
-        return MoveResult(m.group, m.source, m.target, rows, pause, attempt, m.partition)
+        return MoveResult(m.group, m.source, m.target, rows, pause, attempt, m.partition, m.parts)
     what = m.group[0] if m.partition is None else f"{m.group[0]} partition {m.partition}"
     raise MoveBlocked(
         f"moving queue {what!r} gave up after {attempts} attempt(s): a lock stayed held longer than"
@@ -502,6 +517,7 @@ def prune_moved_ids(
 
 
 def _partition_links(
+    router: psycopg.Connection[Any],
     src: psycopg.Connection[Any],
     schema: str,
     queue: str,
@@ -509,14 +525,20 @@ def _partition_links(
     parted: dict[str, list[int]],
     source: int,
     target: int,
-) -> None:
-    """Check the partition on the source: there, and free to leave its dead-letter links (no
-    queue dead-letters into it there; its dead-letter queue has a partition on the target)."""
+    feeders: bool,
+) -> dict[str, int]:
+    """Check the partition on the source and its dead-letter links: the queues that move, each
+    with its partition (``queue``'s first, then, with ``feeders``, the partitioned queues that
+    dead-letter into it on the source, transitively: dead-lettering is one transaction on a
+    shard, so they go together). Each must be free to go to ``target``, and ``queue``'s own
+    dead-letter queue must have a partition there."""
     s = sql.Identifier(schema)
     row = src.execute(
         sql.SQL(
-            "SELECT d.name, ARRAY(SELECT f.name FROM {s}.queue f WHERE f.dead_letter_queue_id = q.id"
-            " ORDER BY f.name) FROM {s}.queue q LEFT JOIN {s}.queue d ON d.id = q.dead_letter_queue_id"
+            "SELECT d.name, ARRAY(WITH RECURSIVE f(id) AS ("
+            "  SELECT q.id UNION SELECT x.id FROM f JOIN {s}.queue x ON x.dead_letter_queue_id = f.id)"
+            "  SELECT x.name FROM {s}.queue x WHERE x.id IN (SELECT f.id FROM f) AND x.id <> q.id ORDER BY x.name)"
+            " FROM {s}.queue q LEFT JOIN {s}.queue d ON d.id = q.dead_letter_queue_id"
             " WHERE q.name = %s"
         ).format(s=s),
         (queue,),
@@ -527,18 +549,42 @@ def _partition_links(
             f"partition {partition} of queue {queue!r} is not on shard {source}, where the router"
             " sends its calls (lonnymq shard status)"
         )
-    dlq, feeders = row[0], list(row[1])
-    if feeders:
+    dlq, fed = row[0], [str(f) for f in row[1]]
+    if fed and not feeders:
         raise errors.InvalidArgument(
-            f"queue {queue!r} is the dead-letter queue of {', '.join(feeders)} on shard {source}:"
+            f"queue {queue!r} is the dead-letter queue of {', '.join(fed)} on shard {source}:"
             f" its partition there stays with theirs (dead-lettering is one transaction on a"
-            " shard); nothing was moved"
+            " shard; move it with feeders to take theirs along); nothing was moved"
         )
-    if dlq is not None and target not in parted.get(dlq, []):
+    if dlq is not None and dlq not in fed and target not in parted.get(dlq, []):
         raise errors.InvalidArgument(
             f"the dead-letter queue {dlq!r} of queue {queue!r} has no partition on shard {target}:"
             f" partition {partition} would have nowhere to dead-letter there; nothing was moved"
         )
+    parts = {queue: partition}
+    moved = admin.moved_ids(router, schema) if fed else {}
+    for f in fed:
+        if f not in parted:
+            raise errors.InvalidArgument(
+                f"queue {f!r}, not partitioned, dead-letters into queue {queue!r} on shard {source}:"
+                f" partition {partition} stays with it (a plain queue does not move with a"
+                " partition); nothing was moved"
+            )
+        k = parted[f].index(source)
+        owner = moved.get(f, {}).get(target, k)
+        if target in parted[f] or owner != k:
+            raise errors.InvalidArgument(
+                f"queue {f!r} dead-letters into queue {queue!r} on shard {source}, so its partition"
+                f" {k} moves with partition {partition}, but it cannot go to shard {target} ("
+                + (
+                    f"which holds its partition {parted[f].index(target)}"
+                    if target in parted[f]
+                    else f"whose ids are its partition {owner}'s"
+                )
+                + "); nothing was moved"
+            )
+        parts[f] = k
+    return parts
 
 
 def _lock_route(router: psycopg.Connection[Any], schema: str, group: Sequence[str]) -> list[str]:
@@ -587,8 +633,9 @@ def _attempt(m: _Move) -> tuple[dict[str, int], float]:
         # The target holds a committed copy: now the route.
         try:
             with router.transaction():
-                if m.partition is not None:
-                    _record_partition(router, schema, group[0], m.partition, source, target)
+                if m.parts is not None:
+                    for q, k in m.parts.items():
+                        _record_partition(router, schema, q, k, source, target)
                 else:
                     router.execute(
                         sql.SQL(
