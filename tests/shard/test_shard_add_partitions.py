@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from shard_helpers import Traffic, home
+from shard_helpers import Traffic, home, kill_all
 
 from lonnymq import Client, errors, shard
 from lonnymq.client.direct import STRIDE, key_partition
@@ -60,6 +60,10 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
     # A queue dead-lettering into a partitioned dead-letter queue: its partitions belong on the
     # new shards, where the dead-letter queue has none (moving them together is not built).
     fed, dlq = named(r, "pgrow_fed", 2), named(r, "pgrow_dlq", 0)
+    # One whose dead-letter queue's name hashes with its own: each partition of the dead-letter
+    # queue takes the queue's partition on its shard along (the feeder, sorted first, is
+    # refused on its own first: no dead-letter partition on the new shard yet).
+    afed, adlq = named(r, "pgrow_a_fed", 2), named(r, "pgrow_z_dlq", 2)
     with Client(r) as c, Client(r, direct=True) as dc:
         for q in (hot, half, calm):
             c.create_queue(q, partitions=2)
@@ -67,12 +71,22 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
         c.create_queue(dlq, partitions=2)
         c.create_queue(fed, partitions=2, dead_letter_queue=dlq)
         c.send(fed, "fed")
+        c.create_queue(adlq, partitions=2)
+        c.create_queue(afed, partitions=2, max_attempts=1, dead_letter_queue=adlq)
+        for i in range(6):
+            c.send(afed, f"x{i}", key=f"x{i}")
+        dead_before = kill_all(c, afed, 6)
+        assert {i % STRIDE for i in dead_before} == {0, 1}
+        for i in range(6):
+            c.send(afed, f"y{i}", key=f"y{i}")
         assert shard.status(r).partitioned == {
             hot: [0, 1],
             half: [1, 0],
             calm: [0, 1],
             fed: [0, 1],
             dlq: [0, 1],
+            afed: [0, 1],
+            adlq: [0, 1],
         }
         later = {f"later-{i}": c.send(hot, {"n": -1 - i}, key=f"later-{i}", delay=3600) for i in range(12)}
         assert {m.id % STRIDE for m in later.values()} == {0, 1}
@@ -97,14 +111,28 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
         parts = sorted(
             (m.queues[0], m.partition, m.source, m.target) for m in result.moved if m.partition is not None
         )
-        assert parts == sorted([(hot, 0, 0, 2), (hot, 1, 1, 3), (half, 0, 1, 3)])
+        assert parts == sorted(
+            [(hot, 0, 0, 2), (hot, 1, 1, 3), (half, 0, 1, 3), (adlq, 0, 0, 2), (adlq, 1, 1, 3)]
+        )
+        assert [m.partitions for m in result.moved if m.queues[0] == adlq] == [
+            {adlq: 0, afed: 0},
+            {adlq: 1, afed: 1},
+        ]
         assert [m.queues for m in result.moved if m.partition is None] == [[plain]]
         status = shard.status(r)
         assert status.healthy
-        assert status.partitioned == {hot: [2, 3], half: [3, 0], calm: [0, 1], fed: [0, 1], dlq: [0, 1]}
+        assert status.partitioned == {
+            hot: [2, 3],
+            half: [3, 0],
+            calm: [0, 1],
+            fed: [0, 1],
+            dlq: [0, 1],
+            afed: [2, 3],
+            adlq: [2, 3],
+        }
         assert held_on(old[0], hot) == [] and held_on(old[1], hot) == []
         assert held_on(old[1], half) == []
-        assert moved_ids(r) == {hot: {0: 0, 1: 1}, half: {1: 0}}
+        assert moved_ids(r) == {hot: {0: 0, 1: 1}, half: {1: 0}, afed: {0: 0, 1: 1}, adlq: {0: 0, 1: 1}}
         # Leases taken before the add settle after it, by id and token.
         assert c.ack(held) == {m.id for m in held}
         # Keys still land on their partition: the same key again is the same live message.
@@ -127,6 +155,19 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
         assert sorted(m.payload["n"] for m in c.take(half, 20)) == list(range(10))
         assert sorted(m.payload["n"] for m in c.take(plain, 20)) == list(range(5))
         assert [m.payload for m in c.take(fed, 5)] == ["fed"]  # where it was
+        # The moved queue dead-letters into its dead-letter queue's partitions on the new shards.
+        live = [m for _ in range(3) for m in c.take(afed, 7)]
+        assert sorted(m.payload for m in live) == [f"y{i}" for i in range(6)]
+        assert c.ack(live) == {m.id for m in live}
+        zs = [[k for k in (f"z{i}" for i in range(100)) if key_partition(k, 2) == p][:3] for p in (0, 1)]
+        zs = zs[0] + zs[1]  # three keys in each partition
+        for z in zs:
+            c.send(afed, z, key=z)
+        kill_all(c, afed, 6)
+        assert {i % STRIDE for i in held_on(new[0], adlq) + held_on(new[1], adlq)} == {0, 1, 2, 3}
+        drained = [m for _ in range(4) for m in c.take(adlq, 7)]
+        assert Counter(m.payload for m in drained) == Counter([f"x{i}" for i in range(6)] + zs)
+        assert c.ack(drained) == {m.id for m in drained} and c.take(adlq, 7) == []
     delivered = Counter(
         [
             *(n for n, _ in routed.delivered),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,13 +100,29 @@ def add(
         retry_delay=retry_delay,
     )
     result = _rehome(router_dsn, schema, before, after, mover)
-    for q, k, target in _partition_moves(router_dsn, schema, before, after):
+    planned = _partition_moves(router_dsn, schema, before, after)
+    wanted = {(q, k): target for q, k, target in planned}
+    done: set[tuple[str, int]] = set()
+    for q, k, target in planned:
+        if (q, k) in done:
+            continue
+
+        # A dead-letter queue's partition takes the partitions feeding it on its shard along
+        # when each of those belongs on the same new shard too (else it stays with them).
+        def along(parts: Mapping[str, int], target: int = target) -> bool:
+            return all(wanted.get(p) == target for p in parts.items())
+
         try:
-            result.moved.append(mover(q, target, partition=k, feeders=False))
+            moved = mover(q, target, partition=k, feeders=along)
         except errors.QueueNotFound:
             continue  # dropped meanwhile: nothing left to move
         except errors.LonnyMQError as e:
             result.failed[f"{q} partition {k}"] = str(e)
+            continue
+        result.moved.append(moved)
+        done.update((moved.partitions or {q: k}).items())
+    for q, k in done:  # a feeder refused before its dead-letter queue's partition took it along
+        result.failed.pop(f"{q} partition {k}", None)
     return result
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
@@ -232,7 +232,7 @@ def move(
     attempts: int = 5,
     retry_delay: float = 0.5,
     partition: int | None = None,
-    feeders: bool = True,
+    feeders: bool | Callable[[Mapping[str, int]], bool] = True,
 ) -> MoveResult:
     """Move ``queue`` from its shard to ``shard`` (an index of the router's shard map or a
     shard's DSN), with its live messages (ready, scheduled, leased with their lease, attempts
@@ -245,6 +245,7 @@ def move(
     partitions). With ``feeders`` (the default), the partitions of the partitioned queues that
     dead-letter into it on its shard (transitively) move with it, in the same move (each to the
     same target, which must hold none of theirs either); without, such a partition is refused.
+    ``feeders`` may be a predicate of what would move (queue -> partition): moved when true.
 
     Exactly once, while producers and consumers keep calling through the router: the queue's
     calls wait for the move (the pause, typically milliseconds: ``MoveResult.pause_ms``), then
@@ -525,7 +526,7 @@ def _partition_links(
     parted: dict[str, list[int]],
     source: int,
     target: int,
-    feeders: bool,
+    feeders: bool | Callable[[Mapping[str, int]], bool],
 ) -> dict[str, int]:
     """Check the partition on the source and its dead-letter links: the queues that move, each
     with its partition (``queue``'s first, then, with ``feeders``, the partitioned queues that
@@ -551,11 +552,7 @@ def _partition_links(
         )
     dlq, fed = row[0], [str(f) for f in row[1]]
     if fed and not feeders:
-        raise errors.InvalidArgument(
-            f"queue {queue!r} is the dead-letter queue of {', '.join(fed)} on shard {source}:"
-            f" its partition there stays with theirs (dead-lettering is one transaction on a"
-            " shard; move it with feeders to take theirs along); nothing was moved"
-        )
+        raise _fed(queue, fed, source)
     if dlq is not None and dlq not in fed and target not in parted.get(dlq, []):
         raise errors.InvalidArgument(
             f"the dead-letter queue {dlq!r} of queue {queue!r} has no partition on shard {target}:"
@@ -584,7 +581,17 @@ def _partition_links(
                 + "); nothing was moved"
             )
         parts[f] = k
+    if fed and callable(feeders) and not feeders(parts):
+        raise _fed(queue, fed, source)
     return parts
+
+
+def _fed(queue: str, fed: Sequence[str], source: int) -> errors.InvalidArgument:
+    return errors.InvalidArgument(
+        f"queue {queue!r} is the dead-letter queue of {', '.join(fed)} on shard {source}:"
+        f" its partition there stays with theirs (dead-lettering is one transaction on a"
+        " shard; move it with feeders to take theirs along); nothing was moved"
+    )
 
 
 def _lock_route(router: psycopg.Connection[Any], schema: str, group: Sequence[str]) -> list[str]:
