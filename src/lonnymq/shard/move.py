@@ -19,7 +19,10 @@ it is moved, and every call after it reads the new route. Under that fence:
 A partition of a partitioned queue moves the same way (``partition=K``, :func:`_move_partition`):
 the fence is the queue's (the router's ``_partitions`` holds it for every partitioned call), the
 copy is the partition's queue on its shard, and step 3 sets the partition's shard and records
-that the ids its old shard made are now that partition's (``shard_partition.moved_ids``).
+that the ids its old shard made are now that partition's (``shard_partition.moved_ids``). A
+dead-letter queue's partition takes along, in the same move, the partitions on its shard of the
+partitioned queues dead-lettering into it (``feeders``). :func:`prune_moved_ids` forgets a
+shard in ``moved_ids`` once no message holds an id it made.
 
 A crash leaves one whole copy where the router sends the queue's calls: before 3 the source's
 (its transaction rolls back; a target copy committed in 2 is unreachable, reported misplaced
