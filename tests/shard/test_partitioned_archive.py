@@ -1,14 +1,17 @@
 """The archive of a partitioned queue (``create_queue(partitions=N, archive=True)``), through the
-router and with direct clients: ``archived()`` reads every partition's archive (acked, dead and
+router and with direct clients (which read each partition's shard themselves): ``archived()``
+reads every partition's archive (acked, dead and
 cancelled rows), merged by id and paged by ``after_id`` as a single queue's archive is, with
 its status filter and time window; the same rows as each shard's own archive read, merged."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
+from psycopg import sql
 from test_partitioned_dead import _keys_over
 
-from lonnymq import Client, shard
+from lonnymq import Client, errors, shard
 from lonnymq.client.direct import STRIDE
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
@@ -63,3 +66,23 @@ def test_the_archive_of_every_partition_is_read_merged_by_id(sharded, direct: bo
         window = c.archived(q, since=stamps[0], until=stamps[-1] + 1, limit=100)
         assert [m.id for m in window] == seen
         assert c.metrics(q).dead == len(dead)
+        assert [d.id for d in c.dead_letters(q, 100)] == sorted(m.id for m in dead)
+        if not direct:
+            return
+        # A direct client reads every partition's shard itself: not through the router.
+        with psycopg.connect(sharded.dsn, autocommit=True) as conn:
+            for fn in ("archive_list", "dead_list"):
+                conn.execute(sql.SQL("DROP FUNCTION lonnymq.{}").format(sql.Identifier(fn)))
+        try:
+            with Client(sharded.dsn) as plain, pytest.raises(errors.NotInstalled):
+                plain.archived(q)
+            again: list[int] = []
+            after = None
+            while page := c.archived(q, after_id=after, limit=7):
+                again += [m.id for m in page]
+                after = page[-1].id
+            assert again == seen
+            pages5 = [c.dead_letters(q, 5, after_id=a) for a in (0, sorted(m.id for m in dead)[4])]
+            assert [d.id for p in pages5 for d in p] == sorted(m.id for m in dead)[:10]
+        finally:
+            shard.init(sharded.dsn, sharded.shard_dsns)  # regenerates the proxies

@@ -407,6 +407,8 @@ class AsyncClient:
         result: Any = None
         answered = False
         down: tuple[int, psycopg.OperationalError] | None = None
+        limit = m.merged_limit(op)
+        rows: list[Any] = []  # a listing's rows from every partition (merged by id below)
         for shard in plan:
             pool = await self._shard_pool(shard)
             try:
@@ -430,7 +432,9 @@ class AsyncClient:
                 if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
                     raise
                 raise m.unavailable(shard, e) from e
-            if not m.wants_min(op):
+            if limit is not None:
+                rows += cast(list[Any], got)
+            elif not m.wants_min(op):
                 result = got
                 if got:
                     return got
@@ -439,6 +443,8 @@ class AsyncClient:
             answered = True
         if not answered and down is not None:
             raise m.unavailable(*down) from down[1]
+        if limit is not None:  # ids are unique across shards: keyset paging holds over the merge
+            return cast(T, sorted(rows, key=lambda r: r.id)[:limit])
         return cast(T, result)
 
     async def _locate(

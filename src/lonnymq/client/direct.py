@@ -218,6 +218,10 @@ _KEY_ARG = {"send": 8, "send_batch": 8, "ack": 1, "nack": 1, "extend": 1, "give_
 #: The position of the idempotency key of a send and of a batch send.
 _SEND_KEY_ARG = 11
 
+#: The listings of a partitioned queue that read every partition and merge the rows by id, cut
+#: to the call's limit (as the router's ``by_id`` dispatchers): the position of that limit.
+_MERGED = {"dead_list": 1, "archive_list": 4}
+
 
 def _map_decode(rows: list[Any]) -> tuple[int, list[str]]:
     if not rows or rows[0][0] is None or not rows[0][1]:
@@ -345,7 +349,7 @@ class ShardMap:
         n = len(parts)
         name = self._names.get(id(op.query))
         p = op.params
-        if name == "next_ready_in":  # every partition (the soonest: wants_min)
+        if name == "next_ready_in" or name in _MERGED:  # every partition (wants_min, merged_limit)
             return list(parts)
         if name == "take":  # (the acks riding on it: settled before, see riding_acks)
             start = next(self._take_turn)
@@ -363,6 +367,12 @@ class ShardMap:
         if not keys:
             return [parts[next(self._send_turn) % n]]
         return [parts[keys.pop()]] if len(keys) == 1 else None
+
+    def merged_limit(self, op: Op[Any]) -> int | None:
+        """For a listing that every partition answers (:meth:`plan`), merged by id: how many
+        rows the merge keeps (the call's limit); None for any other call."""
+        pos = _MERGED.get(self._names.get(id(op.query), ""))
+        return None if pos is None else int(op.params[pos])
 
     def wants_min(self, op: Op[Any]) -> bool:
         """Whether :meth:`plan`'s shards all answer ``op`` and the answer is the least (the

@@ -383,6 +383,8 @@ class Client:
         result: Any = None
         answered = False
         down: tuple[int, psycopg.OperationalError] | None = None
+        limit = m.merged_limit(op)
+        rows: list[Any] = []
         for shard in plan:
             pool = self._shard_pool(shard)
             try:
@@ -404,7 +406,9 @@ class Client:
                 if isinstance(e, errors.ConnectionLost) and e.may_have_committed:
                     raise
                 raise m.unavailable(shard, e) from e
-            if not m.wants_min(op):
+            if limit is not None:
+                rows += cast(list[Any], got)
+            elif not m.wants_min(op):
                 result = got
                 if got:
                     return got
@@ -413,6 +417,8 @@ class Client:
             answered = True
         if not answered and down is not None:
             raise m.unavailable(*down) from down[1]
+        if limit is not None:
+            return cast(T, sorted(rows, key=lambda r: r.id)[:limit])
         return cast(T, result)
 
     def _locate(
