@@ -7,6 +7,7 @@ Routers over fresh databases of the session's two clusters (the other tests keep
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 
@@ -100,7 +101,9 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
         dc.take(calm, 1)  # the direct client's map: from before the add
         with Traffic(r, hot) as routed, Traffic(r, hot, first=10**6, direct=True) as direct:
             time.sleep(1.5)
+            t0 = time.monotonic()
             result = shard.add(r, new)
+            t1 = time.monotonic()
             time.sleep(1.5)
         assert not routed.errors and not direct.errors, (routed.errors + direct.errors)[:3]
         assert (result.before, result.after) == (2, 4)
@@ -183,6 +186,21 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
     # Run again: nothing left to move.
     again = shard.add(r, new)
     assert again.moved == [] and sorted(again.failed) == sorted(result.failed)
+    # The pauses as measured (docs/sharding.md quotes runs of this test with -s).
+    measured = {
+        "add_ms": round((t1 - t0) * 1000, 1),
+        "moves": [
+            {"partitions": m.partitions, "pause_ms": round(m.pause_ms, 1), "messages": m.rows["message"]}
+            for m in result.moved
+            if m.partition is not None
+        ],
+        "longest_call_during_add_ms": {
+            "router": round(routed.stalls(t0, t1) * 1000, 1),
+            "direct": round(direct.stalls(t0, t1) * 1000, 1),
+        },
+        "sent": len(routed.sent) + len(direct.sent) + len(pre),
+    }
+    print("shard add, partitions:", json.dumps(measured, sort_keys=True))
 
 
 def test_moved_ids_are_pruned_once_no_message_holds_them(sharded) -> None:  # type: ignore[no-untyped-def]
