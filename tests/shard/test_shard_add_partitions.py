@@ -18,6 +18,7 @@ from psycopg.conninfo import make_conninfo
 from shard_helpers import Traffic, home, kill_all
 
 from lonnymq import Client, errors, shard
+from lonnymq.cli import main
 from lonnymq.client.direct import STRIDE, key_partition
 from lonnymq.shard import admin
 
@@ -203,7 +204,7 @@ def test_add_moves_partitions_to_the_new_shards_under_traffic(sharded) -> None: 
     print("shard add, partitions:", json.dumps(measured, sort_keys=True))
 
 
-def test_moved_ids_are_pruned_once_no_message_holds_them(sharded) -> None:  # type: ignore[no-untyped-def]
+def test_moved_ids_are_pruned_once_no_message_holds_them(sharded, capsys) -> None:  # type: ignore[no-untyped-def]
     """After partition 0 left shard s, partition 1 cannot go to s while a message (live, or
     remembered by ack's settle memory or a send's idempotency record) holds an id s made; once
     none does, ``prune_moved_ids`` forgets s and the move (which prunes by itself) goes through;
@@ -226,6 +227,9 @@ def test_moved_ids_are_pruned_once_no_message_holds_them(sharded) -> None:  # ty
         [m] = c.take(q, 5)
         assert m.id == first.id and c.ack([m]) == {m.id}
         assert shard.prune_moved_ids(r) == {}  # ack's memory of the settle (an hour) still holds it
+        capsys.readouterr()
+        assert main(["shard", "prune", q, "--dsn", r]) == 0
+        assert capsys.readouterr().out.strip() == "nothing to forget"
         with pytest.raises(errors.InvalidArgument, match="still hold such ids"):
             shard.move(r, q, s0, partition=1)
         other = dc.send(q, "second", key=keys[1][0])  # partition 1, made on s1: moves with it
@@ -248,3 +252,11 @@ def test_moved_ids_are_pruned_once_no_message_holds_them(sharded) -> None:  # ty
         assert sorted(x.payload for x in got) == ["second", "third"]
         assert dc.ack(got) == {other.id, third.id}
         assert c.take(q, 5) == []
+        # Once ack's memory of "second" (made on s1) is gone too, s1 is forgotten (by the CLI).
+        assert main(["shard", "prune", "--dsn", r, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {}
+        with psycopg.connect(r, autocommit=True) as conn:
+            conn.execute("SELECT lonnymq.maintain(100000, lonnymq.now_ms() + 7200000)")
+        assert main(["shard", "prune", "--dsn", r, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {q: [s1]}
+        assert moved_ids(r) == {}

@@ -1,4 +1,4 @@
-"""``lonnymq shard init|upgrade|status|move|add``: a PL/Proxy router over several LonnyMQ servers
+"""``lonnymq shard init|upgrade|status|move|add|prune``: a PL/Proxy router over several LonnyMQ servers
 (docs/sharding.md)."""
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="double the shard count and move the queues whose hash moves, while in use",
         description="Migrates the new shards (as many as the router has, empty), adds them to"
         " the router's shard map (queues whose hash moves stay reachable where they are) and"
-        " moves those queues to their new shard one by one (as `shard move`). Run it again with"
+        " moves those queues to their new shard one by one (as `shard move`), then the partitions"
+        " of partitioned queues whose place under the new count is a new shard. Run it again with"
         " the same shards to retry queues that could not move. The router is --dsn / $LONNYMQ_DSN.",
     )
     common(a)
@@ -104,6 +105,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     a.add_argument("--attempts", type=int, default=5, help="attempts per lock, as for move (default 5)")
     a.set_defaults(func=add)
+
+    pr = ss.add_parser(
+        "prune",
+        help="forget moved partitions' old shards once no message holds an id they made",
+        description="For each partitioned queue (or QUEUE), drops from the router's moved_ids the"
+        " shards whose ids no message of the partition holding them has any more (live, archived,"
+        " in ack's settle memory or a send's idempotency record), so such a shard may take another"
+        " partition of the queue. `shard move` does it by itself when it needs to. The router is"
+        " --dsn / $LONNYMQ_DSN.",
+    )
+    common(pr)
+    pr.add_argument("queue", metavar="QUEUE", nargs="?", help="only this partitioned queue")
+    pr.set_defaults(func=prune)
 
 
 def init(args: argparse.Namespace) -> int:
@@ -150,6 +164,19 @@ def move(args: argparse.Namespace) -> int:
         f" {r.rows.get('channel', 0)} channel(s); paused {r.pause_ms:.0f} ms"
         f" (attempt {r.attempts})"
     )
+    return 0
+
+
+def prune(args: argparse.Namespace) -> int:
+    router = _util.resolve(args)
+    pruned = shard.prune_moved_ids(router, args.queue, schema=_util.schema(args))
+    if args.json:
+        _util.print_json(pruned)
+        return 0
+    for q, shards in sorted(pruned.items()):
+        print(f"{q}: forgot the ids of shard(s) {', '.join(map(str, shards))}")
+    if not pruned:
+        print("nothing to forget")
     return 0
 
 
