@@ -413,9 +413,10 @@ def _reads(conn: psycopg.Connection[Any], schema: str, table: str, query: str, p
 
 @pytest.mark.parametrize("settings", ["", "-c enable_seqscan=off -c jit=off"], ids=["default", "dashboard"])
 def test_listing_a_page_of_queues_reads_that_page(dsn: str, schema: str, settings: str) -> None:
-    """With 2,000 queues, a page of 50 (list_queues, the dashboard's counters of a page, one
-    queue's metrics) reads about 50 queue rows, on generic plans and on the dashboard's session
-    settings (sequential scans off) alike; the whole listing reads all 2,000."""
+    """With 2,000 queues, a page of 50 (list_queues, the dashboard's counters and totals of a
+    page, their settings, one queue's metrics) reads about 50 queue rows, on generic plans and
+    on the dashboard's session settings (sequential scans off) alike; the whole listing reads
+    all 2,000."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         Sql(conn, schema).q(
             "SELECT count({s}.queue_create('q' || lpad(i::text, 4, '0'))) FROM generate_series(1, 2000) i"
@@ -425,8 +426,20 @@ def test_listing_a_page_of_queues_reads_that_page(dsn: str, schema: str, setting
     with psycopg.connect(dsn, options=f"-c plan_cache_mode=force_generic_plan {settings}") as conn:
         assert _reads(conn, schema, "queue", "SELECT * FROM {s}.queue_list(50, 'q1000')") <= 51
         assert _reads(conn, schema, "queue", "SELECT * FROM {s}.stats_minutes(%s::text[])", (page,)) <= 100
+        assert _reads(conn, schema, "queue", "SELECT * FROM {s}.stats_totals(%s::text[])", (page,)) <= 100
+        assert _reads(conn, schema, "queue", "SELECT * FROM {s}.queue_info(%s::text[])", (page,)) <= 51
         assert _reads(conn, schema, "queue", "SELECT * FROM {s}.queue_metrics('q1500', 1000)") <= 2
         assert _reads(conn, schema, "queue", "SELECT * FROM {s}.queue_list()") >= 2000
+
+
+def test_queue_info_gives_the_named_queues_as_queue_list_does(db: Sql) -> None:
+    db.q("SELECT {s}.queue_create('dlq'), {s}.queue_create('uses', p_dead_letter_queue => 'dlq')")
+    db.q("SELECT {s}.queue_create('paused'), {s}.queue_pause('paused'), {s}.queue_create('other')")
+    listed = {r["name"]: r for r in db.q("SELECT * FROM {s}.queue_list()")}
+    got = db.q("SELECT * FROM {s}.queue_info(ARRAY['uses', 'nope', 'paused', 'dlq', 'uses'])")
+    assert got == [listed["dlq"], listed["paused"], listed["uses"]]
+    assert (got[2]["dead_letter_queue"], got[1]["paused"]) == ("dlq", True)
+    assert db.q("SELECT * FROM {s}.queue_info(ARRAY[]::text[])") == []
 
 
 def test_listing_a_page_of_channels_reads_that_page(dsn: str, schema: str) -> None:

@@ -219,6 +219,28 @@ BEGIN
      LIMIT p_limit;
 END $$;
 
+-- The settings of the queues named in p_names, by name, as queue_list gives them (unknown names
+-- are left out): a probe of the name's unique index each, whatever the number of queues (the
+-- dashboard's queue page read queue_list() whole to find one: every queue row). Reads queue;
+-- takes no lock.
+CREATE OR REPLACE FUNCTION {schema}.queue_info(p_names text[])
+RETURNS TABLE (
+    name text, lease_ms bigint, max_attempts integer, dead_letter_queue text, archive boolean,
+    retention_ms bigint, unlogged boolean, max_payload_bytes integer, priority_step_ms bigint,
+    created_at timestamptz, paused boolean
+)
+LANGUAGE sql STABLE AS $$
+    -- The dead-letter queue's name by a probe of its key (a join may be planned as a hash of
+    -- every queue row).
+    SELECT q.name, q.lease_ms, q.max_attempts,
+           (SELECT d.name FROM {schema}.queue d WHERE d.id = q.dead_letter_queue_id), q.archive,
+           q.retention_ms, q.unlogged, q.max_payload_bytes, q.priority_step_ms, q.created_at,
+           q.paused
+      FROM {schema}.queue q
+     WHERE q.name = ANY (p_names)
+     ORDER BY q.name
+$$;
+
 -- Up to p_limit messages of a queue with p_after < dequeue_at <= p_until (optionally unleased
 -- ones only), counted through the dequeue indexes: plain messages from theirs, channel messages
 -- channel by channel from theirs, so the cost is O(channels + p_limit) however many there are.
