@@ -40,7 +40,8 @@ Every series prints messages (or calls) per second and the ratio to its smallest
   call each (LonnyMQ and pgmq), a take+ack loop on a busy queue before and during a run of
   creations and drops (its latency: is anything shared locked?), and the listings: a page of
   ``list_queues``, all of it, one queue's metrics and the dashboard's overview and queue page
-  (``lonnymq.web.queries``, on the dashboard's own connection settings), and ``maintain()``.
+  (``lonnymq.web.queries``, on the dashboard's own connection settings), ``maintain()`` and a
+  worker's heartbeat (``worker_beat``).
 
 pgmq stops at ``--pgmq-max`` queues (10,000 pgmq queues are 20,000 tables: 9 minutes to create
 on 2 loaded cores, 100 a transaction; with ``--dsn`` and ``--keep-fleets`` a second run reuses
@@ -1011,8 +1012,12 @@ def listings(fleet: Fleet, runs: int = 7) -> dict[str, Any]:
     def stats(t: Sequence[float]) -> dict[str, float]:
         return {"median_ms": ms(med(t)), "max_ms": ms(max(t))}
 
+    from lonnymq.worker.ops import worker_ops
+
     out: dict[str, Any] = {}
     middle = f"q{max(1, fleet.n // 2)}"
+    # A worker's heartbeat (its registry row; folds the recent counters, at most every 10 s).
+    beat = worker_ops(SCHEMA).worker_beat("scale-bench", "bench", os.getpid(), [middle], 1, 0, 60_000)
     with Client(fleet.dsn, schema=SCHEMA, pool_size=1) as c:
         for name, call in (
             ("list_queues(limit=100)", lambda: c.list_queues(limit=100)),
@@ -1020,6 +1025,7 @@ def listings(fleet: Fleet, runs: int = 7) -> dict[str, Any]:
             ("list_queues() all", lambda: c.list_queues()),
             ("metrics(queue)", lambda: c.metrics(middle)),
             ("maintain()", lambda: c.maintain()),
+            ("worker heartbeat", lambda: c.run(beat)),
         ):
             out[name] = stats(timed([call] * (runs + 1))[1:])
     try:

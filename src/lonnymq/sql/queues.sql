@@ -279,6 +279,11 @@ END $$;
 -- the head); next_scheduled_at: when the next scheduled message comes due. paused: the queue
 -- hands out nothing (queue_pause; its ready messages still count as ready). Raises LQ001,
 -- LQ002 (bad cap). Reads message, channel, archive, queue_stat; takes no lock.
+-- Runs with plan_cache_mode = force_generic_plan (and, for those plans, enable_seqscan and jit
+-- off), as take and ack do (settle.sql): PL/pgSQL priced the generic plans of its dozen
+-- statements above custom ones and planned them again on every call, 8 ms of a 9 ms call (the
+-- dashboard's overview calls it for each of its 100 queues: 556 -> 48-58 ms for 100 calls on a
+-- warm session, PostgreSQL 15).
 CREATE OR REPLACE FUNCTION {schema}.queue_metrics(p_name text, p_cap integer DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS TABLE (
     queue text, ready bigint, scheduled bigint, leased bigint, dead bigint,
@@ -286,7 +291,8 @@ RETURNS TABLE (
     oldest_age_ms bigint, newest_age_ms bigint, ready_at_least boolean,
     scheduled_at_least boolean, leased_at_least boolean, dead_at_least boolean, paused boolean
 )
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     q     {schema}.queue := {schema}._queue(p_name);
     v_now bigint := {schema}._read_now(p_now);  -- STABLE: all counts on one snapshot and clock
