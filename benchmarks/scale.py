@@ -41,7 +41,9 @@ Every series prints messages (or calls) per second and the ratio to its smallest
   creations and drops (its latency: is anything shared locked?), and the listings: a page of
   ``list_queues``, all of it, one queue's metrics and the dashboard's overview and queue page
   (``lonnymq.web.queries``, on the dashboard's own connection settings), ``maintain()`` and a
-  worker's heartbeat (``worker_beat``).
+  worker's heartbeat (``worker_beat``); with ``--counters`` every queue first gets the counter
+  rows of a tenant that sent and acked something (two of the current minute, two of three days
+  ago), which maintain() and the heartbeats fold.
 
 pgmq stops at ``--pgmq-max`` queues (10,000 pgmq queues are 20,000 tables: 9 minutes to create
 on 2 loaded cores, 100 a transaction; with ``--dsn`` and ``--keep-fleets`` a second run reuses
@@ -1006,6 +1008,22 @@ def under_load(fleet: Fleet, seconds: float, tag: str) -> dict[str, Any]:
     }
 
 
+def give_counters(fleet: Fleet) -> None:
+    """Counter rows for every queue of the fleet, as tenants that all sent and acked something
+    leave them: two of the current minute and two of three days ago each (maintain() and the
+    heartbeats fold them)."""
+    with psycopg.connect(fleet.dsn, autocommit=True) as conn:
+        now = int(time.time() * 1000) // 60_000
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {s}.queue_stat (queue_id, minute, sent, acked)"
+                " SELECT q.id, m, 1, 1 FROM {s}.queue q, unnest(%s::bigint[]) m"
+            ).format(s=sql.Identifier(SCHEMA)),
+            ([now, now, now - 3 * 1440, now - 3 * 1440],),
+        )
+        conn.execute(sql.SQL("ANALYZE {}.queue_stat").format(sql.Identifier(SCHEMA)))
+
+
 def listings(fleet: Fleet, runs: int = 7) -> dict[str, Any]:
     """Median and max of ``runs`` of each listing (after one to warm up), in ms."""
 
@@ -1054,13 +1072,15 @@ def listings(fleet: Fleet, runs: int = 7) -> dict[str, Any]:
     return out
 
 
-def lifecycle_cells(fleet: Fleet, ops: int, seconds: float, tag: str) -> dict[str, Any]:
-    """One rep of the lifecycle series on ``fleet``."""
-    return {
-        "create/drop": create_drop(fleet, ops, tag),
-        "under load": under_load(fleet, seconds, tag),
-        "listings": listings(fleet),
-    }
+def lifecycle_cells(
+    fleet: Fleet, ops: int, seconds: float, tag: str, counters: bool = False
+) -> dict[str, Any]:
+    """One rep of the lifecycle series on ``fleet`` (with ``counters``, every queue gets counter
+    rows before the listings: give_counters)."""
+    cells = {"create/drop": create_drop(fleet, ops, tag), "under load": under_load(fleet, seconds, tag)}
+    if counters:
+        give_counters(fleet)
+    return {**cells, "listings": listings(fleet)}
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -1245,6 +1265,11 @@ def main() -> None:
     p.add_argument("--ops", type=int, default=200, help="queues created and dropped per lifecycle rep")
     p.add_argument("--load-seconds", type=float, default=9.0, help="the busy queue's run (lifecycle)")
     p.add_argument(
+        "--counters",
+        action="store_true",
+        help="lifecycle series: every queue gets counter rows before the listings (as if all had sent)",
+    )
+    p.add_argument(
         "--nocheck",
         action="store_true",
         help="concurrent series: also LonnyMQ's client with check_connections=False",
@@ -1302,7 +1327,9 @@ def main() -> None:
                         )
                         log(f"concurrent {n:,} rep {r + 1}: {json.dumps(results['concurrent'][n][-1])}")
                     if n in series["lifecycle"]:
-                        results["lifecycle"][n].append(lifecycle_cells(f, a.ops, a.load_seconds, str(r)))
+                        results["lifecycle"][n].append(
+                            lifecycle_cells(f, a.ops, a.load_seconds, str(r), a.counters)
+                        )
                         log(f"lifecycle {n:,} rep {r + 1}: {json.dumps(results['lifecycle'][n][-1])}")
         finally:
             for f in fleets.values():

@@ -170,9 +170,11 @@ END $$;
 -- (their sums). Exact under concurrency: rows of calls not yet committed are not seen (they are
 -- folded next time), and a row a concurrent fold deleted first is skipped (each inserts the sums
 -- of what it deleted). Returns how many rows it removed. Reads queue_stat (an index range per
--- queue); writes queue_stat.
+-- queue); writes queue_stat. Sequential scans off: a plan made for a few hundred ids (a custom
+-- one, or a generic one while the table was small) read the whole counter table instead.
 CREATE OR REPLACE FUNCTION {schema}._stats_fold(p_from bigint, p_ids integer[]) RETURNS bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_n bigint;
 BEGIN
@@ -203,8 +205,10 @@ END $$;
 -- (queue, minute) into one row (_stats_fold); and delete expired workers (queue_drop deletes a
 -- dropped queue's counters). So a queue's past is folded within queues / 500 calls. Returns
 -- nothing. Reads queue (the round), queue_stat (the round's); writes queue_stat, worker.
+-- Sequential scans off, as _stats_fold.
 CREATE OR REPLACE FUNCTION {schema}._stats_maintain(p_limit integer, p_now bigint) RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_cut   bigint := p_now / 60000 - 1440;
     v_after bigint;
