@@ -450,7 +450,7 @@ def test_queue_info_gives_the_named_queues_as_queue_list_does(db: Sql) -> None:
 def test_queue_metrics_plans_its_statements_once_a_session(db: Sql) -> None:
     """queue_metrics, which the dashboard's overview calls for each queue of a page, pins
     generic plans (as take and ack do): left to choose, PL/pgSQL priced its statements' generic
-    plans above custom ones and planned them again on every call (8 of a 9 ms call)."""
+    plans above custom ones and planned them again on every call (most of the call)."""
     [row] = db.q(
         "SELECT p.proconfig FROM pg_proc p WHERE p.oid = '{s}.queue_metrics(text, integer, bigint)'::regprocedure"
     )

@@ -281,9 +281,9 @@ END $$;
 -- LQ002 (bad cap). Reads message, channel, archive, queue_stat; takes no lock.
 -- Runs with plan_cache_mode = force_generic_plan (and, for those plans, enable_seqscan and jit
 -- off), as take and ack do (settle.sql): PL/pgSQL priced the generic plans of its dozen
--- statements above custom ones and planned them again on every call, 8 ms of a 9 ms call (the
+-- statements above custom ones and planned them again on every call, most of the call (the
 -- dashboard's overview calls it for each of its 100 queues: 556 -> 48-58 ms for 100 calls on a
--- warm session, PostgreSQL 15).
+-- warm session, PostgreSQL 15; docs/storage.md).
 CREATE OR REPLACE FUNCTION {schema}.queue_metrics(p_name text, p_cap integer DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS TABLE (
     queue text, ready bigint, scheduled bigint, leased bigint, dead bigint,
