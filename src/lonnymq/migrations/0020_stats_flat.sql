@@ -18,3 +18,5 @@ CREATE SEQUENCE {schema}.queue_stat_fold_seq AS bigint MINVALUE 0 START WITH 0;
 
 -- _stats_fold folds the queues it is given (sql/stats.sql defines the new signature).
 DROP FUNCTION IF EXISTS {schema}._stats_fold(bigint);
+-- _count_messages takes the queue's generations, read once by queue_metrics (sql/queues.sql).
+DROP FUNCTION IF EXISTS {schema}._count_messages(integer, bigint, bigint, boolean, bigint);
