@@ -40,7 +40,10 @@ Every series prints messages (or calls) per second and the ratio to its smallest
   call each (LonnyMQ and pgmq), a take+ack loop on a busy queue before and during a run of
   creations and drops (its latency: is anything shared locked?), and the listings: a page of
   ``list_queues``, all of it, one queue's metrics and the dashboard's overview and queue page
-  (``lonnymq.web.queries``, on the dashboard's own connection settings), and ``maintain()``.
+  (``lonnymq.web.queries``, on the dashboard's own connection settings), ``maintain()`` and a
+  worker's heartbeat (``worker_beat``); with ``--counters`` every queue first gets the counter
+  rows of a tenant that sent and acked something (two of the current minute, two of three days
+  ago), which maintain() and the heartbeats fold.
 
 pgmq stops at ``--pgmq-max`` queues (10,000 pgmq queues are 20,000 tables: 9 minutes to create
 on 2 loaded cores, 100 a transaction; with ``--dsn`` and ``--keep-fleets`` a second run reuses
@@ -1005,14 +1008,34 @@ def under_load(fleet: Fleet, seconds: float, tag: str) -> dict[str, Any]:
     }
 
 
+def give_counters(fleet: Fleet) -> None:
+    """Counter rows for every queue of the fleet, as tenants that all sent and acked something
+    leave them: two of the current minute and two of three days ago each (maintain() and the
+    heartbeats fold them)."""
+    with psycopg.connect(fleet.dsn, autocommit=True) as conn:
+        now = int(time.time() * 1000) // 60_000
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {s}.queue_stat (queue_id, minute, sent, acked)"
+                " SELECT q.id, m, 1, 1 FROM {s}.queue q, unnest(%s::bigint[]) m"
+            ).format(s=sql.Identifier(SCHEMA)),
+            ([now, now, now - 3 * 1440, now - 3 * 1440],),
+        )
+        conn.execute(sql.SQL("ANALYZE {}.queue_stat").format(sql.Identifier(SCHEMA)))
+
+
 def listings(fleet: Fleet, runs: int = 7) -> dict[str, Any]:
     """Median and max of ``runs`` of each listing (after one to warm up), in ms."""
 
     def stats(t: Sequence[float]) -> dict[str, float]:
         return {"median_ms": ms(med(t)), "max_ms": ms(max(t))}
 
+    from lonnymq.worker.ops import worker_ops
+
     out: dict[str, Any] = {}
     middle = f"q{max(1, fleet.n // 2)}"
+    # A worker's heartbeat (its registry row; folds the recent counters, at most every 10 s).
+    beat = worker_ops(SCHEMA).worker_beat("scale-bench", "bench", os.getpid(), [middle], 1, 0, 60_000)
     with Client(fleet.dsn, schema=SCHEMA, pool_size=1) as c:
         for name, call in (
             ("list_queues(limit=100)", lambda: c.list_queues(limit=100)),
@@ -1020,6 +1043,7 @@ def listings(fleet: Fleet, runs: int = 7) -> dict[str, Any]:
             ("list_queues() all", lambda: c.list_queues()),
             ("metrics(queue)", lambda: c.metrics(middle)),
             ("maintain()", lambda: c.maintain()),
+            ("worker heartbeat", lambda: c.run(beat)),
         ):
             out[name] = stats(timed([call] * (runs + 1))[1:])
     try:
@@ -1048,13 +1072,15 @@ def listings(fleet: Fleet, runs: int = 7) -> dict[str, Any]:
     return out
 
 
-def lifecycle_cells(fleet: Fleet, ops: int, seconds: float, tag: str) -> dict[str, Any]:
-    """One rep of the lifecycle series on ``fleet``."""
-    return {
-        "create/drop": create_drop(fleet, ops, tag),
-        "under load": under_load(fleet, seconds, tag),
-        "listings": listings(fleet),
-    }
+def lifecycle_cells(
+    fleet: Fleet, ops: int, seconds: float, tag: str, counters: bool = False
+) -> dict[str, Any]:
+    """One rep of the lifecycle series on ``fleet`` (with ``counters``, every queue gets counter
+    rows before the listings: give_counters)."""
+    cells = {"create/drop": create_drop(fleet, ops, tag), "under load": under_load(fleet, seconds, tag)}
+    if counters:
+        give_counters(fleet)
+    return {**cells, "listings": listings(fleet)}
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -1239,6 +1265,11 @@ def main() -> None:
     p.add_argument("--ops", type=int, default=200, help="queues created and dropped per lifecycle rep")
     p.add_argument("--load-seconds", type=float, default=9.0, help="the busy queue's run (lifecycle)")
     p.add_argument(
+        "--counters",
+        action="store_true",
+        help="lifecycle series: every queue gets counter rows before the listings (as if all had sent)",
+    )
+    p.add_argument(
         "--nocheck",
         action="store_true",
         help="concurrent series: also LonnyMQ's client with check_connections=False",
@@ -1296,7 +1327,9 @@ def main() -> None:
                         )
                         log(f"concurrent {n:,} rep {r + 1}: {json.dumps(results['concurrent'][n][-1])}")
                     if n in series["lifecycle"]:
-                        results["lifecycle"][n].append(lifecycle_cells(f, a.ops, a.load_seconds, str(r)))
+                        results["lifecycle"][n].append(
+                            lifecycle_cells(f, a.ops, a.load_seconds, str(r), a.counters)
+                        )
                         log(f"lifecycle {n:,} rep {r + 1}: {json.dumps(results['lifecycle'][n][-1])}")
         finally:
             for f in fleets.values():

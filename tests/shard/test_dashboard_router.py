@@ -82,5 +82,8 @@ def test_partitioned_queue_counted_once(sharded) -> None:  # type: ignore[no-unt
                 rows = [row for row in got.json()["queues"] if row["name"] == q]
                 assert len(rows) == 1
                 assert sum(x["sent"] for x in rows[0]["minutes"]) == 10
+                one = http.get(f"/api/queues/{q}")  # its settings once (queue_info on every shard)
+                assert one.status_code == 200, one.text
+                assert (one.json()["settings"]["name"], one.json()["totals"]["acked"]) == (q, 10)
         finally:
             c.drop_queue(q)

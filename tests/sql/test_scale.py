@@ -188,6 +188,11 @@ SCENARIOS: dict[str, Scenario] = {
     "channels": lambda db: lambda: db.q("SELECT * FROM {s}.channel_list('chan', 50, 'a')"),
     "list_queues, a page": lambda db: lambda: db.q("SELECT * FROM {s}.queue_list(50, 'other5')"),
     "stats_minutes": lambda db: lambda: db.q("SELECT * FROM {s}.stats_minutes(ARRAY['plain', 'chan'])"),
+    "stats_totals": lambda db: lambda: db.q("SELECT * FROM {s}.stats_totals(ARRAY['plain', 'chan'])"),
+    "queue_info": lambda db: lambda: db.q("SELECT * FROM {s}.queue_info(ARRAY['plain'])"),
+    "worker_beat": lambda db: (
+        lambda: db.q("SELECT {s}.worker_beat(%s, 'h', 1, ARRAY['plain'], 1, 0)", (_unique("w"),))
+    ),
     "queue_create": lambda db: lambda: db.call("queue_create", p_name=_unique("new")),
     "queue_drop": _drop,
     "queue_purge": lambda db: (
@@ -413,9 +418,10 @@ def _reads(conn: psycopg.Connection[Any], schema: str, table: str, query: str, p
 
 @pytest.mark.parametrize("settings", ["", "-c enable_seqscan=off -c jit=off"], ids=["default", "dashboard"])
 def test_listing_a_page_of_queues_reads_that_page(dsn: str, schema: str, settings: str) -> None:
-    """With 2,000 queues, a page of 50 (list_queues, the dashboard's counters of a page, one
-    queue's metrics) reads about 50 queue rows, on generic plans and on the dashboard's session
-    settings (sequential scans off) alike; the whole listing reads all 2,000."""
+    """With 2,000 queues, a page of 50 (list_queues, the dashboard's counters and totals of a
+    page, their settings, one queue's metrics) reads about 50 queue rows, on generic plans and
+    on the dashboard's session settings (sequential scans off) alike; the whole listing reads
+    all 2,000."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         Sql(conn, schema).q(
             "SELECT count({s}.queue_create('q' || lpad(i::text, 4, '0'))) FROM generate_series(1, 2000) i"
@@ -425,8 +431,30 @@ def test_listing_a_page_of_queues_reads_that_page(dsn: str, schema: str, setting
     with psycopg.connect(dsn, options=f"-c plan_cache_mode=force_generic_plan {settings}") as conn:
         assert _reads(conn, schema, "queue", "SELECT * FROM {s}.queue_list(50, 'q1000')") <= 51
         assert _reads(conn, schema, "queue", "SELECT * FROM {s}.stats_minutes(%s::text[])", (page,)) <= 100
+        assert _reads(conn, schema, "queue", "SELECT * FROM {s}.stats_totals(%s::text[])", (page,)) <= 100
+        assert _reads(conn, schema, "queue", "SELECT * FROM {s}.queue_info(%s::text[])", (page,)) <= 51
         assert _reads(conn, schema, "queue", "SELECT * FROM {s}.queue_metrics('q1500', 1000)") <= 2
         assert _reads(conn, schema, "queue", "SELECT * FROM {s}.queue_list()") >= 2000
+
+
+def test_queue_info_gives_the_named_queues_as_queue_list_does(db: Sql) -> None:
+    db.q("SELECT {s}.queue_create('dlq'), {s}.queue_create('uses', p_dead_letter_queue => 'dlq')")
+    db.q("SELECT {s}.queue_create('paused'), {s}.queue_pause('paused'), {s}.queue_create('other')")
+    listed = {r["name"]: r for r in db.q("SELECT * FROM {s}.queue_list()")}
+    got = db.q("SELECT * FROM {s}.queue_info(ARRAY['uses', 'nope', 'paused', 'dlq', 'uses'])")
+    assert got == [listed["dlq"], listed["paused"], listed["uses"]]
+    assert (got[2]["dead_letter_queue"], got[1]["paused"]) == ("dlq", True)
+    assert db.q("SELECT * FROM {s}.queue_info(ARRAY[]::text[])") == []
+
+
+def test_queue_metrics_plans_its_statements_once_a_session(db: Sql) -> None:
+    """queue_metrics, which the dashboard's overview calls for each queue of a page, pins
+    generic plans (as take and ack do): left to choose, PL/pgSQL priced its statements' generic
+    plans above custom ones and planned them again on every call (most of the call)."""
+    [row] = db.q(
+        "SELECT p.proconfig FROM pg_proc p WHERE p.oid = '{s}.queue_metrics(text, integer, bigint)'::regprocedure"
+    )
+    assert {"plan_cache_mode=force_generic_plan", "enable_seqscan=off", "jit=off"} <= set(row["proconfig"])
 
 
 def test_listing_a_page_of_channels_reads_that_page(dsn: str, schema: str) -> None:
@@ -470,3 +498,54 @@ def test_dropping_a_queue_among_many_reads_a_few_queue_rows(dsn: str, schema: st
         pytest.raises(psycopg.Error, match="is the dead-letter queue of"),
     ):
         Sql(conn, schema).q("SELECT {s}.queue_drop('dlq')")  # still refused while a queue names it
+
+
+def test_maintain_and_heartbeats_read_a_round_of_queues(dsn: str, schema: str) -> None:
+    """With 2,000 queues that all counted something (two rows of the current minute and two of
+    three days ago each), maintain() reads a round of 500 queue rows and those queues' counters
+    (it read every queue row twice, and every counter row), and the rounds fold every queue's
+    past within 2,000 / 500 calls, totals unchanged; a heartbeat folds the recent minutes of
+    every queue, and the next ones within 10 s read no queue row (every beat of every worker
+    read them all); generic plans."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        db = Sql(conn, schema)
+        db.q("SELECT count({s}.queue_create('q' || lpad(i::text, 4, '0'))) FROM generate_series(1, 2000) i")
+        now = db.now()
+        db.q(
+            "INSERT INTO {s}.queue_stat (queue_id, minute, sent, acked)"
+            " SELECT q.id, m, 1, 1 FROM {s}.queue q, unnest(ARRAY[%s, %s, %s, %s]::bigint[]) m",
+            (now // 60000, now // 60000, now // 60000 - 3 * 1440, now // 60000 - 3 * 1440),
+        )
+        conn.execute(sql.SQL("ANALYZE {}.queue").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("ANALYZE {}.queue_stat").format(sql.Identifier(schema)))
+        totals = db.q("SELECT sum(sent) AS sent, sum(acked) AS acked FROM {s}.queue_stat")
+
+    with psycopg.connect(dsn, options="-c plan_cache_mode=force_generic_plan") as conn:
+        db = Sql(conn, schema)
+        reads = []
+        for _ in range(4):
+            with conn.transaction():
+                before = (_rows_read(conn, schema, "queue"), _rows_read(conn, schema, "queue_stat"))
+                db.q("SELECT {s}.maintain(p_now => %s)", (now,))
+                reads.append(
+                    (
+                        _rows_read(conn, schema, "queue") - before[0],
+                        _rows_read(conn, schema, "queue_stat") - before[1],
+                    )
+                )
+        assert all(q <= 520 and s <= 2 * 4 * 500 for q, s in reads), reads  # 4 rows a queue
+        with conn.transaction():
+            before_q = _rows_read(conn, schema, "queue")
+            db.q("SELECT {s}.worker_beat('w1', 'h', 1, ARRAY['q0001'], 1, 0, 30000, %s)", (now,))
+            first = _rows_read(conn, schema, "queue") - before_q
+        with conn.transaction():
+            before_q = _rows_read(conn, schema, "queue")
+            db.q("SELECT {s}.worker_beat('w2', 'h', 1, ARRAY['q0001'], 1, 0, 30000, %s)", (now + 5000,))
+            again = _rows_read(conn, schema, "queue") - before_q
+        assert (first, again) == (2000, 0)
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        db = Sql(conn, schema)
+        rows = db.q("SELECT minute, count(*) AS n FROM {s}.queue_stat GROUP BY minute ORDER BY minute")
+        assert [(r["minute"], r["n"]) for r in rows] == [(0, 2000), (now // 60000, 2000)]
+        assert db.q("SELECT sum(sent) AS sent, sum(acked) AS acked FROM {s}.queue_stat") == totals

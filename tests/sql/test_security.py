@@ -230,6 +230,7 @@ def test_admin_manages_queues_through_functions_only(setup: Client, schema: str,
 MONITOR_READS = {
     "now_ms",
     "queue_list",
+    "queue_info",
     "queue_metrics",
     "worker_queues",
     "next_ready_in",

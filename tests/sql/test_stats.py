@@ -130,7 +130,11 @@ def test_concurrent_writers_never_wait_for_a_counter_row(dsn: str, schema: str, 
         a.execute(send)
         b.execute("SET lock_timeout = '2s'")
         b.execute(send)  # would time out if it waited for a row of a's
-        b.execute(sql.SQL("SELECT {}._stats_fold(0)").format(sql.Identifier(schema)))  # nor does a fold
+        b.execute(  # nor does a fold
+            sql.SQL("SELECT {s}._stats_fold(0, ARRAY(SELECT id FROM {s}.queue))").format(
+                s=sql.Identifier(schema)
+            )
+        )
         b.commit()
         a.commit()
     assert totals(db, "q")["sent"] == 2

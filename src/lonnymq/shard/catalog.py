@@ -77,6 +77,9 @@ NO_QUEUE_ROUTES: dict[str, Route] = {
     "queue_list": Route(
         "all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name LIMIT p_limit"
     ),
+    # The settings of the queues named: each plain queue's row from its shard, a partitioned
+    # queue's once.
+    "queue_info": Route("all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name"),
     "cron_list": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
     "worker_queues": Route("all", merge="SELECT DISTINCT ON (r.name) * FROM {all} AS r ORDER BY r.name"),
     # Per-queue rows (the dashboard's minute counters): each queue's rows come from its shard; a

@@ -10,8 +10,8 @@
 -- most p_limit; settled, ack's memory of its repeats), forget send keys older than the setting
 -- lonnymq.send_key_retention (an interval, default 1 hour; at most p_limit; send_key, what
 -- makes a retried send safe: docs/messages.md); fold per-minute counters (queue_stat, which
--- holds total_sent too) older than a day and delete expired workers
--- (_stats_maintain, stats.sql); forget Spark write ids past their retention (spark_prune);
+-- holds total_sent too) older than a day, of a round of 500 queues a call, and delete expired
+-- workers (_stats_maintain, stats.sql); forget Spark write ids past their retention (spark_prune);
 -- rotate the generations when due (rotate, generations.sql). Returns how many
 -- archive rows were deleted. Raises LQ002 for a send_key_retention that is not a
 -- non-negative interval. Writes archive, channel (SKIP LOCKED:

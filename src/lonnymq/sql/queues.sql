@@ -219,16 +219,40 @@ BEGIN
      LIMIT p_limit;
 END $$;
 
+-- The settings of the queues named in p_names, by name, as queue_list gives them (unknown names
+-- are left out): a probe of the name's unique index each, whatever the number of queues (the
+-- dashboard's queue page read queue_list() whole to find one: every queue row). Reads queue;
+-- takes no lock.
+CREATE OR REPLACE FUNCTION {schema}.queue_info(p_names text[])
+RETURNS TABLE (
+    name text, lease_ms bigint, max_attempts integer, dead_letter_queue text, archive boolean,
+    retention_ms bigint, unlogged boolean, max_payload_bytes integer, priority_step_ms bigint,
+    created_at timestamptz, paused boolean
+)
+LANGUAGE sql STABLE AS $$
+    -- The dead-letter queue's name by a probe of its key (a join may be planned as a hash of
+    -- every queue row).
+    SELECT q.name, q.lease_ms, q.max_attempts,
+           (SELECT d.name FROM {schema}.queue d WHERE d.id = q.dead_letter_queue_id), q.archive,
+           q.retention_ms, q.unlogged, q.max_payload_bytes, q.priority_step_ms, q.created_at,
+           q.paused
+      FROM {schema}.queue q
+     WHERE q.name = ANY (p_names)
+     ORDER BY q.name
+$$;
+
 -- Up to p_limit messages of a queue with p_after < dequeue_at <= p_until (optionally unleased
--- ones only), counted through the dequeue indexes: plain messages from theirs, channel messages
--- channel by channel from theirs, so the cost is O(channels + p_limit) however many there are.
+-- ones only), counted through the dequeue indexes: plain messages from theirs (in the
+-- generations p_gens, the queue's _gens_of), channel messages channel by channel from theirs,
+-- so the cost is O(channels + p_limit) however many there are.
 CREATE OR REPLACE FUNCTION {schema}._count_messages(
-    p_queue_id integer, p_after bigint, p_until bigint, p_unleased boolean, p_limit bigint
+    p_queue_id integer, p_gens bigint[], p_after bigint, p_until bigint, p_unleased boolean,
+    p_limit bigint
 ) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (SELECT count(*) FROM (
-        (SELECT 1 FROM unnest({schema}._gens_of(p_queue_id)) AS g(gen)
+        (SELECT 1 FROM unnest(p_gens) AS g(gen)
            CROSS JOIN LATERAL (SELECT 1 FROM {schema}.message m
                                 WHERE m.gen = g.gen AND m.queue_id = p_queue_id AND m.channel IS NULL
                                   AND m.dequeue_at > p_after AND m.dequeue_at <= p_until
@@ -257,6 +281,11 @@ END $$;
 -- the head); next_scheduled_at: when the next scheduled message comes due. paused: the queue
 -- hands out nothing (queue_pause; its ready messages still count as ready). Raises LQ001,
 -- LQ002 (bad cap). Reads message, channel, archive, queue_stat; takes no lock.
+-- Runs with plan_cache_mode = force_generic_plan (and, for those plans, enable_seqscan and jit
+-- off), as take and ack do (settle.sql): PL/pgSQL priced the generic plans of its dozen
+-- statements above custom ones and planned them again on every call, most of the call (the
+-- dashboard's overview calls it for each of its 100 queues: 556 -> 48-58 ms for 100 calls on a
+-- warm session, PostgreSQL 15; docs/storage.md).
 CREATE OR REPLACE FUNCTION {schema}.queue_metrics(p_name text, p_cap integer DEFAULT NULL, p_now bigint DEFAULT NULL)
 RETURNS TABLE (
     queue text, ready bigint, scheduled bigint, leased bigint, dead bigint,
@@ -264,10 +293,15 @@ RETURNS TABLE (
     oldest_age_ms bigint, newest_age_ms bigint, ready_at_least boolean,
     scheduled_at_least boolean, leased_at_least boolean, dead_at_least boolean, paused boolean
 )
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     q     {schema}.queue := {schema}._queue(p_name);
     v_now bigint := {schema}._read_now(p_now);  -- STABLE: all counts on one snapshot and clock
+    -- The queue's generations, read once: every count below sees the same ones (a rotation
+    -- between two statements cannot take one away from a later count), and _gens_of's three
+    -- reads were a third of a call when each statement made them.
+    v_gens bigint[] := {schema}._gens_of(q.id);
     v_future bigint;
     v_leased bigint;
 BEGIN
@@ -277,7 +311,7 @@ BEGIN
     queue := q.name;
     paused := q.paused;
     -- LIMIT NULL is no limit: without a cap every count below is exact.
-    ready := {schema}._count_messages(q.id, -9223372036854775807, v_now, false, p_cap);
+    ready := {schema}._count_messages(q.id, v_gens, -9223372036854775807, v_now, false, p_cap);
     SELECT count(*) INTO leased FROM (
         SELECT 1 FROM {schema}.message m
          WHERE m.queue_id = q.id AND m.leased AND m.dequeue_at > v_now LIMIT p_cap) s;
@@ -286,10 +320,11 @@ BEGIN
     -- the unleased future rows must be told apart row by row.
     v_leased := leased;
     IF p_cap IS NULL OR v_leased < p_cap THEN
-        v_future := {schema}._count_messages(q.id, v_now, 9223372036854775807, false, p_cap + v_leased);
+        v_future := {schema}._count_messages(q.id, v_gens, v_now, 9223372036854775807, false,
+                                             p_cap + v_leased);
         scheduled := least(v_future - v_leased, p_cap);
     ELSE
-        scheduled := {schema}._count_messages(q.id, v_now, 9223372036854775807, true, p_cap);
+        scheduled := {schema}._count_messages(q.id, v_gens, v_now, 9223372036854775807, true, p_cap);
     END IF;
     SELECT count(*) INTO dead FROM (
         SELECT 1 FROM {schema}.archive a
@@ -308,7 +343,7 @@ BEGIN
     -- The head of the index is what is delivered next; look a bounded way into it (and at the
     -- head of each channel).
     SELECT max(v_now - h.scheduled_at) INTO oldest_ready_age_ms FROM (
-        (SELECT x.scheduled_at FROM unnest({schema}._gens_of(q.id)) AS g(gen)
+        (SELECT x.scheduled_at FROM unnest(v_gens) AS g(gen)
            CROSS JOIN LATERAL (SELECT m.scheduled_at FROM {schema}.message m
                                 WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
                                   AND m.dequeue_at <= v_now
@@ -321,7 +356,7 @@ BEGIN
                                 ORDER BY m.dequeue_at, m.id LIMIT 1) x
           WHERE c.queue_id = q.id)) h;
     SELECT min(h.dequeue_at) INTO next_scheduled_at FROM (
-        (SELECT x.dequeue_at FROM unnest({schema}._gens_of(q.id)) AS g(gen)
+        (SELECT x.dequeue_at FROM unnest(v_gens) AS g(gen)
            CROSS JOIN LATERAL (SELECT m.dequeue_at FROM {schema}.message m
                                 WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
                                   AND m.dequeue_at > v_now AND NOT m.leased

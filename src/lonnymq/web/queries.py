@@ -70,8 +70,8 @@ class WebOps:
             "SELECT m.* FROM unnest(%s::text[]) WITH ORDINALITY AS n(name, ord)"
             " CROSS JOIN LATERAL {s}.queue_metrics(n.name, %s::int) m ORDER BY n.ord"
         ).format(s=s)
-        # One queue's settings: queue_list reads the small queue table.
-        self._queue = sql.SQL("SELECT * FROM {s}.queue_list() l WHERE l.name = %s::text").format(s=s)
+        # One queue's settings: a probe of the name's index (queue_list() read every queue).
+        self._queue = sql.SQL("SELECT * FROM {s}.queue_info(ARRAY[%s::text])").format(s=s)
 
     def metrics(self, names: Sequence[str], cap: int) -> Op[list[QueueMetrics]]:
         return Op(
