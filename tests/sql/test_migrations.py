@@ -616,7 +616,9 @@ def test_0019_sets_has_frozen_of_the_queues_with_frozen_generations(dsn: str, ne
             for name in ("backlog", "plain")
         }
         conn.execute(
-            sql.SQL("INSERT INTO {}.message_gen_frozen (queue_id, gens) VALUES (%s, ARRAY[1::bigint])").format(s),
+            sql.SQL(
+                "INSERT INTO {}.message_gen_frozen (queue_id, gens) VALUES (%s, ARRAY[1::bigint])"
+            ).format(s),
             (ids["backlog"],),
         )
         conn.execute(
@@ -626,7 +628,9 @@ def test_0019_sets_has_frozen_of_the_queues_with_frozen_generations(dsn: str, ne
             (ids["plain"],),
         )
         Client(conn, schema=new_schema).migrate(conn=conn)
-        rows = conn.execute(sql.SQL("SELECT name, has_frozen FROM {}.queue ORDER BY name").format(s)).fetchall()
+        rows = conn.execute(
+            sql.SQL("SELECT name, has_frozen FROM {}.queue ORDER BY name").format(s)
+        ).fetchall()
         assert rows == [("backlog", True), ("plain", False)]
         indexes = conn.execute(
             "SELECT indexname, indexdef LIKE '%%UNIQUE%%' FROM pg_indexes"
