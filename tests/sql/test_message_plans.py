@@ -123,4 +123,4 @@ def test_message_get_and_the_ack_repeat_lookup_are_index_lookups(
     assert repeat is not None
     query = repeat[1].replace("t.id", "12345").replace("t.token", "1")
     plan = _plan(conn, query, {"q.id": qid})
-    assert "Index Scan using settled_queue_id_id_idx" in plan, plan
+    assert "Index Scan using settled_pkey" in plan, plan

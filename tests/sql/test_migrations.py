@@ -604,8 +604,7 @@ def test_migrate_gives_up_with_the_blocking_session_named(
 
 
 def test_0019_sets_has_frozen_of_the_queues_with_frozen_generations(dsn: str, new_schema: str) -> None:
-    """Upgrading to 0019 sets queue.has_frozen exactly for the queues that have a frozen list,
-    and keeps ack's memory (settled) readable by its key, now a non-unique index."""
+    """Upgrading to 0019 sets queue.has_frozen exactly for the queues that have a frozen list."""
     s = sql.Identifier(new_schema)
     with psycopg.connect(dsn, autocommit=True) as conn:
         Client(conn, schema=new_schema).migrate(target=18, conn=conn)
@@ -621,24 +620,8 @@ def test_0019_sets_has_frozen_of_the_queues_with_frozen_generations(dsn: str, ne
             ).format(s),
             (ids["backlog"],),
         )
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {}.settled (queue_id, id, token, outcome, settled_at) VALUES (%s, 7, 1, 'acked', 0)"
-            ).format(s),
-            (ids["plain"],),
-        )
         Client(conn, schema=new_schema).migrate(conn=conn)
         rows = conn.execute(
             sql.SQL("SELECT name, has_frozen FROM {}.queue ORDER BY name").format(s)
         ).fetchall()
         assert rows == [("backlog", True), ("plain", False)]
-        indexes = conn.execute(
-            "SELECT indexname, indexdef LIKE '%%UNIQUE%%' FROM pg_indexes"
-            " WHERE schemaname = %s AND tablename = 'settled' ORDER BY 1",
-            (new_schema,),
-        ).fetchall()
-        assert indexes == [("settled_at_idx", False), ("settled_queue_id_id_idx", False)]
-        got = conn.execute(
-            sql.SQL("SELECT token FROM {}.settled WHERE queue_id = %s AND id = 7").format(s), (ids["plain"],)
-        ).fetchall()
-        assert got == [(1,)]
