@@ -257,6 +257,29 @@ def test_has_frozen_says_exactly_whether_a_queue_has_frozen_generations(db: Sql)
     assert exact()["small"]
 
 
+def test_the_thaw_never_waits_for_a_queue_and_keeps_has_frozen_exact(dsn: str, db: Sql, schema: str) -> None:
+    """A thawed queue whose row another transaction holds keeps its (empty) frozen list and its
+    has_frozen until a later rotation: the rotation neither waits nor leaves the flag wrong."""
+    db.call("queue_create", p_name="q")
+    now = db.now()
+    db.send("q", [b"x"] * 30, now)
+    rotate_small(db, now, 4)
+    assert flags(db) == {"q": True} and "q" in frozen(db)
+    while db.call("take_tx", p_queue="q", p_limit=100, p_now=now):
+        pass
+    with psycopg.connect(dsn) as holder:
+        holder.execute(
+            sql.SQL("SELECT FROM {}.queue WHERE name = 'q' FOR NO KEY UPDATE").format(sql.Identifier(schema))
+        )
+        db.q("SET lock_timeout = '2s'")
+        rotate_small(db, now, 2)
+        db.q("RESET lock_timeout")
+        assert frozen(db) == {"q": []} and flags(db) == {"q": True}
+        assert db.call("take_tx", p_queue="q", p_limit=1, p_now=now) == []
+    rotate_small(db, now, 1)
+    assert frozen(db) == {} and flags(db) == {"q": False}
+
+
 def test_peek_metrics_and_next_ready_in_see_every_generation(db: Sql) -> None:
     db.call("queue_create", p_name="q")
     now = db.now()

@@ -276,11 +276,11 @@ END $$;
 -- holds p_max rows or fewer (in its newest one, only once none of them waits: all leased),
 -- p_max rows counted and p_max moved in all (the round resumes at the first queue not
 -- counted); then drop from their lists the generations where they hold no row any more and no
--- writer can add one (a list left empty goes, and its queue's has_frozen with it). So a rotation's work stays bounded however many
--- queues are frozen (visiting all of them every rotation cost a key probe per queue and
--- generation: 10,000 at 10,000 frozen queues). Writes message (gen),
--- message_gen_frozen, message_gen_thaw_seq, queue (has_frozen). Locks: the rows it moves (SKIP
--- LOCKED), the row of a queue whose list it empties; tries the generations' advisory locks
+-- writer can add one (a list left empty goes, and its queue's has_frozen with it). So a
+-- rotation's work stays bounded however many queues are frozen (visiting all of them every
+-- rotation cost a key probe per queue and generation: 10,000 at 10,000 frozen queues). Writes
+-- message (gen), message_gen_frozen, message_gen_thaw_seq, queue (has_frozen). Locks: the rows it moves and the
+-- rows of the queues whose lists it empties (SKIP LOCKED); tries the generations' advisory locks
 -- (never waits).
 CREATE OR REPLACE FUNCTION {schema}._gen_thaw(p_target bigint, p_max integer) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
@@ -356,8 +356,16 @@ BEGIN
               FROM {schema}.message_gen_frozen y
              WHERE y.queue_id = ANY (v_round)) k
      WHERE x.queue_id = k.queue_id AND k.kept <> k.gens;
-    WITH gone AS (
-        DELETE FROM {schema}.message_gen_frozen x WHERE x.queue_id = ANY (v_round) AND cardinality(x.gens) = 0
+    -- An emptied list goes with its queue's has_frozen, in one transaction (the flag is exact);
+    -- a queue whose row another transaction holds keeps its empty list, and its flag, until a
+    -- later round (a take reads an empty list as none): the thaw never waits for a queue.
+    WITH mine AS (
+        SELECT x.id FROM {schema}.queue x
+         WHERE x.id = ANY (ARRAY(SELECT y.queue_id FROM {schema}.message_gen_frozen y
+                                  WHERE y.queue_id = ANY (v_round) AND cardinality(y.gens) = 0))
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM {schema}.message_gen_frozen x USING mine WHERE x.queue_id = mine.id
         RETURNING x.queue_id
     )
     UPDATE {schema}.queue x SET has_frozen = false FROM gone WHERE x.id = gone.queue_id AND x.has_frozen;
@@ -371,8 +379,8 @@ END $$;
 -- NULL at once. Returns the current generation. Called by take() when due, by maintain(), or
 -- directly. Writes message (gen), message_gen_pending, message_gen_frozen, the generation
 -- sequences, queue (has_frozen). Locks: an advisory transaction lock (try), the rows it moves
--- (SKIP LOCKED), the row of a queue whose has_frozen changes (waits for a transaction that holds
--- it: queue_pause/resume, a first channel message, queue_drop).
+-- (SKIP LOCKED), the row of a queue that gets its first frozen generation (has_frozen: waits for
+-- a transaction that holds it: queue_pause/resume, a first channel message, queue_drop).
 CREATE OR REPLACE FUNCTION {schema}.rotate(
     p_force     boolean DEFAULT false,
     p_period_ms bigint  DEFAULT 2000,
