@@ -216,6 +216,70 @@ def test_a_dropped_or_purged_queue_leaves_no_frozen_generation(db: Sql) -> None:
     assert frozen(db) == {}
 
 
+def flags(db: Sql) -> dict[str, bool]:
+    return {r["name"]: r["has_frozen"] for r in db.q("SELECT name, has_frozen FROM {s}.queue")}
+
+
+def test_has_frozen_says_exactly_whether_a_queue_has_frozen_generations(db: Sql) -> None:
+    """take and take_tx read a queue's frozen list only when its row's has_frozen says it has
+    one (migration 0019): the flag follows the list through freeze, thaw, purge and drop."""
+    for name in ("a", "b", "c", "small"):
+        db.call("queue_create", p_name=name)
+
+    def exact() -> dict[str, bool]:
+        f = flags(db)
+        assert f == {name: name in frozen(db) for name in f}
+        return f
+
+    now = db.now()
+    for name in ("a", "b", "c"):
+        db.send(name, [b"x"] * 30, now)
+    db.send("small", [b"x"] * 3, now)
+    assert exact() == {"a": False, "b": False, "c": False, "small": False}
+    rotate_small(db, now, 4)  # frozen by _gen_freeze
+    assert exact() == {"a": True, "b": True, "c": True, "small": False}
+    # A second backlog in a later generation (_gen_freeze's ON CONFLICT: already set).
+    db.send("a", [b"y"] * 30, now)
+    rotate_small(db, now, 3)
+    assert exact()["a"] and len(frozen(db)["a"]) == 2
+    # Consumed, then thawed: the list goes and the flag with it.
+    while db.call("take_tx", p_queue="c", p_limit=100, p_now=now):
+        pass
+    rotate_small(db, now, 2)
+    assert exact() == {"a": True, "b": True, "c": False, "small": False}
+    db.call("queue_purge", p_name="a")
+    db.call("queue_drop", p_name="b")
+    rotate_small(db, now, 2)
+    assert exact() == {"a": False, "c": False, "small": False}
+    # A queue frozen by a later sweep of a pending generation (_gen_frozen_add).
+    qid = db.q("SELECT id FROM {s}.queue WHERE name = 'small'")[0]["id"]
+    db.q("SELECT {s}._gen_frozen_add(%s, %s::bigint)", (qid, gen(db) - 3))
+    assert exact()["small"]
+
+
+def test_the_thaw_never_waits_for_a_queue_and_keeps_has_frozen_exact(dsn: str, db: Sql, schema: str) -> None:
+    """A thawed queue whose row another transaction holds keeps its (empty) frozen list and its
+    has_frozen until a later rotation: the rotation neither waits nor leaves the flag wrong."""
+    db.call("queue_create", p_name="q")
+    now = db.now()
+    db.send("q", [b"x"] * 30, now)
+    rotate_small(db, now, 4)
+    assert flags(db) == {"q": True} and "q" in frozen(db)
+    while db.call("take_tx", p_queue="q", p_limit=100, p_now=now):
+        pass
+    with psycopg.connect(dsn) as holder:
+        holder.execute(
+            sql.SQL("SELECT FROM {}.queue WHERE name = 'q' FOR NO KEY UPDATE").format(sql.Identifier(schema))
+        )
+        db.q("SET lock_timeout = '2s'")
+        rotate_small(db, now, 2)
+        db.q("RESET lock_timeout")
+        assert frozen(db) == {"q": []} and flags(db) == {"q": True}
+        assert db.call("take_tx", p_queue="q", p_limit=1, p_now=now) == []
+    rotate_small(db, now, 1)
+    assert frozen(db) == {} and flags(db) == {"q": False}
+
+
 def test_peek_metrics_and_next_ready_in_see_every_generation(db: Sql) -> None:
     db.call("queue_create", p_name="q")
     now = db.now()
