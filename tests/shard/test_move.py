@@ -379,35 +379,3 @@ def test_the_target_keeps_naming_its_own_ids_after_a_move(sharded) -> None:  # t
         assert c.ack(got) == set(sent)
         shard.move(sharded.dsn, q, 0)
         c.drop_queue(part)
-
-
-def test_a_queue_with_frozen_generations_moves_without_them(sharded) -> None:  # type: ignore[no-untyped-def]
-    """A backlog's frozen generations stay on the source (generations are per shard): the moved
-    queue's row says it has none (has_frozen, which take and take_tx trust), and its messages,
-    in the target's current generation, are delivered in order."""
-    r = sharded.dsn
-    home = 0
-    q = name_on(r, "mv_frozen", home)
-    with Client(r) as c:
-        c.create_queue(q)
-        c.send_batch(q, [Envelope(f"m{i}") for i in range(3)])
-        with psycopg.connect(sharded.shard_dsns[home], autocommit=True) as conn:
-            conn.execute(
-                "SELECT lonnymq._gen_frozen_add(q.id, s.last_value - 5)"
-                "  FROM lonnymq.queue q, lonnymq.message_gen_seq s WHERE q.name = %s",
-                (q,),
-            )
-            assert conn.execute("SELECT has_frozen FROM lonnymq.queue WHERE name = %s", (q,)).fetchone() == (
-                True,
-            )
-        shard.move(r, q, 1)
-        with psycopg.connect(sharded.shard_dsns[1]) as conn:
-            assert conn.execute("SELECT has_frozen FROM lonnymq.queue WHERE name = %s", (q,)).fetchone() == (
-                False,
-            )
-            assert conn.execute(
-                "SELECT count(*) FROM lonnymq.message_gen_frozen f JOIN lonnymq.queue q ON q.id = f.queue_id"
-                " WHERE q.name = %s",
-                (q,),
-            ).fetchone() == (0,)
-        assert [m.payload for m in c.take(q, 10)] == ["m0", "m1", "m2"]

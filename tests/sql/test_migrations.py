@@ -601,27 +601,3 @@ def test_migrate_gives_up_with_the_blocking_session_named(
         assert c.migrate() == [version]
         with pytest.raises(errors.InvalidArgument):
             c.migrate(attempts=0)
-
-
-def test_0019_sets_has_frozen_of_the_queues_with_frozen_generations(dsn: str, new_schema: str) -> None:
-    """Upgrading to 0019 sets queue.has_frozen exactly for the queues that have a frozen list."""
-    s = sql.Identifier(new_schema)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        Client(conn, schema=new_schema).migrate(target=18, conn=conn)
-        ids = {
-            name: conn.execute(
-                sql.SQL("INSERT INTO {}.queue (name) VALUES (%s) RETURNING id").format(s), (name,)
-            ).fetchall()[0][0]
-            for name in ("backlog", "plain")
-        }
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {}.message_gen_frozen (queue_id, gens) VALUES (%s, ARRAY[1::bigint])"
-            ).format(s),
-            (ids["backlog"],),
-        )
-        Client(conn, schema=new_schema).migrate(conn=conn)
-        rows = conn.execute(
-            sql.SQL("SELECT name, has_frozen FROM {}.queue ORDER BY name").format(s)
-        ).fetchall()
-        assert rows == [("backlog", True), ("plain", False)]

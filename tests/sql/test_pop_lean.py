@@ -53,7 +53,12 @@ def test_pop_takes_the_row_of_a_frozen_generation_first(client: Client, conn: An
         ).format(s),
         (gen - 5, qid, frozen.id),
     )
-    conn.execute(sql.SQL("SELECT {}._gen_frozen_add(%s, %s::bigint)").format(s), (qid, gen - 5))
+    conn.execute(
+        sql.SQL("INSERT INTO {}.message_gen_frozen (queue_id, gens) VALUES (%s, ARRAY[%s::bigint])").format(
+            s
+        ),
+        (qid, gen - 5),
+    )
     assert _pop(conn, s, "q") == [b"frozen"]
     assert _pop(conn, s, "q") == [b"window"]
 

@@ -835,9 +835,8 @@ def _copy(
             " drop it there first"
         )
     # The queues: new local ids (an unlogged queue numbers downwards, as queue_create does), the
-    # dead-letter links mapped to them; has_frozen stays false (the frozen generations are left
-    # behind: _LEFT).
-    qcols = [c for c in plan["queue"] if c not in ("id", "dead_letter_queue_id", "has_frozen")]
+    # dead-letter links mapped to them.
+    qcols = [c for c in plan["queue"] if c not in ("id", "dead_letter_queue_id")]
     new = dict(
         dst.execute(
             sql.SQL(

@@ -100,10 +100,8 @@ BEGIN
     RETURN false;
 END $$;
 
--- Add generation p_gen to queue p_queue_id's frozen list (kept oldest first), if not there, and
--- set the queue's has_frozen (take and take_tx read the list only when it is set: the flag says
--- exactly whether the queue has a row here; _gen_thaw clears it with the row). Writes
--- message_gen_frozen, queue (has_frozen, when it changes). Locks: the queue's row then.
+-- Add generation p_gen to queue p_queue_id's frozen list (kept oldest first), if not there.
+-- Writes message_gen_frozen.
 CREATE OR REPLACE FUNCTION {schema}._gen_frozen_add(p_queue_id integer, p_gen bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
@@ -111,7 +109,6 @@ BEGIN
     ON CONFLICT (queue_id) DO UPDATE
        SET gens = ARRAY(SELECT g.gen FROM unnest(f.gens || p_gen) AS g(gen) ORDER BY g.gen)
      WHERE NOT p_gen = ANY (f.gens);
-    UPDATE {schema}.queue x SET has_frozen = true WHERE x.id = p_queue_id AND NOT x.has_frozen;
 END $$;
 
 -- Settle queue p_queue_id's plain messages in generation p_gen (outside the window): nothing if
@@ -181,9 +178,6 @@ BEGIN
         ON CONFLICT (queue_id) DO UPDATE
            SET gens = ARRAY(SELECT g.gen FROM unnest(f.gens || p_gen) AS g(gen) ORDER BY g.gen)
          WHERE NOT p_gen = ANY (f.gens)
-    ), flag AS (  -- (as _gen_frozen_add)
-        UPDATE {schema}.queue x SET has_frozen = true
-          FROM c WHERE c.freeze AND x.id = c.queue_id AND NOT x.has_frozen
     )
     SELECT coalesce(array_agg(c.queue_id ORDER BY c.queue_id), ARRAY[]::integer[]) INTO v_move
       FROM c WHERE NOT c.freeze;
@@ -276,12 +270,11 @@ END $$;
 -- holds p_max rows or fewer (in its newest one, only once none of them waits: all leased),
 -- p_max rows counted and p_max moved in all (the round resumes at the first queue not
 -- counted); then drop from their lists the generations where they hold no row any more and no
--- writer can add one (a list left empty goes, and its queue's has_frozen with it). So a
--- rotation's work stays bounded however many queues are frozen (visiting all of them every
--- rotation cost a key probe per queue and generation: 10,000 at 10,000 frozen queues). Writes
--- message (gen), message_gen_frozen, message_gen_thaw_seq, queue (has_frozen). Locks: the rows it moves and the
--- rows of the queues whose lists it empties (SKIP LOCKED); tries the generations' advisory locks
--- (never waits).
+-- writer can add one. So a rotation's work stays bounded however many
+-- queues are frozen (visiting all of them every rotation cost a key probe per queue and
+-- generation: 10,000 at 10,000 frozen queues). Writes message (gen),
+-- message_gen_frozen, message_gen_thaw_seq. Locks: the rows it moves (SKIP LOCKED); tries the
+-- generations' advisory locks (never waits).
 CREATE OR REPLACE FUNCTION {schema}._gen_thaw(p_target bigint, p_max integer) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -356,19 +349,7 @@ BEGIN
               FROM {schema}.message_gen_frozen y
              WHERE y.queue_id = ANY (v_round)) k
      WHERE x.queue_id = k.queue_id AND k.kept <> k.gens;
-    -- An emptied list goes with its queue's has_frozen, in one transaction (the flag is exact);
-    -- a queue whose row another transaction holds keeps its empty list, and its flag, until a
-    -- later round (a take reads an empty list as none): the thaw never waits for a queue.
-    WITH mine AS (
-        SELECT x.id FROM {schema}.queue x
-         WHERE x.id = ANY (ARRAY(SELECT y.queue_id FROM {schema}.message_gen_frozen y
-                                  WHERE y.queue_id = ANY (v_round) AND cardinality(y.gens) = 0))
-           FOR NO KEY UPDATE SKIP LOCKED
-    ), gone AS (
-        DELETE FROM {schema}.message_gen_frozen x USING mine WHERE x.queue_id = mine.id
-        RETURNING x.queue_id
-    )
-    UPDATE {schema}.queue x SET has_frozen = false FROM gone WHERE x.id = gone.queue_id AND x.has_frozen;
+    DELETE FROM {schema}.message_gen_frozen x WHERE x.queue_id = ANY (v_round) AND cardinality(x.gens) = 0;
 END $$;
 
 -- Open a new generation when the current one is p_period_ms old (or p_force): the one that
@@ -378,9 +359,7 @@ END $$;
 -- frozen ones thawed (p_max_moves rows at most). One rotator at a time: another caller returns
 -- NULL at once. Returns the current generation. Called by take() when due, by maintain(), or
 -- directly. Writes message (gen), message_gen_pending, message_gen_frozen, the generation
--- sequences, queue (has_frozen). Locks: an advisory transaction lock (try), the rows it moves
--- (SKIP LOCKED), the row of a queue that gets its first frozen generation (has_frozen: waits for
--- a transaction that holds it: queue_pause/resume, a first channel message, queue_drop).
+-- sequences. Locks: an advisory transaction lock (try), the rows it moves (SKIP LOCKED).
 CREATE OR REPLACE FUNCTION {schema}.rotate(
     p_force     boolean DEFAULT false,
     p_period_ms bigint  DEFAULT 2000,

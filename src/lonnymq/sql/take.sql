@@ -421,14 +421,13 @@ DECLARE
     v_acked bigint;
     v_got   integer;
 BEGIN
-    -- The queue, the clock and the generation counters, in one statement (each statement costs
-    -- a snapshot and an executor start-up; a PL/pgSQL expression that calls a function that is
-    -- not immutable takes a snapshot too); the queue's frozen generations only when its row says
-    -- it has some (has_frozen, exact: generations.sql; reading message_gen_frozen in the
-    -- statement cost every call its executor start-up and probe). The checks of _queue,
+    -- The queue, the clock, the generation counters and the queue's frozen generations, in one
+    -- statement (each statement costs a snapshot and an executor start-up; a PL/pgSQL expression
+    -- that calls a function that is not immutable takes a snapshot too). The checks of _queue,
     -- _check_limit, _check_positive and _now are called only when they are going to fail.
     SELECT x AS q, pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
            pg_sequence_last_value('{schema}.message_gen_started_seq') AS started,
+           (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now
       INTO v_head
@@ -441,9 +440,7 @@ BEGIN
     v_now := v_head.now;
     v_gen := v_head.gen;
     v_started := v_head.started;
-    IF q.has_frozen THEN  -- (a backlog: the flag is exact, generations.sql)
-        SELECT f.gens INTO v_frozen FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id;
-    END IF;
+    v_frozen := v_head.frozen;
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
         PERFORM {schema}._check_limit(p_limit);
     END IF;
@@ -772,18 +769,18 @@ DECLARE
     v_held_ok  boolean[];
     v_head     record;
 BEGIN
-    -- The queue, the clock and the generation counter, in one statement, as in take() (the
-    -- frozen generations only when has_frozen says there are some), and whether the call may
-    -- take the lean pop below (lean). The checks of _queue, _check_limit and _now are called
-    -- only when they are going to fail.
+    -- The queue, the clock, the generation counter and the queue's frozen generations, in one
+    -- statement, as in take(), and whether the call may take the lean pop below (lean). The
+    -- checks of _queue, _check_limit and _now are called only when they are going to fail.
     SELECT x AS q, x.id AS qid, x.max_attempts AS max_attempts,
-           pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
+           pg_sequence_last_value('{schema}.message_gen_seq') AS gen, f.gens AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now,
-           p_limit = 1 AND x.id >= 0 AND NOT x.has_frozen AND NOT x.paused
+           p_limit = 1 AND x.id >= 0 AND coalesce(cardinality(f.gens), 0) = 0 AND NOT x.paused
                AND NOT x.uses_channels AND NOT coalesce(p_archive, x.archive) AS lean
       INTO v_head
       FROM {schema}.queue x
+      LEFT JOIN {schema}.message_gen_frozen f ON f.queue_id = x.id
      WHERE x.name = p_queue;
     IF v_head.lean THEN
         -- One message of an ordinary queue (not paused, no channels, no archiving) and no
@@ -825,9 +822,7 @@ BEGIN
     q := v_head.q;
     v_now := v_head.now;
     v_gen := v_head.gen;
-    IF q.has_frozen THEN  -- (a backlog: the flag is exact, generations.sql)
-        SELECT f.gens INTO v_frozen FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id;
-    END IF;
+    v_frozen := v_head.frozen;
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
         PERFORM {schema}._check_limit(p_limit);
     END IF;
