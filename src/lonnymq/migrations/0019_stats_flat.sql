@@ -1,4 +1,4 @@
--- LonnyMQ 0020: the dashboard's and the counters' housekeeping reads, flat in the number of
+-- LonnyMQ 0019: the dashboard's and the counters' housekeeping reads, flat in the number of
 -- queues (issue 19; functions in ../sql/queues.sql and ../sql/stats.sql). Stored data, and
 -- two internal functions whose signatures change.
 -- Template: {schema} is the quoted schema identifier, {schema_name} its string literal; literal
