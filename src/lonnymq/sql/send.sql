@@ -131,32 +131,7 @@ BEGIN
 
     IF p_keys IS NULL OR NOT EXISTS (SELECT FROM unnest(p_keys) k WHERE k IS NOT NULL) THEN
         -- No keys: plain insert; ids are assigned in input order. Without channels nothing
-        -- is dropped, so the batch's queue_stat row is written by the same statement, and
-        -- without a send key to record the ids are returned by it too (ord: the rank of the id).
-        IF NOT v_book AND p_send_key IS NULL THEN
-            RETURN QUERY
-            WITH ins AS (
-                INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at,
-                                                  enqueued_at, priority, channel, kind,
-                                                  content_type, headers, payload)
-                SELECT q.id, v_gen, {schema}._dequeue_at(u.at, u.priority, q.priority_step_ms, v_now),
-                       u.at, v_now, u.priority, NULL, u.kind, u.content_type, u.headers, u.payload
-                  FROM (SELECT coalesce(a.at_ms, v_now + coalesce(a.delay_ms, 0)) AS at,
-                               coalesce(a.priority, 0) AS priority, a.kind, a.content_type,
-                               a.headers, a.payload, a.ord
-                          FROM unnest(p_payloads, p_kinds, p_content_types, p_headers, p_at_ms,
-                                      p_delays_ms, p_priorities)
-                               WITH ORDINALITY AS a(payload, kind, content_type, headers, at_ms,
-                                                    delay_ms, priority, ord)) u
-                 ORDER BY u.ord
-                RETURNING m.id
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
-                SELECT q.id, v_now / 60000, count(*) FROM ins
-            )
-            SELECT row_number() OVER (ORDER BY ins.id), ins.id, 'created'::text FROM ins;
-            RETURN;
-        END IF;
+        -- is dropped, so the batch's queue_stat row is written by the same statement.
         WITH ins AS (
             INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
                                               priority, channel, kind, content_type, headers, payload)
