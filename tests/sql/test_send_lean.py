@@ -171,6 +171,132 @@ def test_send_goes_to_the_current_generation(client: Client, conn: Any, s: sql.I
         assert row == (gen,)
 
 
+# -- send_batch's plain batch ---------------------------------------------------------------------
+
+BATCH_ARGS = (
+    "p_kinds => %s::text[], p_content_types => %s::text[], p_headers => %s::jsonb[],"
+    " p_at_ms => %s::bigint[], p_delays_ms => %s::bigint[], p_priorities => %s::int2[]"
+)
+
+
+def _batch(n: int, now: int) -> tuple[list[bytes], list[Any]]:
+    """n messages with every per-message option (some NULL), and the option arrays."""
+    payloads = [f"m{i}".encode() for i in range(n)]
+    kinds = [None if i % 3 else f"k{i}" for i in range(n)]
+    ctypes = [None if i % 2 else "text/plain" for i in range(n)]
+    headers = [None if i % 4 else Jsonb({"i": i}) for i in range(n)]
+    ats = [None if i % 5 else now - i for i in range(n)]
+    delays = [None if i % 7 else 1000 * i for i in range(n)]
+    prios = [(i % 11) - 5 for i in range(n)]
+    return payloads, [kinds, ctypes, headers, ats, delays, prios]
+
+
+@pytest.mark.parametrize("queue", ["q", "u"])
+def test_send_batch_plain_path_writes_what_the_general_path_writes(
+    client: Client, conn: Any, schema: str, s: sql.Identifier, queue: str
+) -> None:
+    """A plain batch (no keys, channels or send key) is one statement that calls no other
+    function of the schema (the queue's lookup, the clock, the wake-up and the generation
+    inlined); the same batch with an all-NULL channel array takes the general path. Both return
+    (ord, id, 'created') in input order with ids ascending, and write the same rows and one
+    queue_stat row each."""
+    client.create_queue("q", priority_step=2)
+    client.create_queue("u", unlogged=True, priority_step=2)
+    now = _now(conn, s)
+    payloads, options = _batch(30, now)
+    plain = sql.SQL(
+        "SELECT ord, id, outcome FROM {}.send_batch(%s, %s::bytea[], " + BATCH_ARGS + ", p_now => %s)"
+    ).format(s)  # type: ignore[operator]
+    general = sql.SQL(
+        "SELECT ord, id, outcome FROM {}.send_batch(%s, %s::bytea[], " + BATCH_ARGS + ", p_now => %s,"  # type: ignore[operator]
+        " p_channels => array_fill(NULL::text, ARRAY[%s]))"
+    ).format(s)
+    conn.execute("SET track_functions = 'pl'")
+    with conn.transaction():
+        a = conn.execute(plain, (queue, payloads, *options, now)).fetchall()
+        for name in ("_queue", "_now", "_wake", "_gen_write", "_send_bad"):
+            assert _calls(conn, schema, name) == 0, name  # the plain batch's one statement
+    b = conn.execute(general, (queue, payloads, *options, now, len(payloads))).fetchall()
+    for rows in (a, b):
+        assert [r[0] for r in rows] == list(range(1, 31))
+        assert [r[2] for r in rows] == ["created"] * 30
+        ids = [r[1] for r in rows]
+        assert ids == sorted(ids) and len(set(ids)) == 30
+    select = sql.SQL("SELECT " + COLUMNS + " FROM {}.message WHERE id = ANY(%s) ORDER BY id").format(s)  # type: ignore[operator]
+    written_a = conn.execute(select, ([r[1] for r in a],)).fetchall()
+    written_b = conn.execute(select, ([r[1] for r in b],)).fetchall()
+    assert written_a == written_b
+    assert [bytes(r[-1]) for r in written_a] == payloads  # ids in input order
+    counts = conn.execute(sql.SQL("SELECT sum(sent), count(*) FROM {}.queue_stat").format(s)).fetchone()
+    assert counts == (60, 2)
+
+
+@pytest.mark.parametrize(
+    ("bad", "state", "message"),
+    [
+        ({"payload": None}, "LQ002", "message 25 has no payload"),
+        ({"payload": b"x" * 11}, "LQ003", "message 25 payload is 11 bytes; queue 'q' allows at most 10"),
+        ({"headers": Jsonb([1])}, "LQ002", "message 25 headers must be a JSON object"),
+        ({"delay": -1}, "LQ002", "message 25 delay must be >= 0"),
+        ({"priority": 101}, "LQ002", r"message 25 priority 101 is outside -100\.\.100"),
+    ],
+)
+@pytest.mark.parametrize("path", ["plain", "general"])
+def test_a_bad_batch_writes_nothing(
+    client: Client, conn: Any, s: sql.Identifier, bad: dict[str, Any], state: str, message: str, path: str
+) -> None:
+    """The plain batch checks each message in the insert's own pass: a bad message (the 25th
+    of 40, after 24 good ones) raises the general path's error, and nothing is written: no
+    message, no queue_stat row."""
+    client.create_queue("q", max_payload_bytes=10)
+    payloads: list[bytes | None] = [b"ok"] * 40
+    headers: list[Any] = [None] * 40
+    delays: list[int | None] = [None] * 40
+    prios: list[int | None] = [None] * 40
+    payloads[24] = bad.get("payload", b"ok")
+    headers[24] = bad.get("headers")
+    delays[24] = bad.get("delay")
+    prios[24] = bad.get("priority")
+    channels = "array_fill(NULL::text, ARRAY[40])" if path == "general" else "NULL"
+    stmt = sql.SQL(
+        "SELECT * FROM {}.send_batch('q', %s::bytea[], p_headers => %s::jsonb[], p_delays_ms => %s::bigint[],"
+        " p_priorities => %s::int2[], p_channels => " + channels + ")"  # type: ignore[operator]
+    ).format(s)
+    with pytest.raises(psycopg.Error, match=message) as info:
+        conn.execute(stmt, (payloads, headers, delays, prios))
+    assert info.value.sqlstate == state
+    counts = conn.execute(
+        sql.SQL("SELECT (SELECT count(*) FROM {s}.message), (SELECT count(*) FROM {s}.queue_stat)").format(
+            s=s
+        )
+    ).fetchone()
+    assert counts == (0, 0)
+
+
+def test_plain_batch_to_an_unknown_queue_or_a_moved_generation(
+    client: Client, conn: Any, schema: str, s: sql.Identifier
+) -> None:
+    """What the plain batch's statement does not write goes on to the general path: an unknown
+    queue raises LQ001; a generation sequence never called (pg_sequence_last_value NULL) sends
+    through _gen_write, into the sequence's value."""
+    with pytest.raises(psycopg.Error, match="queue 'nope' does not exist") as info:
+        conn.execute(sql.SQL("SELECT * FROM {}.send_batch('nope', ARRAY['\\x01'::bytea])").format(s))
+    assert info.value.sqlstate == "LQ001"
+    client.create_queue("q")
+    conn.execute(sql.SQL("SELECT setval('{}.message_gen_seq', 7, false)").format(s))
+    conn.execute("SET track_functions = 'pl'")
+    with conn.transaction():
+        ids = [
+            r[0]
+            for r in conn.execute(
+                sql.SQL("SELECT id FROM {}.send_batch('q', ARRAY['\\x01'::bytea, '\\x02'])").format(s)
+            )
+        ]
+        assert _calls(conn, schema, "_gen_write") == 1
+    gens = conn.execute(sql.SQL("SELECT gen FROM {}.message WHERE id = ANY(%s)").format(s), (ids,)).fetchall()
+    assert gens == [(7,), (7,)]
+
+
 # -- pop / take_tx -------------------------------------------------------------------------------
 
 
