@@ -13,6 +13,7 @@ another worker's vacuum. A Spark module's tests share one JVM: they run on one w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -61,6 +62,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # PythonWorkerFactory), which a loaded 2-core machine can miss before any of our
             # code runs. Only that failure is run again (pytest-rerunfailures), at most three times.
             item.add_marker(pytest.mark.flaky(reruns=3, only_rerun=[SPARK_WORKER_TIMEOUT]))
+
+
+#: How much more CPU a process running Spark's tests asks for (a nice value below the others'):
+#: Spark gives a Python worker it starts 10 s to connect back, a fixed timeout, and the worker
+#: spends about a second of CPU importing PySpark first; with the two passes' seven processes,
+#: their servers and the JVMs sharing 2 cores, a slower machine than usual missed it (a streaming
+#: query failed on its fourth try). The JVMs and every Python worker they start inherit it.
+SPARK_NICE = -5
+_spark_niced = False
+
+
+# tryfirst: before the test's fixtures start the JVMs.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _spark_niced
+    if not _spark_niced and item.get_closest_marker("spark"):
+        _spark_niced = True
+        # Not root (nor CAP_SYS_NICE): the timeout stays the risk it was.
+        with contextlib.suppress(PermissionError):
+            os.nice(SPARK_NICE)
 
 
 #: The longest xdist groups, longest first (minutes each in CI; the rest take seconds). ./run test
