@@ -172,6 +172,25 @@ BEGIN
     RETURN NEXT;
 END $$;
 
+-- Delete the part records of write p_run (every part of p_run, plus p_parts) and the rows of
+-- exactly the parts deleted, in one statement: one snapshot, so a straggling task of the same
+-- write that commits meanwhile (its part record and its rows are one transaction) keeps both
+-- or loses both. Two statements would see it only in the second and delete its record but not
+-- its rows: rows no sweep could find again. Returns the rows deleted.
+-- Tables: spark_stage_part, spark_stage (delete).
+CREATE OR REPLACE FUNCTION {schema}._spark_drop_staged(p_run uuid, p_parts bigint[]) RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    WITH gone AS (
+        DELETE FROM {schema}.spark_stage_part p WHERE p.run_id = p_run OR p.part = ANY (p_parts)
+        RETURNING p.part
+    ), d AS (
+        DELETE FROM {schema}.spark_stage s
+         WHERE s.part IN (SELECT g.part FROM gone g UNION ALL SELECT unnest(p_parts))
+        RETURNING 1
+    )
+    SELECT count(*) FROM d
+$$;
+
 -- Drop what write p_run staged (every part of p_run, plus p_parts) and its part records, for
 -- spark_write_commit. When staging holds nothing else (one write at a time: the usual case) it
 -- is TRUNCATEd: a few file operations, where a DELETE marks every staged row (0.19 s of a
@@ -199,12 +218,10 @@ BEGIN
     END;
     IF v_alone THEN
         TRUNCATE {schema}.spark_stage;
+        DELETE FROM {schema}.spark_stage_part p WHERE p.run_id = p_run OR p.part = ANY (p_parts);
     ELSE
-        DELETE FROM {schema}.spark_stage s
-         WHERE s.part IN (SELECT p.part FROM {schema}.spark_stage_part p WHERE p.run_id = p_run
-                          UNION ALL SELECT unnest(p_parts));
+        PERFORM {schema}._spark_drop_staged(p_run, p_parts);
     END IF;
-    DELETE FROM {schema}.spark_stage_part p WHERE p.run_id = p_run OR p.part = ANY (p_parts);
 END $$;
 
 -- Raises LQ101 for part p_part of write p_run, which staged p_expected rows of which p_found
@@ -309,15 +326,8 @@ END $$;
 CREATE OR REPLACE FUNCTION {schema}.spark_write_abort(p_run uuid, p_parts bigint[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    v_n bigint;
 BEGIN
-    DELETE FROM {schema}.spark_stage s
-     WHERE s.part IN (SELECT p.part FROM {schema}.spark_stage_part p WHERE p.run_id = p_run
-                      UNION ALL SELECT unnest(p_parts));
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    DELETE FROM {schema}.spark_stage_part p WHERE p.run_id = p_run OR p.part = ANY (p_parts);
-    RETURN v_n;
+    RETURN {schema}._spark_drop_staged(p_run, p_parts);
 END $$;
 
 -- Raises QueueNotFound (LQ001) unless p_queue exists: lets writers and readers fail at planning.
