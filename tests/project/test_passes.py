@@ -5,6 +5,7 @@ itself makes (collection only; no server), with the expressions read from ``run`
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -17,22 +18,51 @@ MODULES = ("tests/sql/test_errors.py", "tests/client/test_fuzz.py", "tests/clien
            "tests/faults/test_restart_run.py")  # fmt: skip
 
 
-def collected(marks: str) -> set[str]:
+#: Collects MODULES once for each -m expression given as an argument, each by pytest.main in one
+#: process, and prints the node ids of each selection as one JSON list: pytest and the libraries
+#: are imported once (a process per expression cost three times the CPU); the test modules and
+#: conftests are imported afresh for each collection, as a process of their own would.
+COLLECT = """
+import json, sys
+from pathlib import Path
+import pytest
+
+class Selected:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+
+tests = Path("tests").resolve()
+out = []
+for marks in sys.argv[1:]:
+    sel = Selected()
+    rc = pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider", "-m", marks, *MODULES], plugins=[sel])
+    assert rc == 0, (marks, rc)
+    out.append(sel.ids)
+    for name, module in list(sys.modules.items()):
+        if Path(getattr(module, "__file__", None) or "/").resolve().is_relative_to(tests):
+            del sys.modules[name]
+print("SELECTIONS " + json.dumps(out))
+"""
+
+
+def collected(*marks: str) -> list[set[str]]:
+    """The tests of MODULES that pytest selects with each of ``marks``."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", marks, *MODULES],
+        [sys.executable, "-c", f"MODULES = {MODULES!r}\n{COLLECT}", *marks],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return {line for line in done.stdout.splitlines() if "::" in line}
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("SELECTIONS ")]
+    selections = [set(ids) for ids in json.loads(line.removeprefix("SELECTIONS "))]
+    assert len(selections) == len(marks)
+    return selections
 
 
 def test_the_passes_cover_every_test_and_run_the_sql_tests_twice() -> None:
     # In ./run: the PostgreSQL 15 pass (tools/sqlcheck.py coverage) first, then the first pass.
     marks = re.findall(r'-m "([^"]+)"', (ROOT / "run").read_text())
     assert len(marks) == 2, marks
-    pg15 = collected(marks[0])
-    pg16 = collected(marks[1])
-    every = collected("")
+    pg15, pg16, every = collected(marks[0], marks[1], "")
     assert pg15 | pg16 == every
     both = pg15 & pg16
     assert both and all(t.startswith("tests/sql/") for t in both)
