@@ -114,12 +114,22 @@ def db(client: Client, conn: psycopg.Connection, schema: str) -> Sql:
 
 
 def snapshot(db: Sql) -> tuple[Any, ...]:
-    return (
-        db.q("SELECT * FROM {s}.message ORDER BY queue_id, id"),
-        db.q("SELECT * FROM {s}.archive ORDER BY id"),
-        db.q("SELECT name, lease_ms, max_attempts, archive, max_payload_bytes FROM {s}.queue ORDER BY name"),
-        db.q("SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace ORDER BY 1", (db.schema,)),
+    """Every message, archived message, queue setting and relation of the schema, each table as
+    the md5 of its rows' text in one order (a row's text holds every column), read in one
+    round trip: comparing the rows themselves in Python made this most of the fuzz tests' time
+    (12 of test_queue_names' 14 s: two reads of 500-1,200 rows for each call)."""
+    [row] = db.q(
+        "SELECT (SELECT md5(coalesce(string_agg(m::text, E'\\n' ORDER BY queue_id, id), ''))"
+        "          FROM {s}.message m) AS messages,"
+        "       (SELECT md5(coalesce(string_agg(a::text, E'\\n' ORDER BY id), '')) FROM {s}.archive a)"
+        "         AS archive,"
+        "       (SELECT coalesce(string_agg((name, lease_ms, max_attempts, archive, max_payload_bytes)::text,"
+        "                                   E'\\n' ORDER BY name), '') FROM {s}.queue) AS queues,"
+        "       (SELECT coalesce(string_agg(relname, ' ' ORDER BY relname), '')"
+        "          FROM pg_class WHERE relnamespace = %s::regnamespace) AS relations",
+        (db.schema,),
     )
+    return tuple(row.values())
 
 
 def attempt(db: Sql, call: Callable[[], Any]) -> Any:
