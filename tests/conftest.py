@@ -88,8 +88,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 #: hands work out in collection order (--no-loadscope-reorder) and gives a worker its next unit
 #: only when it is nearly done, so these start at once on separate workers, the many short tests
 #: fill the others, and the run is not left waiting for a long group that started last.
-LONG_GROUPS = ("test_cluster", "shard", "test_spark", "test_spark_streaming", "test_spark_pipeline",
-               "web")  # fmt: skip
+LONG_GROUPS = ("test_cluster", "shard", "test_spark", "test_spark_streaming", "web")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -23,6 +23,9 @@ pytestmark = [
     pytest.mark.once,
     pytest.mark.spark,
     pytest.mark.slow,
+    # On test_spark.py's process and SparkSession: a JVM of its own cost 13-18 s of CPU to start
+    # (docs/testing.md), and test_spark's group was still shorter than test_spark_streaming's.
+    pytest.mark.xdist_group("test_spark"),
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
 ]
 
