@@ -9,19 +9,29 @@ gives a local one.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
-from rich.console import Console
-from rich.table import Table
 
 from .. import errors
 from ..client import Client
 from ..models import Envelope
 from . import _util, common
 
-console = Console()
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@functools.cache
+def console() -> Console:
+    """rich's console, made when the demo runs: importing rich took every ``lonnymq`` command
+    about a tenth of its start-up (docs/testing.md)."""
+    from rich.console import Console
+
+    return Console()
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,11 +46,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _check(ok: bool, claim: str) -> None:
     if not ok:
         raise SystemExit(f"demo: expected {claim}")
-    console.print(f"  [green]✓[/green] {claim}")
+    console().print(f"  [green]✓[/green] {claim}")
 
 
 def _step(title: str) -> None:
-    console.rule(f"[bold]{title}")
+    console().rule(f"[bold]{title}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,26 +61,28 @@ def run(args: argparse.Namespace) -> int:
         conn.execute(drop)
     try:
         with Client(dsn, schema=schema) as c:
-            console.print(f"[bold]LonnyMQ demo[/bold] on {_util.where(dsn)}, schema {schema!r}")
-            console.print(f"  migrations applied: {c.migrate()}")
+            console().print(f"[bold]LonnyMQ demo[/bold] on {_util.where(dsn)}, schema {schema!r}")
+            console().print(f"  migrations applied: {c.migrate()}")
             c.create_queue("demo.dead")
             c.create_queue("demo", lease=1, max_attempts=3, dead_letter_queue="demo.dead", priority_step=1)
             tour(c, dsn)
+            from rich.table import Table
+
             table = Table(title="queue metrics at the end")
             for col in ("queue", "ready", "scheduled", "leased", "dead"):
                 table.add_column(col)
             for q in ("demo", "demo.dead"):
                 m = c.metrics(q)
                 table.add_row(m.queue, str(m.ready), str(m.scheduled), str(m.leased), str(m.dead))
-            console.print(table)
+            console().print(table)
     finally:
         if not args.keep:
             with _util.connect_to(dsn, args) as conn:
                 conn.execute(drop)
-    console.print(
+    console().print(
         "[bold green]demo finished: every claim above was checked against the database[/bold green]"
     )
-    console.print(
+    console().print(
         f"  schema {schema!r} " + ("kept (--keep)" if args.keep else "dropped: the demo left nothing behind")
     )
     return 0
@@ -80,7 +92,7 @@ def tour(c: Client, dsn: str) -> None:
     _step("1. FIFO: a batch of 5 in one round trip, taken one by one")
     sent = c.send_batch("demo", [{"n": i} for i in range(5)])
     got = [c.take("demo")[0] for _ in range(5)]
-    console.print(f"  sent ids {[r.id for r in sent]} → taken {[m.id for m in got]}")
+    console().print(f"  sent ids {[r.id for r in sent]} → taken {[m.id for m in got]}")
     _check([m.id for m in got] == [r.id for r in sent], "messages come out in the order they went in")
     c.ack(got)
 
@@ -90,14 +102,14 @@ def tour(c: Client, dsn: str) -> None:
     t0 = time.monotonic()
     [m] = c.receive("demo", timeout=5, poll=30)
     waited = time.monotonic() - t0
-    console.print(f"  receive() woke after {waited:.2f}s (it polls only every 30 s: the due time woke it)")
+    console().print(f"  receive() woke after {waited:.2f}s (it polls only every 30 s: the due time woke it)")
     _check(1.0 <= waited < 4 and m.payload == "later", "the scheduled message arrives when due")
     c.ack(m)
 
     _step("3. Priority: dequeue_at moved into the past by priority x priority_step")
     c.send_batch("demo", ["normal-1", "normal-2", Envelope("urgent", priority=10), "normal-3"])
     order = [m.payload for m in c.take("demo", 4)]
-    console.print(f"  taken in order {order}")
+    console().print(f"  taken in order {order}")
     _check(order[0] == "urgent", "priority 10 overtakes messages sent up to 10 s before it")
 
     _step("4. Lease expiry: a consumer 'crashes' holding a message")
@@ -127,10 +139,10 @@ def tour(c: Client, dsn: str) -> None:
         [m] = c.receive("demo", timeout=5, poll=30)
         result = c.nack(m, delay=0.2 * attempt, error=f"boom on attempt {attempt}")
         outcomes.append(result[m.id])
-    console.print(f"  nack outcomes: {outcomes}")
+    console().print(f"  nack outcomes: {outcomes}")
     _check(outcomes == ["retry", "retry", "dead"], "retried with backoff, dead after max_attempts=3")
     [dead] = c.take("demo.dead")
-    console.print(f"  dead-letter headers: {dead.headers}")
+    console().print(f"  dead-letter headers: {dead.headers}")
     _check(dead.last_error == "boom on attempt 3", "the dead letter carries the last error")
     c.ack(dead)
 
@@ -138,7 +150,7 @@ def tour(c: Client, dsn: str) -> None:
     a = c.send("demo", {"invoice": 42, "v": 1}, key="invoice-42")
     b = c.send("demo", {"invoice": 42, "v": 2}, key="invoice-42")
     r = c.send("demo", {"invoice": 42, "v": 3}, key="invoice-42", on_conflict="replace")
-    console.print(f"  outcomes: {a.outcome}, {b.outcome}, {r.outcome} (same id {a.id})")
+    console().print(f"  outcomes: {a.outcome}, {b.outcome}, {r.outcome} (same id {a.id})")
     _check(
         (a.outcome, b.outcome, r.outcome) == ("created", "ignored", "updated") and a.id == b.id == r.id,
         "one live message per key: second send ignored, third replaced it",

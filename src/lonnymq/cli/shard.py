@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from .. import shard
 from . import _util, common
+
+if TYPE_CHECKING:  # imported by each command: every other lonnymq command would load it too
+    from .. import shard
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -121,12 +124,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def init(args: argparse.Namespace) -> int:
+    from .. import shard
+
     result = shard.init(args.router, args.shards, schema=_util.schema(args), pgmq=args.pgmq)
     _print(args, result, f"router {shard.admin.where(args.router)} over {len(result.shards)} shard(s)")
     return 0 if result.healthy else 1
 
 
 def upgrade(args: argparse.Namespace) -> int:
+    from .. import shard
+
     router = args.router or _util.resolve(args)
     result = shard.upgrade(
         router, schema=_util.schema(args), lock_timeout=args.lock_timeout, attempts=args.attempts
@@ -136,6 +143,8 @@ def upgrade(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
+    from .. import shard
+
     router = args.router or _util.resolve(args)
     result = shard.status(router, schema=_util.schema(args))
     _print(args, result, f"router {shard.admin.where(router)}, schema version {result.version}")
@@ -143,6 +152,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def move(args: argparse.Namespace) -> int:
+    from .. import shard
+
     router = _util.resolve(args)
     r = shard.move(
         router,
@@ -168,6 +179,8 @@ def move(args: argparse.Namespace) -> int:
 
 
 def prune(args: argparse.Namespace) -> int:
+    from .. import shard
+
     router = _util.resolve(args)
     pruned = shard.prune_moved_ids(router, args.queue, schema=_util.schema(args))
     if args.json:
@@ -188,6 +201,8 @@ def _moved(r: shard.MoveResult) -> str:
 
 
 def add(args: argparse.Namespace) -> int:
+    from .. import shard
+
     router = _util.resolve(args)
     r = shard.add(
         router,
