@@ -51,13 +51,20 @@ def _names(n: int, prefix: str) -> dict[int, list[str]]:
     return by
 
 
+def _queue(sharded, name: str, direct: bool, n: int, **settings):  # type: ignore[no-untyped-def]
+    """Queue ``name`` over 2 partitions (made through the router) and n channel names of each
+    partition: (queue, names by partition, all names)."""
+    q = f"{name}_{int(direct)}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2, **settings)
+    by = _names(n, name + "-")
+    return q, by, by[0] + by[1]
+
+
 @pytest.mark.parametrize("direct", MODES)
 def test_a_channels_messages_all_land_on_its_partition_in_order(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
-    q = f"hot_ch_route_{int(direct)}"
-    by = _names(3, "tenant-")
-    chans = by[0] + by[1]
+    q, by, chans = _queue(sharded, "hot_ch_route", direct, 3)
     with Client(sharded.dsn, direct=direct) as c:
-        c.create_queue(q, partitions=2)
         parts = shard.status(sharded.dsn).partitioned[q]
         sent: dict[str, list[int]] = defaultdict(list)
         for i in range(10):  # single sends, each with its own idempotency key
@@ -98,12 +105,9 @@ def test_a_channels_messages_all_land_on_its_partition_in_order(sharded, direct:
 def test_concurrency_limits_hold_exactly_across_partitions(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
     """4 threads take and ack over both partitions; no channel ever has more than its
     max_concurrency (2) leased, counted by the consumers (a lower bound of the server's count)."""
-    q = f"hot_ch_limit_{int(direct)}"
-    by = _names(2, "lim-")
-    chans = by[0] + by[1]
+    q, _, chans = _queue(sharded, "hot_ch_limit", direct, 2, lease=30)
     limit = 2
     with Client(sharded.dsn, direct=direct) as c:
-        c.create_queue(q, partitions=2, lease=30)
         for ch in chans:
             info = c.set_channel(q, ch, max_concurrency=limit)
             assert info.name == ch and info.max_concurrency == limit and info.explicit
@@ -156,11 +160,9 @@ def test_concurrency_limits_hold_exactly_across_partitions(sharded, direct: bool
 @pytest.mark.parametrize("direct", MODES)
 def test_round_robin_among_channels_over_partitions(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
     """A busy channel does not hold up the small ones of either partition."""
-    q = f"hot_ch_fair_{int(direct)}"
-    by = _names(2, "fair-")
+    q, by, _ = _queue(sharded, "hot_ch_fair", direct, 2)
     busy, small = by[0][0], [by[0][1], *by[1]]
     with Client(sharded.dsn, direct=direct) as c:
-        c.create_queue(q, partitions=2)
         c.send_batch(q, [Envelope({"i": i}, channel=busy) for i in range(40)])
         for ch in small:
             c.send_batch(q, [Envelope({"i": i}, channel=ch) for i in range(5)])
@@ -179,11 +181,9 @@ def test_round_robin_among_channels_over_partitions(sharded, direct: bool) -> No
 
 @pytest.mark.parametrize("direct", MODES)
 def test_channel_policy_calls_and_listing(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
-    q = f"hot_ch_list_{int(direct)}"
-    by = _names(3, "pol-")
-    chans = sorted(by[0] + by[1])
+    q, _, chans = _queue(sharded, "hot_ch_list", direct, 3, channel_max_size=100)
+    chans.sort()
     with Client(sharded.dsn, direct=direct) as c:
-        c.create_queue(q, partitions=2, channel_max_size=100)
         parts = shard.status(sharded.dsn).partitioned[q]
         for ch in chans:
             c.set_channel(q, ch, max_concurrency=3, max_size=7)
@@ -211,6 +211,17 @@ def test_channel_policy_calls_and_listing(sharded, direct: bool) -> None:  # typ
         listed = {i.name: i for i in c.channels(q)}
         assert chans[1] not in listed  # back to the queue's defaults and empty: gone
         assert listed[chans[0]].size == 7 and listed[chans[0]].max_size == 7
+
+    async def from_async() -> None:  # the async client routes the same way
+        async with AsyncClient(sharded.dsn, direct=direct) as ac:
+            info = await ac.set_channel(q, chans[2], max_concurrency=5)
+            assert info.max_concurrency == 5
+            sent = await ac.send(q, {"a": 1}, channel=chans[2])
+            assert sent.id % STRIDE == parts[key_partition(chans[2], 2)]
+            assert [i.name for i in await ac.channels(q)] == [ch for ch in chans if ch != chans[1]]
+            assert await ac.reset_channel(q, chans[2]) is True
+
+    asyncio.run(from_async())
     with psycopg.connect(sharded.dsn, autocommit=True) as conn:  # raw SQL on the router
         assert conn.execute("SELECT lonnymq.channel_recount(%s)", (q,)).fetchone() == (0,)
         rows = conn.execute("SELECT name FROM lonnymq.channel_list(%s, 1000)", (q,)).fetchall()
@@ -219,10 +230,8 @@ def test_channel_policy_calls_and_listing(sharded, direct: bool) -> None:  # typ
 
 @pytest.mark.parametrize("direct", MODES)
 def test_refusals_of_channels_on_partitioned_queues(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
-    q = f"hot_ch_refuse_{int(direct)}"
-    by = _names(1, "ref-")
+    q, by, _ = _queue(sharded, "hot_ch_refuse", direct, 1)
     with Client(sharded.dsn, direct=direct) as c:
-        c.create_queue(q, partitions=2)
         with pytest.raises(errors.InvalidArgument, match="channels and keys of one batch fall in partitions"):
             c.send_batch(q, [Envelope({"i": 0}, channel=by[0][0]), Envelope({"i": 1}, channel=by[1][0])])
         # A channel and a keyed message of another partition in one batch: refused the same way.
@@ -247,11 +256,8 @@ def test_refusals_of_channels_on_partitioned_queues(sharded, direct: bool) -> No
 @pytest.mark.parametrize("direct", MODES)
 def test_worker_with_channel_limits_on_a_partitioned_queue(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
     """The worker's takes keep each channel's max_concurrency (1) over both partitions."""
-    q = f"hot_ch_worker_{int(direct)}"
-    by = _names(2, "wk-")
-    chans = by[0] + by[1]
+    q, _, chans = _queue(sharded, "hot_ch_worker", direct, 2, lease=30)
     with Client(sharded.dsn, direct=direct) as c:
-        c.create_queue(q, partitions=2, lease=30)
         for ch in chans:
             c.set_channel(q, ch, max_concurrency=1)
             c.send_batch(q, [Envelope({"ch": ch, "i": i}, channel=ch) for i in range(6)])

@@ -5,11 +5,14 @@ A queue created with ``partitions=N`` (``queue_create_partitioned`` on the route
 distinct shards (its *partitions*): partition k on shard ``(home + k) mod shards``, ``home`` the
 shard its name hashes to. The router records them in ``shard_partition`` and routes each call:
 
-* a send with a key to the partition of the key (:data:`KEY_PARTITION`: the first 4 bytes of
-  the SHA-256 of the key's UTF-8 bytes, big-endian, modulo N; the same in Python,
-  :func:`key_partition`), so de-duplication and keyed updates act on one server; a send without
-  a key to the partition of its idempotency key (a repeat of the call lands where the first
-  did), else to the next partition in turn (a router-wide counter);
+* a send with a channel to the partition of the channel's name, computed as a key's (so a
+  channel's FIFO, limits and round robin are one shard's, and channel_set/channel_reset go
+  there too; a message with both a channel and a key is refused: get and cancel by key look in
+  the key's partition); a send with a key to the partition of the key (:data:`KEY_PARTITION`:
+  the first 4 bytes of the SHA-256 of the key's UTF-8 bytes, big-endian, modulo N; the same in
+  Python, :func:`key_partition`), so de-duplication and keyed updates act on one server; a send
+  without either to the partition of its idempotency key (a repeat of the call lands where the
+  first did), else to the next partition in turn (a router-wide counter);
 * a settle (ack, nack, extend, give_up), ``get`` by id and ``cancel`` by ids to the shard that made the
   id: each shard's message ids are ``shard index (mod STRIDE)`` (``shard init`` sets the
   increment of each shard's id sequence to :data:`STRIDE`), so the id says where the message is
@@ -21,8 +24,8 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
   :data:`DOWN_SKIP` seconds by that router session), the take fails only when every partition's
   shard is unreachable; ``next_ready_in`` the same (:data:`SKIPS_DOWN`);
 * metrics, peek, next_ready_in, drop, purge, pause, resume, wait_begin/end, the dead
-  letters (dead_list, dead_requeue, dead_purge) and the archive (archive_list): every
-  partition, merged (:data:`DISPATCHED`);
+  letters (dead_list, dead_requeue, dead_purge), the archive (archive_list) and the channels
+  (channel_list, merged by name; channel_recount): every partition, merged (:data:`DISPATCHED`);
   a partitioned queue's dead-letter queue is partitioned over (at least) the same shards, and
   each partition dead-letters into the dead-letter queue's partition on its own shard;
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
