@@ -217,6 +217,9 @@ def settle_merge(results: Sequence[T]) -> T:
 _KEY_ARG = {"send": 8, "send_batch": 8, "ack": 1, "nack": 1, "extend": 1, "give_up": 1}
 #: The position of the idempotency key of a send and of a batch send.
 _SEND_KEY_ARG = 11
+#: The position of the channel of a send (the channels of a batch send): a channel's messages
+#: are all on its partition (``key_partition`` of its name), which decides before the key.
+_CHANNEL_ARG = 9
 
 #: The listings of a partitioned queue that read every partition and merge the rows by id, cut
 #: to the call's limit (as the router's ``by_id`` dispatchers): the position of that limit.
@@ -356,12 +359,24 @@ class ShardMap:
             return [parts[(start + k) % n] for k in range(n)]
         if name == "message_get":
             return self._by_ids(parts, moved, [p[1]]) if p[1] is not None else [parts[key_partition(p[2], n)]]
+        if name in ("channel_set", "channel_reset"):  # where the channel's messages are
+            return [parts[key_partition(p[1], n)]] if isinstance(p[1], str) else None
         if name not in _KEY_ARG:
             return None
         arg = p[_KEY_ARG[name]]
         if name in ("ack", "nack", "extend", "give_up"):
             return self._by_ids(parts, moved, arg)
-        keys = {key_partition(k, n) for k in ([arg] if name == "send" else arg or ()) if k is not None}
+        chans = p[_CHANNEL_ARG]
+        if name == "send":
+            items = [(arg, chans)]
+        else:  # a batch's lists (None: no item has one)
+            size = len(arg if arg is not None else chans or ())
+            items = list(zip(arg or [None] * size, chans or [None] * size, strict=True))
+        if any(k is not None and c is not None for k, c in items):
+            return None  # a key and a channel: the router refuses it (its message)
+        # A channel's messages on its partition, else a key's on the key's.
+        deciders = [c if c is not None else k for k, c in items]
+        keys = {key_partition(d, n) for d in deciders if d is not None}
         if not keys and p[_SEND_KEY_ARG] is not None:  # a repeat of the call goes where it went
             keys = {key_partition(str(p[_SEND_KEY_ARG]), n)}
         if not keys:

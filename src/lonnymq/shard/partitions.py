@@ -5,11 +5,14 @@ A queue created with ``partitions=N`` (``queue_create_partitioned`` on the route
 distinct shards (its *partitions*): partition k on shard ``(home + k) mod shards``, ``home`` the
 shard its name hashes to. The router records them in ``shard_partition`` and routes each call:
 
-* a send with a key to the partition of the key (:data:`KEY_PARTITION`: the first 4 bytes of
-  the SHA-256 of the key's UTF-8 bytes, big-endian, modulo N; the same in Python,
-  :func:`key_partition`), so de-duplication and keyed updates act on one server; a send without
-  a key to the partition of its idempotency key (a repeat of the call lands where the first
-  did), else to the next partition in turn (a router-wide counter);
+* a send with a channel to the partition of the channel's name, computed as a key's (so a
+  channel's FIFO, limits and round robin are one shard's, and channel_set/channel_reset go
+  there too; a message with both a channel and a key is refused: get and cancel by key look in
+  the key's partition); a send with a key to the partition of the key (:data:`KEY_PARTITION`:
+  the first 4 bytes of the SHA-256 of the key's UTF-8 bytes, big-endian, modulo N; the same in
+  Python, :func:`key_partition`), so de-duplication and keyed updates act on one server; a send
+  without either to the partition of its idempotency key (a repeat of the call lands where the
+  first did), else to the next partition in turn (a router-wide counter);
 * a settle (ack, nack, extend, give_up), ``get`` by id and ``cancel`` by ids to the shard that made the
   id: each shard's message ids are ``shard index (mod STRIDE)`` (``shard init`` sets the
   increment of each shard's id sequence to :data:`STRIDE`), so the id says where the message is
@@ -21,8 +24,8 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
   :data:`DOWN_SKIP` seconds by that router session), the take fails only when every partition's
   shard is unreachable; ``next_ready_in`` the same (:data:`SKIPS_DOWN`);
 * metrics, peek, next_ready_in, drop, purge, pause, resume, wait_begin/end, the dead
-  letters (dead_list, dead_requeue, dead_purge) and the archive (archive_list): every
-  partition, merged (:data:`DISPATCHED`);
+  letters (dead_list, dead_requeue, dead_purge), the archive (archive_list) and the channels
+  (channel_list, merged by name; channel_recount): every partition, merged (:data:`DISPATCHED`);
   a partitioned queue's dead-letter queue is partitioned over (at least) the same shards, and
   each partition dead-letters into the dead-letter queue's partition on its own shard;
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
@@ -70,14 +73,17 @@ KEY_PARTITION: LiteralString = (
 #: Calls of one message or one key: the router sends them to one shard, chosen by the routing
 #: function named here from the arguments given (plain queues: the queue's shard).
 ROUTED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "send": ("_send_shard", ("p_queue", "p_key", "p_send_key")),
-    "send_batch": ("_batch_shard", ("p_queue", "p_keys", "p_send_key")),
+    "send": ("_send_shard", ("p_queue", "p_key", "p_send_key", "p_channel")),
+    "send_batch": ("_batch_shard", ("p_queue", "p_keys", "p_send_key", "p_channels")),
     "ack": ("_id_shard", ("p_queue", "p_ids")),
     "nack": ("_id_shard", ("p_queue", "p_ids")),
     "extend": ("_id_shard", ("p_queue", "p_ids")),
     "give_up": ("_id_shard", ("p_queue", "p_ids")),
     "message_get": ("_msg_shard", ("p_queue", "p_id", "p_key")),
     "message_cancel": ("_cancel_shard", ("p_queue", "p_ids", "p_keys")),
+    # A channel's policy: on the channel's partition, the one shard that enforces it.
+    "channel_set": ("_channel_shard", ("p_queue", "p_channel")),
+    "channel_reset": ("_channel_shard", ("p_queue", "p_channel")),
 }
 
 #: Calls that visit every partition of a partitioned queue: the router's function is a plpgsql
@@ -104,6 +110,11 @@ DISPATCHED: dict[str, str] = {
     # time window and status applied on each partition).
     "archive_list": "by_id",
     "dead_requeue": "by_ids",
+    # Channels: each lives on one partition (its name's, CHANNEL_PARTITION), so a listing
+    # merges each partition's first p_limit after p_after by name (each channel once), and a
+    # recount recounts every partition's, the corrections summed.
+    "channel_list": "by_name",
+    "channel_recount": "sum",
     # receive()'s registration as a waiter: NOTIFY is sent on the shards, where no one listens
     # through a router (receive polls), so a partitioned queue's registers nowhere.
     "wait_begin": "none",
@@ -130,8 +141,9 @@ ON_SHARD = (*DISPATCHED, "queue_create")
 #: plain queue's route (:data:`PLAIN_ROUTE`) in front of ``_parted<name>``, a partitioned
 #: queue's (SECURITY DEFINER).
 FAST_ROUTES: dict[LiteralString, LiteralString] = {
-    "_send_shard": "p_queue text, p_key text, p_send_key uuid",
-    "_batch_shard": "p_queue text, p_keys text[], p_send_key uuid",
+    "_send_shard": "p_queue text, p_key text, p_send_key uuid, p_channel text DEFAULT NULL",
+    "_batch_shard": "p_queue text, p_keys text[], p_send_key uuid, p_channels text[] DEFAULT NULL",
+    "_channel_shard": "p_queue text, p_channel text",
     "_id_shard": "p_queue text, p_ids bigint[]",
     "_cancel_shard": "p_queue text, p_ids bigint[], p_keys text[]",
 }
@@ -275,10 +287,14 @@ BEGIN
         moved_ids := {s}._moved_ids(p_queue);
     END IF;
 END $fn$""",
-    """-- The shard of a send: a plain queue's; a partitioned queue's partition of p_key, else of
--- its idempotency key p_send_key (so a repeat of the call finds the first), else the next
--- partition in turn. Reads shard_partition, shard_route. Locks: _shard_of's.
-CREATE FUNCTION {s}._parted_send_shard(p_queue text, p_key text, p_send_key uuid) RETURNS integer
+    """-- The shard of a send: a plain queue's; a partitioned queue's partition of its channel
+-- p_channel (all of a channel's messages on one partition: its FIFO, limits and fairness are
+-- that shard's; a key and a channel together are refused: get and cancel by key look in the
+-- key's partition), else of p_key, else of its idempotency key p_send_key (so a repeat of the
+-- call finds the first), else the next partition in turn. Reads shard_partition, shard_route.
+-- Locks: _shard_of's.
+CREATE FUNCTION {s}._parted_send_shard(p_queue text, p_key text, p_send_key uuid, p_channel text DEFAULT NULL)
+RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_parts integer[] := {s}._partitions(p_queue);
@@ -286,16 +302,25 @@ DECLARE
 BEGIN
     IF v_parts IS NULL THEN
         RETURN {s}._shard_of(p_queue);
+    ELSIF p_channel IS NOT NULL AND p_key IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: a'
+            ' message goes to its channel''s partition, so it cannot also have a key (get and'
+            ' cancel by key look in the key''s partition); send it with a channel or a key',
+            p_queue);
+    ELSIF p_channel IS NOT NULL THEN
+        p_key := p_channel;
     ELSIF p_key IS NULL AND p_send_key IS NULL THEN
         RETURN v_parts[1 + {s}._turn(v_n)];
     END IF;
     p_key := coalesce(p_key, p_send_key::text);
     RETURN v_parts[1 + {kp}];
 END $fn$""",
-    """-- The shard of a batch send: as _send_shard, for the whole batch: its keys must all fall
--- in one partition (items without a key go with them; a batch without keys: its idempotency
--- key's partition, else the next in turn).
-CREATE FUNCTION {s}._parted_batch_shard(p_queue text, p_keys text[], p_send_key uuid) RETURNS integer
+    """-- The shard of a batch send: as _send_shard, for the whole batch: the partitions of its
+-- items' channels (an item with both a channel and a key is refused) and of the keys of its
+-- items without a channel must be one (items with neither go with them; a batch with neither:
+-- its idempotency key's partition, else the next in turn).
+CREATE FUNCTION {s}._parted_batch_shard(p_queue text, p_keys text[], p_send_key uuid,
+                                        p_channels text[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_parts integer[] := {s}._partitions(p_queue);
@@ -305,18 +330,42 @@ BEGIN
     IF v_parts IS NULL THEN
         RETURN {s}._shard_of(p_queue);
     END IF;
-    v_ks := ARRAY(SELECT DISTINCT (SELECT {kp} FROM (SELECT k AS p_key) x)
-                    FROM unnest(p_keys) AS k WHERE k IS NOT NULL);
+    IF EXISTS (SELECT FROM unnest(p_keys, p_channels) AS t(k, c) WHERE t.k IS NOT NULL AND t.c IS NOT NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: a'
+            ' message goes to its channel''s partition, so it cannot also have a key (get and'
+            ' cancel by key look in the key''s partition); send it with a channel or a key',
+            p_queue);
+    END IF;
+    v_ks := ARRAY(SELECT DISTINCT (SELECT {kp} FROM (SELECT coalesce(t.c, t.k) AS p_key) x)
+                    FROM unnest(p_keys, p_channels) AS t(k, c) WHERE coalesce(t.c, t.k) IS NOT NULL);
     IF cardinality(v_ks) = 0 AND p_send_key IS NOT NULL THEN
         RETURN {s}._parted_send_shard(p_queue, NULL, p_send_key);
     ELSIF cardinality(v_ks) = 0 THEN
         RETURN v_parts[1 + {s}._turn(v_n)];
     ELSIF cardinality(v_ks) > 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'LQ002', MESSAGE = format('queue %s is partitioned: the'
-            ' keys of one batch fall in partitions %s; send a batch per partition'
-            ' (lonnymq.shard.partitions.KEY_PARTITION)', p_queue, array_to_string(v_ks, ', '));
+            ' channels and keys of one batch fall in partitions %s; send a batch per partition'
+            ' (lonnymq.shard.partitions.KEY_PARTITION, of the channel or else the key)', p_queue,
+            array_to_string(v_ks, ', '));
     END IF;
     RETURN v_parts[1 + v_ks[1]];
+END $fn$""",
+    """-- The shard of a channel's policy call (channel_set, channel_reset): a plain queue's; a
+-- partitioned queue's partition of p_channel, where its messages are and its limits are
+-- enforced (a NULL channel: the first partition, whose core refuses it).
+CREATE FUNCTION {s}._parted_channel_shard(p_queue text, p_channel text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parts integer[] := {s}._partitions(p_queue);
+    v_n     integer := cardinality(v_parts);
+    p_key   text := p_channel;
+BEGIN
+    IF v_parts IS NULL THEN
+        RETURN {s}._shard_of(p_queue);
+    ELSIF p_channel IS NULL THEN
+        RETURN v_parts[1];
+    END IF;
+    RETURN v_parts[1 + {kp}];
 END $fn$""",
     """-- The shard of a call on message ids (settles): a plain queue's; for a partitioned queue
 -- the shard holding the ids (_id_at: the shard that made them, id mod {stride}, or where their
@@ -522,11 +571,16 @@ def dispatcher_statements(schema: str, fn: CoreFunction) -> list[sql.Composed]:
             "        v_got := v_got + v_i;\n"
             "    END LOOP;"
         ).format(on=on)
-    elif how == "by_id":  # dead_list, archive_list: each partition's first p_limit after p_after_id, by id
+    elif how in ("by_id", "by_name"):
+        # dead_list, archive_list: each partition's first p_limit after p_after_id, by id;
+        # channel_list: each partition's first p_limit after p_after, by name.
         part = sql.SQL(
             "RETURN QUERY SELECT m.* FROM unnest(v_parts) AS x(shard), LATERAL {on} AS m\n"
-            "     ORDER BY m.id LIMIT p_limit;"
-        ).format(on=_call(schema, f"_on_{fn.name}", fn.argnames, "x.shard"))
+            "     ORDER BY m.{col} LIMIT p_limit;"
+        ).format(
+            on=_call(schema, f"_on_{fn.name}", fn.argnames, "x.shard"),
+            col=sql.Identifier(how[3:]),
+        )
     elif how == "by_ids":  # dead_requeue: every partition, or the ids each partition's shard made
         ret = "RETURN {};"
         decl += f" v_vals {fn.result}[] := '{{}}'; v_ids bigint[]; v_moved jsonb;"
