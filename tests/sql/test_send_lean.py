@@ -458,22 +458,25 @@ def test_plan_of_the_lean_send(
     [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
     assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
     assert lookup["Index Name"] == "queue_name_key"
+    # _send_ok() inlined: its locks are the filter's own calls, no call of a function.
+    assert "pg_advisory_xact_lock_shared" in lookup["Filter"], lookup
+    assert "_send_ok" not in lookup["Filter"], lookup
     relations = {x["Relation Name"] for x in nodes if "Relation Name" in x}
     assert relations == {"queue", "message", "queue_stat"} | ({"send_key"} if keyed else set())
     if not keyed:
+        # The queue's index scan does the checks, locks and wake-up in its filter: no join to
+        # a subquery of the locks (a nested loop, a subquery scan and a result node before).
         assert [x["Node Type"] for x in nodes] == [
             "CTE Scan",  # ins, returned
             "ModifyTable",  # message
-            "Nested Loop",
-            "Index Scan",  # queue
-            "Subquery Scan",  # the locks (g)
-            "Result",
+            "Index Scan",  # queue, the checks and locks in its filter
             "ModifyTable",  # queue_stat
             "CTE Scan",  # ins, counted
         ], plan
     else:
-        assert len(nodes) <= 14, plan
+        assert len(nodes) <= 11, plan
         assert not [x for x in nodes if x.get("Alias") == "*SELECT*"], plan
+        assert not [x for x in nodes if x["Node Type"] in ("Subquery Scan", "Result")], plan
 
 
 def test_send_reads_the_generation_and_holds_it(
@@ -522,7 +525,7 @@ def test_the_keyed_send_is_the_plain_send_with_its_key_row() -> None:
 
     plain = statement(PLAIN_SEND)
     keyed = statement(KEYED_SEND)
-    lookup = r"FROM \{schema\}\.queue x CROSS JOIN LATERAL \(.*? OFFSET 0\) g WHERE .*?message_gen_seq'\)"
+    lookup = r"FROM \{schema\}\.queue x WHERE x\.name = p_queue AND \{schema\}\._send_ok\([^)]*\)"
     [plain_lookup] = re.findall(lookup, plain)
     [keyed_lookup] = re.findall(lookup, keyed)
     assert plain_lookup == keyed_lookup
@@ -530,14 +533,13 @@ def test_the_keyed_send_is_the_plain_send_with_its_key_row() -> None:
         "{schema}._dequeue_at(v_at, v_prio, Q.priority_step_ms, v_now), v_at, v_now, v_prio,"
         " p_kind, p_content_type, p_headers, p_payload"
     )
-    assert "SELECT x.id, g.gen, " + columns.replace("Q.", "x.") + " " + plain_lookup in plain
+    assert "SELECT x.id, v_gen, " + columns.replace("Q.", "x.") + " " + plain_lookup in plain
     assert (
-        "SELECT q.id, q.mid, q.gen, " + columns.replace("Q.", "q.") + " FROM q JOIN k ON k.queue_id = q.id"
+        "SELECT q.id, q.mid, v_gen, " + columns.replace("Q.", "q.") + " FROM q JOIN k ON k.queue_id = q.id"
         in keyed
     )
     assert (
-        "SELECT x.id, x.priority_step_ms, g.gen, nextval('{schema}.message_id_seq') AS mid " + keyed_lookup
-        in keyed
+        "SELECT x.id, x.priority_step_ms, nextval('{schema}.message_id_seq') AS mid " + keyed_lookup in keyed
     )
     assert re.search(
         r"k AS \( INSERT INTO \{schema\}\.send_key AS k .*? SELECT q\.id, p_send_key, v_now, ARRAY\[q\.mid\] FROM q ON CONFLICT",
