@@ -434,7 +434,7 @@ def test_plan_of_the_lean_send(
         "p_queue": "$1",
         "p_payload": "$2",
         "v_at": "$3",
-        "v_prio": "$4",
+        "p_priority": "$4",
         "v_now": "$5",
         "p_kind": "$6",
         "p_content_type": "$7",
@@ -442,7 +442,7 @@ def test_plan_of_the_lean_send(
         "p_send_key": "$9",
         "v_gen": "$10",
     }
-    types = "text, bytea, bigint, integer, bigint, text, text, jsonb, uuid, bigint"
+    types = "text, bytea, bigint, smallint, bigint, text, text, jsonb, uuid, bigint"
     stmt = _statement("send", KEYED_SEND if keyed else PLAIN_SEND, names, schema)
     key = "'0193a5b0-0000-7000-8000-000000000001'" if keyed else "NULL"
     plan = _generic_plan(
@@ -530,7 +530,7 @@ def test_the_keyed_send_is_the_plain_send_with_its_key_row() -> None:
     [keyed_lookup] = re.findall(lookup, keyed)
     assert plain_lookup == keyed_lookup
     columns = (
-        "{schema}._dequeue_at(v_at, v_prio, Q.priority_step_ms, v_now), v_at, v_now, v_prio,"
+        "{schema}._dequeue_at(v_at, p_priority, Q.priority_step_ms, v_now), v_at, v_now, p_priority,"
         " p_kind, p_content_type, p_headers, p_payload"
     )
     assert "SELECT x.id, v_gen, " + columns.replace("Q.", "x.") + " " + plain_lookup in plain
@@ -632,3 +632,21 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         nodes = _assert_changed_by_ctid(plan)
         # Nothing read from the primary key.
         assert not [x for x in nodes if "_pkey" in x.get("Index Name", "")], plan
+
+
+def test_a_null_priority_takes_send_batch_and_sends_at_priority_0(
+    client: Client, conn: Any, schema: str, s: sql.Identifier
+) -> None:
+    """send() checks p_priority itself (no variable for coalesce(p_priority, 0): each costs
+    its set-up in every transaction): an explicit NULL takes send_batch's path, which sends the
+    message at priority 0, as send() always has."""
+    client.create_queue("q")
+    conn.execute("SET track_functions = 'pl'")
+    with conn.transaction():
+        [(mid, outcome)] = conn.execute(
+            sql.SQL("SELECT * FROM {}.send('q', 'a'::bytea, p_priority => NULL)").format(s)
+        ).fetchall()
+        assert _calls(conn, schema, "send_batch") == 1
+    assert outcome == "created"
+    row = conn.execute(sql.SQL("SELECT priority FROM {}.message WHERE id = %s").format(s), (mid,)).fetchone()
+    assert row == (0,)

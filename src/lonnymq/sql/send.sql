@@ -487,7 +487,6 @@ SET enable_seqscan = off AS $$
 DECLARE
     v_now  bigint;
     v_at   bigint;
-    v_prio integer := coalesce(p_priority, 0);
     v_gen  bigint;
 BEGIN
     IF p_now IS NULL THEN
@@ -497,7 +496,7 @@ BEGIN
     END IF;
     -- Argument checks that need no queue, inline: a failing one takes send_batch's path, which
     -- raises the error.
-    IF p_key IS NULL AND p_channel IS NULL AND p_payload IS NOT NULL AND v_prio BETWEEN -100 AND 100
+    IF p_key IS NULL AND p_channel IS NULL AND p_payload IS NOT NULL AND p_priority BETWEEN -100 AND 100
        AND (p_delay_ms IS NULL OR p_delay_ms >= 0)
        AND (p_headers IS NULL OR jsonb_typeof(p_headers) = 'object')
        AND p_on_conflict IN ('ignore', 'replace', 'error') THEN
@@ -515,7 +514,7 @@ BEGIN
                     INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
                                                       priority, kind, content_type, headers, payload)
                     SELECT x.id, v_gen,
-                           {schema}._dequeue_at(v_at, v_prio, x.priority_step_ms, v_now), v_at, v_now, v_prio,
+                           {schema}._dequeue_at(v_at, p_priority, x.priority_step_ms, v_now), v_at, v_now, p_priority,
                            p_kind, p_content_type, p_headers, p_payload
                       FROM {schema}.queue x
                      WHERE x.name = p_queue
@@ -546,7 +545,7 @@ BEGIN
                     INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
                                                       priority, kind, content_type, headers, payload)
                     SELECT q.id, q.mid, v_gen,
-                           {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at, v_now, v_prio,
+                           {schema}._dequeue_at(v_at, p_priority, q.priority_step_ms, v_now), v_at, v_now, p_priority,
                            p_kind, p_content_type, p_headers, p_payload
                       FROM q JOIN k ON k.queue_id = q.id
                     RETURNING m.id, m.queue_id
