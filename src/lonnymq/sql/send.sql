@@ -449,7 +449,8 @@ $$;
 -- index), takes the writer's hold on the current generation (_gen_write) and the wake-up's
 -- send lock, notifying a waiting consumer (_wake), inserts the message and its queue_stat row
 -- (the one counter of sends). Those two helpers are inlined (a nested plpgsql call costs more
--- than all of their work); keep them in step. The generation is read before the statement
+-- than all of their work), as the queue scan's filter (_send_ok, a SQL function the planner
+-- inlines); keep them in step. The generation is read before the statement
 -- (pg_sequence_last_value: message_gen_seq is never reset to uncalled, and a NULL only takes
 -- send_batch's path) and re-read in it once held, as _gen_write does; reading it with
 -- function calls rather than scans of the sequence keeps sequential scans, and their
