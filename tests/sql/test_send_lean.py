@@ -434,7 +434,7 @@ def test_plan_of_the_lean_send(
         "p_queue": "$1",
         "p_payload": "$2",
         "v_at": "$3",
-        "v_prio": "$4",
+        "p_priority": "$4",
         "v_now": "$5",
         "p_kind": "$6",
         "p_content_type": "$7",
@@ -442,7 +442,7 @@ def test_plan_of_the_lean_send(
         "p_send_key": "$9",
         "v_gen": "$10",
     }
-    types = "text, bytea, bigint, integer, bigint, text, text, jsonb, uuid, bigint"
+    types = "text, bytea, bigint, smallint, bigint, text, text, jsonb, uuid, bigint"
     stmt = _statement("send", KEYED_SEND if keyed else PLAIN_SEND, names, schema)
     key = "'0193a5b0-0000-7000-8000-000000000001'" if keyed else "NULL"
     plan = _generic_plan(
@@ -458,22 +458,25 @@ def test_plan_of_the_lean_send(
     [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
     assert lookup["Node Type"] in ("Index Scan", "Index Only Scan"), lookup
     assert lookup["Index Name"] == "queue_name_key"
+    # _send_ok() inlined: its locks are the filter's own calls, no call of a function.
+    assert "pg_advisory_xact_lock_shared" in lookup["Filter"], lookup
+    assert "_send_ok" not in lookup["Filter"], lookup
     relations = {x["Relation Name"] for x in nodes if "Relation Name" in x}
     assert relations == {"queue", "message", "queue_stat"} | ({"send_key"} if keyed else set())
     if not keyed:
+        # The queue's index scan does the checks, locks and wake-up in its filter: no join to
+        # a subquery of the locks (a nested loop, a subquery scan and a result node before).
         assert [x["Node Type"] for x in nodes] == [
             "CTE Scan",  # ins, returned
             "ModifyTable",  # message
-            "Nested Loop",
-            "Index Scan",  # queue
-            "Subquery Scan",  # the locks (g)
-            "Result",
+            "Index Scan",  # queue, the checks and locks in its filter
             "ModifyTable",  # queue_stat
             "CTE Scan",  # ins, counted
         ], plan
     else:
-        assert len(nodes) <= 14, plan
+        assert len(nodes) <= 11, plan
         assert not [x for x in nodes if x.get("Alias") == "*SELECT*"], plan
+        assert not [x for x in nodes if x["Node Type"] in ("Subquery Scan", "Result")], plan
 
 
 def test_send_reads_the_generation_and_holds_it(
@@ -522,22 +525,21 @@ def test_the_keyed_send_is_the_plain_send_with_its_key_row() -> None:
 
     plain = statement(PLAIN_SEND)
     keyed = statement(KEYED_SEND)
-    lookup = r"FROM \{schema\}\.queue x CROSS JOIN LATERAL \(.*? OFFSET 0\) g WHERE .*?message_gen_seq'\)"
+    lookup = r"FROM \{schema\}\.queue x WHERE x\.name = p_queue AND \{schema\}\._send_ok\([^)]*\)"
     [plain_lookup] = re.findall(lookup, plain)
     [keyed_lookup] = re.findall(lookup, keyed)
     assert plain_lookup == keyed_lookup
     columns = (
-        "{schema}._dequeue_at(v_at, v_prio, Q.priority_step_ms, v_now), v_at, v_now, v_prio,"
+        "{schema}._dequeue_at(v_at, p_priority, Q.priority_step_ms, v_now), v_at, v_now, p_priority,"
         " p_kind, p_content_type, p_headers, p_payload"
     )
-    assert "SELECT x.id, g.gen, " + columns.replace("Q.", "x.") + " " + plain_lookup in plain
+    assert "SELECT x.id, v_gen, " + columns.replace("Q.", "x.") + " " + plain_lookup in plain
     assert (
-        "SELECT q.id, q.mid, q.gen, " + columns.replace("Q.", "q.") + " FROM q JOIN k ON k.queue_id = q.id"
+        "SELECT q.id, q.mid, v_gen, " + columns.replace("Q.", "q.") + " FROM q JOIN k ON k.queue_id = q.id"
         in keyed
     )
     assert (
-        "SELECT x.id, x.priority_step_ms, g.gen, nextval('{schema}.message_id_seq') AS mid " + keyed_lookup
-        in keyed
+        "SELECT x.id, x.priority_step_ms, nextval('{schema}.message_id_seq') AS mid " + keyed_lookup in keyed
     )
     assert re.search(
         r"k AS \( INSERT INTO \{schema\}\.send_key AS k .*? SELECT q\.id, p_send_key, v_now, ARRAY\[q\.mid\] FROM q ON CONFLICT",
@@ -630,3 +632,21 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         nodes = _assert_changed_by_ctid(plan)
         # Nothing read from the primary key.
         assert not [x for x in nodes if "_pkey" in x.get("Index Name", "")], plan
+
+
+def test_a_null_priority_takes_send_batch_and_sends_at_priority_0(
+    client: Client, conn: Any, schema: str, s: sql.Identifier
+) -> None:
+    """send() checks p_priority itself (no variable for coalesce(p_priority, 0): each costs
+    its set-up in every transaction): an explicit NULL takes send_batch's path, which sends the
+    message at priority 0, as send() always has."""
+    client.create_queue("q")
+    conn.execute("SET track_functions = 'pl'")
+    with conn.transaction():
+        [(mid, outcome)] = conn.execute(
+            sql.SQL("SELECT * FROM {}.send('q', 'a'::bytea, p_priority => NULL)").format(s)
+        ).fetchall()
+        assert _calls(conn, schema, "send_batch") == 1
+    assert outcome == "created"
+    row = conn.execute(sql.SQL("SELECT priority FROM {}.message WHERE id = %s").format(s), (mid,)).fetchone()
+    assert row == (0,)

@@ -413,13 +413,44 @@ LANGUAGE sql STABLE AS $$
      ORDER BY u.ord
 $$;
 
+-- Whether send() may write its message to queue p_queue_id (named p_queue_name, at most p_max
+-- payload bytes) in generation p_gen (read before the call): the payload within the limit; then
+-- _gen_write()'s hold (generation p_gen, shared, until commit); then _wake() (the queue's send
+-- lock, shared, until commit, and a notification if a consumer waits); then p_gen still the
+-- current generation now that it is held (false after a rotation: send_batch's path). Those two
+-- helpers inlined: keep them in step. One CASE, so that its parts run in this order, once per
+-- queue row. A SQL function that the planner inlines into send()'s statements (tested: their
+-- plans show its calls in the queue scan's filter), so it costs no call of its own, and no
+-- join to a subquery of the locks (a nested loop, a subquery scan and a result node, each
+-- costing its start-up at every call). VOLATILE: it takes locks and notifies.
+CREATE OR REPLACE FUNCTION {schema}._send_ok(p_queue_id integer, p_queue_name text, p_max integer,
+                                             p_payload bytea, p_gen bigint)
+RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN octet_length(p_payload) > p_max
+                  -- _gen_write()'s hold (void: never NULL).
+                  OR pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
+                                                  (p_gen % 2147483647)::integer) IS NULL
+                  -- _wake() (false whatever it does).
+                  OR CASE WHEN current_setting('lonnymq.wake', true) = 'always'
+                            OR NOT pg_try_advisory_xact_lock_shared(
+                                   hashtext({schema_name} || '/send') & 2147483647, p_queue_id)
+                          THEN pg_notify({schema_name}, p_queue_name) IS NULL
+                          WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, p_queue_id)
+                          THEN NOT pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, p_queue_id)
+                          ELSE pg_notify({schema_name}, p_queue_name) IS NULL END
+                THEN false
+                ELSE p_gen = pg_sequence_last_value('{schema}.message_gen_seq') END
+$$;
+
 -- Send one message: what Client.send() calls, one round trip. Returns its id and outcome as
 -- send_batch does (one row). The plain case (no key, no channel), the one producers repeat
 -- most, is a single statement with a cached plan: it finds the queue by name (its unique
 -- index), takes the writer's hold on the current generation (_gen_write) and the wake-up's
 -- send lock, notifying a waiting consumer (_wake), inserts the message and its queue_stat row
 -- (the one counter of sends). Those two helpers are inlined (a nested plpgsql call costs more
--- than all of their work); keep them in step. The generation is read before the statement
+-- than all of their work), as the queue scan's filter (_send_ok, a SQL function the planner
+-- inlines); keep them in step. The generation is read before the statement
 -- (pg_sequence_last_value: message_gen_seq is never reset to uncalled, and a NULL only takes
 -- send_batch's path) and re-read in it once held, as _gen_write does; reading it with
 -- function calls rather than scans of the sequence keeps sequential scans, and their
@@ -457,7 +488,6 @@ SET enable_seqscan = off AS $$
 DECLARE
     v_now  bigint;
     v_at   bigint;
-    v_prio integer := coalesce(p_priority, 0);
     v_gen  bigint;
 BEGIN
     IF p_now IS NULL THEN
@@ -467,44 +497,29 @@ BEGIN
     END IF;
     -- Argument checks that need no queue, inline: a failing one takes send_batch's path, which
     -- raises the error.
-    IF p_key IS NULL AND p_channel IS NULL AND p_payload IS NOT NULL AND v_prio BETWEEN -100 AND 100
+    IF p_key IS NULL AND p_channel IS NULL AND p_payload IS NOT NULL AND p_priority BETWEEN -100 AND 100
        AND (p_delay_ms IS NULL OR p_delay_ms >= 0)
        AND (p_headers IS NULL OR jsonb_typeof(p_headers) = 'object')
        AND p_on_conflict IN ('ignore', 'replace', 'error') THEN
         v_at := coalesce(p_at_ms, v_now + coalesce(p_delay_ms, 0));
         v_gen := pg_sequence_last_value('{schema}.message_gen_seq');  -- _gen_write()'s first read
         IF p_send_key IS NULL THEN
-            -- One INSERT ... SELECT from the queue's row: no CTE for the queue (a CTE scan and
-            -- its materialisation), no explicit id (nextval() in the SELECT list would keep it
-            -- a subquery scan of its own: the identity default takes the same sequence).
+            -- One INSERT ... SELECT from the queue's row, found by its name's unique index,
+            -- whose filter (_send_ok, inlined) checks the payload's size, holds the generation,
+            -- wakes a waiting consumer and re-reads the generation, in that order. No subquery
+            -- for the locks, no CTE for the queue (a CTE scan and its materialisation), no
+            -- explicit id (nextval() in the SELECT list would keep it a subquery scan of its
+            -- own: the identity default takes the same sequence).
             RETURN QUERY
                 WITH ins AS (
                     INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
                                                       priority, kind, content_type, headers, payload)
-                    SELECT x.id, g.gen,
-                           {schema}._dequeue_at(v_at, v_prio, x.priority_step_ms, v_now), v_at, v_now, v_prio,
+                    SELECT x.id, v_gen,
+                           {schema}._dequeue_at(v_at, p_priority, x.priority_step_ms, v_now), v_at, v_now, p_priority,
                            p_kind, p_content_type, p_headers, p_payload
                       FROM {schema}.queue x
-                     CROSS JOIN LATERAL (
-                           -- _gen_write(): hold generation v_gen, shared, until commit; a rotation
-                           -- since v_gen was read is caught below. _wake(): the send lock (shared,
-                           -- until commit), then notify if a consumer waits. OFFSET 0: evaluated
-                           -- once per queue row, before the checks below.
-                           SELECT v_gen AS gen,
-                                  pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
-                                                               (v_gen % 2147483647)::integer)::text AS held,
-                                  CASE WHEN current_setting('lonnymq.wake', true) = 'always'
-                                         OR NOT pg_try_advisory_xact_lock_shared(
-                                                hashtext({schema_name} || '/send') & 2147483647, x.id)
-                                       THEN pg_notify({schema_name}, x.name)::text
-                                       WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
-                                       THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
-                                       ELSE pg_notify({schema_name}, x.name)::text END AS woke
-                           OFFSET 0) g
-                     WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
-                       AND g.held IS NOT NULL AND g.woke IS NOT NULL  -- (always: keeps the calls)
-                       -- Still the current generation now that we hold it (else send_batch).
-                       AND g.gen = pg_sequence_last_value('{schema}.message_gen_seq')
+                     WHERE x.name = p_queue
+                       AND {schema}._send_ok(x.id, x.name, x.max_payload_bytes, p_payload, v_gen)
                     RETURNING m.id, m.queue_id
                 ), st AS (
                     INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
@@ -518,28 +533,10 @@ BEGIN
             -- insert waits for it) inserts nothing.
             RETURN QUERY
                 WITH q AS (
-                    SELECT x.id, x.priority_step_ms, g.gen, nextval('{schema}.message_id_seq') AS mid
+                    SELECT x.id, x.priority_step_ms, nextval('{schema}.message_id_seq') AS mid
                       FROM {schema}.queue x
-                     CROSS JOIN LATERAL (
-                           -- _gen_write(): hold generation v_gen, shared, until commit; a rotation
-                           -- since v_gen was read is caught below. _wake(): the send lock (shared,
-                           -- until commit), then notify if a consumer waits. OFFSET 0: evaluated
-                           -- once per queue row, before the checks below.
-                           SELECT v_gen AS gen,
-                                  pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
-                                                               (v_gen % 2147483647)::integer)::text AS held,
-                                  CASE WHEN current_setting('lonnymq.wake', true) = 'always'
-                                         OR NOT pg_try_advisory_xact_lock_shared(
-                                                hashtext({schema_name} || '/send') & 2147483647, x.id)
-                                       THEN pg_notify({schema_name}, x.name)::text
-                                       WHEN pg_try_advisory_lock(hashtext({schema_name} || '/wait') & 2147483647, x.id)
-                                       THEN pg_advisory_unlock(hashtext({schema_name} || '/wait') & 2147483647, x.id)::text
-                                       ELSE pg_notify({schema_name}, x.name)::text END AS woke
-                           OFFSET 0) g
-                     WHERE x.name = p_queue AND octet_length(p_payload) <= x.max_payload_bytes
-                       AND g.held IS NOT NULL AND g.woke IS NOT NULL  -- (always: keeps the calls)
-                       -- Still the current generation now that we hold it (else send_batch).
-                       AND g.gen = pg_sequence_last_value('{schema}.message_gen_seq')
+                     WHERE x.name = p_queue
+                       AND {schema}._send_ok(x.id, x.name, x.max_payload_bytes, p_payload, v_gen)
                 ), k AS (
                     INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
                     SELECT q.id, p_send_key, v_now, ARRAY[q.mid] FROM q
@@ -548,8 +545,8 @@ BEGIN
                 ), ins AS (
                     INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
                                                       priority, kind, content_type, headers, payload)
-                    SELECT q.id, q.mid, q.gen,
-                           {schema}._dequeue_at(v_at, v_prio, q.priority_step_ms, v_now), v_at, v_now, v_prio,
+                    SELECT q.id, q.mid, v_gen,
+                           {schema}._dequeue_at(v_at, p_priority, q.priority_step_ms, v_now), v_at, v_now, p_priority,
                            p_kind, p_content_type, p_headers, p_payload
                       FROM q JOIN k ON k.queue_id = q.id
                     RETURNING m.id, m.queue_id
