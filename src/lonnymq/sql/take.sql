@@ -180,6 +180,7 @@ DECLARE
     v_skip     text[] := ARRAY[]::text[];  -- channels with nothing deliverable now
     v_open     text[] := ARRAY[]::text[];  -- take_tx: channels of messages taken, in flight
     v_picked   integer;
+    v_ready    record;
     v_h_names  text[];
     v_h_ids    bigint[];
     v_h_keys   bigint[];
@@ -197,9 +198,13 @@ DECLARE
     v_last_at  bigint;
     v_last_tn  bigint;
 BEGIN
-    -- The plain candidates, locked (and the dead among them dead-lettered) as in take().
-    SELECT r.ids, r.ats, r.dead INTO v_plain, v_plain_at, v_dead
-      FROM {schema}._lock_ready(q, p_limit, p_now) r;
+    -- The plain candidates, locked (and the dead among them dead-lettered) as in take(). An
+    -- assignment, not SELECT ... FROM: plpgsql evaluates a lone function call as a simple
+    -- expression, without a statement's executor start.
+    v_ready := {schema}._lock_ready(q, p_limit, p_now);
+    v_plain := v_ready.ids;
+    v_plain_at := v_ready.ats;
+    v_dead := v_ready.dead;
     IF v_dead IS NOT NULL THEN
         v_dead_n := cardinality(v_dead);
     END IF;
