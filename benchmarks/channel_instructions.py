@@ -11,11 +11,13 @@ executed 45 and 120 times, and the difference over 75 calls is the cost of one, 
 
     python benchmarks/channel_instructions.py                       # 10, 1,000, 100,000 channels
     python benchmarks/channel_instructions.py --channels 10,100000 --sizes 1
+    python benchmarks/channel_instructions.py --src /tmp/before/src --json before.json  # another tree
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -43,8 +45,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,100", help="take sizes (messages a call)")
     ap.add_argument("--src", default="src")
     ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
+    ap.add_argument("--json", type=Path, help="also write the counts here (raw, per message)")
     args = ap.parse_args()
     counts = [int(x) for x in args.channels.split(",")]
+    results: list[dict[str, object]] = []
     cluster = si.Cluster(args.bin)
     try:
         cluster.initdb()
@@ -69,6 +73,18 @@ def main() -> None:
                     )
                     got.append(cluster.single(script, "postgres"))
                 per = (got[1] - got[0]) / (high - low) / size
+                results.append(
+                    {
+                        "size": size,
+                        "channels": n,
+                        "calls": [low, high],
+                        "instructions": got,
+                        "per_message": per,
+                        "load": os.getloadavg(),
+                    }
+                )
+                if args.json:
+                    args.json.write_text(json.dumps({"src": args.src, "results": results}, indent=1) + "\n")
                 print(
                     f"take({size}) + ack at {n:>7} channels: {per / 1000:8.1f}k instructions/message",
                     flush=True,

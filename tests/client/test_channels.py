@@ -584,6 +584,7 @@ _VARS = {
     r"\bv_skip\b": "$3",
     r"\bp_queue_id\b": "$1",
     r"\bp_name\b": "$4",
+    r"\bv_name\b": "$4",
     r"\bp_limit\b": "10",
     r"\bv_want\b": "10",
     r"\bv_at\b": "$5",
@@ -611,9 +612,22 @@ def hot_queries() -> dict[str, str]:
     $7 .. $10 the picked channels (names, ready_at, turn, at their concurrency limit)."""
     found = {}
     for fn in ("_lock_ready", "_take_channels", "_channel_ready_at"):  # _lock_ready: plain candidates
-        for text in re.findall(
-            r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", function_text(fn)
-        ):
+        body = function_text(fn)
+        # The served channels' UPDATE (_take_channels): its lookups are its subqueries, each
+        # reached by the channel's key ($4; the row's other columns: constants): the two head
+        # lookups of ready_at (_channel_ready_at's, inline) and the probe for the row's ctid.
+        texts = []
+        for update in re.findall(r"UPDATE \{schema\}\.channel c\s+SET current_size [^;]*;", body):
+            body = body.replace(update, "")
+            texts += [
+                f"{sub};"
+                for sub in re.findall(
+                    r"\((SELECT (?:greatest\(|x\.ctid)[^;]*?(?:LIMIT 1|OFFSET 0))\)", update
+                )
+            ]
+        for name, value in (("release_interval_ms", "0"), ("blocked_until", "NULL::bigint"), ("name", "$4")):
+            texts = [re.sub(rf"\b[cs]\.{name}\b", value, t) for t in texts]
+        for text in texts + re.findall(r"(SELECT [^;]*?FROM \{schema\}\.(?:channel|message) [^;]*?);", body):
             # Of "SELECT array_agg(...) FROM (SELECT ... FOR UPDATE SKIP LOCKED) c", the inner
             # statement is the lookup; the outer one only orders the rows it locked.
             inner = re.search(r"\((SELECT\s[^()]*?FOR UPDATE SKIP LOCKED)\)", text)
@@ -630,8 +644,12 @@ def hot_queries() -> dict[str, str]:
 
 def _expected_indexes(query: str) -> list[str]:
     """Partition indexes are named after their columns: message_logged_<cols>_idx."""
+    if "x.ctid" in query:
+        return [r"\bchannel_pkey\b"]
     if "FROM {schema}.channel" in query:
-        return [r"\bchannel_ready_idx\b"]
+        # the pick, and with it the heads (LATERAL)
+        heads = [r"_queue_id_channel_dequeue_at_id_idx\b", r"_queue_id_channel_dequeue_at_idx\b"]
+        return [r"\bchannel_ready_idx\b"] + (heads if "LATERAL" in query else [])
     if "m.channel IS NULL" in query:
         return [r"_gen_queue_id_dequeue_at_id_idx\b"]
     if "LATERAL" in query:
@@ -686,8 +704,10 @@ def crowded(dsn: str) -> Iterator[tuple[str, int, int]]:
 
 
 def test_hot_queries_are_found() -> None:
-    # plain candidates (shared with take()); the pick, the heads; the two head lookups of ready_at
-    assert Counter(hot_queries().values()) == {"_lock_ready": 2, "_take_channels": 2, "_channel_ready_at": 2}
+    # plain candidates (shared with take()); the pick with the heads, and the served channels'
+    # update (the two head lookups of ready_at, inline, and the probe of the row); the two head
+    # lookups of _channel_ready_at
+    assert Counter(hot_queries().values()) == {"_lock_ready": 2, "_take_channels": 4, "_channel_ready_at": 2}
     assert "{schema}._lock_ready(q, p_limit, p_now)" in function_text("_take_channels")
 
 

@@ -183,10 +183,23 @@ BEGIN
            SET current_size = c.current_size + t.size,
                current_concurrency = c.current_concurrency + t.leases,
                blocked_until = coalesce(t.blocked, c.blocked_until),
-               ready_at = {schema}._channel_ready_at(
-                   c.queue_id, c.name, c.current_size + t.size,
-                   c.current_concurrency + t.leases, c.max_concurrency,
-                   c.last_served_at, c.release_interval_ms, coalesce(t.blocked, c.blocked_until))
+               -- _channel_ready_at's, inline (a plpgsql call and its statement less a
+               -- channel): the rows were locked by the INSERT above, so the snapshot of this
+               -- statement has every change of their messages (and the UPDATE never waits).
+               ready_at = CASE
+                   WHEN c.current_size + t.size <= 0 THEN NULL
+                   WHEN c.current_concurrency + t.leases >= c.max_concurrency THEN
+                       (SELECT greatest(m.dequeue_at, c.last_served_at + coalesce(c.release_interval_ms, 0),
+                                        coalesce(t.blocked, c.blocked_until))
+                          FROM {schema}.message m
+                         WHERE m.queue_id = q.id AND m.channel = c.name AND m.leased
+                         ORDER BY m.dequeue_at LIMIT 1)
+                   ELSE
+                       (SELECT greatest(m.dequeue_at, c.last_served_at + coalesce(c.release_interval_ms, 0),
+                                        coalesce(t.blocked, c.blocked_until))
+                          FROM {schema}.message m
+                         WHERE m.queue_id = q.id AND m.channel = c.name
+                         ORDER BY m.dequeue_at, m.id LIMIT 1) END
           FROM t
          WHERE c.ctid = t.tid
         RETURNING c.ctid AS tid, c.current_size, c.explicit, c.last_served_at,

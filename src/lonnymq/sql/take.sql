@@ -179,10 +179,8 @@ DECLARE
     v_turn     bigint := 0::bigint;
     v_skip     text[] := ARRAY[]::text[];  -- channels with nothing deliverable now
     v_open     text[] := ARRAY[]::text[];  -- take_tx: channels of messages taken, in flight
-    v_names    text[];
-    v_keys     bigint[];
-    v_turns    bigint[];
-    v_limited  boolean[];
+    v_picked   integer;
+    v_ready    record;
     v_h_names  text[];
     v_h_ids    bigint[];
     v_h_keys   bigint[];
@@ -199,14 +197,14 @@ DECLARE
     v_served   integer;
     v_last_at  bigint;
     v_last_tn  bigint;
-    v_name     text;
-    v_i        integer;
-    v_d_size   bigint;
-    v_d_leases integer;
 BEGIN
-    -- The plain candidates, locked (and the dead among them dead-lettered) as in take().
-    SELECT r.ids, r.ats, r.dead INTO v_plain, v_plain_at, v_dead
-      FROM {schema}._lock_ready(q, p_limit, p_now) r;
+    -- The plain candidates, locked (and the dead among them dead-lettered) as in take(). An
+    -- assignment, not SELECT ... FROM: plpgsql evaluates a lone function call as a simple
+    -- expression, without a statement's executor start.
+    v_ready := {schema}._lock_ready(q, p_limit, p_now);
+    v_plain := v_ready.ids;
+    v_plain_at := v_ready.ats;
+    v_dead := v_ready.dead;
     IF v_dead IS NOT NULL THEN
         v_dead_n := cardinality(v_dead);
     END IF;
@@ -222,59 +220,53 @@ BEGIN
         -- A channel after the v_want-th plain candidate cannot win a place in this pass.
         v_bound := least(p_now, v_plain_at[v_next + v_want - 1]);
 
-        -- 1. The next ready channels.
-        SELECT array_agg(c.name ORDER BY c.ready_at, c.turn),
-               array_agg(c.ready_at ORDER BY c.ready_at, c.turn),
-               array_agg(c.turn ORDER BY c.ready_at, c.turn),
-               array_agg(coalesce(c.current_concurrency
-                                  + cardinality(array_positions(v_open, c.name))
-                                  >= c.max_concurrency, false)
-                         ORDER BY c.ready_at, c.turn)
-          INTO v_names, v_keys, v_turns, v_limited
-          FROM (SELECT c.name, c.ready_at, c.turn, c.current_concurrency, c.max_concurrency
+        -- 1. The next ready channels, locked, and 2. their heads, locked, in one statement: at
+        -- the concurrency limit only an expired lease may be delivered again. A channel without
+        -- a deliverable head (another transaction holds it, or ready_at was early since a lease
+        -- was extended) is passed by (v_nohead).
+        SELECT count(*)::integer,
+               array_agg(c.name ORDER BY c.ready_at, c.turn) FILTER (WHERE h.id IS NULL),
+               array_agg(c.name ORDER BY c.ready_at, c.turn) FILTER (WHERE h.id IS NOT NULL),
+               array_agg(h.id ORDER BY c.ready_at, c.turn) FILTER (WHERE h.id IS NOT NULL),
+               array_agg(c.ready_at ORDER BY c.ready_at, c.turn) FILTER (WHERE h.id IS NOT NULL),
+               array_agg(c.turn ORDER BY c.ready_at, c.turn) FILTER (WHERE h.id IS NOT NULL),
+               array_agg(h.leased ORDER BY c.ready_at, c.turn) FILTER (WHERE h.id IS NOT NULL),
+               array_agg(h.attempts >= q.max_attempts ORDER BY c.ready_at, c.turn) FILTER (WHERE h.id IS NOT NULL),
+               array_agg(h.gone ORDER BY c.ready_at, c.turn) FILTER (WHERE h.id IS NOT NULL)
+          INTO v_picked, v_nohead, v_h_names, v_h_ids, v_h_keys, v_h_turns, v_h_leased, v_h_dead,
+               v_h_gone
+          FROM (SELECT c.name, c.ready_at, c.turn,
+                       coalesce(c.current_concurrency + cardinality(array_positions(v_open, c.name))
+                                >= c.max_concurrency, false) AS limited
                   FROM {schema}.channel c
                  WHERE c.queue_id = q.id AND c.ready_at <= v_bound
                    AND (c.ready_at, c.turn) > (v_at, v_turn) AND c.name <> ALL (v_skip)
                  ORDER BY c.ready_at, c.turn
                  LIMIT v_want
-                   FOR UPDATE SKIP LOCKED) c;
-        EXIT WHEN v_names IS NULL AND v_next > cardinality(v_plain);
+                   FOR UPDATE SKIP LOCKED) c
+          LEFT JOIN LATERAL (
+                SELECT m.id, m.leased, m.attempts, m.superseded_by IS NOT NULL AS gone
+                  FROM {schema}.message m
+                 WHERE NOT c.limited AND m.queue_id = q.id AND m.channel = c.name
+                   AND m.dequeue_at <= p_now
+                 ORDER BY m.dequeue_at, m.id
+                 LIMIT 1
+                   FOR UPDATE SKIP LOCKED) a ON true
+          LEFT JOIN LATERAL (
+                SELECT m.id, m.leased, m.attempts, m.superseded_by IS NOT NULL AS gone
+                  FROM {schema}.message m
+                 WHERE c.limited AND m.queue_id = q.id AND m.channel = c.name
+                   AND m.leased AND m.dequeue_at <= p_now
+                 ORDER BY m.dequeue_at
+                 LIMIT 1
+                   FOR UPDATE SKIP LOCKED) b ON true
+         CROSS JOIN LATERAL (SELECT coalesce(a.id, b.id) AS id, coalesce(a.leased, b.leased) AS leased,
+                                    coalesce(a.attempts, b.attempts) AS attempts,
+                                    coalesce(a.gone, b.gone) AS gone) h;
+        EXIT WHEN v_picked = 0 AND v_next > cardinality(v_plain);
+        v_nohead := coalesce(v_nohead, ARRAY[]::text[]);
 
-        -- 2. Their heads: at the concurrency limit only an expired lease may be delivered again.
-        IF v_names IS NOT NULL THEN
-            SELECT array_agg(h.name ORDER BY h.ord), array_agg(h.id ORDER BY h.ord),
-                   array_agg(h.key ORDER BY h.ord), array_agg(h.turn ORDER BY h.ord),
-                   array_agg(h.leased ORDER BY h.ord),
-                   array_agg(h.attempts >= q.max_attempts ORDER BY h.ord),
-                   array_agg(h.gone ORDER BY h.ord)
-              INTO v_h_names, v_h_ids, v_h_keys, v_h_turns, v_h_leased, v_h_dead, v_h_gone
-              FROM (SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts, x.gone
-                      FROM unnest(v_names, v_keys, v_turns, v_limited)
-                           WITH ORDINALITY AS c(name, key, turn, limited, ord)
-                     CROSS JOIN LATERAL (
-                           SELECT m.id, m.leased, m.attempts, m.superseded_by IS NOT NULL AS gone
-                             FROM {schema}.message m
-                            WHERE NOT c.limited AND m.queue_id = q.id AND m.channel = c.name
-                              AND m.dequeue_at <= p_now
-                            ORDER BY m.dequeue_at, m.id
-                            LIMIT 1
-                              FOR UPDATE SKIP LOCKED) x
-                    UNION ALL
-                    SELECT c.ord, c.name, c.key, c.turn, x.id, x.leased, x.attempts, x.gone
-                      FROM unnest(v_names, v_keys, v_turns, v_limited)
-                           WITH ORDINALITY AS c(name, key, turn, limited, ord)
-                     CROSS JOIN LATERAL (
-                           SELECT m.id, m.leased, m.attempts, m.superseded_by IS NOT NULL AS gone
-                             FROM {schema}.message m
-                            WHERE c.limited AND m.queue_id = q.id AND m.channel = c.name
-                              AND m.leased AND m.dequeue_at <= p_now
-                            ORDER BY m.dequeue_at
-                            LIMIT 1
-                              FOR UPDATE SKIP LOCKED) x) h;
-            -- Nothing deliverable (another transaction holds the head, or ready_at was early
-            -- since a lease was extended): refresh ready_at, pass the channel by in this call.
-            v_nohead := ARRAY(SELECT n FROM unnest(v_names) n
-                               WHERE n <> ALL (coalesce(v_h_names, ARRAY[]::text[])));
+        IF v_picked > 0 THEN
             IF cardinality(v_nohead) > 0 THEN
                 UPDATE {schema}.channel c
                    SET ready_at = {schema}._channel_ready_at(
@@ -304,24 +296,37 @@ BEGIN
         END IF;
 
         -- 3. Merge by time with the plain candidates (a plain message first on a tie) and
-        -- deliver the earliest v_want.
-        SELECT array_agg(x.id ORDER BY x.key, x.turn), array_agg(x.name ORDER BY x.key, x.turn),
-               array_agg(x.leased ORDER BY x.key, x.turn),
-               (count(*) FILTER (WHERE x.name IS NULL))::integer,
-               (count(*) FILTER (WHERE x.name IS NOT NULL))::integer,
-               (array_agg(x.key ORDER BY x.key DESC, x.turn DESC) FILTER (WHERE x.name IS NOT NULL))[1],
-               (array_agg(x.turn ORDER BY x.key DESC, x.turn DESC) FILTER (WHERE x.name IS NOT NULL))[1]
-          INTO v_ids, v_from, v_leased, v_n_plain, v_served, v_last_at, v_last_tn
-          FROM (SELECT y.* FROM (
-                    SELECT p.id, p.key, -1::bigint AS turn, NULL::text AS name, false AS leased
-                      FROM unnest(v_plain[v_next:], v_plain_at[v_next:]) AS p(id, key)
-                    UNION ALL
-                    SELECT h.id, h.key, h.turn, h.name, h.leased
-                      FROM unnest(v_h_ids, v_h_keys, v_h_turns, v_h_names, v_h_leased, v_h_dead, v_h_gone)
-                           AS h(id, key, turn, name, leased, dead, gone)
-                     WHERE NOT h.dead AND NOT h.gone) y
-                 ORDER BY y.key, y.turn
-                 LIMIT v_want) x;
+        -- deliver the earliest v_want. With no plain candidate left and every head deliverable
+        -- (a queue of channels only, the common case), the heads in pick order are the merge:
+        -- the pick is ordered by (ready_at, turn), the merge's key, and takes at most v_want.
+        IF v_next > cardinality(v_plain) AND v_h_ids IS NOT NULL
+           AND NOT (true = ANY (v_h_dead) OR true = ANY (v_h_gone)) THEN
+            v_ids := v_h_ids;
+            v_from := v_h_names;
+            v_leased := v_h_leased;
+            v_n_plain := 0;
+            v_served := cardinality(v_h_ids);
+            v_last_at := v_h_keys[v_served];
+            v_last_tn := v_h_turns[v_served];
+        ELSE
+            SELECT array_agg(x.id ORDER BY x.key, x.turn), array_agg(x.name ORDER BY x.key, x.turn),
+                   array_agg(x.leased ORDER BY x.key, x.turn),
+                   (count(*) FILTER (WHERE x.name IS NULL))::integer,
+                   (count(*) FILTER (WHERE x.name IS NOT NULL))::integer,
+                   (array_agg(x.key ORDER BY x.key DESC, x.turn DESC) FILTER (WHERE x.name IS NOT NULL))[1],
+                   (array_agg(x.turn ORDER BY x.key DESC, x.turn DESC) FILTER (WHERE x.name IS NOT NULL))[1]
+              INTO v_ids, v_from, v_leased, v_n_plain, v_served, v_last_at, v_last_tn
+              FROM (SELECT y.* FROM (
+                        SELECT p.id, p.key, -1::bigint AS turn, NULL::text AS name, false AS leased
+                          FROM unnest(v_plain[v_next:], v_plain_at[v_next:]) AS p(id, key)
+                        UNION ALL
+                        SELECT h.id, h.key, h.turn, h.name, h.leased
+                          FROM unnest(v_h_ids, v_h_keys, v_h_turns, v_h_names, v_h_leased, v_h_dead, v_h_gone)
+                               AS h(id, key, turn, name, leased, dead, gone)
+                         WHERE NOT h.dead AND NOT h.gone) y
+                     ORDER BY y.key, y.turn
+                     LIMIT v_want) x;
+        END IF;
         IF v_ids IS NULL THEN
             -- No delivery: go on only if this pass changed something (a channel passed by or
             -- a dead letter) and there is something left to look at.
@@ -333,34 +338,48 @@ BEGIN
         v_got := v_got + cardinality(v_ids);
         v_next := v_next + v_n_plain;
 
-        -- 4. The served channels: a lease more (none for an expired one retaken) or a message
-        -- less (take_tx), last served now, a new turn in serving order, a fresh ready_at.
-        -- One UPDATE per channel, by its full key: a join with the channel table would be
-        -- planned from its statistics, which may predate most of the queue's channels and then
-        -- scan all of them (see _channel_apply_one in channels.sql).
+        -- 4. The served channels (one each, held since the pick): a lease more (none for an
+        -- expired one retaken) or a message less (take_tx), last served now, a new turn in
+        -- serving order, a fresh ready_at, by one UPDATE. Each row is reached by its full key
+        -- (a LATERAL probe, OFFSET 0 so that it stays one) and changed by its ctid: a join with
+        -- the channel table would be planned from its statistics, which may predate most of
+        -- the queue's channels and then scan all of them (see _channel_apply_one in
+        -- channels.sql). The turns are drawn in serving order, by the scan of the served
+        -- names. ready_at is _channel_ready_at's, inline (a plpgsql call and its statement less
+        -- a channel): the row has been held since the pick, so the snapshot of this statement,
+        -- which starts after, has every change of the channel's messages, and the UPDATE
+        -- never waits. No head: NULL (no row).
         IF v_served > 0 THEN
-            v_i := 0;
-            FOREACH v_name IN ARRAY v_from LOOP
-                v_i := v_i + 1;
-                CONTINUE WHEN v_name IS NULL;
-                IF p_mode = 'lease' THEN
-                    v_d_size := 0;
-                    v_d_leases := (NOT v_leased[v_i])::integer;
-                ELSE
-                    v_d_size := -1;
-                    v_d_leases := -(v_leased[v_i]::integer);
-                END IF;
-                UPDATE {schema}.channel c
-                   SET current_size = c.current_size + v_d_size,
-                       current_concurrency = c.current_concurrency + v_d_leases,
-                       last_served_at = p_now,
-                       turn = nextval('{schema}.channel_turn_seq'),
-                       ready_at = {schema}._channel_ready_at(
-                           c.queue_id, c.name, c.current_size + v_d_size,
-                           c.current_concurrency + v_d_leases, c.max_concurrency, p_now,
-                           c.release_interval_ms, c.blocked_until)
-                 WHERE c.queue_id = q.id AND c.name = v_name;
-            END LOOP;
+            UPDATE {schema}.channel c
+               SET current_size = c.current_size + t.d_size,
+                   current_concurrency = c.current_concurrency + t.d_leases,
+                   last_served_at = p_now,
+                   turn = t.turn,
+                   ready_at = CASE
+                       WHEN c.current_size + t.d_size <= 0 THEN NULL
+                       WHEN c.current_concurrency + t.d_leases >= c.max_concurrency THEN
+                           (SELECT greatest(m.dequeue_at, p_now + coalesce(c.release_interval_ms, 0),
+                                            c.blocked_until)
+                              FROM {schema}.message m
+                             WHERE m.queue_id = q.id AND m.channel = c.name AND m.leased
+                             ORDER BY m.dequeue_at LIMIT 1)
+                       ELSE
+                           (SELECT greatest(m.dequeue_at, p_now + coalesce(c.release_interval_ms, 0),
+                                            c.blocked_until)
+                              FROM {schema}.message m
+                             WHERE m.queue_id = q.id AND m.channel = c.name
+                             ORDER BY m.dequeue_at, m.id LIMIT 1) END
+              FROM (SELECT s.d_size, s.d_leases, s.turn, k.tid
+                      FROM (SELECT f.name,
+                                   CASE WHEN p_mode = 'lease' THEN 0 ELSE -1 END::bigint AS d_size,
+                                   CASE WHEN p_mode = 'lease' THEN (NOT f.leased)::integer
+                                        ELSE -(f.leased::integer) END AS d_leases,
+                                   nextval('{schema}.channel_turn_seq') AS turn
+                              FROM unnest(v_from, v_leased) AS f(name, leased)
+                             WHERE f.name IS NOT NULL OFFSET 0) s
+                     CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM {schema}.channel x
+                                          WHERE x.queue_id = q.id AND x.name = s.name OFFSET 0) k) t
+             WHERE c.ctid = t.tid;
             IF p_mode <> 'lease' THEN
                 v_open := v_open || ARRAY(SELECT n FROM unnest(v_from) n WHERE n IS NOT NULL);
             END IF;
@@ -419,6 +438,7 @@ DECLARE
     v_held  bigint;
     v_head  record;
     v_acked bigint;
+    v_channel text;
     v_got   integer;
 BEGIN
     -- The queue, the clock, the generation counters and the queue's frozen generations, in one
@@ -465,9 +485,8 @@ BEGIN
         END IF;
     END IF;
 
-    IF cardinality(p_ack_ids) = 1 AND cardinality(p_ack_tokens) = 1 AND NOT q.uses_channels
-       AND NOT q.archive THEN
-        -- One delivery of a plain queue (a consumer's drain, take(1, ack=previous)): the
+    IF cardinality(p_ack_ids) = 1 AND cardinality(p_ack_tokens) = 1 AND NOT q.archive THEN
+        -- One delivery of a queue without archiving (a consumer's drain, take(1, ack=previous)): the
         -- statement of ack's one-delivery path, here, on the queue already read (a nested call
         -- of ack() cost its frame, its settings and its queue lookup again). Nothing deleted (a
         -- repeat, a stale token): ack() itself, which answers those as before. (Tried in
@@ -477,7 +496,7 @@ BEGIN
             DELETE FROM {schema}.message m
              WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
                AND m.leased IS TRUE
-            RETURNING m.queue_id, m.id, m.deliveries
+            RETURNING m.queue_id, m.id, m.deliveries, m.channel
         ), k AS (
             INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
             SELECT d.queue_id, d.id, d.deliveries, 'acked', v_now FROM d
@@ -485,9 +504,29 @@ BEGIN
             INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
             SELECT d.queue_id, v_now / 60000, 1 FROM d
         )
-        SELECT d.id INTO v_acked FROM d;  -- (one row at most: no aggregate to start)
+        SELECT d.id, d.channel INTO v_acked, v_channel FROM d;  -- (one row at most)
         IF v_acked IS NULL THEN
             PERFORM {schema}.ack(p_queue, p_ack_ids, p_ack_tokens, false, p_now);
+        ELSIF v_channel IS NOT NULL THEN
+            -- The message leaves its channel (its row locked after the message's, as _ack
+            -- does): _channel_apply_one's UPDATE, here (a nested _ack, _channel_apply and
+            -- _channel_apply_one cost a frame and a statement each). It may wait for the row
+            -- (a take_tx in flight holds it), so ready_at is _channel_ready_at's (a fresh
+            -- snapshot after the wait). Anything else (no row: counters lost to a crash; an
+            -- empty channel to delete) is _channel_apply_one's.
+            UPDATE {schema}.channel c
+               SET current_size = c.current_size - 1,
+                   current_concurrency = c.current_concurrency - 1,
+                   ready_at = {schema}._channel_ready_at(
+                       c.queue_id, c.name, c.current_size - 1, c.current_concurrency - 1,
+                       c.max_concurrency, c.last_served_at, c.release_interval_ms, c.blocked_until)
+             WHERE c.queue_id = q.id AND c.name = v_channel
+               AND (c.current_size <> 1 OR c.explicit
+                    OR coalesce(c.last_served_at + c.release_interval_ms, 0) > v_now
+                    OR coalesce(c.blocked_until, 0) > v_now);
+            IF NOT FOUND THEN
+                PERFORM {schema}._channel_apply_one(q, v_channel, -1, -1, v_now);
+            END IF;
         END IF;
     ELSIF p_ack_ids IS NOT NULL THEN
         PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
