@@ -15,7 +15,7 @@ from lonnymq import Client, Envelope
 from lonnymq.worker import App, Backoff, Defer, GiveUp, Retry, Worker, WorkerError
 from lonnymq.worker.meters import total
 from lonnymq.worker.ops import WORKER_MIGRATION
-from worker_helpers import eventually, until, with_worker
+from worker_helpers import eventually, until, waiters, with_worker
 
 
 def test_sync_and_async_handlers_by_kind(dsn: str, schema: str, client: Client) -> None:
@@ -61,7 +61,7 @@ def test_fetches_only_as_many_as_free_slots(dsn: str, schema: str, client: Clien
         with lock:
             running += 1
             peak = max(peak, running)
-        gate.wait(20)
+        gate.wait(180)  # longer than any wait of the test's: only the test opens it
         with lock:
             running -= 1
             done.append(job.payload)
@@ -80,7 +80,9 @@ def test_fetches_only_as_many_as_free_slots(dsn: str, schema: str, client: Clien
 
 
 def test_never_acks_a_message_whose_handler_runs(dsn: str, schema: str, client: Client) -> None:
-    client.create_queue("jobs", lease=2)
+    # A 4 s lease, heartbeats every ~1.3 s: a 2 s lease left a loaded CI machine (load 6-12)
+    # 1.3 s of slack for a heartbeat to land.
+    client.create_queue("jobs", lease=4)
     slow_id = client.send("jobs", "slow").id
     client.send_batch("jobs", [f"fast-{i}" for i in range(30)])
     app = App()
@@ -90,16 +92,16 @@ def test_never_acks_a_message_whose_handler_runs(dsn: str, schema: str, client: 
     @app.handler("jobs")
     def work(job):  # type: ignore[no-untyped-def]
         if job.payload == "slow":
-            gate.wait(20)
+            gate.wait(180)
         else:
             fast_done.append(job.payload)
 
     async def scenario(w: Worker) -> None:
         await eventually(lambda: len(fast_done) == 30)
         # Every fast one is acknowledged (gone); the slow one is still there, leased, and stays
-        # leased past its 2 s lease thanks to heartbeats.
+        # leased past its 4 s lease thanks to heartbeats.
         await eventually(lambda: asyncio.to_thread(lambda: [m.id for m in client.peek("jobs")] == [slow_id]))
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(5)
         peeked = await asyncio.to_thread(client.peek, "jobs")
         assert [m.id for m in peeked] == [slow_id]
         assert peeked[0].lease_until is not None and peeked[0].token == 1
@@ -112,9 +114,10 @@ def test_never_acks_a_message_whose_handler_runs(dsn: str, schema: str, client: 
 
 
 def test_heartbeats_keep_a_long_handler_exclusive(dsn: str, schema: str, client: Client) -> None:
-    # A 2 s lease (heartbeats every ~0.67 s) and a handler running 2.5 leases: a 1 s lease left
-    # too little slack for a busy 2-core machine running the suite in parallel processes.
-    client.create_queue("jobs", lease=2)
+    # A 4 s lease (heartbeats every ~1.3 s) and a handler running 2 leases: 1 s and 2 s leases
+    # left too little slack for a busy 2-core machine running the suite in parallel processes
+    # (CI: load 6-12).
+    client.create_queue("jobs", lease=4)
     client.send("jobs", "long")
     app = App()
     runs: list[int] = []
@@ -122,7 +125,7 @@ def test_heartbeats_keep_a_long_handler_exclusive(dsn: str, schema: str, client:
     @app.handler("jobs")
     async def work(job):  # type: ignore[no-untyped-def]
         runs.append(job.attempt)
-        await asyncio.sleep(5)
+        await asyncio.sleep(8)
 
     async def main() -> tuple[Worker, Worker]:
         # Two workers polling fast: the second would take the message if its lease lapsed.
@@ -159,7 +162,7 @@ def test_lost_lease_is_detected_and_its_late_ack_changes_nothing(
     @app.handler("jobs")
     def work(job):  # type: ignore[no-untyped-def]
         started.set()
-        gate.wait(20)
+        gate.wait(180)
 
     stolen = []
 
@@ -404,13 +407,13 @@ def test_hard_phase_cancels_and_releases_leases(dsn: str, schema: str, client: C
     @app.handler("jobs", kind="sync")
     def s(job):  # type: ignore[no-untyped-def]
         started.append(job.payload)
-        gate.wait(30)  # a thread cannot be interrupted: its lease is released anyway
+        gate.wait(180)  # a thread cannot be interrupted: its lease is released anyway
 
     async def scenario(w: Worker) -> None:
         await eventually(lambda: len(started) == 2)
         t0 = monotonic()
         await w.stop()
-        assert monotonic() - t0 < 10
+        assert monotonic() - t0 < 60  # not the 180 s the thread waits (room for a loaded machine)
 
     try:
         w = with_worker(app, dsn, schema, scenario, concurrency=2, shutdown_timeout=0.3)
@@ -433,7 +436,7 @@ def test_second_stop_request_skips_the_wait(dsn: str, schema: str, client: Clien
     @app.handler("jobs")
     async def a(job):  # type: ignore[no-untyped-def]
         started.append(1)
-        await asyncio.sleep(60)
+        await asyncio.sleep(600)
 
     async def scenario(w: Worker) -> None:
         await eventually(lambda: started)
@@ -442,9 +445,9 @@ def test_second_stop_request_skips_the_wait(dsn: str, schema: str, client: Clien
         await asyncio.sleep(0.2)
         w.request_stop(hard=True)
         await w.stop()
-        assert monotonic() - t0 < 10
+        assert monotonic() - t0 < 60  # not the 300 s shutdown_timeout (room for a loaded machine)
 
-    w = with_worker(app, dsn, schema, scenario, shutdown_timeout=60)
+    w = with_worker(app, dsn, schema, scenario, shutdown_timeout=300)
     assert total(w.m_messages, outcome="released") == 1
     assert client.metrics("jobs").ready == 1
 
@@ -461,7 +464,7 @@ def test_a_failing_side_task_stops_the_worker_loudly(
 
     @app.handler("jobs")
     def work(job):  # type: ignore[no-untyped-def]
-        gate.wait(20)
+        gate.wait(180)
         stopping_seen.append(job.stopping)
 
     app.periodic("tick", "@every 1s", queue="ticks")
@@ -496,13 +499,15 @@ def test_notify_wakes_an_idle_worker(dsn: str, schema: str, client: Client) -> N
         got.append(monotonic())
 
     async def scenario(w: Worker) -> None:
-        await asyncio.sleep(0.5)  # the first (empty) fetch is done; next poll in ~60 s
+        # Idle and registered as a waiter (a condition, not a sleep: a loaded machine may take
+        # longer); the next poll in ~180 s.
+        await eventually(lambda: asyncio.to_thread(waiters, dsn, schema, "jobs"), what="registered")
         t0 = monotonic()
         await asyncio.to_thread(client.send, "jobs", "x")
-        await eventually(lambda: got, timeout=10)
-        assert got[0] - t0 < 10
+        await eventually(lambda: got)
+        assert got[0] - t0 < 60
 
-    with_worker(app, dsn, schema, scenario, poll_interval=60)
+    with_worker(app, dsn, schema, scenario, poll_interval=180)
 
 
 def test_delayed_message_runs_when_due_without_polling(dsn: str, schema: str, client: Client) -> None:
@@ -515,13 +520,13 @@ def test_delayed_message_runs_when_due_without_polling(dsn: str, schema: str, cl
         got.append(monotonic())
 
     async def scenario(w: Worker) -> None:
-        await asyncio.sleep(0.3)
+        await eventually(lambda: asyncio.to_thread(waiters, dsn, schema, "jobs"), what="registered")
         t0 = monotonic()
         await asyncio.to_thread(client.send, "jobs", "later", delay=1.0)
-        await eventually(lambda: got, timeout=10)
-        assert 1.0 - 0.05 <= got[0] - t0 < 10
+        await eventually(lambda: got)
+        assert 1.0 - 0.05 <= got[0] - t0 < 60  # not the poll's ~180 s
 
-    with_worker(app, dsn, schema, scenario, poll_interval=60)
+    with_worker(app, dsn, schema, scenario, poll_interval=180)
 
 
 def test_start_refuses_missing_queue_and_old_schema(
@@ -569,12 +574,20 @@ def test_survives_losing_its_database_connections(
         ).fetchone()
         return int(row[0]) if row else 0
 
+    def worker_backends() -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+            ["lonnymq-worker"],
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     async def scenario(w: Worker) -> None:
         await eventually(lambda: len(done) >= 50)
         assert await asyncio.to_thread(kill_worker_backends) >= 2  # the pool's and the listener's
-        await eventually(lambda: len(set(done)) == 300, timeout=60)
-        await asyncio.sleep(0.5)
-        assert await asyncio.to_thread(kill_worker_backends) >= 1  # it reconnected
+        await eventually(lambda: len(set(done)) == 300)
+        # It reconnected: waited for, not slept on (a loaded machine may take longer).
+        await eventually(lambda: asyncio.to_thread(worker_backends), what="the worker's new connections")
+        assert await asyncio.to_thread(kill_worker_backends) >= 1
 
     w = with_worker(app, dsn, schema, scenario, poll_interval=0.5)
     assert set(done) == set(range(300))

@@ -133,7 +133,7 @@ def test_worker_sends_every_tick_once_across_a_restart(dsn: str, schema: str, cl
         await w.start()
         start = len(got)
         try:
-            await eventually(lambda: len(got) >= start + n, timeout=15)
+            await eventually(lambda: len(got) >= start + n)
         finally:
             await w.stop()
         return w

@@ -12,7 +12,7 @@ from lonnymq import Client
 from lonnymq.worker import App, Worker
 from worker_helpers import eventually, with_worker
 
-POLL = 30.0  # only the resume's wake-up can make the worker fetch in time
+POLL = 180.0  # only the resume's wake-up can make the worker fetch in time (the bound below)
 
 
 def test_worker_idles_while_paused_and_wakes_on_resume(dsn: str, schema: str, client: Client) -> None:
@@ -24,16 +24,16 @@ def test_worker_idles_while_paused_and_wakes_on_resume(dsn: str, schema: str, cl
     @app.handler("jobs")
     def work(job):  # type: ignore[no-untyped-def]
         if job.payload == 1:
-            release.wait(20)
+            release.wait(180)
         done.append(job.payload)
 
     async def scenario(w: Worker) -> None:
         await asyncio.to_thread(client.send, "jobs", 1)
-        await eventually(lambda: w.in_flight == 1, timeout=10, what="message 1 in flight")
+        await eventually(lambda: w.in_flight == 1, what="message 1 in flight")
         await asyncio.to_thread(client.pause_queue, "jobs")
         await asyncio.to_thread(client.send_batch, "jobs", [2, 3])
         release.set()  # the message taken before the pause is acked while paused
-        await eventually(lambda: done == [1], timeout=10, what="message 1 done")
+        await eventually(lambda: done == [1], what="message 1 done")
         await eventually(
             lambda: asyncio.to_thread(lambda: client.metrics("jobs").leased == 0), what="its ack"
         )
@@ -43,8 +43,8 @@ def test_worker_idles_while_paused_and_wakes_on_resume(dsn: str, schema: str, cl
         assert 'lonnymq_queue_paused{queue="jobs"} 1.0' in await w.metrics_text()
         resumed = monotonic()
         await asyncio.to_thread(client.resume_queue, "jobs")
-        await eventually(lambda: sorted(done) == [1, 2, 3], timeout=10, what="2 and 3 after the resume")
-        assert monotonic() - resumed < 5
+        await eventually(lambda: sorted(done) == [1, 2, 3], what="2 and 3 after the resume")
+        assert monotonic() - resumed < 60  # woken by the resume, not the poll (162-198 s)
         await w.refresh_queue_metrics(0)
         assert 'lonnymq_queue_paused{queue="jobs"} 0.0' in await w.metrics_text()
 

@@ -21,7 +21,7 @@ def test_a_running_worker_is_listed_until_it_stops(dsn: str, schema: str, client
 
     @app.handler("jobs")
     def work(job):  # type: ignore[no-untyped-def]
-        gate.wait(10)
+        gate.wait(180)  # longer than the test waits for the listing: only the test opens it
 
     @app.handler("other")
     def nothing(job):  # type: ignore[no-untyped-def]
