@@ -450,7 +450,8 @@ def test_ages_and_exact_counts(client: Client, db: Sql) -> None:
     client.create_queue("q")
     t = db.now()
     db.send("q", [b"old"], t - 5_000)
-    db.send("q", [b"new", b"later"], t - 1_000, p_delays_ms=[0, 60_000])
+    # "later" is due in an hour, not a minute: the client's calls below read the real clock.
+    db.send("q", [b"new", b"later"], t - 1_000, p_delays_ms=[0, 3_600_000])
     [m] = db.q("SELECT * FROM {s}.queue_metrics('q', p_now => %s::bigint)", (t,))
     assert (m["oldest_age_ms"], m["newest_age_ms"], m["total_sent"]) == (5_000, 1_000, 3)
     assert (m["ready"], m["scheduled"], m["leased"], m["ready_at_least"]) == (2, 1, 0, False)

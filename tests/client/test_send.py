@@ -97,12 +97,13 @@ def test_kind_and_headers_round_trip(client: Client, q: str) -> None:
 
 
 def test_delay_schedules_later(client: Client, q: str, db: Sql) -> None:
-    r = client.send(q, b"later", delay=30)
-    client.send(q, b"later2", delay=timedelta(minutes=1))
+    # Half an hour and an hour: the client's calls below read the real clock.
+    r = client.send(q, b"later", delay=1800)
+    client.send(q, b"later2", delay=timedelta(hours=1))
     assert client.take(q) == []
     [m, m2] = client.peek(q)
-    assert m.id == r.id and m.scheduled_at - m.enqueued_at == 30_000
-    assert m2.scheduled_at - m2.enqueued_at == 60_000
+    assert m.id == r.id and m.scheduled_at - m.enqueued_at == 1_800_000
+    assert m2.scheduled_at - m2.enqueued_at == 3_600_000
     assert db.take(q, 10, m.scheduled_at - 1) == []
     [d] = db.take(q, 10, m.scheduled_at)
     assert (d["id"], d["scheduled_at"]) == (r.id, m.scheduled_at)
