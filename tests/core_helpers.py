@@ -291,7 +291,7 @@ def lease_consumer(dsn: str, schema: str, queue: str, batch: int, barrier: Any, 
     acked: list[int] = []
     with Client(dsn, schema=schema, pool_size=1) as c:
         c.open()
-        barrier.wait(60)
+        barrier.wait(180)  # spawned processes start slowly on a loaded machine
         while messages := c.take(queue, batch, lease=600):
             delivered += [(m.id, m.token, m.attempt) for m in messages]
             acked += sorted(c.ack(messages))
@@ -305,7 +305,7 @@ def tx_consumer(dsn: str, schema: str, queue: str, batch: int, barrier: Any, out
     delivered: list[tuple[int, int, int]] = []
     with psycopg.connect(dsn) as conn:
         c = Client(conn, schema=schema)
-        barrier.wait(60)
+        barrier.wait(180)  # spawned processes start slowly on a loaded machine
         while True:
             with conn.transaction():
                 messages = c.take_tx(queue, batch, conn=conn)

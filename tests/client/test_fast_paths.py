@@ -96,8 +96,9 @@ def test_named_rows_on_any_column_names(conn: psycopg.Connection[Any]) -> None:
 def test_the_retry_deadline_counts_from_the_calls_start() -> None:
     policy = RetryPolicy(deadline=10)
     started = time.monotonic() - 4
-    assert 5.5 < policy.start(started).remaining() <= 6
-    assert 9.5 < policy.start().remaining() <= 10
+    # 6 s left, not 10; the margins leave a loaded machine (CI: load 6-12) 2 s between the calls.
+    assert 4 < policy.start(started).remaining() <= 6
+    assert 8 < policy.start().remaining() <= 10
 
 
 def test_one_ack_and_a_take_without_acks_as_the_list_forms(client: Client) -> None:

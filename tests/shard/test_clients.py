@@ -11,7 +11,7 @@ import time
 
 import psycopg
 import pytest
-from shard_helpers import home, waiter_follows, waiters
+from shard_helpers import FOLLOW, PATIENCE, WAKE_LAG, home, waiter_follows, waiters
 
 from lonnymq import AsyncClient, Client, Envelope, errors, shard
 from lonnymq.cli import main
@@ -103,7 +103,7 @@ def _receive_a_late_send(c: Client, producer: Client, q: str, key: str | None = 
 
     t = threading.Thread(target=later)
     t.start()
-    got = c.receive(q, timeout=4, poll=30)
+    got = c.receive(q, timeout=PATIENCE, poll=30)
     woke = time.monotonic()
     t.join()
     assert [m.payload for m in got] == ["late"], (q, key)
@@ -121,7 +121,7 @@ def test_receive_wakes_for_a_send_on_the_queues_shard(sharded, direct: bool) -> 
             _receive_a_late_send(c, producer, q, key)
             for q, key in _wake_cases(sharded.dsn, f"r{int(direct)}")
         ]
-    assert max(lags) < 1.0, lags
+    assert max(lags) < WAKE_LAG, lags
 
 
 def test_receive_follows_a_moved_queue(sharded) -> None:  # type: ignore[no-untyped-def]
@@ -132,7 +132,7 @@ def test_receive_follows_a_moved_queue(sharded) -> None:  # type: ignore[no-unty
         c.create_queue(q)
         assert c.receive(q, timeout=0.1, poll=30) == []  # listened on shard 0 (the map read)
         shard.move(sharded.dsn, q, 1)
-        assert _receive_a_late_send(c, c, q) < 1.0
+        assert _receive_a_late_send(c, c, q) < WAKE_LAG
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["router", "direct"])
@@ -153,7 +153,7 @@ def test_a_waiting_receive_follows_a_move_at_once(sharded, direct: bool) -> None
             lambda: on_target.send(q, "after the move"),  # a send on the new shard itself
         )
     assert got == ["after the move"]
-    assert lag < 1.0, lag
+    assert lag < WAKE_LAG, lag
 
 
 def test_receive_wakes_while_a_partitions_shard_is_down(sharded) -> None:  # type: ignore[no-untyped-def]
@@ -163,7 +163,7 @@ def test_receive_wakes_while_a_partitions_shard_is_down(sharded) -> None:  # typ
     sharded.shards[1].stop()
     try:
         with Client(sharded.dsn) as c:
-            assert _receive_a_late_send(c, c, q, up_key) < 1.0
+            assert _receive_a_late_send(c, c, q, up_key) < WAKE_LAG
     finally:
         sharded.shards[1].start()
 
@@ -233,23 +233,23 @@ def test_worker_wakes_for_a_send_on_the_queues_shard(sharded, direct: bool) -> N
             w = Worker(app, client, poll_interval=30, concurrency=4)
             await w.start()
             try:
-                await eventually(lambda: len(_waiters(sharded.shard_dsns[1])) == 1, 5, "registered")
+                await eventually(lambda: len(_waiters(sharded.shard_dsns[1])) == 1, PATIENCE, "registered")
                 for n, (q, key) in enumerate(cases):
                     if n == 2:  # cut the listener's connection to shard 1
                         [pid] = _waiters(sharded.shard_dsns[1])
                         with psycopg.connect(sharded.shard_dsns[1], autocommit=True) as conn:
                             conn.execute("SELECT pg_terminate_backend(%s)", [pid])
-                        await eventually(lambda: len(_waiters(sharded.shard_dsns[1])) == 1, 5, "again")
+                        await eventually(lambda: len(_waiters(sharded.shard_dsns[1])) == 1, FOLLOW, "again")
                     tag = f"{q}/{key}"
                     await producer.send(q, tag, key=key)
                     sent = time.monotonic()
-                    await eventually(lambda tag=tag: tag in handled, 4, f"{tag} handled")  # type: ignore[misc]
+                    await eventually(lambda tag=tag: tag in handled, PATIENCE, f"{tag} handled")  # type: ignore[misc]
                     lags.append(handled[tag] - sent)
             finally:
                 await w.stop()
 
     asyncio.run(main())
-    assert max(lags) < 1.0, lags
+    assert max(lags) < WAKE_LAG, lags
 
 
 def test_a_waiting_worker_follows_a_move_at_once(sharded) -> None:  # type: ignore[no-untyped-def]
@@ -273,18 +273,18 @@ def test_a_waiting_worker_follows_a_move_at_once(sharded) -> None:  # type: igno
             w = Worker(app, client, poll_interval=30, concurrency=4)
             await w.start()
             try:
-                await eventually(lambda: bool(waiters(sharded.shard_dsns[0]) - before[0]), 5, "on 0")
+                await eventually(lambda: bool(waiters(sharded.shard_dsns[0]) - before[0]), PATIENCE, "on 0")
                 await asyncio.to_thread(shard.move, sharded.dsn, q, 1)
-                await eventually(lambda: bool(waiters(sharded.shard_dsns[1]) - before[1]), 3, "on 1")
+                await eventually(lambda: bool(waiters(sharded.shard_dsns[1]) - before[1]), FOLLOW, "on 1")
                 await on_target.send(q, "moved")
                 sent = time.monotonic()
-                await eventually(lambda: "moved" in handled, 4, "handled")
+                await eventually(lambda: "moved" in handled, PATIENCE, "handled")
                 lags.append(handled["moved"] - sent)
             finally:
                 await w.stop()
 
     asyncio.run(main())
-    assert lags[0] < 1.0, lags
+    assert lags[0] < WAKE_LAG, lags
 
 
 def test_cli_through_the_router(sharded, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from shard_helpers import Traffic, drain, home, waiter_follows
+from shard_helpers import WAKE_LAG, Traffic, drain, home, waiter_follows
 
 from lonnymq import Client, errors, shard
 from lonnymq.cli import main
@@ -113,4 +113,4 @@ def test_a_waiting_receive_follows_its_queue_to_a_new_shard(sharded) -> None:  #
 
         got, lag = waiter_follows(c, q, src, dst, add, lambda: c.send(q, "on the new shard"))
     assert got == ["on the new shard"]
-    assert lag < 1.0, lag
+    assert lag < WAKE_LAG, lag

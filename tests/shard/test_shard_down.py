@@ -64,13 +64,21 @@ def test_kill_9_of_a_shard() -> None:
             pid = int((b.datadir / "postmaster.pid").read_text().split()[0])
             os.kill(pid, signal.SIGKILL)
             killed = time.monotonic()
-            time.sleep(1.0)
+            # Until the dead shard's queue has failed and the other's has sent 20 more: waited
+            # for, not a fixed second (a loaded CI machine may send fewer in one).
+            deadline = killed + 60
+            while not (
+                [f for f in down.failed if f[1] >= killed] and sum(1 for _, t in up.sent if t > killed) > 20
+            ):
+                assert time.monotonic() < deadline, (len(down.failed), len(up.sent), up.failed[:3])
+                time.sleep(0.05)
             outage_end = time.monotonic()
-            # Its queue fails fast, with the typed error naming the shard...
+            # Its queue fails fast (not after a retry deadline: room for a loaded machine), with
+            # the typed error naming the shard...
             during = [f for f in down.failed if f[1] >= killed]
             assert during, "no failed send on the dead shard's queue"
             assert all(isinstance(f[3], errors.ShardUnavailable) for f in down.failed), down.failed[:3]
-            assert max(f[2] for f in during) < 1.0
+            assert max(f[2] for f in during) < 5.0
             assert any(f"127.0.0.1:{b.port}" in f[3].shard for f in during)  # type: ignore[attr-defined]
             # ...while the other shard's queue keeps going.
             assert not up.failed
@@ -82,7 +90,7 @@ def test_kill_9_of_a_shard() -> None:
                     break
                 except Exception:
                     time.sleep(0.1)
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + 60
             while not any(t > outage_end for _, t in down.sent[-5:]) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert any(t > outage_end for _, t in down.sent[-5:]), "no send after the shard came back"

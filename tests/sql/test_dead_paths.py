@@ -284,7 +284,7 @@ def test_requeue_of_nothing_returns_zero_and_wakes_no_one(
         assert list(listener.notifies(timeout=0.3)) == []
         assert [a["status"] for a in db.archive("q")] == ["dead"]
         assert client.requeue_dead("q", [d["id"]]) == 1
-        assert [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["q"]
+        assert [n.payload for n in listener.notifies(timeout=60, stop_after=1)] == ["q"]
     assert db.archive("q") == [] and db.count("q") == 1
 
 

@@ -145,6 +145,6 @@ def test_resume_wakes_a_waiting_consumer_and_pause_does_not(dsn: str, db: Sql, s
         assert pause(db, "q")
         assert [n.payload for n in waiter.notifies(timeout=0.3)] == []
         assert resume(db, "q")
-        assert [n.payload for n in waiter.notifies(timeout=5, stop_after=1)] == ["q"]
+        assert [n.payload for n in waiter.notifies(timeout=60, stop_after=1)] == ["q"]
         assert resume(db, "q") is False  # not paused: nothing to wake for
         assert [n.payload for n in waiter.notifies(timeout=0.3)] == []
