@@ -174,7 +174,9 @@ def test_sigterm_mid_load_finishes_in_flight_and_loses_nothing(
 def test_kill_9_mid_load_processes_everything_at_least_once(
     client: Client, workers: Workers, db: Callable[..., list[Any]], schema: str
 ) -> None:
-    client.create_queue("work", lease=2)
+    # 5 s leases, heartbeats every ~1.7 s: B's own leases must not lapse on a loaded CI machine
+    # (a lapse would make a duplicate of a message A never held).
+    client.create_queue("work", lease=5)
     for start in range(0, N, 500):
         client.send_batch("work", list(range(start, start + 500)))
     a = workers.spawn("accept_app:app", "--concurrency", "8", sleep=0.05)
@@ -242,7 +244,7 @@ def test_cron_fires_once_per_tick_with_three_workers(
             ") x GROUP BY 1 ORDER BY 1"
         )
 
-    wait_for(lambda: len(ticks()) >= 6, 60, "six ticks", procs)
+    wait_for(lambda: len(ticks()) >= 6, 120, "six ticks", procs)  # three processes to start first
     for p in procs:
         assert workers.stop(p) == 0, workers.log(p)
     rows = ticks()

@@ -204,6 +204,19 @@ class Traffic(Threads):
         except BaseException as e:
             self.errors.append(e)
 
+    def progress(self, sent: int, acked: int = 0, timeout: float = PATIENCE) -> None:
+        """Wait until the traffic has sent ``sent`` and acked ``acked`` messages more than so far:
+        the tests wait for traffic this way rather than sleeping a fixed time (a loaded CI
+        machine sends far fewer in one)."""
+        s0, a0 = len(self.sent), len(self.acked)
+        deadline = time.monotonic() + timeout
+        while len(self.sent) < s0 + sent or len(self.acked) < a0 + acked:
+            assert not self.errors, self.errors[:3]
+            assert time.monotonic() < deadline, (
+                f"traffic stalled: {len(self.sent) - s0} sent, {len(self.acked) - a0} acked"
+            )
+            time.sleep(0.02)
+
     def stalls(self, start: float, end: float) -> float:
         """The longest call that overlapped [start, end]."""
         return max((d for t, d in self.calls if t <= end and t + d >= start), default=0.0)

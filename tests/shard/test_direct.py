@@ -114,10 +114,10 @@ def test_direct_clients_follow_a_moving_queue(sharded) -> None:  # type: ignore[
         c.create_queue(q, if_not_exists=True)
     before = map_version(r)
     with Traffic(r, q, direct=True) as t:
-        time.sleep(0.5)
+        t.progress(sent=11, acked=6)  # traffic before and after each move: waited for, not slept
         for target in (1, 0, 1):
             shard.move(r, q, target)
-            time.sleep(0.4)
+            t.progress(sent=15, acked=6)
         assert not t.errors, t.errors
     assert not t.errors, t.errors
     assert map_version(r) == before + 3
@@ -152,7 +152,7 @@ def test_a_call_during_the_move_waits_for_it_and_follows(sharded) -> None:  # ty
             mover = threading.Thread(target=lambda: moved.append(shard.move(r, q, 1, lock_timeout=5)))
             mover.start()
             with psycopg.connect(sharded.shard_dsns[1], autocommit=True) as watch:
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + 60
                 while not watch.execute(
                     "SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'COPY%%settled%%'"
                 ).fetchall():
@@ -170,8 +170,8 @@ def test_a_call_during_the_move_waits_for_it_and_follows(sharded) -> None:  # ty
             time.sleep(0.3)
             assert acker.is_alive() and not acked  # held until the source lets the queue go
             blocker.rollback()
-        mover.join(10)
-        acker.join(10)
+        mover.join(60)
+        acker.join(60)
         assert len(moved) == 1 and len(acked) == 1
         assert isinstance(acked[0], dict) and list(acked[0]) == [m.id], acked
         assert sorted(x.payload for x in c.take(q, 10)) == ["b", "c"]

@@ -40,11 +40,11 @@ def _lonnymq_web(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a web process starting on a loaded CI machine
         last: object = None
         while True:
             try:
-                last = httpx.get(f"{url}{base}/healthz", timeout=2)
+                last = httpx.get(f"{url}{base}/healthz", timeout=10)
                 if last.status_code == 200:
                     break
                 last = last.text
