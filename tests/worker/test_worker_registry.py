@@ -14,7 +14,9 @@ from worker_helpers import eventually, with_worker
 
 
 def test_a_running_worker_is_listed_until_it_stops(dsn: str, schema: str, client: Client) -> None:
-    client.create_queue("jobs", lease=1.5)  # heartbeats every half second
+    # Heartbeats every 2 s: a 1.5 s lease (every half second) left a loaded CI machine 1 s of
+    # slack for a heartbeat to land; a late one lost the lease, and its message ran again.
+    client.create_queue("jobs", lease=6)
     client.create_queue("other")
     gate = threading.Event()
     app = App()
