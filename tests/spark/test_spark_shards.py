@@ -219,7 +219,7 @@ def test_calls_wait_for_a_move_then_fail_queue_not_found(spark: Any, sharded: Ro
         mover.commit()
         for call in calls:
             with pytest.raises(errors.QueueNotFound):
-                call.result(timeout=10)
+                call.result(timeout=60)
     # A batch read's partition reads one snapshot: before the move, whole, else QueueNotFound.
     for later in (
         lambda: reader.commit(end),

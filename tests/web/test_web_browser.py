@@ -41,7 +41,10 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1360, "height": 900})
-    context.set_default_timeout(15_000)
+    # Generous waits for a loaded CI machine (load 6-12): for actions, and for expect(), whose
+    # own default (5 s) includes the page's own refresh.
+    context.set_default_timeout(60_000)
+    expect.set_options(timeout=60_000)
     p = context.new_page()
     p.on("dialog", lambda d: d.accept())  # the confirm() of cancel and "requeue all"
     yield p
@@ -109,7 +112,7 @@ def test_every_page_counts_and_actions(
         client.send("invoices", {"invoice": 1000 + i}, channel=f"tenant-{i % 2}")
     for m in client.take("invoices", 2):
         client.nack(m, error=f"ValueError: invoice {m.id} has no customer")
-    client.take("emails", 2)
+    client.take("emails", 2, lease=3600)  # leased all through the test, however slow the machine
     client.set_channel("invoices", "tenant-0", max_concurrency=1)
     add_schedule(client, "daily-report", "reports")
     beat(client, "worker-1", ["emails", "invoices"])
