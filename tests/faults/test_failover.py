@@ -62,7 +62,7 @@ def test_failover_to_a_synchronous_standby() -> None:
             try:
                 for p in producers:
                     p.start()
-                await asyncio.sleep(4)
+                await asyncio.sleep(8)  # more than Recorder.resurrected's margin before the outage
                 down = time.monotonic()
                 await asyncio.to_thread(primary.stop, "immediate")
                 await asyncio.to_thread(standby.promote)

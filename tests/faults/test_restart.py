@@ -42,7 +42,7 @@ def test_worker_rides_out_a_restart(caplog: pytest.LogCaptureFixture) -> None:
             await w.start()
             try:
                 producer.start()
-                await asyncio.sleep(4)
+                await asyncio.sleep(8)  # more than Recorder.resurrected's margin before the outage
                 down = time.monotonic()
                 await asyncio.to_thread(cluster.stop, "immediate")
                 await asyncio.sleep(2)  # handlers still running finish meanwhile

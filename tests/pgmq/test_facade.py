@@ -50,13 +50,13 @@ def test_send_read_delete_archive_by_sql(pg: psycopg.Connection[dict[str, Any]])
     assert a is not None and b is not None and a["id"] < b["id"]
     later = pg.execute("""SELECT pgmq.send('jobs', '{"n": 3}', 3600) AS id""").fetchone()
     assert later is not None
-    rows = pg.execute("SELECT * FROM pgmq.read('jobs', 30, 10)").fetchall()
+    rows = pg.execute("SELECT * FROM pgmq.read('jobs', 600, 10)").fetchall()  # leased below
     assert [(r["msg_id"], r["read_ct"], r["message"], r["headers"]) for r in rows] == [
         (a["id"], 1, {"n": 1}, None),
         (b["id"], 1, {"n": 2}, {"h": "x"}),
     ]
     vt = rows[0]["vt"] - rows[0]["last_read_at"]
-    assert timedelta(seconds=29) < vt <= timedelta(seconds=30)
+    assert timedelta(seconds=599) < vt <= timedelta(seconds=600)
     assert pg.execute("SELECT * FROM pgmq.read('jobs', 30, 10)").fetchall() == []  # leased
     assert pg.execute("SELECT pgmq.delete('jobs', %s::bigint) AS ok", (a["id"],)).fetchone() == {"ok": True}
     assert pg.execute("SELECT pgmq.delete('jobs', %s::bigint) AS ok", (a["id"],)).fetchone() == {"ok": False}

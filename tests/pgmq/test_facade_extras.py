@@ -41,10 +41,11 @@ def test_conditional_read_leases_only_matching_messages(pg: Conn, pgmq_client: A
     a1 = send(pg, "jobs", '{"type": "a", "n": 1}')
     send(pg, "jobs", '{"type": "b", "n": 2}')
     a3 = send(pg, "jobs", '{"type": "a", "n": 3, "tags": ["x", "y"]}')
-    rows = pg.execute("""SELECT * FROM pgmq.read('jobs', 30, 10, '{"type": "a"}')""").fetchall()
+    # Leased for 10 minutes: the checks below (on the real clock) count on it, however slow.
+    rows = pg.execute("""SELECT * FROM pgmq.read('jobs', 600, 10, '{"type": "a"}')""").fetchall()
     assert ids(rows) == [a1, a3]
     assert [r["read_ct"] for r in rows] == [1, 1]
-    assert rows[0]["vt"] > datetime.now(UTC) + timedelta(seconds=25)
+    assert rows[0]["vt"] > datetime.now(UTC) + timedelta(seconds=500)
     # leased now: a second conditional read finds nothing, a plain read gets the other one
     assert pg.execute("""SELECT * FROM pgmq.read('jobs', 30, 10, '{"type": "a"}')""").fetchall() == []
     assert [r["message"]["n"] for r in pg.execute("SELECT * FROM pgmq.read('jobs', 30, 10)")] == [2]
@@ -70,9 +71,9 @@ def test_set_vt_on_ready_scheduled_and_leased_messages(pg: Conn, pgmq_client: An
     assert later is not None
     scheduled = int(later["id"])
     # a ready message becomes invisible until vt, without counting a read
-    [r] = pg.execute("SELECT * FROM pgmq.set_vt('v', %s::bigint, 60)", (ready,)).fetchall()
+    [r] = pg.execute("SELECT * FROM pgmq.set_vt('v', %s::bigint, 600)", (ready,)).fetchall()
     assert (r["msg_id"], r["read_ct"], r["message"]) == (ready, 0, 1)
-    assert timedelta(seconds=55) < r["vt"] - datetime.now(UTC) <= timedelta(seconds=60)
+    assert timedelta(seconds=500) < r["vt"] - datetime.now(UTC) <= timedelta(seconds=600)
     assert pg.execute("SELECT * FROM pgmq.read('v', 30, 5)").fetchall() == []
     # a scheduled one (and the first) visible now, by array, with timestamptz; unknown ids left out
     now = datetime.now(UTC)
@@ -417,13 +418,13 @@ def test_queue_and_archive_views(pg: Conn, lq: Client) -> None:
     ]  # fmt: skip
     one = send(pg, "orders", '{"o": 1}')
     two = send(pg, "orders", '{"o": 2}')
-    pg.execute("SELECT * FROM pgmq.read('orders', 30, 1)")
+    pg.execute("SELECT * FROM pgmq.read('orders', 600, 1)")
     rows = pg.execute("SELECT * FROM pgmq.q_orders ORDER BY msg_id").fetchall()
     assert [(r["msg_id"], r["read_ct"], r["message"]) for r in rows] == [
         (one, 1, {"o": 1}),
         (two, 0, {"o": 2}),
     ]
-    assert rows[0]["vt"] > datetime.now(UTC) + timedelta(seconds=20)
+    assert rows[0]["vt"] > datetime.now(UTC) + timedelta(seconds=500)
     pg.execute("SELECT pgmq.archive('orders', %s::bigint)", (one,))
     [a] = pg.execute("SELECT * FROM pgmq.a_orders").fetchall()
     assert (a["msg_id"], a["message"]) == (one, {"o": 1}) and a["archived_at"] is not None

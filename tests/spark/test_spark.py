@@ -442,7 +442,8 @@ def test_stream_write_sink_id_and_timestamps(
         .start()
     )
     try:
-        deadline = datetime.now(UTC) + timedelta(seconds=60)
+        # Until 20 are in: a streaming query starting on a loaded CI machine may take minutes.
+        deadline = datetime.now(UTC) + timedelta(seconds=300)
         while client.metrics("ticks").scheduled < 20 and datetime.now(UTC) < deadline:
             q.awaitTermination(1)
     finally:
