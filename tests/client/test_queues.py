@@ -113,7 +113,7 @@ def test_concurrent_create_if_not_exists(dsn: str, schema: str) -> None:
         try:
             with Client(dsn, schema=schema, pool_size=1) as c:
                 c.open()
-                barrier.wait(10)
+                barrier.wait(60)  # four clients opening on a loaded machine
                 results.append(c.create_queue("q", if_not_exists=True))
         except BaseException as e:  # reported below
             results.append(e)

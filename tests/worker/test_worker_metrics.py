@@ -249,7 +249,7 @@ def test_readiness_follows_the_database(dsn: str, schema: str, client: Client) -
         proxy.down = False
         await eventually(lambda: _status(probe("/readyz"), 200), 90, "ready again")
         await asyncio.to_thread(client.send, "jobs", "after")
-        await eventually(lambda: "after" in done, 30, "processing again")
+        await eventually(lambda: "after" in done, what="processing again")
 
     try:
         w = with_worker(app, proxy.dsn, schema, scenario, metrics_port=0, poll_interval=0.2, listen=False)
