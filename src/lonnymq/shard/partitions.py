@@ -24,7 +24,8 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
   :data:`DOWN_SKIP` seconds by that router session), the take fails only when every partition's
   shard is unreachable; ``next_ready_in`` the same (:data:`SKIPS_DOWN`);
 * metrics, peek, next_ready_in, drop, purge, pause, resume, wait_begin/end, the dead
-  letters (dead_list, dead_requeue, dead_purge), the archive (archive_list) and the channels
+  letters (dead_list, dead_requeue, dead_purge), the archive (archive_list), the live messages'
+  listing (message_list, merged by id as the archive's) and the channels
   (channel_list, merged by name; channel_recount): every partition, merged (:data:`DISPATCHED`);
   a partitioned queue's dead-letter queue is partitioned over (at least) the same shards, and
   each partition dead-letters into the dead-letter queue's partition on its own shard;
@@ -109,6 +110,9 @@ DISPATCHED: dict[str, str] = {
     # its own; a listing merges them by id as dead_list's (the same keyset paging by id, the
     # time window and status applied on each partition).
     "archive_list": "by_id",
+    # The live messages (the dashboard's browse): each partition's first p_limit after
+    # p_after_id (of p_state), merged by id and cut to p_limit: the same keyset paging by id.
+    "message_list": "by_id",
     "dead_requeue": "by_ids",
     # Channels: each lives on one partition (its name's, CHANNEL_PARTITION), so a listing
     # merges each partition's first p_limit after p_after by name (each channel once), and a
