@@ -103,7 +103,8 @@ NO_QUEUE_ROUTES: dict[str, Route] = {
         "all",
         merge="SELECT coalesce(sum(staged_rows), 0)::bigint, coalesce(sum(streams), 0)::bigint FROM {all}",
     ),
-    # A cron schedule lives on the shard of its queue (cron_upsert routes by p_queue); by name,
+    # A cron schedule lives on the shard of its queue (cron_upsert routes by p_queue; a
+    # partitioned queue's on its partition 0's shard, partitions.ROUTED); by name,
     # only that shard finds it, the others answer "not here" (NULL, false).
     "cron_fire": Route("all", merge="SELECT max(r) FROM {all} AS r"),
     "cron_delete": Route("all", merge=_OR),

@@ -29,6 +29,8 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
   (channel_list, merged by name; channel_recount): every partition, merged (:data:`DISPATCHED`);
   a partitioned queue's dead-letter queue is partitioned over (at least) the same shards, and
   each partition dead-letters into the dead-letter queue's partition on its own shard;
+* a schedule (cron_upsert) to partition 0's shard: one row on one shard, so each tick is sent
+  once (cron_fire's compare-and-set there), to partition 0;
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
   raises InvalidArgument): it would see one partition only.
 
@@ -85,6 +87,10 @@ ROUTED: dict[str, tuple[str, tuple[str, ...]]] = {
     # A channel's policy: on the channel's partition, the one shard that enforces it.
     "channel_set": ("_channel_shard", ("p_queue", "p_channel")),
     "channel_reset": ("_channel_shard", ("p_queue", "p_channel")),
+    # A schedule (cron) of a partitioned queue: stored on its partition 0's shard, where that
+    # shard's cron_fire sends each tick once, to partition 0 (cron_fire runs on every shard and
+    # only the schedule's finds it: catalog.NO_QUEUE_ROUTES).
+    "cron_upsert": ("_cron_shard", ("p_queue",)),
 }
 
 #: Calls that visit every partition of a partitioned queue: the router's function is a plpgsql
@@ -150,6 +156,7 @@ FAST_ROUTES: dict[LiteralString, LiteralString] = {
     "_channel_shard": "p_queue text, p_channel text",
     "_id_shard": "p_queue text, p_ids bigint[]",
     "_cancel_shard": "p_queue text, p_ids bigint[], p_keys text[]",
+    "_cron_shard": "p_queue text",
 }
 
 #: The routing functions that PL/Proxy calls in the caller's role (EXECUTE granted with the
@@ -419,6 +426,21 @@ BEGIN
             array_to_string(v_at, ', '));
     END IF;
     RETURN coalesce(v_at[1], {s}._parted_id_shard(p_queue, '{{}}'));
+END $fn$""",
+    """-- The shard of a schedule (cron_upsert): a plain queue's; a partitioned queue's partition 0
+-- (shards[1]), which holds the queue under its name as every partition does: the schedule is
+-- one row on one shard, so cron_fire (run on every shard, only this one finds it) sends each
+-- tick once, to partition 0. The row moves with partition 0 (shard move copies a queue's cron
+-- rows by name), where later upserts follow it.
+CREATE FUNCTION {s}._parted_cron_shard(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parts integer[] := {s}._partitions(p_queue);
+BEGIN
+    IF v_parts IS NULL THEN
+        RETURN {s}._shard_of(p_queue);
+    END IF;
+    RETURN v_parts[1];
 END $fn$""",
     *(_fast(name, args) for name, args in FAST_ROUTES.items()),
     """-- The shard of message_get: by id (as _id_shard) or by key (as _send_shard).
