@@ -23,7 +23,11 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   ``send``, ``send_batch`` and ``ack`` (``_send_shard``, ``_batch_shard``, ``_id_shard``) alone;
   ``shard_of``: ``_shard_of`` alone (what ``_hash_take`` runs); ``partitions``: ``_partitions``;
   ``noop``: ``SELECT 1`` (what a top-level statement costs: subtract it from the ones alone);
-* ``send_parted``, ``take_parted``: a queue with 2 partitions (one on each shard).
+* ``send_parted``, ``take_parted``: a queue with 2 partitions (one on each shard);
+* ``pgmq_send``, ``pgmq_read`` (one message), ``pgmq_read_delete`` (a read of one, then
+  ``pgmq.delete`` of its id: ``pgmq_delete`` is reported as the difference), ``pgmq_metrics``:
+  the pgmq facade's calls through the router (``shard init --pgmq``: with any of them, every
+  tree's router is made with the facade, installed on the shards).
 
     python benchmarks/router_instructions.py --trees before=../main/src,after=src \\
         [--workloads send,take,...] [--calls 200] [--json out.json]
@@ -56,6 +60,10 @@ _KEEP = (
     " set_config('b.toks', coalesce(array_agg(t.token)::text, '{}'), false)"
 )
 _ACK = "current_setting('b.ids')::bigint[], current_setting('b.toks')::int[]"
+#: A pgmq read of one message, its id kept for the delete that follows.
+_PGMQ_READ = (
+    "SELECT set_config('b.id', coalesce(max(t.msg_id), 0)::text, false) FROM pgmq.read('{q}', 30, 1) t"
+)
 
 
 def _calls(fn: str) -> dict[str, tuple[str, ...]]:
@@ -82,8 +90,12 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "noop": ("SELECT 1",),
     "send_parted": (_calls("lonnymq.{}")["send"][0].replace("{q}", "{pq}"),),
     "take_parted": (_calls("lonnymq.{}")["take"][0].replace("{q}", "{pq}"),),
+    "pgmq_send": ("""SELECT * FROM pgmq.send('{q}', '{"n": 1}'::jsonb)""",),
+    "pgmq_read": (_PGMQ_READ,),
+    "pgmq_read_delete": (_PGMQ_READ, "SELECT pgmq.delete('{q}', current_setting('b.id')::bigint)"),
+    "pgmq_metrics": ("SELECT * FROM pgmq.metrics('{q}')",),
 }
-TAKES = ("take", "take_ack", "bare_take", "bare_take_ack", "take_parted")
+TAKES = ("take", "take_ack", "bare_take", "bare_take_ack", "take_parted", "pgmq_read", "pgmq_read_delete")
 DEFAULT = "send,send_batch100,take,take_ack,bare_send,bare_send_batch100,bare_take,bare_take_ack," + (
     "route_send,route_batch,route_ack,shard_of,partitions,noop,send_parted,take_parted"
 )
@@ -121,7 +133,12 @@ def _script(statements: tuple[str, ...], calls: int, names: dict[str, str]) -> s
     prepared = [f"PREPARE w{i} AS {s}" for i, s in enumerate(texts)]
     once = "".join(f"EXECUTE w{i}\n" for i in range(len(statements)))
     # 20 first calls: plans made, connections to the shards opened.
-    return "SET b.ids = '{}'\nSET b.toks = '{}'\n" + "\n".join(prepared) + "\n" + once * (20 + calls)
+    return (
+        "SET b.ids = '{}'\nSET b.toks = '{}'\nSET b.id = '0'\n"
+        + "\n".join(prepared)
+        + "\n"
+        + once * (20 + calls)
+    )
 
 
 def _fill(shards: list[tuple[str, str]], backlog: int) -> None:
@@ -177,6 +194,7 @@ def main() -> None:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     low, high = max(1, args.calls // 4), args.calls
+    pgmq = any(w.startswith("pgmq_") for w in workloads)
     pgcluster.ensure_plproxy()
     settings = {"shared_preload_libraries": "''"}
     results: dict[str, dict[str, float]] = {}
@@ -194,7 +212,9 @@ def main() -> None:
                 i += 1
         names = {"q": f"rq{i}", "pq": "pq"}
         for name, src in trees:
-            code = "import sys; from lonnymq import shard; shard.init(sys.argv[1], sys.argv[2:])\n"
+            code = (
+                f"import sys; from lonnymq import shard; shard.init(sys.argv[1], sys.argv[2:], pgmq={pgmq})\n"
+            )
             env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
             subprocess.run(
                 [sys.executable, "-c", code, f"{base}/router_{name}", a.dsn, b.dsn], env=env, check=True
@@ -232,6 +252,10 @@ def main() -> None:
     if "take_ack" in results and "take" in results:
         results["ack (take_ack - take)"] = {
             n: results["take_ack"][n] - results["take"][n] for n in results["take"]
+        }
+    if "pgmq_read_delete" in results and "pgmq_read" in results:
+        results["pgmq_delete (pgmq_read_delete - pgmq_read)"] = {
+            n: results["pgmq_read_delete"][n] - results["pgmq_read"][n] for n in results["pgmq_read"]
         }
     print(f"\ninstructions per call on the router (k); ratios to {ref}:")
     for w, row in results.items():
