@@ -155,3 +155,33 @@ def test_pgmq_calls_of_a_partitioned_queue_in_the_lonnymq_roles(with_pgmq) -> No
             conn.execute("RESET ROLE")
             row = conn.execute("SELECT queue_length, total_messages FROM pgmq.metrics(%s)", (q,)).fetchone()
             assert row == (0, 6)
+
+
+def test_pgmq_reads_skip_a_partition_whose_shard_is_down(with_pgmq) -> None:  # type: ignore[no-untyped-def]
+    """With one partition's shard stopped, pgmq reads and pops through the router serve the
+    other partition (never empty while it has messages, never an error); deletes of its ids go
+    on; back up, the stopped partition's messages are all there."""
+    q = "pgq_parted_down"
+    with Client(with_pgmq.dsn) as c:
+        c.create_queue(q, partitions=2, max_attempts=NO_LIMIT)
+    with psycopg.connect(with_pgmq.dsn, autocommit=True) as conn:
+        sent = [_ids(conn, "SELECT * FROM pgmq.send(%s, '{}')", q)[0] for _ in range(20)]
+    assert Counter(i % STRIDE for i in sent) == {0: 10, 1: 10}
+    with_pgmq.shards[1].stop()
+    try:
+        with psycopg.connect(with_pgmq.dsn, autocommit=True) as conn:
+            got = []
+            for _ in range(4):  # reads start at each partition in turn: none fails, none empty
+                batch = _ids(conn, "SELECT msg_id FROM pgmq.read(%s, 30, 2)", q)
+                assert len(batch) == 2 and all(i % STRIDE == 0 for i in batch), batch
+                got += batch
+            assert sorted(_ids(conn, "SELECT * FROM pgmq.delete(%s, %s::bigint[])", q, got)) == sorted(got)
+            popped = _ids(conn, "SELECT msg_id FROM pgmq.pop(%s, 5)", q)
+            popped += _ids(conn, "SELECT msg_id FROM pgmq.pop(%s, 5)", q)
+            assert len(popped) == 2 and all(i % STRIDE == 0 for i in popped)
+            assert _ids(conn, "SELECT msg_id FROM pgmq.read(%s, 30, 2)", q) == []  # shard 0's drained
+    finally:
+        with_pgmq.shards[1].start()
+    with psycopg.connect(with_pgmq.dsn, autocommit=True) as conn:  # a new router session
+        rest = _ids(conn, "SELECT msg_id FROM pgmq.pop(%s, 20)", q)
+    assert sorted(rest) == sorted(i for i in sent if i % STRIDE == 1)

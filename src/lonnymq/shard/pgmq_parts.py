@@ -15,7 +15,8 @@ do:
   pgmq answers for an unknown id);
 * ``read``, ``pop``: the partitions one after another from the next in turn, until one hands
   out messages (``_turn``, as the native take): a read returns messages whenever a partition
-  has ready ones, each read's from one partition; ``metrics``: every partition, merged
+  has ready ones, each read's from one partition; a partition whose shard cannot be reached is
+  skipped (and left alone for a while by that router session), as the take's is; ``metrics``: every partition, merged
   (lengths and totals summed, the oldest age the oldest, the newest the newest);
   ``metrics_all`` merges a partitioned queue's rows into one (:data:`METRICS_ALL`).
 
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, LiteralString
 
 from psycopg import sql
 
-from .partitions import PLAIN_RETURN, PLAIN_ROUTE
+from .partitions import _ALL_DOWN, _SKIP_INIT, PLAIN_RETURN, PLAIN_ROUTE, _skipping
 
 if TYPE_CHECKING:
     from .catalog import CoreFunction
@@ -166,6 +167,10 @@ def dispatcher_statements(
     v_start integer;
     v_got   bigint;
     p_shard integer;
+    v_skip  boolean;
+    v_down  integer := 0;
+    v_state text;
+    v_msg   text;
 BEGIN
 {route}    v_parts := {s}._partitions(queue_name);
     IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)
@@ -174,17 +179,24 @@ BEGIN
         RETURN;
     END IF;
     v_start := {s}._turn(cardinality(v_parts), true);
+    {skip_init}
     FOR v_i IN 0 .. cardinality(v_parts) - 1 LOOP
         p_shard := v_parts[1 + (v_start + v_i) % cardinality(v_parts)];
-        RETURN QUERY SELECT * FROM {call};
-        GET DIAGNOSTICS v_got = ROW_COUNT;
+        {attempt}
         EXIT WHEN v_got > 0;
     END LOOP;
+    {all_down}
 END"""
         ).format(
             s=s,
             call=call,
             route=_plain(core, sql.SQL("RETURN QUERY SELECT * FROM {};\n        RETURN;").format(call)),
+            # A partition whose shard cannot be reached is skipped, as the native take skips it.
+            skip_init=sql.SQL(_SKIP_INIT).format(s=s),
+            attempt=_skipping(
+                s, sql.SQL("RETURN QUERY SELECT * FROM {};\n GET DIAGNOSTICS v_got = ROW_COUNT;").format(call)
+            ),
+            all_down=sql.SQL(_ALL_DOWN),
         )
     else:  # metrics: one row, each partition's merged
         body = sql.SQL(
