@@ -25,7 +25,9 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   ``noop``: ``SELECT 1`` (what a top-level statement costs: subtract it from the ones alone);
 * ``send_parted``, ``take_parted``: a queue with 2 partitions (one on each shard);
 * ``pgmq_send``, ``pgmq_read`` (one message), ``pgmq_read_delete`` (a read of one, then
-  ``pgmq.delete`` of its id: ``pgmq_delete`` is reported as the difference), ``pgmq_metrics``:
+  ``pgmq.delete`` of its id: ``pgmq_delete`` is reported as the difference), ``pgmq_read10``
+  and ``pgmq_read10_delete10`` (the same with 10 messages and ``pgmq.delete`` of an array of
+  their 10 ids: ``pgmq_delete10``), ``pgmq_metrics``:
   the pgmq facade's calls through the router (``shard init --pgmq``: with any of them, every
   tree's router is made with the facade, installed on the shards).
 
@@ -64,6 +66,8 @@ _ACK = "current_setting('b.ids')::bigint[], current_setting('b.toks')::int[]"
 _PGMQ_READ = (
     "SELECT set_config('b.id', coalesce(max(t.msg_id), 0)::text, false) FROM pgmq.read('{q}', 30, 1) t"
 )
+#: A pgmq read of 10 messages, their ids kept for the delete (of an array) that follows.
+_PGMQ_READ10 = "SELECT set_config('b.ids', coalesce(array_agg(t.msg_id)::text, '{}'), false) FROM pgmq.read('{q}', 30, 10) t"
 
 
 def _calls(fn: str) -> dict[str, tuple[str, ...]]:
@@ -94,8 +98,23 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "pgmq_read": (_PGMQ_READ,),
     "pgmq_read_delete": (_PGMQ_READ, "SELECT pgmq.delete('{q}', current_setting('b.id')::bigint)"),
     "pgmq_metrics": ("SELECT * FROM pgmq.metrics('{q}')",),
+    "pgmq_read10": (_PGMQ_READ10,),
+    "pgmq_read10_delete10": (
+        _PGMQ_READ10,
+        "SELECT count(*) FROM pgmq.delete('{q}', current_setting('b.ids')::bigint[])",
+    ),
 }
-TAKES = ("take", "take_ack", "bare_take", "bare_take_ack", "take_parted", "pgmq_read", "pgmq_read_delete")
+TAKES = (
+    "take",
+    "take_ack",
+    "bare_take",
+    "bare_take_ack",
+    "take_parted",
+    "pgmq_read",
+    "pgmq_read_delete",
+    "pgmq_read10",
+    "pgmq_read10_delete10",
+)
 DEFAULT = "send,send_batch100,take,take_ack,bare_send,bare_send_batch100,bare_take,bare_take_ack," + (
     "route_send,route_batch,route_ack,shard_of,partitions,noop,send_parted,take_parted"
 )
@@ -233,7 +252,7 @@ def main() -> None:
             for w in workloads:
                 statements = WORKLOADS[w]
                 targets = [(d, "pq") for d in (a.dsn, b.dsn)] if "parted" in w else [(a.dsn, names["q"])]
-                backlog = (high + 40) * 2 if w in TAKES else 0
+                backlog = (high + 40) * (20 if "10" in w else 2) if w in TAKES else 0
                 for name, _ in trees:
                     counts = []
                     for n in (low, high):
@@ -252,6 +271,10 @@ def main() -> None:
     if "take_ack" in results and "take" in results:
         results["ack (take_ack - take)"] = {
             n: results["take_ack"][n] - results["take"][n] for n in results["take"]
+        }
+    if "pgmq_read10_delete10" in results and "pgmq_read10" in results:
+        results["pgmq_delete10 (pgmq_read10_delete10 - pgmq_read10)"] = {
+            n: results["pgmq_read10_delete10"][n] - results["pgmq_read10"][n] for n in results["pgmq_read10"]
         }
     if "pgmq_read_delete" in results and "pgmq_read" in results:
         results["pgmq_delete (pgmq_read_delete - pgmq_read)"] = {

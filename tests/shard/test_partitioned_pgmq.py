@@ -74,8 +74,14 @@ def test_pgmq_calls_of_a_partitioned_queue(with_pgmq) -> None:  # type: ignore[n
         # An id no partition made: not found (pgmq's answer), not an error.
         stray = STRIDE * 1000 + next(k for k in range(STRIDE) if k not in parts)
         assert conn.execute("SELECT pgmq.delete(%s, %s::bigint)", (q, stray)).fetchone() == (False,)
-        # set_vt by ids of both partitions: made visible now, read again.
+        assert _ids(conn, "SELECT * FROM pgmq.delete(%s, %s::bigint[])", q, [stray]) == []
+        assert _ids(conn, "SELECT * FROM pgmq.archive(%s, %s::bigint[])", q, []) == []
+        # set_vt by ids of both partitions (both overloads of an array): made visible now.
         rest = [seen[7], seen[8], seen[10], seen[11]]
+        later = _ids(
+            conn, "SELECT msg_id FROM pgmq.set_vt(%s, %s::bigint[], now() + interval '1 hour')", q, rest
+        )
+        assert sorted(later) == sorted(rest)
         changed = _ids(conn, "SELECT msg_id FROM pgmq.set_vt(%s, %s::bigint[], 0)", q, rest)
         assert sorted(changed) == sorted(rest)
         # pop: the partitions in turn, never empty while one has messages.

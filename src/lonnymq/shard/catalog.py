@@ -352,7 +352,7 @@ def proxy_statements(
         out.extend(pgmq_parts.routing_statements(schema, home))
     for fn in fns:
         r = route(fn, pgmq=core is not None)
-        if core is not None and fn.name in pgmq_parts.DISPATCHED:
+        if core is not None and pgmq_parts.dispatched(fn) is not None:
             if not (_PLAIN.match(fn.name) and all(map(_PLAIN.match, fn.argnames))):
                 raise NoRoute(f"cannot name {schema}.{fn.name} and its arguments in PL/Proxy")
             out.extend(pgmq_parts.dispatcher_statements(fn, schema, home, cluster))

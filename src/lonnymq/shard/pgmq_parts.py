@@ -9,10 +9,13 @@ do:
   (pgmq has no key; the router-wide counter of unkeyed sends, ``_turn``): ``pgmq._send_shard``;
 * ``delete``, ``archive``, ``set_vt`` (every overload): the shard holding the id (the shard
   that made it, ``id % STRIDE``, or where its partition moved: ``_id_at``), ``pgmq._id_shard``;
-  the array overloads ``SPLIT`` the ids, so a call with ids of several partitions runs on each
-  partition's shard with its share (one transaction per shard) and the rows come back together;
-  an id of no partition goes to the first partition (where it is not found: false / no row, as
-  pgmq answers for an unknown id);
+  the array overloads are plpgsql dispatchers (``by_ids``) that call each partition's shard
+  with its share of the ids (one transaction per shard; a plain queue's: one call), the rows
+  coming back together (PL/Proxy's ``SPLIT`` would call the routing function once per id: a
+  plain queue's delete of 10 ids cost the router 5.9 times as much, docs/sharding.md); an id
+  of no partition
+  goes to the first partition (where it is not found: false / no row, as pgmq answers for an
+  unknown id);
 * ``read``, ``pop``: the partitions one after another from the next in turn, until one hands
   out messages (``_turn``, as the native take): a read returns messages whenever a partition
   has ready ones, each read's from one partition; a partition whose shard cannot be reached is
@@ -29,6 +32,7 @@ dispatchers call ``_shard_of``.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, LiteralString
 
 from psycopg import sql
@@ -38,7 +42,14 @@ from .partitions import _ALL_DOWN, _SKIP_INIT, PLAIN_RETURN, PLAIN_ROUTE, _skipp
 if TYPE_CHECKING:
     from .catalog import CoreFunction
 
-__all__ = ["DISPATCHED", "ROUTING_FUNCTIONS", "dispatcher_statements", "proxy_body", "routing_statements"]
+__all__ = [
+    "DISPATCHED",
+    "ROUTING_FUNCTIONS",
+    "dispatched",
+    "dispatcher_statements",
+    "proxy_body",
+    "routing_statements",
+]
 
 #: Facade calls sent to a partitioned queue's next partition in turn.
 SPREAD = ("send", "send_batch")
@@ -88,8 +99,8 @@ BEGIN
     v_at := {s}._id_at(v_parts, {s}._moved_ids(queue_name), msg_id);
     RETURN CASE WHEN v_at = ANY (v_parts) THEN v_at ELSE v_parts[1] END;
 END $fn$""",
-    """-- The shard of a pgmq call on one id (delete, archive, set_vt; the array overloads SPLIT
--- their ids and call it for each): a plain queue's (PLAIN_ROUTE), else _parted_id_shard.
+    """-- The shard of a pgmq call on one id (delete, archive, set_vt): a plain queue's
+-- (PLAIN_ROUTE), else _parted_id_shard.
 CREATE FUNCTION {p}._id_shard(queue_name text, msg_id bigint) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
@@ -113,16 +124,20 @@ def proxy_body(fn: CoreFunction, pgmq: str, cluster: sql.Composable) -> sql.Comp
     (:data:`SPREAD`, :data:`BY_ID`), else None (the queue's shard)."""
     if fn.name in SPREAD:
         return sql.SQL("CLUSTER {c}; RUN ON {p}._send_shard(queue_name);").format(c=cluster, p=sql.SQL(pgmq))
-    if fn.name in BY_ID:
-        if "msg_ids" in fn.argnames:
-            return sql.SQL("CLUSTER {c}; SPLIT msg_ids; RUN ON {p}._id_shard(queue_name, msg_ids);").format(
-                c=cluster, p=sql.SQL(pgmq)
-            )
-        if "msg_id" in fn.argnames:
-            return sql.SQL("CLUSTER {c}; RUN ON {p}._id_shard(queue_name, msg_id);").format(
-                c=cluster, p=sql.SQL(pgmq)
-            )
+    if fn.name in BY_ID and "msg_id" in fn.argnames:
+        return sql.SQL("CLUSTER {c}; RUN ON {p}._id_shard(queue_name, msg_id);").format(
+            c=cluster, p=sql.SQL(pgmq)
+        )
     return None
+
+
+def dispatched(fn: CoreFunction) -> str | None:
+    """How the router's ``fn`` of the facade visits a partitioned queue's partitions when it is
+    a plpgsql dispatcher (:data:`DISPATCHED`, or ``by_ids`` for the array overloads of
+    :data:`BY_ID`), else None (a PL/Proxy function, :func:`proxy_body`)."""
+    if fn.name in BY_ID and "msg_ids" in fn.argnames:
+        return "by_ids"
+    return DISPATCHED.get(fn.name)
 
 
 def _plain(core: str, then: sql.Composable) -> sql.Composed:
@@ -135,6 +150,22 @@ def _plain(core: str, then: sql.Composable) -> sql.Composed:
         then=sql.SQL("p_shard :="),
         plain=sql.Composed([sql.SQL("\n        "), then]),
     )
+
+
+#: The start of a dispatcher's body: ``{route}`` a plain queue's call on its shard
+#: (:func:`_plain`), then the partitions of a partitioned queue in ``v_parts``; ``{ret}`` the
+#: call's return when it is no longer partitioned (dropped meanwhile).
+_HEAD: LiteralString = """{route}    v_parts := {s}._partitions(queue_name);
+    IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)
+        p_shard := {s}._shard_of(queue_name);
+        {ret}
+    END IF;
+"""
+
+
+def _digest(text: str) -> str:
+    """A short stable name part for ``text`` (an overload's identity arguments)."""
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 def _args(fn: CoreFunction, shard: str | None = None) -> sql.Composed:
@@ -150,7 +181,10 @@ def dispatcher_statements(
     and the public function, a plpgsql dispatcher: a plain queue's call on ``_shard_of``'s
     shard, a partitioned queue's on its partitions."""
     p, s = sql.Identifier(pgmq), sql.Identifier(core)
-    on = sql.Identifier(f"_on_{fn.name}")
+    how = dispatched(fn)
+    # The overloads of a name (delete, archive, set_vt) each get their own _on_ function.
+    on_name = f"_on_{fn.name}" if how != "by_ids" else f"_on_{fn.name}_{_digest(fn.identity)}"
+    on = sql.Identifier(on_name)
     # PL/Proxy's SELECT names the arguments bare (the facade's names: queue_name, vt, qty...).
     target = sql.SQL("{}.{}({})").format(
         sql.SQL(pgmq), sql.SQL(fn.name), sql.SQL(", ").join(sql.SQL(a) for a in fn.argnames)
@@ -160,7 +194,40 @@ def dispatcher_statements(
         "CLUSTER {c}; RUN ON p_shard; SELECT * FROM {t};\n$proxy$"
     ).format(p=p, on=on, a=sql.SQL(fn.identity), r=sql.SQL(fn.result), c=cluster, t=target)
     call = sql.SQL("{}.{}({})").format(p, on, _args(fn, "p_shard"))
-    if DISPATCHED[fn.name] == "first":
+    # A plain queue's call on its shard (PLAIN_ROUTE; _shard_of if the queue stopped being
+    # partitioned meanwhile); then the partitioned queue's part of the body.
+    ret = sql.SQL(
+        "RETURN {};" if how == "metrics" else "RETURN QUERY SELECT * FROM {};\n        RETURN;"
+    ).format(call)
+    head = sql.SQL(_HEAD).format(route=_plain(core, ret), s=s, ret=ret)
+    if how == "by_ids":  # each partition's shard with the ids it holds (one call for a plain queue)
+        ids = sql.SQL("{}.{}({})").format(
+            p,
+            on,
+            sql.SQL(", ").join(
+                [sql.SQL("p_shard"), *(sql.Identifier(a if a != "msg_ids" else "v_ids") for a in fn.argnames)]
+            ),
+        )
+        body = sql.SQL(
+            """DECLARE
+    v_parts integer[];
+    v_moved jsonb;
+    v_ids   bigint[];
+    p_shard integer;
+BEGIN
+{head}    v_moved := {s}._moved_ids(queue_name);
+    -- The shard holding each id (_id_at), the first partition's for an id of none (not found).
+    FOR p_shard, v_ids IN
+        SELECT CASE WHEN a.at = ANY (v_parts) THEN a.at ELSE v_parts[1] END, array_agg(a.i ORDER BY a.n)
+          FROM (SELECT t.i, t.n, {s}._id_at(v_parts, v_moved, t.i) AS at
+                  FROM unnest(msg_ids) WITH ORDINALITY AS t(i, n)) a
+         GROUP BY 1 ORDER BY 1
+    LOOP
+        RETURN QUERY SELECT * FROM {ids};
+    END LOOP;
+END"""
+        ).format(s=s, ids=ids, head=head)
+    elif how == "first":
         body = sql.SQL(
             """DECLARE
     v_parts integer[];
@@ -172,13 +239,7 @@ def dispatcher_statements(
     v_state text;
     v_msg   text;
 BEGIN
-{route}    v_parts := {s}._partitions(queue_name);
-    IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)
-        p_shard := {s}._shard_of(queue_name);
-        RETURN QUERY SELECT * FROM {call};
-        RETURN;
-    END IF;
-    v_start := {s}._turn(cardinality(v_parts), true);
+{head}    v_start := {s}._turn(cardinality(v_parts), true);
     {skip_init}
     FOR v_i IN 0 .. cardinality(v_parts) - 1 LOOP
         p_shard := v_parts[1 + (v_start + v_i) % cardinality(v_parts)];
@@ -189,8 +250,7 @@ BEGIN
 END"""
         ).format(
             s=s,
-            call=call,
-            route=_plain(core, sql.SQL("RETURN QUERY SELECT * FROM {};\n        RETURN;").format(call)),
+            head=head,
             # A partition whose shard cannot be reached is skipped, as the native take skips it.
             skip_init=sql.SQL(_SKIP_INIT).format(s=s),
             attempt=_skipping(
@@ -206,35 +266,24 @@ END"""
     p_shard integer;
     v_out   {r};
 BEGIN
-{route}    v_parts := {s}._partitions(queue_name);
-    IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)
-        p_shard := {s}._shard_of(queue_name);
-        RETURN {call};
-    END IF;
-    SELECT v_q, sum(m.queue_length)::bigint, min(m.newest_msg_age_sec), max(m.oldest_msg_age_sec),
+{head}    SELECT v_q, sum(m.queue_length)::bigint, min(m.newest_msg_age_sec), max(m.oldest_msg_age_sec),
            sum(m.total_messages)::bigint, max(m.scrape_time), sum(m.queue_visible_length)::bigint,
            max(m.default_partition_length)
       INTO v_out
       FROM unnest(v_parts) AS x(shard), LATERAL {p}.{on}(x.shard, v_q) AS m;
     RETURN v_out;
 END"""
-        ).format(
-            s=s,
-            p=p,
-            on=on,
-            r=sql.SQL(fn.result),
-            call=call,
-            route=_plain(core, sql.SQL("RETURN {};").format(call)),
-        )
+        ).format(p=p, on=on, r=sql.SQL(fn.result), head=head)
     public = sql.SQL(
         "-- pgmq.{name} on the router: a plain queue's call on its shard, a partitioned queue's on its\n"
-        "-- partitions (lonnymq.shard.pgmq_parts.DISPATCHED). SECURITY DEFINER: it calls {on}, granted\n"
-        "-- to none, and the router's _partitions.\n"
+        "-- partitions (lonnymq.shard.pgmq_parts.dispatched: {how}). SECURITY DEFINER: it calls {on},\n"
+        "-- granted to none, and the router's _partitions.\n"
         "CREATE FUNCTION {p}.{n}({a}) RETURNS {r} LANGUAGE plpgsql VOLATILE{strict} SECURITY DEFINER"
         " SET search_path = pg_catalog, pg_temp AS $fn$\n{b}\n$fn$"
     ).format(
         name=sql.SQL(fn.name),
-        on=sql.SQL(f"_on_{fn.name}"),
+        how=sql.SQL(how or ""),
+        on=sql.SQL(on_name),
         p=p,
         n=sql.Identifier(fn.name),
         a=sql.SQL(fn.arguments),
