@@ -155,3 +155,40 @@ def test_pages_read_while_messages_come_and_go_repeat_none_and_miss_none(sharded
         assert all(i in ids for i in stay), f"a message live throughout was missed ({status})"
         if status == "scheduled":
             assert ids == stay
+
+
+@pytest.mark.parametrize("direct", MODES)
+def test_the_dashboard_pages_a_partitioned_queues_messages(sharded, direct: bool) -> None:  # type: ignore[no-untyped-def]
+    """The dashboard's messages of a partitioned queue (``/api/queues/<q>/messages``, paged by
+    ``after``; the HTML page): every partition's, each once, in id order."""
+    web = pytest.importorskip("lonnymq.web")
+    testclient = pytest.importorskip("starlette.testclient")
+    q = f"hot_list_dash_{int(direct)}"
+    with Client(sharded.dsn) as c:
+        parts = _partitioned(c, sharded.dsn, q)
+        sent = sorted(c.send(q, k, key=k).id for k in _keys_over(parts, 10, f"{q}_"))
+    assert {i % STRIDE for i in sent} == set(parts)
+    app = (
+        web.create_app(token="t0ken", client=AsyncClient(sharded.dsn, direct=True))
+        if direct
+        else web.create_app(sharded.dsn, token="t0ken")
+    )
+    with testclient.TestClient(app) as http:
+        seen: list[int] = []
+        after: int | None = None
+        while True:
+            got = http.get(
+                f"/api/queues/{q}/messages", params={"limit": 4, **({"after": after} if after else {})}
+            )
+            assert got.status_code == 200, got.text
+            seen += [m["id"] for m in got.json()["messages"]]
+            after = got.json()["next_after"]
+            if after is None:
+                break
+        assert seen == sent
+        assert (
+            http.get(f"/api/queues/{q}/messages", params={"status": "ready"}).json()["messages"][0]["id"]
+            == sent[0]
+        )
+        page = http.get(f"/queues/{q}/messages")
+        assert page.status_code == 200 and str(sent[0]) in page.text
