@@ -13,21 +13,22 @@ do:
   with its share of the ids (one transaction per shard; a plain queue's: one call), the rows
   coming back together (PL/Proxy's ``SPLIT`` would call the routing function once per id: a
   plain queue's delete of 10 ids cost the router 5.9 times as much, docs/sharding.md); an id
-  of no partition
-  goes to the first partition (where it is not found: false / no row, as pgmq answers for an
-  unknown id);
+  of no partition goes to the first partition (where it is not found: false / no row, as pgmq
+  answers for an unknown id);
 * ``read``, ``pop``: the partitions one after another from the next in turn, until one hands
   out messages (``_turn``, as the native take): a read returns messages whenever a partition
   has ready ones, each read's from one partition; a partition whose shard cannot be reached is
-  skipped (and left alone for a while by that router session), as the take's is; ``metrics``: every partition, merged
-  (lengths and totals summed, the oldest age the oldest, the newest the newest);
-  ``metrics_all`` merges a partitioned queue's rows into one (:data:`METRICS_ALL`).
+  skipped (and left alone for a while by that router session), as the take's is;
+* ``metrics``: every partition, merged (lengths and totals summed, the oldest age the oldest,
+  the newest the newest); ``metrics_all`` merges a partitioned queue's rows into one
+  (:data:`METRICS_ALL`).
 
 Every other facade call of one queue (``read_with_poll``, the grouped reads, ``purge_queue``,
 ``drop_queue``, ``create*``, notifications, topic bindings) stays refused for a partitioned
-queue by ``_shard_of``. A plain queue's calls go where they went: the routing functions start
-with :data:`lonnymq.shard.partitions.PLAIN_ROUTE` (the caller's role, no SET clause), the
-dispatchers call ``_shard_of``.
+queue by ``_shard_of``. A plain queue's calls go where they went: the routing functions and
+the dispatchers start with :data:`lonnymq.shard.partitions.PLAIN_ROUTE` (the routing functions
+in the caller's role, no SET clause; the dispatchers are SECURITY DEFINER with a pinned
+search_path, as the core's).
 """
 
 from __future__ import annotations
