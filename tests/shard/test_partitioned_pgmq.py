@@ -7,6 +7,8 @@ merge the partitions; the calls that would see one partition stay refused."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -95,7 +97,7 @@ def test_pgmq_calls_of_a_partitioned_queue(with_pgmq) -> None:  # type: ignore[n
         row = conn.execute("SELECT * FROM pgmq.metrics(%s)", (q,)).fetchone()
         assert row is not None and (row[1], row[4]) == (0, 24)
         # Reads of one partition only are never answered from one partition: still refused.
-        for call in ("SELECT * FROM pgmq.read_with_poll(%s, 30, 1, 1)", "SELECT pgmq.purge_queue(%s)"):
+        for call in ("SELECT * FROM pgmq.read_grouped(%s, 30, 1)", "SELECT pgmq.purge_queue(%s)"):
             with pytest.raises(psycopg.Error, match="this call would see one partition only"):
                 conn.execute(call, (q,))
     # Each partition's shard holds its own archived ids.
@@ -191,3 +193,36 @@ def test_pgmq_reads_skip_a_partition_whose_shard_is_down(with_pgmq) -> None:  # 
     with psycopg.connect(with_pgmq.dsn, autocommit=True) as conn:  # a new router session
         rest = _ids(conn, "SELECT msg_id FROM pgmq.pop(%s, 20)", q)
     assert sorted(rest) == sorted(i for i in sent if i % STRIDE == 1)
+
+
+def test_pgmq_read_with_poll_of_a_partitioned_queue(with_pgmq) -> None:  # type: ignore[no-untyped-def]
+    """read_with_poll through the router: on a partitioned queue, a message sent to either
+    partition while it waits is returned within a poll interval or two, an empty queue returns
+    nothing after max_poll_seconds; on a plain queue as before."""
+    q, plain = "pgq_parted_poll", "pgq_plain_poll"
+    with Client(with_pgmq.dsn) as c:
+        c.create_queue(q, partitions=2, max_attempts=NO_LIMIT)
+        c.create_queue(plain, max_attempts=NO_LIMIT)
+    poll = "SELECT msg_id FROM pgmq.read_with_poll(%s, 30, 5, 2, 50)"
+    with psycopg.connect(with_pgmq.dsn, autocommit=True) as conn:
+        for name in (q, plain):
+            started = time.monotonic()
+            assert _ids(conn, poll.replace(", 2, 50)", ", 1, 50)"), name) == []
+            assert 0.9 < time.monotonic() - started < 3
+        for name in (q, plain, q, q):  # the turn of sends: both partitions, one after the other
+            sent: list[int] = []
+
+            def send_later(name: str = name, sent: list[int] = sent) -> None:
+                time.sleep(0.3)
+                with psycopg.connect(with_pgmq.dsn, autocommit=True) as other:
+                    sent += _ids(other, "SELECT * FROM pgmq.send(%s, '{}')", name)
+
+            t = threading.Thread(target=send_later)
+            started = time.monotonic()
+            t.start()
+            got = _ids(conn, poll, name)
+            waited = time.monotonic() - started
+            t.join()
+            assert got == sent and 0.25 < waited < 1.5, (got, sent, waited)
+            if name == q:
+                assert _ids(conn, "SELECT * FROM pgmq.delete(%s, %s::bigint[])", q, got) == got

@@ -19,11 +19,14 @@ do:
   out messages (``_turn``, as the native take): a read returns messages whenever a partition
   has ready ones, each read's from one partition; a partition whose shard cannot be reached is
   skipped (and left alone for a while by that router session), as the take's is;
+* ``read_with_poll``: as ``read`` (pgmq's ``read`` on each partition), again every
+  poll_interval_ms until a read returns rows or max_poll_seconds pass (polling: no wake-up by
+  sends, unlike a plain queue's, which waits on its shard);
 * ``metrics``: every partition, merged (lengths and totals summed, the oldest age the oldest,
   the newest the newest); ``metrics_all`` merges a partitioned queue's rows into one
   (:data:`METRICS_ALL`).
 
-Every other facade call of one queue (``read_with_poll``, the grouped reads, ``purge_queue``,
+Every other facade call of one queue (the grouped reads, ``purge_queue``,
 ``drop_queue``, ``create*``, notifications, topic bindings) stays refused for a partitioned
 queue by ``_shard_of``. A plain queue's calls go where they went: the routing functions and
 the dispatchers start with :data:`lonnymq.shard.partitions.PLAIN_ROUTE` (the routing functions
@@ -58,7 +61,14 @@ SPREAD = ("send", "send_batch")
 BY_ID = ("delete", "archive", "set_vt")
 #: Facade calls that visit the partitions (plpgsql dispatchers): ``first`` (the partitions in
 #: turn until one returns rows) or ``metrics`` (one merged row).
-DISPATCHED: dict[str, str] = {"read": "first", "pop": "first", "metrics": "metrics"}
+#: ``poll`` (read_with_poll: ``first`` over the partitions with pgmq's ``read``, again every
+#: poll_interval_ms until a read returns rows or max_poll_seconds pass).
+DISPATCHED: dict[str, str] = {"read": "first", "pop": "first", "read_with_poll": "poll", "metrics": "metrics"}
+
+#: What read_with_poll reads each partition with: pgmq.read (its _on_ function), with these of
+#: read_with_poll's arguments.
+DISPATCHED_READ = "read"
+READ_ARGS = ("queue_name", "vt", "qty", "conditional")
 
 #: The routing functions of the ``pgmq`` schema that PL/Proxy calls in the caller's role, and
 #: the SECURITY DEFINER ones they call for a partitioned queue (EXECUTE granted to the roles of
@@ -228,7 +238,38 @@ BEGIN
     END LOOP;
 END"""
         ).format(s=s, ids=ids, head=head)
-    elif how == "first":
+    elif how in ("first", "poll"):
+        # The partitions in turn until one hands out messages; read_with_poll: again every
+        # poll_interval_ms (pgmq.read on each partition) until max_poll_seconds pass. Its wait
+        # holds the router's transaction, and so the queue's fence, as a plain queue's does.
+        turn: LiteralString = """v_start := {s}._turn(cardinality(v_parts), true);
+    v_got := 0;
+    v_down := 0;
+    {skip_init}
+    FOR v_i IN 0 .. cardinality(v_parts) - 1 LOOP
+        p_shard := v_parts[1 + (v_start + v_i) % cardinality(v_parts)];
+        {attempt}
+        EXIT WHEN v_got > 0;
+    END LOOP;
+    {all_down}"""
+        if how == "poll":
+            turn = (
+                """v_until := clock_timestamp() + make_interval(secs => greatest(coalesce(max_poll_seconds, 0), 0));
+    LOOP
+    """
+                + turn
+                + """
+    EXIT WHEN v_got > 0 OR clock_timestamp() >= v_until;
+    PERFORM pg_sleep(least(greatest(coalesce(poll_interval_ms, 100), 1) / 1000.0,
+                           greatest(extract(epoch FROM v_until - clock_timestamp()), 0)));
+    END LOOP;"""
+            )
+            read = DISPATCHED_READ
+            call = sql.SQL("{}.{}({})").format(
+                p,
+                sql.Identifier(f"_on_{read}"),
+                sql.SQL(", ").join([sql.SQL("p_shard"), *map(sql.Identifier, READ_ARGS)]),
+            )
         body = sql.SQL(
             """DECLARE
     v_parts integer[];
@@ -238,16 +279,13 @@ END"""
     v_skip  boolean;
     v_down  integer := 0;
     v_state text;
-    v_msg   text;
+    v_msg   text;"""
+            + ("\n    v_until timestamptz;" if how == "poll" else "")
+            + """
 BEGIN
-{head}    v_start := {s}._turn(cardinality(v_parts), true);
-    {skip_init}
-    FOR v_i IN 0 .. cardinality(v_parts) - 1 LOOP
-        p_shard := v_parts[1 + (v_start + v_i) % cardinality(v_parts)];
-        {attempt}
-        EXIT WHEN v_got > 0;
-    END LOOP;
-    {all_down}
+{head}    """
+            + turn
+            + """
 END"""
         ).format(
             s=s,
