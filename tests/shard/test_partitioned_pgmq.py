@@ -97,7 +97,7 @@ def test_pgmq_calls_of_a_partitioned_queue(with_pgmq) -> None:  # type: ignore[n
         row = conn.execute("SELECT * FROM pgmq.metrics(%s)", (q,)).fetchone()
         assert row is not None and (row[1], row[4]) == (0, 24)
         # Reads of one partition only are never answered from one partition: still refused.
-        for call in ("SELECT * FROM pgmq.read_grouped(%s, 30, 1)", "SELECT pgmq.purge_queue(%s)"):
+        for call in ("SELECT * FROM pgmq.read_grouped(%s, 30, 1)", "SELECT pgmq.create(%s)"):
             with pytest.raises(psycopg.Error, match="this call would see one partition only"):
                 conn.execute(call, (q,))
     # Each partition's shard holds its own archived ids.
@@ -226,3 +226,29 @@ def test_pgmq_read_with_poll_of_a_partitioned_queue(with_pgmq) -> None:  # type:
             assert got == sent and 0.25 < waited < 1.5, (got, sent, waited)
             if name == q:
                 assert _ids(conn, "SELECT * FROM pgmq.delete(%s, %s::bigint[])", q, got) == got
+
+
+def test_pgmq_purge_and_drop_of_a_partitioned_queue(with_pgmq) -> None:  # type: ignore[no-untyped-def]
+    """purge_queue empties every partition (the count summed); drop_queue (both overloads)
+    drops every partition and the router's record of them; a plain queue's as before."""
+    names = ("pgq_drop_a", "pgq_drop_b", "pgq_drop_plain")
+    with Client(with_pgmq.dsn) as c:
+        for name in names[:2]:
+            c.create_queue(name, partitions=2, max_attempts=NO_LIMIT)
+        c.create_queue(names[2], max_attempts=NO_LIMIT)
+    with psycopg.connect(with_pgmq.dsn, autocommit=True) as conn:
+        for name in names:
+            sent = _ids(conn, "SELECT * FROM pgmq.send_batch(%s, ARRAY['{}', '{}', '{}']::jsonb[])", name)
+            sent += _ids(conn, "SELECT * FROM pgmq.send_batch(%s, ARRAY['{}', '{}', '{}']::jsonb[])", name)
+            if name != names[2]:
+                assert {i % STRIDE for i in sent} == {0, 1}
+            assert conn.execute("SELECT pgmq.purge_queue(%s)", (name,)).fetchone() == (6,)
+            assert conn.execute("SELECT queue_length FROM pgmq.metrics(%s)", (name,)).fetchone() == (0,)
+        assert conn.execute("SELECT pgmq.drop_queue(%s)", (names[0],)).fetchone() == (True,)
+        assert conn.execute("SELECT pgmq.drop_queue(%s, false)", (names[1],)).fetchone() == (True,)
+        assert conn.execute("SELECT pgmq.drop_queue(%s)", (names[2],)).fetchone() == (True,)
+        for name in names:
+            assert conn.execute("SELECT pgmq.drop_queue(%s)", (name,)).fetchone() == (False,)
+    st = shard.status(with_pgmq.dsn)
+    assert not set(names) & set(st.partitioned)
+    assert all(not set(names) & set(s.queues) for s in st.shards)

@@ -26,8 +26,11 @@ do:
   the newest the newest); ``metrics_all`` merges a partitioned queue's rows into one
   (:data:`METRICS_ALL`).
 
-Every other facade call of one queue (the grouped reads, ``purge_queue``,
-``drop_queue``, ``create*``, notifications, topic bindings) stays refused for a partitioned
+* ``purge_queue``: every partition, the counts summed; ``drop_queue`` (both overloads): the
+  router's ``queue_drop`` (every partition dropped, the router's record of them gone).
+
+Every other facade call of one queue (the grouped reads, ``create*``, notifications, topic
+bindings) stays refused for a partitioned
 queue by ``_shard_of``. A plain queue's calls go where they went: the routing functions and
 the dispatchers start with :data:`lonnymq.shard.partitions.PLAIN_ROUTE` (the routing functions
 in the caller's role, no SET clause; the dispatchers are SECURITY DEFINER with a pinned
@@ -63,7 +66,16 @@ BY_ID = ("delete", "archive", "set_vt")
 #: turn until one returns rows) or ``metrics`` (one merged row).
 #: ``poll`` (read_with_poll: ``first`` over the partitions with pgmq's ``read``, again every
 #: poll_interval_ms until a read returns rows or max_poll_seconds pass).
-DISPATCHED: dict[str, str] = {"read": "first", "pop": "first", "read_with_poll": "poll", "metrics": "metrics"}
+#: ``sum`` (purge_queue: every partition, the counts summed), ``drop`` (drop_queue, either
+#: overload: the router's queue_drop, which drops every partition and forgets the queue).
+DISPATCHED: dict[str, str] = {
+    "read": "first",
+    "pop": "first",
+    "read_with_poll": "poll",
+    "metrics": "metrics",
+    "purge_queue": "sum",
+    "drop_queue": "drop",
+}
 
 #: What read_with_poll reads each partition with: pgmq.read (its _on_ function), with these of
 #: read_with_poll's arguments.
@@ -194,7 +206,8 @@ def dispatcher_statements(
     p, s = sql.Identifier(pgmq), sql.Identifier(core)
     how = dispatched(fn)
     # The overloads of a name (delete, archive, set_vt) each get their own _on_ function.
-    on_name = f"_on_{fn.name}" if how != "by_ids" else f"_on_{fn.name}_{_digest(fn.identity)}"
+    overloaded = how in ("by_ids", "drop")
+    on_name = f"_on_{fn.name}_{_digest(fn.identity)}" if overloaded else f"_on_{fn.name}"
     on = sql.Identifier(on_name)
     # PL/Proxy's SELECT names the arguments bare (the facade's names: queue_name, vt, qty...).
     target = sql.SQL("{}.{}({})").format(
@@ -208,7 +221,9 @@ def dispatcher_statements(
     # A plain queue's call on its shard (PLAIN_ROUTE; _shard_of if the queue stopped being
     # partitioned meanwhile); then the partitioned queue's part of the body.
     ret = sql.SQL(
-        "RETURN {};" if how == "metrics" else "RETURN QUERY SELECT * FROM {};\n        RETURN;"
+        "RETURN {};"
+        if how in ("metrics", "sum", "drop")
+        else "RETURN QUERY SELECT * FROM {};\n        RETURN;"
     ).format(call)
     head = sql.SQL(_HEAD).format(route=_plain(core, ret), s=s, ret=ret)
     if how == "by_ids":  # each partition's shard with the ids it holds (one call for a plain queue)
@@ -297,6 +312,19 @@ END"""
             ),
             all_down=sql.SQL(_ALL_DOWN),
         )
+    elif how in ("sum", "drop"):
+        # purge_queue: each partition purged, the counts summed; drop_queue: the router's
+        # queue_drop (every partition, then the router's record of them; pgmq's own state on
+        # each shard follows its queue, as a plain queue's drop).
+        part = (
+            "RETURN (SELECT coalesce(sum(r.n), 0)::bigint FROM unnest(v_parts) AS x(shard),"
+            " LATERAL {p}.{on}(x.shard, queue_name) AS r(n));"
+            if how == "sum"
+            else "RETURN {s}.queue_drop(queue_name, true);"
+        )
+        body = sql.SQL(
+            "DECLARE\n    v_parts integer[];\n    p_shard integer;\nBEGIN\n{head}    " + part + "\nEND"
+        ).format(s=s, p=p, on=on, head=head)
     else:  # metrics: one row, each partition's merged
         body = sql.SQL(
             """DECLARE
