@@ -31,7 +31,11 @@ Workloads (``--workloads``), per message:
   BRIN index on the time, as LonnyMQ's ``settled``): a floor alone, no LonnyMQ statement;
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
-* ``send_key``: ``send`` with an idempotency key, as the Python client sends by default.
+* ``send_key``: ``send`` with an idempotency key, as the Python client sends by default;
+* ``send_clock`` / ``send_key_clock``: the same on the server's clock (no ``p_now``), in FROM
+  (``SELECT * FROM send(...)``, as the Python client called it before migration 0020);
+  ``send_call_clock`` / ``send_key_call_clock``: in a select list, as it calls it since
+  (``SELECT (r).id, (r).outcome FROM (SELECT send(...) AS r OFFSET 0) s``).
 
 pgmq's API (issue 13), the statements pgmq's own Python client sends (``pgmq/_sql.py``),
 ``PREPARE``d with their parameters as a driver prepares them and ``EXECUTE``d with the
@@ -148,6 +152,22 @@ WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
     "send_clock": ("SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea)", None, 1),
     "send_key_clock": (
         "SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea, p_send_key => gen_random_uuid())",
+        None,
+        1,
+    ),
+    # send and send_key called in a select list, as the Python client calls send() since
+    # migration 0020 (send returns one value of type sent, not a set: a Result node instead of a
+    # Function Scan; its fields taken by the outer query); on a tree from before 0020 this is a
+    # set-returning call in a select list (a ProjectSet).
+    "send_call_clock": (
+        "SELECT (r).id, (r).outcome FROM (SELECT {s}.send('q', '" + PAYLOAD + "'::bytea) AS r OFFSET 0) s",
+        None,
+        1,
+    ),
+    "send_key_call_clock": (
+        "SELECT (r).id, (r).outcome FROM (SELECT {s}.send('q', '"
+        + PAYLOAD
+        + "'::bytea, p_send_key => gen_random_uuid()) AS r OFFSET 0) s",
         None,
         1,
     ),

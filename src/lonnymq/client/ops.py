@@ -399,10 +399,16 @@ class Statements:
             " %b::text[], %s::text, p_send_key => %s::uuid)"
         )
         # One message: the lean send (sql/send.sql), every argument in a fixed position so that
-        # the statement is prepared once per connection.
+        # the statement is prepared once per connection. send() returns one value of its
+        # composite type sent (migration 0020), called in a select list: no Function Scan (its
+        # tuple store and result descriptor, set up at every call, cost the server 3% of a
+        # send). Its fields are taken in the outer query (OFFSET 0 keeps the call single), so
+        # that the columns are bigint and text: a result of type sent would name the type's oid,
+        # which a shard router's rebuild (shard upgrade) changes under prepared statements.
         self.send = q(
-            "SELECT id, outcome FROM {s}.send(%s::text, %b::bytea, %s::text, %s::text, %b::jsonb,"
-            " %s::bigint, %s::bigint, %s::int2, %s::text, %s::text, %s::text, %s::uuid)"
+            "SELECT (r).id, (r).outcome FROM (SELECT {s}.send(%s::text, %b::bytea, %s::text, %s::text,"
+            " %b::jsonb, %s::bigint, %s::bigint, %s::int2, %s::text, %s::text, %s::text, %s::uuid) AS r"
+            " OFFSET 0) s"
         )
         self.take = q("SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])")
         # A drain's take(ack=previous) of one delivery: scalars, as ack_one.
