@@ -658,12 +658,12 @@ def test_send_returns_one_value_called_in_the_select_list(
     client: Client, conn: Any, schema: str, s: sql.Identifier
 ) -> None:
     """send() returns one value of its composite type sent (migration 0020), not a set: the
-    Python client calls it in a select list, planned as a Result node under the subquery scan
-    that takes its fields (a set-returning function is a Function Scan, or a ProjectSet in a
-    select list, each with a tuple store and a result descriptor set up at every call), and
-    the call runs once per send. SELECT * FROM send(...) still gives the columns id and
-    outcome, one row; the client reads both (created, a repeat, a dropped message)."""
-    from lonnymq.client.ops import statements
+    Python client calls it in the select list, planned as one Result node (a set-returning
+    function is a Function Scan, or a ProjectSet in a select list, each with a tuple store and
+    a result descriptor set up at every call). SELECT * FROM send(...) still gives the columns
+    id and outcome, one row; the client reads the value's binary form (created, a repeat, a
+    dropped message's NULL id)."""
+    from lonnymq.client.ops import _sent, statements
 
     client.create_queue("q", channel_max_size=1, channel_on_full="drop")
     row = conn.execute(
@@ -675,12 +675,10 @@ def test_send_returns_one_value_called_in_the_select_list(
     stmt = statements(schema).send.as_string(conn)
     params = ("q", b"x", None, None, None, None, None, 0, None, None, "ignore", None)
     [[plan]] = conn.execute("EXPLAIN (FORMAT JSON, COSTS OFF) " + stmt, params).fetchone()  # type: ignore[misc]
-    assert [x["Node Type"] for x in _nodes(plan["Plan"])] == ["Subquery Scan", "Result"], plan
+    assert [x["Node Type"] for x in _nodes(plan["Plan"])] == ["Result"], plan
     count = sql.SQL("SELECT count(*) FROM {}.message").format(s)
-    cur = conn.execute(stmt, params)
-    assert [c.name for c in cur.description] == ["id", "outcome"]
-    [(sent_id, outcome)] = cur.fetchall()
-    assert isinstance(sent_id, int) and outcome == "created"
+    sent = _sent(conn.execute(stmt, params, binary=True).fetchall())
+    assert isinstance(sent.id, int) and sent.outcome == "created"
     assert conn.execute(count).fetchone() == (1,)  # one call, one message
     cur = conn.execute(sql.SQL("SELECT * FROM {}.send('q', '\\x01')").format(s))
     assert [c.name for c in cur.description] == ["id", "outcome"]
