@@ -304,6 +304,24 @@ class Cluster:
             capture_output=True,
         )
 
+    def start_bench(self) -> str:
+        """initdb, start the server and create database ``bench``: its DSN."""
+        self.initdb()
+        self.pg_ctl("start")
+        dsn = f"postgresql://root@127.0.0.1:{self.port}/postgres"
+        subprocess.run([str(self.bin / "psql"), dsn, "-qc", "CREATE DATABASE bench"], check=True)
+        return dsn.rsplit("/", 1)[0] + "/bench"
+
+    def install(self, dsn: str, src: str, schema: str) -> None:
+        """LonnyMQ of the tree ``src`` (its own migrate) in ``schema``, with a queue ``q``."""
+        code = (
+            "import sys; from lonnymq import Client\n"
+            "with Client(sys.argv[1], schema=sys.argv[2], pool_size=1) as c:\n"
+            "    c.migrate(); c.create_queue('q')\n"
+        )
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+        subprocess.run([sys.executable, "-c", code, dsn, schema], env=env, check=True)
+
     def single(self, script: str, db: str = "bench", commits: bool = False) -> int:
         """Instructions callgrind counted for ``script`` in a single-user backend on ``db``
         (with ``commits``, each statement's commit too)."""
@@ -473,20 +491,10 @@ def main() -> None:
     cluster = Cluster(args.bin)
     results: dict[str, dict[str, float]] = {}
     try:
-        cluster.initdb()
-        cluster.pg_ctl("start")
-        dsn = f"postgresql://root@127.0.0.1:{cluster.port}/postgres"
-        subprocess.run([str(args.bin / "psql"), dsn, "-qc", "CREATE DATABASE bench"], check=True)
-        dsn = dsn.rsplit("/", 1)[0] + "/bench"
+        dsn = cluster.start_bench()
         subprocess.run([str(args.bin / "psql"), dsn, "-qc", _FLOOR_DDL.replace("\n", ";\n")], check=True)
         for name, src in trees:
-            code = (
-                "import sys; from lonnymq import Client\n"
-                "with Client(sys.argv[1], schema=sys.argv[2], pool_size=1) as c:\n"
-                "    c.migrate(); c.create_queue('q')\n"
-            )
-            env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
-            subprocess.run([sys.executable, "-c", code, dsn, f"tree_{name}"], env=env, check=True)
+            cluster.install(dsn, src, f"tree_{name}")
         # The pop floor's constants, from the last tree's queue (nothing rotates in a run).
         last = f"tree_{trees[-1][0]}"
         got = subprocess.run(
