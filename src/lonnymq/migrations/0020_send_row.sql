@@ -1,4 +1,4 @@
--- LonnyMQ 0020: send() returns one row of a composite type, not a set (issue 12; function in
+-- LonnyMQ 0020: send() returns one value of a composite type, not a set (issue 12; function in
 -- ../sql/send.sql). Stored data: the type; and the old function, whose result type changes.
 -- Template: {schema} is the quoted schema identifier, {schema_name} its string literal; literal
 -- braces are doubled.
@@ -6,7 +6,7 @@
 -- What send() returns: the message's id and the outcome, as send_batch's rows (without ord).
 -- A plain function of this type can be called in a select list (SELECT send(...)): one Result
 -- node, where a set-returning function is a Function Scan with its tuple store, set up at every
--- call (docs/benchmarks.md, "send() returns one row"). SELECT * FROM send(...) and SELECT id,
+-- call (docs/benchmarks.md, "send() returns one value"). SELECT * FROM send(...) and SELECT id,
 -- outcome FROM send(...) still return the columns id and outcome.
 CREATE TYPE {schema}.sent AS (
     id      bigint,
