@@ -381,8 +381,6 @@ def _statement(function: str, pattern: str, names: dict[str, str], schema: str, 
     matches = list(re.finditer(pattern, body, re.S))
     assert len(matches) > nth, f"the statement is not in {function}()"
     text = matches[nth][1]
-    # A SELECT ... INTO r (send()'s result, plpgsql's target) is planned as the SELECT.
-    text = re.sub(r"\s+INTO r\s+FROM ins$", " FROM ins", text)
     for name, param in names.items():
         text = re.sub(rf"(?<![\w.]){re.escape(name)}\b", param, text)
     unknown = re.findall(r"(?<![\w.])(?:p|v)_\w+|\bq\.(?!id\b|gen\b|priority_step_ms\b|mid\b)\w+", text)
@@ -414,8 +412,8 @@ def _assert_changed_by_ctid(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 #: The lean send's statements in send(): without a send key (one INSERT ... SELECT from the
 #: queue's row) and with one (the queue's row in a CTE that both inserts read).
-PLAIN_SEND = r"IF p_send_key IS NULL THEN\s+(?:--[^\n]*\n\s*)*(WITH ins AS .*?FROM ins);"
-KEYED_SEND = r"\bELSE\s+(?:--[^\n]*\n\s*)*(WITH q AS .*?FROM ins);"
+PLAIN_SEND = r"IF p_send_key IS NULL THEN\s+(?:--[^\n]*\n\s*)*RETURN QUERY\s+(WITH ins AS .*?FROM ins);"
+KEYED_SEND = r"\bELSE\s+(?:--[^\n]*\n\s*)*RETURN QUERY\s+(WITH q AS .*?FROM ins);"
 
 
 @pytest.mark.parametrize("keyed", [False, True])
@@ -549,7 +547,7 @@ def test_the_keyed_send_is_the_plain_send_with_its_key_row() -> None:
     )
     tail = (
         "RETURNING m.id, m.queue_id ), st AS ( INSERT INTO {schema}.queue_stat (queue_id, minute, sent)"
-        " SELECT ins.queue_id, v_now / 60000, 1 FROM ins ) SELECT ins.id, 'created'::text INTO r FROM ins"
+        " SELECT ins.queue_id, v_now / 60000, 1 FROM ins ) SELECT ins.id, 'created'::text FROM ins"
     )
     assert plain.endswith(tail) and keyed.endswith(tail)
 
@@ -652,42 +650,3 @@ def test_a_null_priority_takes_send_batch_and_sends_at_priority_0(
     assert outcome == "created"
     row = conn.execute(sql.SQL("SELECT priority FROM {}.message WHERE id = %s").format(s), (mid,)).fetchone()
     assert row == (0,)
-
-
-def test_send_returns_one_value_called_in_the_select_list(
-    client: Client, conn: Any, schema: str, s: sql.Identifier
-) -> None:
-    """send() returns one value of its composite type sent (migration 0020), not a set: the
-    Python client calls it in the select list, planned as one Result node (a set-returning
-    function is a Function Scan, or a ProjectSet in a select list, each with a tuple store and
-    a result descriptor set up at every call). SELECT * FROM send(...) still gives the columns
-    id and outcome, one row; the client reads the value's binary form (created, a repeat, a
-    dropped message's NULL id)."""
-    from lonnymq.client.ops import _sent, statements
-
-    client.create_queue("q", channel_max_size=1, channel_on_full="drop")
-    row = conn.execute(
-        "SELECT pg_get_function_result(p.oid), p.proretset FROM pg_proc p"
-        " WHERE p.pronamespace = %s::regnamespace AND p.proname = 'send'",
-        (schema,),
-    ).fetchone()
-    assert row == (f"{schema}.sent", False)
-    stmt = statements(schema).send.as_string(conn)
-    params = ("q", b"x", None, None, None, None, None, 0, None, None, "ignore", None)
-    [[plan]] = conn.execute("EXPLAIN (FORMAT JSON, COSTS OFF) " + stmt, params).fetchone()  # type: ignore[misc]
-    assert [x["Node Type"] for x in _nodes(plan["Plan"])] == ["Result"], plan
-    count = sql.SQL("SELECT count(*) FROM {}.message").format(s)
-    sent = _sent(conn.execute(stmt, params, binary=True).fetchall())
-    assert isinstance(sent.id, int) and sent.outcome == "created"
-    assert conn.execute(count).fetchone() == (1,)  # one call, one message
-    cur = conn.execute(sql.SQL("SELECT * FROM {}.send('q', '\\x01')").format(s))
-    assert [c.name for c in cur.description] == ["id", "outcome"]
-    [(sent_id, outcome)] = cur.fetchall()
-    assert isinstance(sent_id, int) and outcome == "created"
-    first = client.send("q", 1, channel="c", idempotency_key="0193a5b0-0000-7000-8000-000000000002")
-    assert first.outcome == "created" and isinstance(first.id, int)
-    again = client.send("q", 2, channel="c", idempotency_key="0193a5b0-0000-7000-8000-000000000002")
-    assert again == first
-    dropped = client.send("q", 3, channel="c")
-    assert (dropped.id, dropped.outcome) == (None, "dropped")
-    assert conn.execute(count).fetchone() == (3,)

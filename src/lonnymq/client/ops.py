@@ -11,7 +11,6 @@ import math
 import os
 import re
 import select
-import struct
 import time
 import uuid
 from collections import namedtuple
@@ -400,12 +399,9 @@ class Statements:
             " %b::text[], %s::text, p_send_key => %s::uuid)"
         )
         # One message: the lean send (sql/send.sql), every argument in a fixed position so that
-        # the statement is prepared once per connection. send() returns one value of its
-        # composite type sent (migration 0020): called in the select list, it is planned as one
-        # Result node, with no Function Scan (whose tuple store and result descriptor, set up at
-        # every call, cost the server 5% of a send), and its value is the one column (_sent).
+        # the statement is prepared once per connection.
         self.send = q(
-            "SELECT {s}.send(%s::text, %b::bytea, %s::text, %s::text, %b::jsonb,"
+            "SELECT id, outcome FROM {s}.send(%s::text, %b::bytea, %s::text, %s::text, %b::jsonb,"
             " %s::bigint, %s::bigint, %s::int2, %s::text, %s::text, %s::text, %s::uuid)"
         )
         self.take = q("SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])")
@@ -506,30 +502,8 @@ def _ids(rows: list[Any]) -> set[int]:
     return {r[0] for r in rows}
 
 
-#: A sent value (id bigint, outcome text) as PostgreSQL sends a composite in binary
-#: (record_send): the number of columns, then each column's type oid, length (-1: NULL), bytes.
-_SENT_ID = struct.Struct("!iIi")
-_SENT_OUTCOME = struct.Struct("!Ii")
-_INT8 = struct.Struct("!q")
-
-
 def _sent(rows: list[Any]) -> SendResult:
-    """send()'s value. Its type sent is not one psycopg knows: it comes as the bytes of its
-    binary form, read here (registering the type would cost a query on every connection). A
-    shard router's send() (a one-row TABLE, lonnymq.shard.catalog) or a schema from before
-    migration 0020 (a set) gives an anonymous record, which psycopg reads as a tuple."""
-    v = rows[0][0]
-    if not isinstance(v, (bytes, bytearray, memoryview)):
-        return SendResult(v[0], v[1])
-    b = bytes(v)
-    n, _, size = _SENT_ID.unpack_from(b, 0)
-    if n != 2:
-        raise errors.LonnyMQError(f"send() returned a value of {n} fields, expected 2 (id, outcome)")
-    id_ = None if size < 0 else _INT8.unpack_from(b, 12)[0]
-    at = 12 + max(size, 0)
-    _, size = _SENT_OUTCOME.unpack_from(b, at)
-    outcome: Any = None if size < 0 else b[at + 8 : at + 8 + size].decode()
-    return SendResult(id_, outcome)
+    return SendResult(rows[0].id, rows[0].outcome)
 
 
 def _message(

@@ -210,8 +210,7 @@ def init(
                 first.execute(catalog.CATALOG_QUERY, (catalog.PGMQ_SCHEMA,)).fetchall()
             )
             pgmq_types = first.execute(catalog.TYPES_QUERY, (catalog.PGMQ_SCHEMA,)).fetchall()
-    # NoRoute before anything is changed
-    statements = catalog.proxy_statements(schema, fns, composites=types)
+    statements = catalog.proxy_statements(schema, fns)  # NoRoute before anything is changed
     pgmq_statements = catalog.proxy_statements(catalog.PGMQ_SCHEMA, pgmq_fns, core=schema) if has_pgmq else []
     timeout_ms = max(1, int(lock_timeout * 1000))
     with _connect(router_dsn, "router") as router:

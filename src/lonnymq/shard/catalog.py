@@ -335,32 +335,13 @@ def cluster_name(schema: str) -> str:
     return f"lonnymq_{schema}"
 
 
-def _router_result(schema: str, fn: CoreFunction, composites: Sequence[Sequence[Any]]) -> str:
-    """The result a proxy of ``fn`` declares: the core's, except that one value of a composite
-    type of the schema (``send`` returns a ``sent``, migration 0020) is returned as the same
-    columns in a TABLE (one row), as before that type: a rebuild of the router (shard upgrade)
-    drops and creates its types again, and a call in flight whose result names the old type's
-    oid would fail to read it (tests/shard/test_shard_upgrade.py)."""
-    if fn.retset:
-        return fn.result
-    for name, columns, types in composites:
-        if fn.result in (name, f"{schema}.{name}", f'"{schema}".{name}'):
-            return "TABLE(" + ", ".join(f"{c} {ty}" for c, ty in zip(columns, types, strict=True)) + ")"
-    return fn.result
-
-
 def proxy_statements(
-    schema: str,
-    fns: Sequence[CoreFunction],
-    *,
-    core: str | None = None,
-    composites: Sequence[Sequence[Any]] = (),
+    schema: str, fns: Sequence[CoreFunction], *, core: str | None = None
 ) -> list[sql.Composed]:
     """CREATE FUNCTION statements of the router: one proxy per core function (plus, for calls
     merged over all shards, an internal ``_all_<name>`` that returns every shard's rows).
     ``core``: ``fns`` are the pgmq facade's (in ``schema``), over the LonnyMQ schema ``core``
-    (its cluster and queue routes). ``composites``: the schema's composite types (rows of
-    :data:`TYPES_QUERY`), for the results of :func:`_router_result`."""
+    (its cluster and queue routes)."""
     s = sql.Identifier(schema)
     home = schema if core is None else core  # the LonnyMQ schema: cluster, _shard_of
     cluster = sql.Literal(cluster_name(home))
@@ -379,7 +360,7 @@ def proxy_statements(
         # The signature text comes from pg_get_function_* of the core (names, types and defaults
         # exactly as installed): catalog output, not user input.
         args = sql.SQL(fn.arguments)
-        result = sql.SQL(_router_result(schema, fn, composites))
+        result = sql.SQL(fn.result)
         # A call that visits every partition of a partitioned queue: the proxy is the plain
         # queue's path of a dispatcher (lonnymq.shard.partitions) that takes the public name.
         dispatched = core is None and fn.name in partitions.DISPATCHED

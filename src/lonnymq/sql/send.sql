@@ -444,12 +444,8 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Send one message: what Client.send() calls, one round trip. Returns its id and outcome as
--- send_batch does, as one value of type sent (migration 0020): not a set, so that a caller may
--- call it in a select list (SELECT send(...), as the Python client does: a Result node, where
--- a set-returning function in FROM is a Function Scan with its result's tuple store and
--- descriptor, set up at every call; benchmarks/server_instructions.py); SELECT * FROM send(...)
--- still returns the columns id and outcome, one row. The plain case (no key, no channel), the
--- one producers repeat most, is a single statement with a cached plan: it finds the queue by name (its unique
+-- send_batch does (one row). The plain case (no key, no channel), the one producers repeat
+-- most, is a single statement with a cached plan: it finds the queue by name (its unique
 -- index), takes the writer's hold on the current generation (_gen_write) and the wake-up's
 -- send lock, notifying a waiting consumer (_wake), inserts the message and its queue_stat row
 -- (the one counter of sends). Those two helpers are inlined (a nested plpgsql call costs more
@@ -486,11 +482,10 @@ CREATE OR REPLACE FUNCTION {schema}.send(
     p_on_conflict  text     DEFAULT 'ignore',
     p_send_key     uuid     DEFAULT NULL,
     p_now          bigint   DEFAULT NULL
-) RETURNS {schema}.sent
+) RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off AS $$
 DECLARE
-    r      {schema}.sent;
     v_now  bigint;
     v_at   bigint;
     v_gen  bigint;
@@ -515,57 +510,59 @@ BEGIN
             -- for the locks, no CTE for the queue (a CTE scan and its materialisation), no
             -- explicit id (nextval() in the SELECT list would keep it a subquery scan of its
             -- own: the identity default takes the same sequence).
-            WITH ins AS (
-                INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
-                                                  priority, kind, content_type, headers, payload)
-                SELECT x.id, v_gen,
-                       {schema}._dequeue_at(v_at, p_priority, x.priority_step_ms, v_now), v_at, v_now, p_priority,
-                       p_kind, p_content_type, p_headers, p_payload
-                  FROM {schema}.queue x
-                 WHERE x.name = p_queue
-                   AND {schema}._send_ok(x.id, x.name, x.max_payload_bytes, p_payload, v_gen)
-                RETURNING m.id, m.queue_id
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
-                SELECT ins.queue_id, v_now / 60000, 1 FROM ins
-            )
-            SELECT ins.id, 'created'::text INTO r FROM ins;
+            RETURN QUERY
+                WITH ins AS (
+                    INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                                      priority, kind, content_type, headers, payload)
+                    SELECT x.id, v_gen,
+                           {schema}._dequeue_at(v_at, p_priority, x.priority_step_ms, v_now), v_at, v_now, p_priority,
+                           p_kind, p_content_type, p_headers, p_payload
+                      FROM {schema}.queue x
+                     WHERE x.name = p_queue
+                       AND {schema}._send_ok(x.id, x.name, x.max_payload_bytes, p_payload, v_gen)
+                    RETURNING m.id, m.queue_id
+                ), st AS (
+                    INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+                    SELECT ins.queue_id, v_now / 60000, 1 FROM ins
+                )
+                SELECT ins.id, 'created'::text FROM ins;
         ELSE
             -- The same (keep them in step), the key's send_key row first: the message's id
             -- comes from the sequence first (in q, which both inserts read), so that the key
             -- row can hold it; a key the queue has recorded (or that a running call holds: the
             -- insert waits for it) inserts nothing.
-            WITH q AS (
-                SELECT x.id, x.priority_step_ms, nextval('{schema}.message_id_seq') AS mid
-                  FROM {schema}.queue x
-                 WHERE x.name = p_queue
-                   AND {schema}._send_ok(x.id, x.name, x.max_payload_bytes, p_payload, v_gen)
-            ), k AS (
-                INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
-                SELECT q.id, p_send_key, v_now, ARRAY[q.mid] FROM q
-                ON CONFLICT (queue_id, key) DO NOTHING
-                RETURNING k.queue_id
-            ), ins AS (
-                INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
-                                                  priority, kind, content_type, headers, payload)
-                SELECT q.id, q.mid, v_gen,
-                       {schema}._dequeue_at(v_at, p_priority, q.priority_step_ms, v_now), v_at, v_now, p_priority,
-                       p_kind, p_content_type, p_headers, p_payload
-                  FROM q JOIN k ON k.queue_id = q.id
-                RETURNING m.id, m.queue_id
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
-                SELECT ins.queue_id, v_now / 60000, 1 FROM ins
-            )
-            SELECT ins.id, 'created'::text INTO r FROM ins;
+            RETURN QUERY
+                WITH q AS (
+                    SELECT x.id, x.priority_step_ms, nextval('{schema}.message_id_seq') AS mid
+                      FROM {schema}.queue x
+                     WHERE x.name = p_queue
+                       AND {schema}._send_ok(x.id, x.name, x.max_payload_bytes, p_payload, v_gen)
+                ), k AS (
+                    INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
+                    SELECT q.id, p_send_key, v_now, ARRAY[q.mid] FROM q
+                    ON CONFLICT (queue_id, key) DO NOTHING
+                    RETURNING k.queue_id
+                ), ins AS (
+                    INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                                      priority, kind, content_type, headers, payload)
+                    SELECT q.id, q.mid, v_gen,
+                           {schema}._dequeue_at(v_at, p_priority, q.priority_step_ms, v_now), v_at, v_now, p_priority,
+                           p_kind, p_content_type, p_headers, p_payload
+                      FROM q JOIN k ON k.queue_id = q.id
+                    RETURNING m.id, m.queue_id
+                ), st AS (
+                    INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+                    SELECT ins.queue_id, v_now / 60000, 1 FROM ins
+                )
+                SELECT ins.id, 'created'::text FROM ins;
         END IF;
         IF FOUND THEN
-            RETURN r;
+            RETURN;
         END IF;
     END IF;
-    SELECT s.id, s.outcome INTO r
+    RETURN QUERY
+    SELECT s.id, s.outcome
       FROM {schema}.send_batch(p_queue, ARRAY[p_payload], ARRAY[p_kind], ARRAY[p_content_type],
                                ARRAY[p_headers], ARRAY[p_at_ms], ARRAY[p_delay_ms], ARRAY[p_priority],
                                ARRAY[p_key], ARRAY[p_channel], p_on_conflict, p_now, p_send_key) s;
-    RETURN r;
 END $$;
