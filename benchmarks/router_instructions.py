@@ -23,7 +23,13 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   ``send``, ``send_batch`` and ``ack`` (``_send_shard``, ``_batch_shard``, ``_id_shard``) alone;
   ``shard_of``: ``_shard_of`` alone (what ``_hash_take`` runs); ``partitions``: ``_partitions``;
   ``noop``: ``SELECT 1`` (what a top-level statement costs: subtract it from the ones alone);
-* ``send_parted``, ``take_parted``: a queue with 2 partitions (one on each shard).
+* ``send_parted``, ``take_parted``: a queue with 2 partitions (one on each shard);
+* ``pgmq_send``, ``pgmq_read`` (one message), ``pgmq_read_delete`` (a read of one, then
+  ``pgmq.delete`` of its id: ``pgmq_delete`` is reported as the difference), ``pgmq_read10``
+  and ``pgmq_read10_delete10`` (the same with 10 messages and ``pgmq.delete`` of an array of
+  their 10 ids: ``pgmq_delete10``), ``pgmq_metrics``:
+  the pgmq facade's calls through the router (``shard init --pgmq``: with any of them, every
+  tree's router is made with the facade, installed on the shards).
 
     python benchmarks/router_instructions.py --trees before=../main/src,after=src \\
         [--workloads send,take,...] [--calls 200] [--json out.json]
@@ -56,6 +62,12 @@ _KEEP = (
     " set_config('b.toks', coalesce(array_agg(t.token)::text, '{}'), false)"
 )
 _ACK = "current_setting('b.ids')::bigint[], current_setting('b.toks')::int[]"
+#: A pgmq read of one message, its id kept for the delete that follows.
+_PGMQ_READ = (
+    "SELECT set_config('b.id', coalesce(max(t.msg_id), 0)::text, false) FROM pgmq.read('{q}', 30, 1) t"
+)
+#: A pgmq read of 10 messages, their ids kept for the delete (of an array) that follows.
+_PGMQ_READ10 = "SELECT set_config('b.ids', coalesce(array_agg(t.msg_id)::text, '{}'), false) FROM pgmq.read('{q}', 30, 10) t"
 
 
 def _calls(fn: str) -> dict[str, tuple[str, ...]]:
@@ -82,8 +94,27 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "noop": ("SELECT 1",),
     "send_parted": (_calls("lonnymq.{}")["send"][0].replace("{q}", "{pq}"),),
     "take_parted": (_calls("lonnymq.{}")["take"][0].replace("{q}", "{pq}"),),
+    "pgmq_send": ("""SELECT * FROM pgmq.send('{q}', '{"n": 1}'::jsonb)""",),
+    "pgmq_read": (_PGMQ_READ,),
+    "pgmq_read_delete": (_PGMQ_READ, "SELECT pgmq.delete('{q}', current_setting('b.id')::bigint)"),
+    "pgmq_metrics": ("SELECT * FROM pgmq.metrics('{q}')",),
+    "pgmq_read10": (_PGMQ_READ10,),
+    "pgmq_read10_delete10": (
+        _PGMQ_READ10,
+        "SELECT count(*) FROM pgmq.delete('{q}', current_setting('b.ids')::bigint[])",
+    ),
 }
-TAKES = ("take", "take_ack", "bare_take", "bare_take_ack", "take_parted")
+TAKES = (
+    "take",
+    "take_ack",
+    "bare_take",
+    "bare_take_ack",
+    "take_parted",
+    "pgmq_read",
+    "pgmq_read_delete",
+    "pgmq_read10",
+    "pgmq_read10_delete10",
+)
 DEFAULT = "send,send_batch100,take,take_ack,bare_send,bare_send_batch100,bare_take,bare_take_ack," + (
     "route_send,route_batch,route_ack,shard_of,partitions,noop,send_parted,take_parted"
 )
@@ -121,7 +152,12 @@ def _script(statements: tuple[str, ...], calls: int, names: dict[str, str]) -> s
     prepared = [f"PREPARE w{i} AS {s}" for i, s in enumerate(texts)]
     once = "".join(f"EXECUTE w{i}\n" for i in range(len(statements)))
     # 20 first calls: plans made, connections to the shards opened.
-    return "SET b.ids = '{}'\nSET b.toks = '{}'\n" + "\n".join(prepared) + "\n" + once * (20 + calls)
+    return (
+        "SET b.ids = '{}'\nSET b.toks = '{}'\nSET b.id = '0'\n"
+        + "\n".join(prepared)
+        + "\n"
+        + once * (20 + calls)
+    )
 
 
 def _fill(shards: list[tuple[str, str]], backlog: int) -> None:
@@ -177,6 +213,7 @@ def main() -> None:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     low, high = max(1, args.calls // 4), args.calls
+    pgmq = any(w.startswith("pgmq_") for w in workloads)
     pgcluster.ensure_plproxy()
     settings = {"shared_preload_libraries": "''"}
     results: dict[str, dict[str, float]] = {}
@@ -194,7 +231,9 @@ def main() -> None:
                 i += 1
         names = {"q": f"rq{i}", "pq": "pq"}
         for name, src in trees:
-            code = "import sys; from lonnymq import shard; shard.init(sys.argv[1], sys.argv[2:])\n"
+            code = (
+                f"import sys; from lonnymq import shard; shard.init(sys.argv[1], sys.argv[2:], pgmq={pgmq})\n"
+            )
             env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
             subprocess.run(
                 [sys.executable, "-c", code, f"{base}/router_{name}", a.dsn, b.dsn], env=env, check=True
@@ -213,7 +252,7 @@ def main() -> None:
             for w in workloads:
                 statements = WORKLOADS[w]
                 targets = [(d, "pq") for d in (a.dsn, b.dsn)] if "parted" in w else [(a.dsn, names["q"])]
-                backlog = (high + 40) * 2 if w in TAKES else 0
+                backlog = (high + 40) * (20 if "10" in w else 2) if w in TAKES else 0
                 for name, _ in trees:
                     counts = []
                     for n in (low, high):
@@ -232,6 +271,14 @@ def main() -> None:
     if "take_ack" in results and "take" in results:
         results["ack (take_ack - take)"] = {
             n: results["take_ack"][n] - results["take"][n] for n in results["take"]
+        }
+    if "pgmq_read10_delete10" in results and "pgmq_read10" in results:
+        results["pgmq_delete10 (pgmq_read10_delete10 - pgmq_read10)"] = {
+            n: results["pgmq_read10_delete10"][n] - results["pgmq_read10"][n] for n in results["pgmq_read10"]
+        }
+    if "pgmq_read_delete" in results and "pgmq_read" in results:
+        results["pgmq_delete (pgmq_read_delete - pgmq_read)"] = {
+            n: results["pgmq_read_delete"][n] - results["pgmq_read"][n] for n in results["pgmq_read"]
         }
     print(f"\ninstructions per call on the router (k); ratios to {ref}:")
     for w, row in results.items():

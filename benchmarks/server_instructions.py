@@ -31,7 +31,12 @@ Workloads (``--workloads``), per message:
   BRIN index on the time, as LonnyMQ's ``settled``): a floor alone, no LonnyMQ statement;
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
-* ``send_key``: ``send`` with an idempotency key, as the Python client sends by default.
+* ``send_key``: ``send`` with an idempotency key, as the Python client sends by default;
+* ``send_clock`` / ``send_key_clock``: the same on the server's clock (no ``p_now``), in FROM
+  (``SELECT * FROM send(...)``, as the Python client called it before migration 0020);
+  ``send_call_clock`` / ``send_key_call_clock``: in the select list, as it calls it since
+  (``SELECT send(...)``: one value of type ``sent``); ``send_fields_clock``: its fields taken by
+  an outer query (``SELECT (r).id, (r).outcome FROM (SELECT send(...) AS r OFFSET 0) s``).
 
 pgmq's API (issue 13), the statements pgmq's own Python client sends (``pgmq/_sql.py``),
 ``PREPARE``d with their parameters as a driver prepares them and ``EXECUTE``d with the
@@ -148,6 +153,23 @@ WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
     "send_clock": ("SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea)", None, 1),
     "send_key_clock": (
         "SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea, p_send_key => gen_random_uuid())",
+        None,
+        1,
+    ),
+    # send and send_key called in a select list, as the Python client calls send() since
+    # migration 0020 (send returns one value of type sent, not a set: a Result node instead of a
+    # Function Scan); on a tree from before 0020 this is a set-returning call in the select list
+    # (a ProjectSet).
+    "send_call_clock": ("SELECT {s}.send('q', '" + PAYLOAD + "'::bytea)", None, 1),
+    "send_key_call_clock": (
+        "SELECT {s}.send('q', '" + PAYLOAD + "'::bytea, p_send_key => gen_random_uuid())",
+        None,
+        1,
+    ),
+    # The same with its fields taken by an outer query (bigint and text columns, not a value
+    # of type sent): what the client sent in the first version of the change, kept to compare.
+    "send_fields_clock": (
+        "SELECT (r).id, (r).outcome FROM (SELECT {s}.send('q', '" + PAYLOAD + "'::bytea) AS r OFFSET 0) s",
         None,
         1,
     ),
@@ -281,6 +303,24 @@ class Cluster:
             check=True,
             capture_output=True,
         )
+
+    def start_bench(self) -> str:
+        """initdb, start the server and create database ``bench``: its DSN."""
+        self.initdb()
+        self.pg_ctl("start")
+        dsn = f"postgresql://root@127.0.0.1:{self.port}/postgres"
+        subprocess.run([str(self.bin / "psql"), dsn, "-qc", "CREATE DATABASE bench"], check=True)
+        return dsn.rsplit("/", 1)[0] + "/bench"
+
+    def install(self, dsn: str, src: str, schema: str) -> None:
+        """LonnyMQ of the tree ``src`` (its own migrate) in ``schema``, with a queue ``q``."""
+        code = (
+            "import sys; from lonnymq import Client\n"
+            "with Client(sys.argv[1], schema=sys.argv[2], pool_size=1) as c:\n"
+            "    c.migrate(); c.create_queue('q')\n"
+        )
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+        subprocess.run([sys.executable, "-c", code, dsn, schema], env=env, check=True)
 
     def single(self, script: str, db: str = "bench", commits: bool = False) -> int:
         """Instructions callgrind counted for ``script`` in a single-user backend on ``db``
@@ -451,20 +491,10 @@ def main() -> None:
     cluster = Cluster(args.bin)
     results: dict[str, dict[str, float]] = {}
     try:
-        cluster.initdb()
-        cluster.pg_ctl("start")
-        dsn = f"postgresql://root@127.0.0.1:{cluster.port}/postgres"
-        subprocess.run([str(args.bin / "psql"), dsn, "-qc", "CREATE DATABASE bench"], check=True)
-        dsn = dsn.rsplit("/", 1)[0] + "/bench"
+        dsn = cluster.start_bench()
         subprocess.run([str(args.bin / "psql"), dsn, "-qc", _FLOOR_DDL.replace("\n", ";\n")], check=True)
         for name, src in trees:
-            code = (
-                "import sys; from lonnymq import Client\n"
-                "with Client(sys.argv[1], schema=sys.argv[2], pool_size=1) as c:\n"
-                "    c.migrate(); c.create_queue('q')\n"
-            )
-            env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
-            subprocess.run([sys.executable, "-c", code, dsn, f"tree_{name}"], env=env, check=True)
+            cluster.install(dsn, src, f"tree_{name}")
         # The pop floor's constants, from the last tree's queue (nothing rotates in a run).
         last = f"tree_{trees[-1][0]}"
         got = subprocess.run(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from shard_helpers import pgcluster, start_clusters
 
-from lonnymq import shard
+from lonnymq import Client, shard
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,16 @@ def sharded() -> Iterator[Sharded]:
         router, *shards = start_clusters(3, stack)
         shard.init(router.dsn, [c.dsn for c in shards])
         yield Sharded(router, shards)
+
+
+@pytest.fixture
+def with_pgmq(sharded: Sharded) -> Iterator[Sharded]:
+    """The router re-made over shards with the pgmq facade; the facade gone again after."""
+    shard.init(sharded.dsn, sharded.shard_dsns, pgmq=True)
+    try:
+        yield sharded
+    finally:
+        for dsn in sharded.shard_dsns:
+            with Client(dsn, pool_size=1) as c:
+                c.uninstall_pgmq()
+        shard.init(sharded.dsn, sharded.shard_dsns)

@@ -33,14 +33,20 @@ def database(dsn: str, name: str) -> str:
     return make_conninfo(dsn, dbname=name)
 
 
+def four_shards(sharded, prefix: str) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]
+    """A router over 4 shards: new databases ``<prefix>_router``, ``<prefix>_s<i>`` of the
+    session's two clusters, alternating."""
+    a, b = sharded.shards
+    router = database(sharded.router.dsn, f"{prefix}_router")
+    shards = [database(c.dsn, f"{prefix}_s{i}") for i, c in enumerate([a, b, a, b])]
+    shard.init(router, shards)
+    return router, shards
+
+
 @pytest.fixture(scope="module")
 def four(sharded) -> Iterator[tuple[str, list[str]]]:  # type: ignore[no-untyped-def]
-    """A router over 4 shards: databases of the session's two clusters, alternating."""
-    a, b = sharded.shards
-    router = database(sharded.router.dsn, "pmove_router")
-    shards = [database(c.dsn, f"pmove_s{i}") for i, c in enumerate([a, b, a, b])]
-    shard.init(router, shards)
-    yield router, shards
+    """A router over 4 shards (:func:`four_shards`)."""
+    yield four_shards(sharded, "pmove")
 
 
 #: A queue's live message ids on a shard database, read there.

@@ -194,12 +194,13 @@ def test_refusals(sharded) -> None:  # type: ignore[no-untyped-def]
             c.create_queue("hot_zero", partitions=0)
         c.create_queue("hot_ref", partitions=2)
         # A call that would see one partition only is refused, not answered partly.
-        # (dead letters, the archive and channels visit every partition: test_partitioned_channels)
+        # (dead letters, the archive, channels and message_list visit every partition:
+        # test_partitioned_channels, test_partitioned_messages)
         with (
             psycopg.connect(sharded.dsn, autocommit=True) as conn,
             pytest.raises(psycopg.Error, match="this call would see one partition only"),
         ):
-            conn.execute("SELECT * FROM lonnymq.message_list('hot_ref', 'ready', NULL, 10)")
+            conn.execute("SELECT lonnymq.spark_queue_check('hot_ref')")  # Spark's SQL functions
         # A partition moves only when named, and only to a shard holding none of the queue's
         # (here both shards hold one: tests/shard/test_partition_move.py moves them over 4).
         with pytest.raises(errors.InvalidArgument, match="say which partition moves"):

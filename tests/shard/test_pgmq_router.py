@@ -3,7 +3,6 @@ shards have the facade, and the official ``pgmq`` Python client works on the rou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -11,7 +10,6 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from shard_helpers import home
 
-from lonnymq import Client, shard
 from lonnymq.shard import catalog
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
@@ -24,17 +22,19 @@ SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid
 """
 
 
-@pytest.fixture
-def with_pgmq(sharded) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    """The router re-made over shards with the pgmq facade; the facade gone again after."""
-    shard.init(sharded.dsn, sharded.shard_dsns, pgmq=True)
-    try:
-        yield sharded
-    finally:
-        for dsn in sharded.shard_dsns:
-            with Client(dsn, pool_size=1) as c:
-                c.uninstall_pgmq()
-        shard.init(sharded.dsn, sharded.shard_dsns)
+def pgmq_client(dsn: str) -> Any:
+    """The official pgmq client (``pgmq.PGMQueue``) on ``dsn`` (skips without it)."""
+    pgmq = pytest.importorskip("pgmq")
+    info = conninfo_to_dict(dsn)
+    return pgmq.PGMQueue(
+        host=str(info.get("host", "localhost")),
+        port=str(info.get("port", "5432")),
+        database=str(info["dbname"]),
+        username=str(info.get("user", "postgres")),
+        password=str(info.get("password", "")),
+        pool_size=2,
+        init_extension=False,
+    )
 
 
 def test_every_pgmq_function_has_a_proxy_with_its_signature(with_pgmq) -> None:  # type: ignore[no-untyped-def]
@@ -48,17 +48,7 @@ def test_every_pgmq_function_has_a_proxy_with_its_signature(with_pgmq) -> None: 
 # pgmq 1.x's client warns on every list_queues() call that its result type changed.
 @pytest.mark.filterwarnings("ignore:list_queues\\(\\) now returns:UserWarning")
 def test_the_pgmq_client_on_the_router(with_pgmq) -> None:  # type: ignore[no-untyped-def]
-    pgmq = pytest.importorskip("pgmq")
-    info = conninfo_to_dict(with_pgmq.dsn)
-    q = pgmq.PGMQueue(
-        host=str(info.get("host", "localhost")),
-        port=str(info.get("port", "5432")),
-        database=str(info["dbname"]),
-        username=str(info.get("user", "postgres")),
-        password=str(info.get("password", "")),
-        pool_size=2,
-        init_extension=False,
-    )
+    q = pgmq_client(with_pgmq.dsn)
     # Two queues, one on each shard.
     names: dict[int, str] = {}
     i = 0

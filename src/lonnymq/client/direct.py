@@ -223,7 +223,7 @@ _CHANNEL_ARG = 9
 
 #: The listings of a partitioned queue that read every partition and merge the rows by id, cut
 #: to the call's limit (as the router's ``by_id`` dispatchers): the position of that limit.
-_MERGED = {"dead_list": 1, "archive_list": 4}
+_MERGED = {"dead_list": 1, "archive_list": 4, "message_list": 3}
 
 
 def _map_decode(rows: list[Any]) -> tuple[int, list[str]]:

@@ -17,7 +17,7 @@ from .. import errors
 from ..client import Client
 from ..migrations import DEFAULT_SCHEMA, check_schema
 from ..migrations import pgmq as pgmq_facade
-from . import catalog, partitions
+from . import catalog, partitions, pgmq_parts
 
 #: libpq's connect_timeout of the router's connections to the shards, unless a DSN gives one.
 CONNECT_TIMEOUT = 5
@@ -392,12 +392,22 @@ def _pgmq_schema(
     # As the lonnymq schema's: the shards' EXECUTE grants, for the roles that exist here.
     existing = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles").fetchall()}
     conn.execute(sql.SQL("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {} FROM PUBLIC").format(p))
+    roles: set[str] = set()
     for fn in fns:
         for role in (r for r in fn.grantees if r in existing):
+            roles.add(role)
             conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(p, sql.Identifier(role)))
             conn.execute(
                 sql.SQL("GRANT EXECUTE ON FUNCTION {}.{}({}) TO {}").format(
                     p, sql.Identifier(fn.name), sql.SQL(fn.identity), sql.Identifier(role)
+                )
+            )
+    # The routing functions PL/Proxy calls in the caller's role (partitioned queues' routes).
+    for role in sorted(roles):
+        for name in pgmq_parts.ROUTING_FUNCTIONS:
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(
+                    p, sql.Identifier(name), sql.Identifier(role)
                 )
             )
 

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from .. import errors
 from ..client.ops import ROUTER_MARKER
-from . import partitions
+from . import partitions, pgmq_parts
 
 __all__ = ["NO_QUEUE_ROUTES", "ROUTER_MARKER", "CoreFunction", "NoRoute", "Route"]
 
@@ -103,7 +103,8 @@ NO_QUEUE_ROUTES: dict[str, Route] = {
         "all",
         merge="SELECT coalesce(sum(staged_rows), 0)::bigint, coalesce(sum(streams), 0)::bigint FROM {all}",
     ),
-    # A cron schedule lives on the shard of its queue (cron_upsert routes by p_queue); by name,
+    # A cron schedule lives on the shard of its queue (cron_upsert routes by p_queue; a
+    # partitioned queue's on its partition 0's shard, partitions.ROUTED); by name,
     # only that shard finds it, the others answer "not here" (NULL, false).
     "cron_fire": Route("all", merge="SELECT max(r) FROM {all} AS r"),
     "cron_delete": Route("all", merge=_OR),
@@ -230,7 +231,8 @@ PGMQ_ROUTES: dict[str, Route] = {
     "list_queues": Route(
         "all", merge="SELECT DISTINCT ON (r.queue_name) * FROM {all} AS r ORDER BY r.queue_name"
     ),
-    "metrics_all": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
+    # A partitioned queue's rows (one per partition) merged into one, as pgmq.metrics merges them.
+    "metrics_all": Route("all", merge=pgmq_parts.METRICS_ALL),
     "list_notify_insert_throttles": Route("all", merge="SELECT * FROM {all} ORDER BY 1"),
     "list_topic_bindings": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
     "test_routing": Route("all", merge="SELECT * FROM {all} ORDER BY 1, 2"),
@@ -344,8 +346,17 @@ def proxy_statements(
     home = schema if core is None else core  # the LonnyMQ schema: cluster, _shard_of
     cluster = sql.Literal(cluster_name(home))
     out: list[sql.Composed] = []
+    if core is not None and fns:  # the facade's partitioned queues: lonnymq.shard.pgmq_parts
+        if not (_PLAIN.match(schema) and _PLAIN.match(home)):
+            raise NoRoute(f"cannot name {schema} and {home} in PL/Proxy")
+        out.extend(pgmq_parts.routing_statements(schema, home))
     for fn in fns:
         r = route(fn, pgmq=core is not None)
+        if core is not None and pgmq_parts.dispatched(fn) is not None:
+            if not (_PLAIN.match(fn.name) and all(map(_PLAIN.match, fn.argnames))):
+                raise NoRoute(f"cannot name {schema}.{fn.name} and its arguments in PL/Proxy")
+            out.extend(pgmq_parts.dispatcher_statements(fn, schema, home, cluster))
+            continue
         # The signature text comes from pg_get_function_* of the core (names, types and defaults
         # exactly as installed): catalog output, not user input.
         args = sql.SQL(fn.arguments)
@@ -386,6 +397,8 @@ def proxy_statements(
                 body = sql.SQL("CLUSTER {c}; RUN ON {f}({k});").format(
                     c=cluster, f=sql.SQL(f"{home}.{of}"), k=sql.SQL(", ".join(keys))
                 )
+                if core is not None:  # the facade: sends spread, calls on ids by their shard
+                    body = pgmq_parts.proxy_body(fn, schema, cluster) or body
             else:
                 body = sql.SQL("CLUSTER {c}; RUN ON hashtext({k});").format(c=cluster, k=sql.SQL(r.key))
         elif r.run == "one":

@@ -24,10 +24,13 @@ shard its name hashes to. The router records them in ``shard_partition`` and rou
   :data:`DOWN_SKIP` seconds by that router session), the take fails only when every partition's
   shard is unreachable; ``next_ready_in`` the same (:data:`SKIPS_DOWN`);
 * metrics, peek, next_ready_in, drop, purge, pause, resume, wait_begin/end, the dead
-  letters (dead_list, dead_requeue, dead_purge), the archive (archive_list) and the channels
+  letters (dead_list, dead_requeue, dead_purge), the archive (archive_list), the live messages'
+  listing (message_list, merged by id as the archive's) and the channels
   (channel_list, merged by name; channel_recount): every partition, merged (:data:`DISPATCHED`);
   a partitioned queue's dead-letter queue is partitioned over (at least) the same shards, and
   each partition dead-letters into the dead-letter queue's partition on its own shard;
+* a schedule (cron_upsert) to partition 0's shard: one row on one shard, so each tick is sent
+  once (cron_fire's compare-and-set there), to partition 0;
 * every other call of one queue is refused for a partitioned queue (its route ``_shard_of``
   raises InvalidArgument): it would see one partition only.
 
@@ -84,6 +87,10 @@ ROUTED: dict[str, tuple[str, tuple[str, ...]]] = {
     # A channel's policy: on the channel's partition, the one shard that enforces it.
     "channel_set": ("_channel_shard", ("p_queue", "p_channel")),
     "channel_reset": ("_channel_shard", ("p_queue", "p_channel")),
+    # A schedule (cron) of a partitioned queue: stored on its partition 0's shard, where that
+    # shard's cron_fire sends each tick once, to partition 0 (cron_fire runs on every shard and
+    # only the schedule's finds it: catalog.NO_QUEUE_ROUTES).
+    "cron_upsert": ("_cron_shard", ("p_queue",)),
 }
 
 #: Calls that visit every partition of a partitioned queue: the router's function is a plpgsql
@@ -109,6 +116,9 @@ DISPATCHED: dict[str, str] = {
     # its own; a listing merges them by id as dead_list's (the same keyset paging by id, the
     # time window and status applied on each partition).
     "archive_list": "by_id",
+    # The live messages (the dashboard's browse): each partition's first p_limit after
+    # p_after_id (of p_state), merged by id and cut to p_limit: the same keyset paging by id.
+    "message_list": "by_id",
     "dead_requeue": "by_ids",
     # Channels: each lives on one partition (its name's, CHANNEL_PARTITION), so a listing
     # merges each partition's first p_limit after p_after by name (each channel once), and a
@@ -146,6 +156,7 @@ FAST_ROUTES: dict[LiteralString, LiteralString] = {
     "_channel_shard": "p_queue text, p_channel text",
     "_id_shard": "p_queue text, p_ids bigint[]",
     "_cancel_shard": "p_queue text, p_ids bigint[], p_keys text[]",
+    "_cron_shard": "p_queue text",
 }
 
 #: The routing functions that PL/Proxy calls in the caller's role (EXECUTE granted with the
@@ -415,6 +426,21 @@ BEGIN
             array_to_string(v_at, ', '));
     END IF;
     RETURN coalesce(v_at[1], {s}._parted_id_shard(p_queue, '{{}}'));
+END $fn$""",
+    """-- The shard of a schedule (cron_upsert): a plain queue's; a partitioned queue's partition 0
+-- (shards[1]), which holds the queue under its name as every partition does: the schedule is
+-- one row on one shard, so cron_fire (run on every shard, only this one finds it) sends each
+-- tick once, to partition 0. The row moves with partition 0 (shard move copies a queue's cron
+-- rows by name), where later upserts follow it.
+CREATE FUNCTION {s}._parted_cron_shard(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parts integer[] := {s}._partitions(p_queue);
+BEGIN
+    IF v_parts IS NULL THEN
+        RETURN {s}._shard_of(p_queue);
+    END IF;
+    RETURN v_parts[1];
 END $fn$""",
     *(_fast(name, args) for name, args in FAST_ROUTES.items()),
     """-- The shard of message_get: by id (as _id_shard) or by key (as _send_shard).

@@ -1,0 +1,361 @@
+"""The pgmq facade's calls of a partitioned queue through the router (I/O-free).
+
+The router's ``pgmq`` schema (``shard init --pgmq``) proxies each facade function of one queue
+to the queue's shard (``_shard_of(queue_name)``), which refuses a partitioned queue
+(:mod:`lonnymq.shard.partitions`). These calls route by more than the name, as the native ones
+do:
+
+* ``send``, ``send_batch`` (every overload): a partitioned queue's next partition in turn
+  (pgmq has no key; the router-wide counter of unkeyed sends, ``_turn``): ``pgmq._send_shard``;
+* ``delete``, ``archive``, ``set_vt`` (every overload): the shard holding the id (the shard
+  that made it, ``id % STRIDE``, or where its partition moved: ``_id_at``), ``pgmq._id_shard``;
+  the array overloads are plpgsql dispatchers (``by_ids``) that call each partition's shard
+  with its share of the ids (one transaction per shard; a plain queue's: one call), the rows
+  coming back together (PL/Proxy's ``SPLIT`` would call the routing function once per id: a
+  plain queue's delete of 10 ids cost the router 5.9 times as much, docs/sharding.md); an id
+  of no partition goes to the first partition (where it is not found: false / no row, as pgmq
+  answers for an unknown id);
+* ``read``, ``pop``: the partitions one after another from the next in turn, until one hands
+  out messages (``_turn``, as the native take): a read returns messages whenever a partition
+  has ready ones, each read's from one partition; a partition whose shard cannot be reached is
+  skipped (and left alone for a while by that router session), as the take's is;
+* ``read_with_poll``: as ``read`` (pgmq's ``read`` on each partition), again every
+  poll_interval_ms until a read returns rows or max_poll_seconds pass (polling: no wake-up by
+  sends, unlike a plain queue's, which waits on its shard);
+* ``metrics``: every partition, merged (lengths and totals summed, the oldest age the oldest,
+  the newest the newest); ``metrics_all`` merges a partitioned queue's rows into one
+  (:data:`METRICS_ALL`).
+
+* ``purge_queue``: every partition, the counts summed; ``drop_queue`` (both overloads): the
+  router's ``queue_drop`` (every partition dropped, the router's record of them gone).
+
+Every other facade call of one queue (the grouped reads, ``create*``, notifications, topic
+bindings) stays refused for a partitioned
+queue by ``_shard_of``. A plain queue's calls go where they went: the routing functions and
+the dispatchers start with :data:`lonnymq.shard.partitions.PLAIN_ROUTE` (the routing functions
+in the caller's role, no SET clause; the dispatchers are SECURITY DEFINER with a pinned
+search_path, as the core's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, LiteralString
+
+from psycopg import sql
+
+from .partitions import _ALL_DOWN, _SKIP_INIT, PLAIN_RETURN, PLAIN_ROUTE, _skipping
+
+if TYPE_CHECKING:
+    from .catalog import CoreFunction
+
+__all__ = [
+    "DISPATCHED",
+    "ROUTING_FUNCTIONS",
+    "dispatched",
+    "dispatcher_statements",
+    "proxy_body",
+    "routing_statements",
+]
+
+#: Facade calls sent to a partitioned queue's next partition in turn.
+SPREAD = ("send", "send_batch")
+#: Facade calls on message ids: to the shard holding them (array overloads split by shard).
+BY_ID = ("delete", "archive", "set_vt")
+#: Facade calls that visit the partitions (plpgsql dispatchers): ``first`` (the partitions in
+#: turn until one returns rows) or ``metrics`` (one merged row).
+#: ``poll`` (read_with_poll: ``first`` over the partitions with pgmq's ``read``, again every
+#: poll_interval_ms until a read returns rows or max_poll_seconds pass).
+#: ``sum`` (purge_queue: every partition, the counts summed), ``drop`` (drop_queue, either
+#: overload: the router's queue_drop, which drops every partition and forgets the queue).
+DISPATCHED: dict[str, str] = {
+    "read": "first",
+    "pop": "first",
+    "read_with_poll": "poll",
+    "metrics": "metrics",
+    "purge_queue": "sum",
+    "drop_queue": "drop",
+}
+
+#: What read_with_poll reads each partition with: pgmq.read (its _on_ function), with these of
+#: read_with_poll's arguments.
+DISPATCHED_READ = "read"
+READ_ARGS = ("queue_name", "vt", "qty", "conditional")
+
+#: The routing functions of the ``pgmq`` schema that PL/Proxy calls in the caller's role, and
+#: the SECURITY DEFINER ones they call for a partitioned queue (EXECUTE granted to the roles of
+#: the facade's functions).
+ROUTING_FUNCTIONS = ("_send_shard", "_id_shard", "_parted_id_shard")
+
+#: metrics_all over every shard: a partitioned queue's rows (one per partition) merged as
+#: ``metrics`` merges them.
+METRICS_ALL: LiteralString = (
+    "SELECT r.queue_name, sum(r.queue_length)::bigint, min(r.newest_msg_age_sec),"
+    " max(r.oldest_msg_age_sec), sum(r.total_messages)::bigint, max(r.scrape_time),"
+    " sum(r.queue_visible_length)::bigint, max(r.default_partition_length)"
+    " FROM {all} AS r GROUP BY r.queue_name ORDER BY r.queue_name"
+)
+
+#: The routing functions; ``{p}`` the pgmq schema, ``{s}`` LonnyMQ's (both identifiers),
+#: ``{plain}`` a plain queue's route (PLAIN_ROUTE).
+_ROUTING: tuple[LiteralString, ...] = (
+    """-- The shard of a pgmq send (send, send_batch): a plain queue's (PLAIN_ROUTE, in the
+-- caller's role), else a partitioned queue's next partition in turn: the native send's route
+-- of a message without a key or an idempotency key (pgmq sends have neither).
+CREATE FUNCTION {p}._send_shard(queue_name text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+{plain}    RETURN {s}._parted_send_shard(queue_name, NULL, NULL);
+END $fn$""",
+    """-- The shard holding message msg_id of partitioned queue queue_name (_id_at: the shard that
+-- made it, or where its partition moved), the first partition's for an id of none (pgmq: not
+-- found there); any other queue's: _shard_of. Locks: _partitions' fence.
+CREATE FUNCTION {p}._parted_id_shard(queue_name text, msg_id bigint) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parts integer[] := {s}._partitions(queue_name);
+    v_at    integer;
+BEGIN
+    IF v_parts IS NULL THEN
+        RETURN {s}._shard_of(queue_name);
+    END IF;
+    v_at := {s}._id_at(v_parts, {s}._moved_ids(queue_name), msg_id);
+    RETURN CASE WHEN v_at = ANY (v_parts) THEN v_at ELSE v_parts[1] END;
+END $fn$""",
+    """-- The shard of a pgmq call on one id (delete, archive, set_vt): a plain queue's
+-- (PLAIN_ROUTE), else _parted_id_shard.
+CREATE FUNCTION {p}._id_shard(queue_name text, msg_id bigint) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+{plain}    RETURN {p}._parted_id_shard(queue_name, msg_id);
+END $fn$""",
+)
+
+
+def routing_statements(pgmq: str, core: str) -> list[sql.Composed]:
+    """The routing functions of :data:`ROUTING_FUNCTIONS` in schema ``pgmq`` over LonnyMQ's
+    router schema ``core``."""
+    s = sql.Identifier(core)
+    plain = sql.SQL(PLAIN_ROUTE).format(
+        s=s, name=sql.Literal(core), **{**PLAIN_RETURN, "q": sql.SQL("queue_name")}
+    )
+    return [sql.SQL(stmt).format(p=sql.Identifier(pgmq), s=s, plain=plain) for stmt in _ROUTING]
+
+
+def proxy_body(fn: CoreFunction, pgmq: str, cluster: sql.Composable) -> sql.Composed | None:
+    """The PL/Proxy body of facade function ``fn`` when it routes by more than the queue
+    (:data:`SPREAD`, :data:`BY_ID`), else None (the queue's shard)."""
+    if fn.name in SPREAD:
+        return sql.SQL("CLUSTER {c}; RUN ON {p}._send_shard(queue_name);").format(c=cluster, p=sql.SQL(pgmq))
+    if fn.name in BY_ID and "msg_id" in fn.argnames:
+        return sql.SQL("CLUSTER {c}; RUN ON {p}._id_shard(queue_name, msg_id);").format(
+            c=cluster, p=sql.SQL(pgmq)
+        )
+    return None
+
+
+def dispatched(fn: CoreFunction) -> str | None:
+    """How the router's ``fn`` of the facade visits a partitioned queue's partitions when it is
+    a plpgsql dispatcher (:data:`DISPATCHED`, or ``by_ids`` for the array overloads of
+    :data:`BY_ID`), else None (a PL/Proxy function, :func:`proxy_body`)."""
+    if fn.name in BY_ID and "msg_ids" in fn.argnames:
+        return "by_ids"
+    return DISPATCHED.get(fn.name)
+
+
+def _plain(core: str, then: sql.Composable) -> sql.Composed:
+    """A dispatcher's plain queue's path: :data:`PLAIN_ROUTE` into ``p_shard``, then ``then``
+    (the call on it), as the core's dispatchers (partitions.dispatcher_statements)."""
+    return sql.SQL(PLAIN_ROUTE).format(
+        s=sql.Identifier(core),
+        name=sql.Literal(core),
+        q=sql.SQL("queue_name"),
+        then=sql.SQL("p_shard :="),
+        plain=sql.Composed([sql.SQL("\n        "), then]),
+    )
+
+
+#: The start of a dispatcher's body: ``{route}`` a plain queue's call on its shard
+#: (:func:`_plain`), then the partitions of a partitioned queue in ``v_parts``; ``{ret}`` the
+#: call's return when it is no longer partitioned (dropped meanwhile).
+_HEAD: LiteralString = """{route}    v_parts := {s}._partitions(queue_name);
+    IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)
+        p_shard := {s}._shard_of(queue_name);
+        {ret}
+    END IF;
+"""
+
+
+def _digest(text: str) -> str:
+    """A short stable name part for ``text`` (an overload's identity arguments)."""
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def _args(fn: CoreFunction, shard: str | None = None) -> sql.Composed:
+    return sql.SQL(", ").join(
+        [*([sql.SQL(shard)] if shard else []), *(sql.Identifier(a) for a in fn.argnames)]
+    )
+
+
+def dispatcher_statements(
+    fn: CoreFunction, pgmq: str, core: str, cluster: sql.Composable
+) -> list[sql.Composed]:
+    """For a call of :data:`DISPATCHED`: ``_on_<name>(p_shard, ...)`` (the call on one shard)
+    and the public function, a plpgsql dispatcher: a plain queue's call on ``_shard_of``'s
+    shard, a partitioned queue's on its partitions."""
+    p, s = sql.Identifier(pgmq), sql.Identifier(core)
+    how = dispatched(fn)
+    # The overloads of a name (delete, archive, set_vt) each get their own _on_ function.
+    overloaded = how in ("by_ids", "drop")
+    on_name = f"_on_{fn.name}_{_digest(fn.identity)}" if overloaded else f"_on_{fn.name}"
+    on = sql.Identifier(on_name)
+    # PL/Proxy's SELECT names the arguments bare (the facade's names: queue_name, vt, qty...).
+    target = sql.SQL("{}.{}({})").format(
+        sql.SQL(pgmq), sql.SQL(fn.name), sql.SQL(", ").join(sql.SQL(a) for a in fn.argnames)
+    )
+    proxy = sql.SQL(
+        "CREATE FUNCTION {p}.{on}(p_shard integer, {a}) RETURNS {r} LANGUAGE plproxy VOLATILE AS $proxy$\n"
+        "CLUSTER {c}; RUN ON p_shard; SELECT * FROM {t};\n$proxy$"
+    ).format(p=p, on=on, a=sql.SQL(fn.identity), r=sql.SQL(fn.result), c=cluster, t=target)
+    call = sql.SQL("{}.{}({})").format(p, on, _args(fn, "p_shard"))
+    # A plain queue's call on its shard (PLAIN_ROUTE; _shard_of if the queue stopped being
+    # partitioned meanwhile); then the partitioned queue's part of the body.
+    ret = sql.SQL(
+        "RETURN {};"
+        if how in ("metrics", "sum", "drop")
+        else "RETURN QUERY SELECT * FROM {};\n        RETURN;"
+    ).format(call)
+    head = sql.SQL(_HEAD).format(route=_plain(core, ret), s=s, ret=ret)
+    if how == "by_ids":  # each partition's shard with the ids it holds (one call for a plain queue)
+        ids = sql.SQL("{}.{}({})").format(
+            p,
+            on,
+            sql.SQL(", ").join(
+                [sql.SQL("p_shard"), *(sql.Identifier(a if a != "msg_ids" else "v_ids") for a in fn.argnames)]
+            ),
+        )
+        body = sql.SQL(
+            """DECLARE
+    v_parts integer[];
+    v_moved jsonb;
+    v_ids   bigint[];
+    p_shard integer;
+BEGIN
+{head}    v_moved := {s}._moved_ids(queue_name);
+    -- The shard holding each id (_id_at), the first partition's for an id of none (not found).
+    FOR p_shard, v_ids IN
+        SELECT CASE WHEN a.at = ANY (v_parts) THEN a.at ELSE v_parts[1] END, array_agg(a.i ORDER BY a.n)
+          FROM (SELECT t.i, t.n, {s}._id_at(v_parts, v_moved, t.i) AS at
+                  FROM unnest(msg_ids) WITH ORDINALITY AS t(i, n)) a
+         GROUP BY 1 ORDER BY 1
+    LOOP
+        RETURN QUERY SELECT * FROM {ids};
+    END LOOP;
+END"""
+        ).format(s=s, ids=ids, head=head)
+    elif how in ("first", "poll"):
+        # The partitions in turn until one hands out messages; read_with_poll: again every
+        # poll_interval_ms (pgmq.read on each partition) until max_poll_seconds pass. Its wait
+        # holds the router's transaction, and so the queue's fence, as a plain queue's does.
+        turn: LiteralString = """v_start := {s}._turn(cardinality(v_parts), true);
+    v_got := 0;
+    v_down := 0;
+    {skip_init}
+    FOR v_i IN 0 .. cardinality(v_parts) - 1 LOOP
+        p_shard := v_parts[1 + (v_start + v_i) % cardinality(v_parts)];
+        {attempt}
+        EXIT WHEN v_got > 0;
+    END LOOP;
+    {all_down}"""
+        if how == "poll":
+            turn = (
+                """v_until := clock_timestamp() + make_interval(secs => greatest(coalesce(max_poll_seconds, 0), 0));
+    LOOP
+    """
+                + turn
+                + """
+    EXIT WHEN v_got > 0 OR clock_timestamp() >= v_until;
+    PERFORM pg_sleep(least(greatest(coalesce(poll_interval_ms, 100), 1) / 1000.0,
+                           greatest(extract(epoch FROM v_until - clock_timestamp()), 0)));
+    END LOOP;"""
+            )
+            read = DISPATCHED_READ
+            call = sql.SQL("{}.{}({})").format(
+                p,
+                sql.Identifier(f"_on_{read}"),
+                sql.SQL(", ").join([sql.SQL("p_shard"), *map(sql.Identifier, READ_ARGS)]),
+            )
+        body = sql.SQL(
+            """DECLARE
+    v_parts integer[];
+    v_start integer;
+    v_got   bigint;
+    p_shard integer;
+    v_skip  boolean;
+    v_down  integer := 0;
+    v_state text;
+    v_msg   text;"""
+            + ("\n    v_until timestamptz;" if how == "poll" else "")
+            + """
+BEGIN
+{head}    """
+            + turn
+            + """
+END"""
+        ).format(
+            s=s,
+            head=head,
+            # A partition whose shard cannot be reached is skipped, as the native take skips it.
+            skip_init=sql.SQL(_SKIP_INIT).format(s=s),
+            attempt=_skipping(
+                s, sql.SQL("RETURN QUERY SELECT * FROM {};\n GET DIAGNOSTICS v_got = ROW_COUNT;").format(call)
+            ),
+            all_down=sql.SQL(_ALL_DOWN),
+        )
+    elif how in ("sum", "drop"):
+        # purge_queue: each partition purged, the counts summed; drop_queue: the router's
+        # queue_drop (every partition, then the router's record of them; pgmq's own state on
+        # each shard follows its queue, as a plain queue's drop).
+        part = (
+            "RETURN (SELECT coalesce(sum(r.n), 0)::bigint FROM unnest(v_parts) AS x(shard),"
+            " LATERAL {p}.{on}(x.shard, queue_name) AS r(n));"
+            if how == "sum"
+            else "RETURN {s}.queue_drop(queue_name, true);"
+        )
+        body = sql.SQL(
+            "DECLARE\n    v_parts integer[];\n    p_shard integer;\nBEGIN\n{head}    " + part + "\nEND"
+        ).format(s=s, p=p, on=on, head=head)
+    else:  # metrics: one row, each partition's merged
+        body = sql.SQL(
+            """DECLARE
+    v_parts integer[];
+    v_q     text := queue_name;
+    p_shard integer;
+    v_out   {r};
+BEGIN
+{head}    SELECT v_q, sum(m.queue_length)::bigint, min(m.newest_msg_age_sec), max(m.oldest_msg_age_sec),
+           sum(m.total_messages)::bigint, max(m.scrape_time), sum(m.queue_visible_length)::bigint,
+           max(m.default_partition_length)
+      INTO v_out
+      FROM unnest(v_parts) AS x(shard), LATERAL {p}.{on}(x.shard, v_q) AS m;
+    RETURN v_out;
+END"""
+        ).format(p=p, on=on, r=sql.SQL(fn.result), head=head)
+    public = sql.SQL(
+        "-- pgmq.{name} on the router: a plain queue's call on its shard, a partitioned queue's on its\n"
+        "-- partitions (lonnymq.shard.pgmq_parts.dispatched: {how}). SECURITY DEFINER: it calls {on},\n"
+        "-- granted to none, and the router's _partitions.\n"
+        "CREATE FUNCTION {p}.{n}({a}) RETURNS {r} LANGUAGE plpgsql VOLATILE{strict} SECURITY DEFINER"
+        " SET search_path = pg_catalog, pg_temp AS $fn$\n{b}\n$fn$"
+    ).format(
+        name=sql.SQL(fn.name),
+        how=sql.SQL(how or ""),
+        on=sql.SQL(on_name),
+        p=p,
+        n=sql.Identifier(fn.name),
+        a=sql.SQL(fn.arguments),
+        r=sql.SQL(fn.result),
+        strict=sql.SQL(" STRICT" if fn.strict else ""),
+        b=body,
+    )
+    return [proxy, public]
