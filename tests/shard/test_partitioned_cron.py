@@ -130,7 +130,7 @@ def test_workers_send_every_tick_of_a_partitioned_queue_once(sharded) -> None:  
                 await w.start()
                 workers.append(w)
             try:
-                await eventually(lambda: len(got) >= 4, 20, "four ticks handled")
+                await eventually(lambda: len(got) >= 4, what="four ticks handled")
                 await asyncio.sleep(1.2)  # a tick sent twice would show
             finally:
                 for w in workers:
@@ -185,13 +185,17 @@ def test_a_schedule_moves_with_partition_0_and_still_fires_once(sharded) -> None
 
     t = threading.Thread(target=scheduler)
     t.start()
+
+    def fires(n: int) -> None:  # waits for n fires (generously: a loaded machine), not forever
+        deadline = time.monotonic() + 120
+        while len(fired) < n and not failures:
+            assert time.monotonic() < deadline, f"{len(fired)} fires, not {n}"
+            time.sleep(0.02)
+
     try:
-        while len(fired) < 20:
-            time.sleep(0.02)
+        fires(20)
         moved = shard.move(router, q, target, partition=0)
-        n = len(fired)
-        while len(fired) < n + 20:
-            time.sleep(0.02)
+        fires(len(fired) + 20)
     finally:
         stop.set()
         t.join(30)
