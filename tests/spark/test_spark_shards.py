@@ -1,8 +1,8 @@
 """The Spark data source given a shard router's DSN (docs/spark.md, "Sharded setups"): reads and
 writes go straight to the queue's shard, a partitioned queue's to every partition's shard (read in
-parallel, the union), each row written once, to its key's partition, and a rerun with the same
-write id completes a write that committed on some shards only; a stream consumes every
-partition.
+parallel, the union), each row written once, to its key's partition; a write whose publish
+fails on one shard leaves nothing on any (every shard publishes before any commits), and a
+rerun with the same write id writes each row once; a stream consumes every partition.
 
 With the Spark session of the test_spark group (its JVM is started already) and a router over two
 shard clusters of this module's own (tests/shard's helpers: about 4 s to start, less than a JVM
@@ -34,7 +34,7 @@ from lonnymq import Client, errors, shard
 from lonnymq.client.direct import STRIDE, key_partition
 from lonnymq.shard.move import _delete_rows
 from lonnymq.spark._read import BatchReader, StreamReader, read_schema
-from lonnymq.spark._write import Plan, abort_shards, commit, commit_shards, stage_shards
+from lonnymq.spark._write import Plan, StagedShards, abort_shards, commit, commit_shards, stage_shards
 from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
 
 # tests/shard's cluster helpers (pytest puts that folder on the path for its own tests as well).
@@ -136,11 +136,13 @@ def test_partitioned_queue_written_and_read_on_every_shard(spark: Any, sharded: 
     assert len(query.recentProgress) >= 3  # at most 50 a partition a batch
 
 
-def test_commit_failing_on_one_shard_then_rerun_exactly_once(spark: Any, sharded: Router) -> None:
-    """Partition 1's commit fails (a key there conflicts, onConflict=error): partition 0's rows
-    stay committed, the job fails and its staging is gone from both shards. The rerun with the
-    same write id routes every row as the first run did (keyed or not), skips partition 0's
-    shard and commits partition 1's: each row exactly once."""
+def test_commit_failing_on_one_shard_leaves_nothing_then_rerun_exactly_once(
+    spark: Any, sharded: Router
+) -> None:
+    """Partition 1's publish fails (a key there conflicts, onConflict=error) after partition 0's
+    succeeded: partition 0's is rolled back with it (before, it stayed committed), the job fails
+    and its staging is gone from both shards: nothing of the job on any shard. The rerun with
+    the same write id then writes each row exactly once, routed as the first run routed it."""
     q = f"spark_rerun_{uuid.uuid4().hex[:8]}"
     with Client(sharded.dsn) as c:
         c.create_queue(q, partitions=2)
@@ -156,16 +158,49 @@ def test_commit_failing_on_one_shard_then_rerun_exactly_once(spark: Any, sharded
     with pytest.raises(Exception, match="DuplicateKey"):
         write.mode("append").save()
     held = on_shards(sharded, q)
-    assert held[parts[0]] and [n for _, _, n in held[parts[1]]] == [-1]  # partition 0 committed
+    assert held[parts[0]] == [] and [n for _, _, n in held[parts[1]]] == [-1]  # nothing of the job
     for dsn in sharded.shard_dsns:  # abort dropped the job's staging everywhere
         with psycopg.connect(dsn) as conn:
             staged = conn.execute("SELECT count(*) FROM lonnymq.spark_stage_part").fetchone()
-        assert staged == (0,)
+            sinks = conn.execute(
+                "SELECT count(*) FROM lonnymq.spark_sink_commit WHERE queue = %s", (q,)
+            ).fetchone()
+        assert staged == (0,) and sinks == (0,)  # nor its write id
 
     with Client(sharded.dsn, direct=True) as c:
         assert c.cancel(q, key=clash)
     write.mode("append").save()
-    assert Counter(n for held in on_shards(sharded, q) for _, _, n in held) == Counter(range(200))
+    held = on_shards(sharded, q)
+    assert Counter(n for h in held for _, _, n in h) == Counter(range(200))
+    for i, h in enumerate(held):
+        assert all(key is None or parts[key_partition(key, 2)] == i for _, key, _ in h)
+
+
+def test_commit_failing_at_a_later_shard_rolls_back_the_earlier(sharded: Router) -> None:
+    """commit_shards called directly: partition 0's rows staged and valid, partition 1's
+    publish fails (its staged part lost rows: LQ101). Partition 0's published messages are
+    rolled back, with its write-id record."""
+    q = f"spark_roll_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2)
+    opts = {"dsn": sharded.dsn, "queue": q}
+    targets = BatchReader(opts, StructType.fromDDL(read_schema({})), {}).targets
+    plan = Plan.build(StructType.fromDDL("n long"), {})
+    run = str(uuid.uuid4())
+    staged = stage_shards(targets, plan, run, iter([pa.record_batch({"n": list(range(40))})]))
+    assert isinstance(staged, StagedShards) and {s.target for s in staged.staged} == {0, 1}
+    lost = next(s for s in staged.staged if s.target == 1)
+    with psycopg.connect(targets[1].dsn) as conn:
+        conn.execute("DELETE FROM lonnymq.spark_stage WHERE part = %s AND seq = 0", (lost.part,))
+    with pytest.raises(psycopg.Error, match="rows but 19 are left"):
+        commit_shards(targets, run, [staged], "ignore", "write:w", 0, 60_000, None)
+    assert on_shards(sharded, q) == [[], []]
+    abort_shards(targets, run, [staged])  # as Spark's abort: the staging goes
+    for t in targets:
+        with psycopg.connect(t.dsn) as conn:
+            sink = "SELECT count(*) FROM lonnymq.spark_sink_commit WHERE queue = %s"
+            assert conn.execute(sink, (q,)).fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
 
 
 def test_plain_queue_straight_to_its_shard(spark: Any, sharded: Router) -> None:
