@@ -1,6 +1,6 @@
 """The Spark data source given a shard router's DSN (docs/spark.md, "Sharded setups"): reads and
 writes go straight to the queue's shard, a partitioned queue's to every partition's shard (read in
-parallel, the union), each row written once, to its key's partition; a write whose publish
+parallel, the union), each row written once, to its channel's or key's partition; a write whose publish
 fails on one shard leaves nothing on any (every shard publishes before any commits), and a
 rerun with the same write id writes each row once; a stream consumes every partition.
 
@@ -200,6 +200,41 @@ def test_commit_failing_at_a_later_shard_rolls_back_the_earlier(sharded: Router)
         with psycopg.connect(t.dsn) as conn:
             sink = "SELECT count(*) FROM lonnymq.spark_sink_commit WHERE queue = %s"
             assert conn.execute(sink, (q,)).fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
+
+
+def test_rows_with_a_channel_go_to_the_channels_partition(spark: Any, sharded: Router) -> None:
+    """A row with a channel goes where the router sends it: its channel's partition (so the
+    channel's limits hold on one shard), not by its payload (before: each channel's rows were
+    spread over both shards). A row with both a channel and a key is refused as the router
+    refuses it (InvalidArgument) and the job leaves nothing on any shard."""
+    q = f"spark_chan_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2)
+    parts = shard.status(sharded.dsn).partitioned[q]
+    names = [f"tenant-{i}" for i in range(8)]
+    assert {key_partition(ch, 2) for ch in names} == {0, 1}
+    data = [(n, None, names[n % 8] if n % 4 else None) for n in range(160)]
+    opts = {"dsn": sharded.dsn, "queue": q}
+    df = spark.createDataFrame(data, "n long, key string, channel string")
+    df.write.format("lonnymq").options(**opts).mode("append").save()
+    channel_of = {n: ch for n, _, ch in data}
+    held = on_shards(sharded, q)
+    assert Counter(n for h in held for _, _, n in h) == Counter(range(160))
+    for i, h in enumerate(held):
+        for _, _, n in h:
+            ch = channel_of[n]
+            assert ch is None or parts[key_partition(ch, 2)] == i, (n, ch, i)
+    assert all(sum(channel_of[n] is None for _, _, n in h) > 0 for h in held)  # no channel: both
+
+    bad = spark.createDataFrame(
+        [(1, None, "tenant-1"), (2, "k2", "tenant-2")], "n long, key string, channel string"
+    )
+    with pytest.raises(Exception, match="cannot also have a key"):
+        bad.write.format("lonnymq").options(**opts).mode("append").save()
+    assert Counter(n for h in on_shards(sharded, q) for _, _, n in h) == Counter(range(160))
+    for dsn in sharded.shard_dsns:
+        with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
 
 

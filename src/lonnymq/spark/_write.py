@@ -531,17 +531,33 @@ def stage(
     return Staged(run, copy.part, copy.rows, sink)
 
 
-def partition_of(cols: Mapping[str, pa.Array], n: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """The partition (0..n-1) of each staged row of a queue of ``n`` partitions: its key's, as
-    the router and a direct client send it (:func:`key_partition`); a row without a key by the
-    CRC-32 of its payload bytes, so the same rows go to the same partitions in every attempt
-    and every rerun of a job (a replay finds what the first run committed where it left it)."""
+def partition_of(cols: Mapping[str, pa.Array], n: int, queue: str) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The partition (0..n-1) of each staged row of a queue of ``n`` partitions, as the router
+    and a direct client send it (:func:`key_partition`): a row with a channel on its channel's
+    partition (all of a channel's messages on one partition, whose shard enforces its limits),
+    else a row with a key on its key's; a row with neither by the CRC-32 of its payload bytes,
+    so the same rows go to the same partitions in every attempt and every rerun of a job (a
+    replay finds what the first run committed where it left it). A row with both a channel and
+    a key raises InvalidArgument, as the router refuses such a send."""
     payloads = cols["payload"].to_pylist()
-    keys = cols["key"].to_pylist() if "key" in cols else [None] * len(payloads)
+    none = [None] * len(payloads)
+    keys = cols["key"].to_pylist() if "key" in cols else none
+    channels = cols["channel"].to_pylist() if "channel" in cols else none
+    if "key" in cols and "channel" in cols:
+        both = pc.and_(cols["key"].is_valid(), cols["channel"].is_valid())
+        if pc.any(both).as_py():
+            i = _first(both)
+            raise errors.InvalidArgument(
+                f"queue {queue} is partitioned: a message goes to its channel's partition, so it"
+                " cannot also have a key (get and cancel by key look in the key's partition); a row"
+                f" has channel {channels[i]!r} and key {keys[i]!r}: give each row a channel or a key"
+            )
     return np.fromiter(
         (
-            key_partition(k, n) if k is not None else zlib.crc32(p) % n
-            for k, p in zip(keys, payloads, strict=True)
+            key_partition(c if c is not None else k, n)
+            if c is not None or k is not None
+            else zlib.crc32(p) % n
+            for k, c, p in zip(keys, channels, payloads, strict=True)
         ),
         dtype=np.int64,
         count=len(payloads),
@@ -567,7 +583,7 @@ def stage_shards(
         for batch in batches:
             for piece in _slices(batch):
                 cols = encoder.columns(piece)
-                at = partition_of(cols, n)
+                at = partition_of(cols, n, targets[0].queue)
                 for k in (int(k) for k in np.unique(at)):
                     rows = pa.array(np.flatnonzero(at == k))
                     if k not in copies:
