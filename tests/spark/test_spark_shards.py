@@ -2,7 +2,8 @@
 writes go straight to the queue's shard, a partitioned queue's to every partition's shard (read in
 parallel, the union), each row written once, to its channel's or key's partition; a write whose publish
 fails on one shard leaves nothing on any (every shard publishes before any commits), and a
-rerun with the same write id writes each row once; a stream consumes every partition.
+rerun with the same write id writes each row once (also after a failure between two shards'
+COMMITs); a stream consumes every partition.
 
 With the Spark session of the test_spark group (its JVM is started already) and a router over two
 shard clusters of this module's own (tests/shard's helpers: about 4 s to start, less than a JVM
@@ -24,6 +25,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql.datasource import EqualTo
 from pyspark.sql.functions import spark_partition_id
@@ -200,6 +202,53 @@ def test_commit_failing_at_a_later_shard_rolls_back_the_earlier(sharded: Router)
         with psycopg.connect(t.dsn) as conn:
             sink = "SELECT count(*) FROM lonnymq.spark_sink_commit WHERE queue = %s"
             assert conn.execute(sink, (q,)).fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
+
+
+def test_failure_between_the_commits_then_rerun_exactly_once(spark: Any, sharded: Router) -> None:
+    """The one window left: partition 1's COMMIT fails after partition 0's COMMIT (a deferred
+    trigger on partition 1's shard raises at commit time). Partition 0's rows stay committed,
+    partition 1's do not; the rerun with the same write id (the same rows, staged again) skips
+    partition 0's shard and commits partition 1's: each row exactly once. (Keeps the coverage
+    of the rerun that the DuplicateKey test had before every shard published first.)"""
+    q = f"spark_window_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2)
+    opts = {"dsn": sharded.dsn, "queue": q}
+    targets = BatchReader(opts, StructType.fromDDL(read_schema({})), {}).targets
+    plan = Plan.build(StructType.fromDDL("n long, key string"), {})
+    data = rows(0, 60, keyed=20)
+    batch = pa.record_batch({"n": [n for n, _ in data], "key": [k for _, k in data]})
+    trap = sql.SQL(
+        "CREATE FUNCTION spark_window_trap() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.queue = {q} THEN RAISE EXCEPTION 'trapped at commit'; END IF; RETURN NULL; END $$;"
+        " CREATE CONSTRAINT TRIGGER spark_window_trap AFTER INSERT ON lonnymq.spark_sink_commit"
+        " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION spark_window_trap()"
+    ).format(q=sql.Literal(q))
+    with psycopg.connect(targets[1].dsn, autocommit=True) as conn:
+        conn.execute(trap)
+    try:
+        run = str(uuid.uuid4())
+        staged = stage_shards(targets, plan, run, iter([batch]))
+        with pytest.raises(psycopg.Error, match="trapped at commit"):
+            commit_shards(targets, run, [staged], "ignore", "write:w", 0, 60_000, None)
+        abort_shards(targets, run, [staged])
+    finally:
+        with psycopg.connect(targets[1].dsn, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER spark_window_trap ON lonnymq.spark_sink_commit")
+            conn.execute("DROP FUNCTION spark_window_trap()")
+    parts = shard.status(sharded.dsn).partitioned[q]
+    held = on_shards(sharded, q)
+    assert held[parts[0]] and held[parts[1]] == []  # partition 0 committed, partition 1 not
+
+    rerun = str(uuid.uuid4())
+    staged = stage_shards(targets, plan, rerun, iter([batch]))
+    first, second = commit_shards(targets, rerun, [staged], "ignore", "write:w", 0, 60_000, None)
+    assert first.duplicate and not second.duplicate
+    held = on_shards(sharded, q)
+    assert Counter(n for h in held for _, _, n in h) == Counter(range(60))
+    for dsn in sharded.shard_dsns:
+        with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
 
 
