@@ -35,6 +35,7 @@ from pyspark.sql.types import StructType
 from lonnymq import Client, errors, shard
 from lonnymq.client.direct import STRIDE, key_partition
 from lonnymq.shard.move import _delete_rows
+from lonnymq.spark._conf import Target
 from lonnymq.spark._read import BatchReader, StreamReader, read_schema
 from lonnymq.spark._write import Plan, StagedShards, abort_shards, commit, commit_shards, stage_shards
 from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
@@ -85,6 +86,14 @@ def on_shards(sharded: Router, queue: str) -> list[list[tuple[int, str | None, i
             ).fetchall()
         out.append([(int(i), k, int(n)) for i, k, n in got])
     return out
+
+
+def partitioned(sharded: Router, prefix: str) -> tuple[str, tuple[Target, ...]]:
+    """A new queue of 2 partitions and its partitions' shards, as a writer places them."""
+    q = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2)
+    return q, Target.from_options({"dsn": sharded.dsn, "queue": q}).placed()
 
 
 def test_partitioned_queue_written_and_read_on_every_shard(spark: Any, sharded: Router) -> None:
@@ -178,15 +187,11 @@ def test_commit_failing_on_one_shard_leaves_nothing_then_rerun_exactly_once(
         assert all(key is None or parts[key_partition(key, 2)] == i for _, key, _ in h)
 
 
-def test_commit_failing_at_a_later_shard_rolls_back_the_earlier(sharded: Router) -> None:
+def test_commit_failing_at_a_later_shard_rolls_back_the_earlier(spark: Any, sharded: Router) -> None:
     """commit_shards called directly: partition 0's rows staged and valid, partition 1's
     publish fails (its staged part lost rows: LQ101). Partition 0's published messages are
     rolled back, with its write-id record."""
-    q = f"spark_roll_{uuid.uuid4().hex[:8]}"
-    with Client(sharded.dsn) as c:
-        c.create_queue(q, partitions=2)
-    opts = {"dsn": sharded.dsn, "queue": q}
-    targets = BatchReader(opts, StructType.fromDDL(read_schema({})), {}).targets
+    q, targets = partitioned(sharded, "spark_roll")
     plan = Plan.build(StructType.fromDDL("n long"), {})
     run = str(uuid.uuid4())
     staged = stage_shards(targets, plan, run, iter([pa.record_batch({"n": list(range(40))})]))
@@ -211,11 +216,7 @@ def test_failure_between_the_commits_then_rerun_exactly_once(spark: Any, sharded
     partition 1's do not; the rerun with the same write id (the same rows, staged again) skips
     partition 0's shard and commits partition 1's: each row exactly once. (Keeps the coverage
     of the rerun that the DuplicateKey test had before every shard published first.)"""
-    q = f"spark_window_{uuid.uuid4().hex[:8]}"
-    with Client(sharded.dsn) as c:
-        c.create_queue(q, partitions=2)
-    opts = {"dsn": sharded.dsn, "queue": q}
-    targets = BatchReader(opts, StructType.fromDDL(read_schema({})), {}).targets
+    q, targets = partitioned(sharded, "spark_window")
     plan = Plan.build(StructType.fromDDL("n long, key string"), {})
     data = rows(0, 60, keyed=20)
     batch = pa.record_batch({"n": [n for n, _ in data], "key": [k for _, k in data]})
