@@ -1,11 +1,12 @@
 """The cost of routing a Spark write's rows to a partitioned queue's partitions, in CPU time.
 
-    python benchmarks/spark_route.py [-n 200000] [--reps 5] [--shape row_json|text] [--out FILE.json]
+    python benchmarks/spark_route.py [-n 200000] [--reps 5] [--shape row_json|text] [--distinct K]
+        [--out FILE.json]
 
 No database and no Spark: one process builds an Arrow batch of ``n`` rows as a write task gets
 it (a JSON payload of about 70 bytes per row, built from two columns (``--shape row_json``) or
 given as a string column (``--shape text``), and a ``key`` column: ``--keyed`` of the rows
-with a key of their own, the rest without) and times, with
+with a key of their own, or one of ``--distinct`` keys, the rest without) and times, with
 ``time.process_time`` (this process's CPU, medians of ``--reps``):
 
 * ``encode``: :meth:`Encoder.columns`, the checks and conversions every write does per batch;
@@ -50,6 +51,12 @@ def main() -> None:
     ap.add_argument("--keyed", type=float, default=0.5, help="the share of rows with a key")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument(
+        "--distinct",
+        type=int,
+        default=0,
+        help="the keyed rows share this many keys, as rows share a few channels (0: a key each)",
+    )
+    ap.add_argument(
         "--shape",
         choices=("row_json", "text"),
         default="row_json",
@@ -61,7 +68,8 @@ def main() -> None:
     n = args.n
     keyed = int(n * args.keyed)
     notes = [f"order {i} of customer c-{i % 50000:06d}, region eu" for i in range(n)]
-    keys = pa.array([f"order-{i}" if i < keyed else None for i in range(n)])
+    names = args.distinct or n
+    keys = pa.array([f"order-{i % names}" if i < keyed else None for i in range(n)])
     if args.shape == "row_json":
         batch = pa.record_batch({"order_id": pa.array(np.arange(n)), "note": pa.array(notes), "key": keys})
         fields = [StructField("order_id", LongType()), StructField("note", StringType())]
@@ -84,6 +92,7 @@ def main() -> None:
         "shape": args.shape,
         "rows": n,
         "keyed": keyed,
+        "distinct": args.distinct,
         "reps": args.reps,
         "cpu_s": {
             "encode": timed(lambda: enc.columns(batch), args.reps),

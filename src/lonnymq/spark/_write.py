@@ -539,10 +539,6 @@ def partition_of(cols: Mapping[str, pa.Array], n: int, queue: str) -> np.ndarray
     so the same rows go to the same partitions in every attempt and every rerun of a job (a
     replay finds what the first run committed where it left it). A row with both a channel and
     a key raises InvalidArgument, as the router refuses such a send."""
-    payloads = cols["payload"].to_pylist()
-    none = [None] * len(payloads)
-    keys = cols["key"].to_pylist() if "key" in cols else none
-    channels = cols["channel"].to_pylist() if "channel" in cols else none
     if "key" in cols and "channel" in cols:
         both = pc.and_(cols["key"].is_valid(), cols["channel"].is_valid())
         if pc.any(both).as_py():
@@ -550,18 +546,26 @@ def partition_of(cols: Mapping[str, pa.Array], n: int, queue: str) -> np.ndarray
             raise errors.InvalidArgument(
                 f"queue {queue} is partitioned: a message goes to its channel's partition, so it"
                 " cannot also have a key (get and cancel by key look in the key's partition); a row"
-                f" has channel {channels[i]!r} and key {keys[i]!r}: give each row a channel or a key"
+                f" has channel {cols['channel'][i].as_py()!r} and key {cols['key'][i].as_py()!r}:"
+                " give each row a channel or a key"
             )
-    return np.fromiter(
-        (
-            key_partition(c if c is not None else k, n)
-            if c is not None or k is not None
-            else zlib.crc32(p) % n
-            for k, c, p in zip(keys, channels, payloads, strict=True)
-        ),
-        dtype=np.int64,
-        count=len(payloads),
-    )
+    payloads = cols["payload"]
+    at = np.zeros(len(payloads), dtype=np.int64)
+    named = [cols[c] for c in ("channel", "key") if c in cols]
+    unnamed = np.ones(len(payloads), dtype=bool)
+    if named:
+        # Each distinct channel or key hashed once (a batch's rows often share a few channels).
+        names = (pc.coalesce(*named) if len(named) > 1 else named[0]).dictionary_encode()
+        distinct = names.dictionary.to_pylist()
+        of_name = np.fromiter((key_partition(d, n) for d in distinct), dtype=np.int64, count=len(distinct))
+        unnamed = names.indices.is_null().to_numpy(zero_copy_only=False)
+        rows = np.flatnonzero(~unnamed)
+        at[rows] = of_name[names.indices.take(pa.array(rows)).to_numpy()]
+    rest = np.flatnonzero(unnamed)
+    if len(rest):
+        bodies = payloads.take(pa.array(rest)).to_pylist()
+        at[rest] = np.fromiter((zlib.crc32(p) % n for p in bodies), dtype=np.int64, count=len(rest))
+    return at
 
 
 def stage_shards(
