@@ -29,10 +29,10 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql.datasource import EqualTo
 from pyspark.sql.functions import spark_partition_id
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from lonnymq import Client, errors, shard
+from lonnymq import Client, Envelope, errors, shard
 from lonnymq.client.direct import STRIDE, key_partition
 from lonnymq.shard.move import _delete_rows
 from lonnymq.spark._conf import Target
@@ -286,6 +286,35 @@ def test_rows_with_a_channel_go_to_the_channels_partition(spark: Any, sharded: R
     for dsn in sharded.shard_dsns:
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
+
+
+def test_stream_batch_fills_from_the_partition_that_has_messages(spark: Any, sharded: Router) -> None:
+    """All of a queue's ready messages on one partition: a micro-batch of maxRowsPerBatch 100
+    leases 100 (the empty partition's share goes to the full one), where it leased 50 (its
+    share only) before; two batches take all 200, each once, acked on their shard."""
+    q, _ = partitioned(sharded, "spark_skew")
+    parts = shard.status(sharded.dsn).partitioned[q]
+    keys = [k for k in (f"k{i}" for i in range(2000)) if key_partition(k, 2) == 0][:200]
+    with Client(sharded.dsn, direct=True) as c:
+        c.send_batch(q, [Envelope({"n": n}, key=k) for n, k in enumerate(keys)])
+    reader = StreamReader({"dsn": sharded.dsn, "queue": q}, StructType.fromDDL(read_schema({})), {})
+    offset = reader.initialOffset()
+    taken: list[int] = []
+    for want in (100, 100, 0):
+        end = reader.latestOffset(offset, ReadMaxRows(100))
+        got = [
+            i
+            for ch in reader.partitions(offset, end)
+            for b in reader.read(ch)
+            for i in b.column("id").to_pylist()
+        ]
+        assert len(got) == want
+        taken += got
+        reader.commit(end)
+        offset = end
+    reader.stop()
+    assert len(set(taken)) == 200 and {i % STRIDE for i in taken} == {parts[0]}
+    assert on_shards(sharded, q) == [[], []]  # acked
 
 
 def test_plain_queue_straight_to_its_shard(spark: Any, sharded: Router) -> None:
