@@ -144,7 +144,7 @@ def test_partitioned_queue_written_and_read_on_every_shard(spark: Any, sharded: 
     taken = [r.id for r in spark.sql(f"SELECT id FROM {name}").collect()]
     assert sorted(taken) == sorted(live)  # each once
     assert on_shards(sharded, q) == [[], []]  # acked on both shards
-    assert len(query.recentProgress) >= 3  # at most 50 a partition a batch
+    assert len(query.recentProgress) >= 3  # at most 100 a batch
 
 
 def test_commit_failing_on_one_shard_leaves_nothing_then_rerun_exactly_once(
