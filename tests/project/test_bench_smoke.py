@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.once, pytest.mark.slow]
         "spark_enqueue.py",
         "spark_jdbc.py",
         "spark_write_commit.py",
+        "spark_route.py",
         "held_snapshot.py",
         "producers.py",
         "pgmq_facade.py",

@@ -1,8 +1,9 @@
 """The Spark data source given a shard router's DSN (docs/spark.md, "Sharded setups"): reads and
 writes go straight to the queue's shard, a partitioned queue's to every partition's shard (read in
-parallel, the union), each row written once, to its key's partition, and a rerun with the same
-write id completes a write that committed on some shards only; a stream consumes every
-partition.
+parallel, the union), each row written once, to its channel's or key's partition; a write whose publish
+fails on one shard leaves nothing on any (every shard publishes before any commits), and a
+rerun with the same write id writes each row once (also after a failure between two shards'
+COMMITs); a stream consumes every partition.
 
 With the Spark session of the test_spark group (its JVM is started already) and a router over two
 shard clusters of this module's own (tests/shard's helpers: about 4 s to start, less than a JVM
@@ -24,17 +25,19 @@ from typing import Any
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql.datasource import EqualTo
 from pyspark.sql.functions import spark_partition_id
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from lonnymq import Client, errors, shard
+from lonnymq import Client, Envelope, errors, shard
 from lonnymq.client.direct import STRIDE, key_partition
 from lonnymq.shard.move import _delete_rows
+from lonnymq.spark._conf import Target
 from lonnymq.spark._read import BatchReader, StreamReader, read_schema
-from lonnymq.spark._write import Plan, abort_shards, commit, commit_shards, stage_shards
+from lonnymq.spark._write import Plan, StagedShards, abort_shards, commit, commit_shards, stage_shards
 from spark_fixtures import spark_session  # noqa: F401 - provides the `spark` fixture
 
 # tests/shard's cluster helpers (pytest puts that folder on the path for its own tests as well).
@@ -85,6 +88,14 @@ def on_shards(sharded: Router, queue: str) -> list[list[tuple[int, str | None, i
     return out
 
 
+def partitioned(sharded: Router, prefix: str) -> tuple[str, tuple[Target, ...]]:
+    """A new queue of 2 partitions and its partitions' shards, as a writer places them."""
+    q = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2)
+    return q, Target.from_options({"dsn": sharded.dsn, "queue": q}).placed()
+
+
 def test_partitioned_queue_written_and_read_on_every_shard(spark: Any, sharded: Router) -> None:
     q = f"spark_hot_{uuid.uuid4().hex[:8]}"
     with Client(sharded.dsn) as c:
@@ -133,14 +144,16 @@ def test_partitioned_queue_written_and_read_on_every_shard(spark: Any, sharded: 
     taken = [r.id for r in spark.sql(f"SELECT id FROM {name}").collect()]
     assert sorted(taken) == sorted(live)  # each once
     assert on_shards(sharded, q) == [[], []]  # acked on both shards
-    assert len(query.recentProgress) >= 3  # at most 50 a partition a batch
+    assert len(query.recentProgress) >= 3  # at most 100 a batch
 
 
-def test_commit_failing_on_one_shard_then_rerun_exactly_once(spark: Any, sharded: Router) -> None:
-    """Partition 1's commit fails (a key there conflicts, onConflict=error): partition 0's rows
-    stay committed, the job fails and its staging is gone from both shards. The rerun with the
-    same write id routes every row as the first run did (keyed or not), skips partition 0's
-    shard and commits partition 1's: each row exactly once."""
+def test_commit_failing_on_one_shard_leaves_nothing_then_rerun_exactly_once(
+    spark: Any, sharded: Router
+) -> None:
+    """Partition 1's publish fails (a key there conflicts, onConflict=error) after partition 0's
+    succeeded: partition 0's is rolled back with it (before, it stayed committed), the job fails
+    and its staging is gone from both shards: nothing of the job on any shard. The rerun with
+    the same write id then writes each row exactly once, routed as the first run routed it."""
     q = f"spark_rerun_{uuid.uuid4().hex[:8]}"
     with Client(sharded.dsn) as c:
         c.create_queue(q, partitions=2)
@@ -156,16 +169,152 @@ def test_commit_failing_on_one_shard_then_rerun_exactly_once(spark: Any, sharded
     with pytest.raises(Exception, match="DuplicateKey"):
         write.mode("append").save()
     held = on_shards(sharded, q)
-    assert held[parts[0]] and [n for _, _, n in held[parts[1]]] == [-1]  # partition 0 committed
+    assert held[parts[0]] == [] and [n for _, _, n in held[parts[1]]] == [-1]  # nothing of the job
     for dsn in sharded.shard_dsns:  # abort dropped the job's staging everywhere
         with psycopg.connect(dsn) as conn:
             staged = conn.execute("SELECT count(*) FROM lonnymq.spark_stage_part").fetchone()
-        assert staged == (0,)
+            sinks = conn.execute(
+                "SELECT count(*) FROM lonnymq.spark_sink_commit WHERE queue = %s", (q,)
+            ).fetchone()
+        assert staged == (0,) and sinks == (0,)  # nor its write id
 
     with Client(sharded.dsn, direct=True) as c:
         assert c.cancel(q, key=clash)
     write.mode("append").save()
-    assert Counter(n for held in on_shards(sharded, q) for _, _, n in held) == Counter(range(200))
+    held = on_shards(sharded, q)
+    assert Counter(n for h in held for _, _, n in h) == Counter(range(200))
+    for i, h in enumerate(held):
+        assert all(key is None or parts[key_partition(key, 2)] == i for _, key, _ in h)
+
+
+def test_commit_failing_at_a_later_shard_rolls_back_the_earlier(spark: Any, sharded: Router) -> None:
+    """commit_shards called directly: partition 0's rows staged and valid, partition 1's
+    publish fails (its staged part lost rows: LQ101). Partition 0's published messages are
+    rolled back, with its write-id record."""
+    q, targets = partitioned(sharded, "spark_roll")
+    plan = Plan.build(StructType.fromDDL("n long"), {})
+    run = str(uuid.uuid4())
+    staged = stage_shards(targets, plan, run, iter([pa.record_batch({"n": list(range(40))})]))
+    assert isinstance(staged, StagedShards) and {s.target for s in staged.staged} == {0, 1}
+    lost = next(s for s in staged.staged if s.target == 1)
+    with psycopg.connect(targets[1].dsn) as conn:
+        conn.execute("DELETE FROM lonnymq.spark_stage WHERE part = %s AND seq = 0", (lost.part,))
+    with pytest.raises(psycopg.Error, match="rows but 19 are left"):
+        commit_shards(targets, run, [staged], "ignore", "write:w", 0, 60_000, None)
+    assert on_shards(sharded, q) == [[], []]
+    abort_shards(targets, run, [staged])  # as Spark's abort: the staging goes
+    for t in targets:
+        with psycopg.connect(t.dsn) as conn:
+            sink = "SELECT count(*) FROM lonnymq.spark_sink_commit WHERE queue = %s"
+            assert conn.execute(sink, (q,)).fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
+
+
+def test_failure_between_the_commits_then_rerun_exactly_once(spark: Any, sharded: Router) -> None:
+    """The one window left: partition 1's COMMIT fails after partition 0's COMMIT (a deferred
+    trigger on partition 1's shard raises at commit time). Partition 0's rows stay committed,
+    partition 1's do not; the rerun with the same write id (the same rows, staged again) skips
+    partition 0's shard and commits partition 1's: each row exactly once. (Keeps the coverage
+    of the rerun that the DuplicateKey test had before every shard published first.)"""
+    q, targets = partitioned(sharded, "spark_window")
+    plan = Plan.build(StructType.fromDDL("n long, key string"), {})
+    data = rows(0, 60, keyed=20)
+    batch = pa.record_batch({"n": [n for n, _ in data], "key": [k for _, k in data]})
+    trap = sql.SQL(
+        "CREATE FUNCTION spark_window_trap() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.queue = {q} THEN RAISE EXCEPTION 'trapped at commit'; END IF; RETURN NULL; END $$;"
+        " CREATE CONSTRAINT TRIGGER spark_window_trap AFTER INSERT ON lonnymq.spark_sink_commit"
+        " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION spark_window_trap()"
+    ).format(q=sql.Literal(q))
+    with psycopg.connect(targets[1].dsn, autocommit=True) as conn:
+        conn.execute(trap)
+    try:
+        run = str(uuid.uuid4())
+        staged = stage_shards(targets, plan, run, iter([batch]))
+        with pytest.raises(psycopg.Error, match="trapped at commit"):
+            commit_shards(targets, run, [staged], "ignore", "write:w", 0, 60_000, None)
+        abort_shards(targets, run, [staged])
+    finally:
+        with psycopg.connect(targets[1].dsn, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER spark_window_trap ON lonnymq.spark_sink_commit")
+            conn.execute("DROP FUNCTION spark_window_trap()")
+    parts = shard.status(sharded.dsn).partitioned[q]
+    held = on_shards(sharded, q)
+    assert held[parts[0]] and held[parts[1]] == []  # partition 0 committed, partition 1 not
+
+    rerun = str(uuid.uuid4())
+    staged = stage_shards(targets, plan, rerun, iter([batch]))
+    first, second = commit_shards(targets, rerun, [staged], "ignore", "write:w", 0, 60_000, None)
+    assert first.duplicate and not second.duplicate
+    held = on_shards(sharded, q)
+    assert Counter(n for h in held for _, _, n in h) == Counter(range(60))
+    for dsn in sharded.shard_dsns:
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
+
+
+def test_rows_with_a_channel_go_to_the_channels_partition(spark: Any, sharded: Router) -> None:
+    """A row with a channel goes where the router sends it: its channel's partition (so the
+    channel's limits hold on one shard), not by its payload (before: each channel's rows were
+    spread over both shards). A row with both a channel and a key is refused as the router
+    refuses it (InvalidArgument) and the job leaves nothing on any shard."""
+    q = f"spark_chan_{uuid.uuid4().hex[:8]}"
+    with Client(sharded.dsn) as c:
+        c.create_queue(q, partitions=2)
+    parts = shard.status(sharded.dsn).partitioned[q]
+    names = [f"tenant-{i}" for i in range(8)]
+    assert {key_partition(ch, 2) for ch in names} == {0, 1}
+    data = [(n, None, names[n % 8] if n % 4 else None) for n in range(160)]
+    opts = {"dsn": sharded.dsn, "queue": q}
+    df = spark.createDataFrame(data, "n long, key string, channel string")
+    df.write.format("lonnymq").options(**opts).mode("append").save()
+    channel_of = {n: ch for n, _, ch in data}
+    held = on_shards(sharded, q)
+    assert Counter(n for h in held for _, _, n in h) == Counter(range(160))
+    for i, h in enumerate(held):
+        for _, _, n in h:
+            ch = channel_of[n]
+            assert ch is None or parts[key_partition(ch, 2)] == i, (n, ch, i)
+    assert all(sum(channel_of[n] is None for _, _, n in h) > 0 for h in held)  # no channel: both
+
+    bad = spark.createDataFrame(
+        [(1, None, "tenant-1"), (2, "k2", "tenant-2")], "n long, key string, channel string"
+    )
+    with pytest.raises(Exception, match="cannot also have a key"):
+        bad.write.format("lonnymq").options(**opts).mode("append").save()
+    assert Counter(n for h in on_shards(sharded, q) for _, _, n in h) == Counter(range(160))
+    for dsn in sharded.shard_dsns:
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
+
+
+def test_stream_batch_fills_from_the_partition_that_has_messages(spark: Any, sharded: Router) -> None:
+    """All of a queue's ready messages on one partition: a micro-batch of maxRowsPerBatch 100
+    leases 100 (the empty partition's share goes to the full one), where it leased 50 (its
+    share only) before; two batches take all 200, each once, acked on their shard."""
+    q, _ = partitioned(sharded, "spark_skew")
+    parts = shard.status(sharded.dsn).partitioned[q]
+    keys = [k for k in (f"k{i}" for i in range(2000)) if key_partition(k, 2) == 0][:200]
+    with Client(sharded.dsn, direct=True) as c:
+        c.send_batch(q, [Envelope({"n": n}, key=k) for n, k in enumerate(keys)])
+    reader = StreamReader({"dsn": sharded.dsn, "queue": q}, StructType.fromDDL(read_schema({})), {})
+    offset = reader.initialOffset()
+    taken: list[int] = []
+    for want in (100, 100, 0):
+        end = reader.latestOffset(offset, ReadMaxRows(100))
+        got = [
+            i
+            for ch in reader.partitions(offset, end)
+            for b in reader.read(ch)
+            for i in b.column("id").to_pylist()
+        ]
+        assert len(got) == want
+        taken += got
+        reader.commit(end)
+        offset = end
+    reader.stop()
+    assert len(set(taken)) == 200 and {i % STRIDE for i in taken} == {parts[0]}
+    assert on_shards(sharded, q) == [[], []]  # acked
 
 
 def test_plain_queue_straight_to_its_shard(spark: Any, sharded: Router) -> None:

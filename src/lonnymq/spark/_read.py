@@ -591,8 +591,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     Given a shard router, it consumes the queue on its shard, straight. A partitioned queue is
     one stream on each partition's shard (same id, each with its own delivery log): the offset
     holds a batch number per partition (``{"stream": <uuid>, "batch": [N0, N1, ...]}``), a
-    micro-batch leases up to ``maxRowsPerBatch / partitions`` (at least 1) on each, reads them in
-    parallel and acks each partition's on its shard. On a shard its calls and pages are behind
+    micro-batch leases up to ``maxRowsPerBatch / partitions`` (at least 1) on each, then what
+    short partitions left over from those that filled their share (:meth:`latestOffset`),
+    reads them in parallel and acks each partition's on its shard. On a shard its calls and pages are behind
     the move fence (:meth:`Target.hold`): after a move of the queue they raise QueueNotFound.
     """
 
@@ -663,20 +664,28 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         stream, after = start["stream"], self._batches(start)
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        if max_rows is not None:  # shared out between the partitions
-            max_rows = max(1, max_rows // len(after))
+        total = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        # Shared out between the partitions; what a short partition leaves goes to the others.
+        max_rows = None if total is None else max(1, total // len(after))
         # One chunk per task of a full batch (a chunk is read by one task), at most 10,000.
         chunk = 10_000 if max_rows is None else max(1, min(10_000, -(-max_rows // self.num_partitions)))
-        batches = []
-        for i, a in enumerate(after):
-            [(batch, _n)] = self._call(
-                "spark_stream_next",
-                "%s::uuid, %s::text, %s::bigint, %s::int, %s::int, %s::bigint, %s::bigint",
-                (stream, self.target.queue, a, max_rows, chunk, self.lease_ms, self._ready_at),
-                i,
-            )
-            batches.append(int(batch))
+        batches = list(after)
+        counts = [self._lease(stream, batches, i, max_rows, chunk) for i in range(len(after))]
+        if total is not None and max_rows is not None and len(after) > 1:
+            left = total - sum(counts)
+            more = [i for i, n in enumerate(counts) if n >= max_rows]  # full: may hold more
+            while left > 0 and more:
+                ask = max(1, left // len(more))
+                full = []
+                for i in more:
+                    if left <= 0:
+                        break
+                    asked = min(ask, left)
+                    n = self._lease(stream, batches, i, asked, chunk)
+                    left -= n
+                    if n >= asked:
+                        full.append(i)
+                more = full
         if batches == after and self._ready_at is not None and any(after):
             # trigger(availableNow=True) stops here, and Spark commits a source's batch only
             # when it plans the next one, so the last batch would stay leased until the next
@@ -684,6 +693,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # batch ending at `start` is in its commit log: ack it now, as commit(start) would.
             self.commit(start)
         return self._offset(stream, batches)
+
+    def _lease(self, stream: str, batches: list[int], i: int, limit: int | None, chunk: int) -> int:
+        """Lease up to ``limit`` ready messages of partition ``i`` as its batch after
+        ``batches[i]`` (spark_stream_next; idempotent: a replay finds the batch logged before),
+        which then becomes ``batches[i]``. Returns how many it holds (0: nothing was ready)."""
+        [(batch, n)] = self._call(
+            "spark_stream_next",
+            "%s::uuid, %s::text, %s::bigint, %s::int, %s::int, %s::bigint, %s::bigint",
+            (stream, self.target.queue, batches[i], limit, chunk, self.lease_ms, self._ready_at),
+            i,
+        )
+        batches[i] = int(batch)
+        return int(n)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamChunks]:
         stream = end["stream"]

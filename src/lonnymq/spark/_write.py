@@ -12,8 +12,8 @@ task attempts that Spark never reported. So a retried task cannot duplicate mess
 job enqueues nothing, and abort plus a sweeper clear leftovers. Streaming writes add a commit
 record per (sink, batch) in that same transaction, so a batch Spark replays after a restart is
 skipped. Given a shard router's DSN, all of this runs on the queue's shard; a partitioned
-queue's rows are staged on their partitions' shards and committed shard by shard
-(:func:`stage_shards`, :func:`commit_shards`; docs/spark.md, "Sharded setups").
+queue's rows are staged on their partitions' shards and published on every shard before any
+shard commits (:func:`stage_shards`, :func:`commit_shards`; docs/spark.md, "Sharded setups").
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import uuid
 import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
@@ -531,21 +531,41 @@ def stage(
     return Staged(run, copy.part, copy.rows, sink)
 
 
-def partition_of(cols: Mapping[str, pa.Array], n: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """The partition (0..n-1) of each staged row of a queue of ``n`` partitions: its key's, as
-    the router and a direct client send it (:func:`key_partition`); a row without a key by the
-    CRC-32 of its payload bytes, so the same rows go to the same partitions in every attempt
-    and every rerun of a job (a replay finds what the first run committed where it left it)."""
-    payloads = cols["payload"].to_pylist()
-    keys = cols["key"].to_pylist() if "key" in cols else [None] * len(payloads)
-    return np.fromiter(
-        (
-            key_partition(k, n) if k is not None else zlib.crc32(p) % n
-            for k, p in zip(keys, payloads, strict=True)
-        ),
-        dtype=np.int64,
-        count=len(payloads),
-    )
+def partition_of(cols: Mapping[str, pa.Array], n: int, queue: str) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The partition (0..n-1) of each staged row of a queue of ``n`` partitions, as the router
+    and a direct client send it (:func:`key_partition`): a row with a channel on its channel's
+    partition (all of a channel's messages on one partition, whose shard enforces its limits),
+    else a row with a key on its key's; a row with neither by the CRC-32 of its payload bytes,
+    so the same rows go to the same partitions in every attempt and every rerun of a job (a
+    replay finds what the first run committed where it left it). A row with both a channel and
+    a key raises InvalidArgument, as the router refuses such a send."""
+    if "key" in cols and "channel" in cols:
+        both = pc.and_(cols["key"].is_valid(), cols["channel"].is_valid())
+        if pc.any(both).as_py():
+            i = _first(both)
+            raise errors.InvalidArgument(
+                f"queue {queue} is partitioned: a message goes to its channel's partition, so it"
+                " cannot also have a key (get and cancel by key look in the key's partition); a row"
+                f" has channel {cols['channel'][i].as_py()!r} and key {cols['key'][i].as_py()!r}:"
+                " give each row a channel or a key"
+            )
+    payloads = cols["payload"]
+    at = np.zeros(len(payloads), dtype=np.int64)
+    named = [cols[c] for c in ("channel", "key") if c in cols]
+    unnamed = np.ones(len(payloads), dtype=bool)
+    if named:
+        # Each distinct channel or key hashed once (a batch's rows often share a few channels).
+        names = (pc.coalesce(*named) if len(named) > 1 else named[0]).dictionary_encode()
+        distinct = names.dictionary.to_pylist()
+        of_name = np.fromiter((key_partition(d, n) for d in distinct), dtype=np.int64, count=len(distinct))
+        unnamed = names.indices.is_null().to_numpy(zero_copy_only=False)
+        rows = np.flatnonzero(~unnamed)
+        at[rows] = of_name[names.indices.take(pa.array(rows)).to_numpy()]
+    rest = np.flatnonzero(unnamed)
+    if len(rest):
+        bodies = payloads.take(pa.array(rest)).to_pylist()
+        at[rest] = np.fromiter((zlib.crc32(p) % n for p in bodies), dtype=np.int64, count=len(rest))
+    return at
 
 
 def stage_shards(
@@ -567,7 +587,7 @@ def stage_shards(
         for batch in batches:
             for piece in _slices(batch):
                 cols = encoder.columns(piece)
-                at = partition_of(cols, n)
+                at = partition_of(cols, n, targets[0].queue)
                 for k in (int(k) for k in np.unique(at)):
                     rows = pa.array(np.flatnonzero(at == k))
                     if k not in copies:
@@ -600,49 +620,29 @@ def commit(
     """Move the reported parts into the queue in one transaction (see ``spark_write_commit``),
     with ``content_type`` (:attr:`Plan.content_type`) on every message. A replay of a committed
     sink batch or write id enqueues nothing and is logged."""
-    staged = [m for m in messages if isinstance(m, Staged) and m.rows > 0]
-    with target.connect() as conn:
-        target.hold(conn)  # on a shard: behind the move fence (QueueNotFound if it moved away)
-        [row] = target.call(
-            conn,
-            "spark_write_commit",
-            "%s::text, %s::uuid, %s::bigint[], %s::bigint[], %s::text, %s::text, %s::bigint, %s::bigint,"
-            " p_content_type => %s::text",
-            (
-                target.queue,
-                run,
-                [m.part for m in staged],
-                [m.rows for m in staged],
-                on_conflict,
-                sink,
-                batch_id,
-                retention_ms,
-                content_type,
-            ),
-        )
-        conn.commit()
-    created, updated, ignored, duplicate, committed_at, count = row
-    result = CommitResult(
-        int(created), int(updated), int(ignored), bool(duplicate), int(committed_at), int(count)
-    )
-    if result.duplicate:
-        what = (
-            f"write id {sink[6:]!r}"
-            if sink and sink.startswith("write:")
-            else f"sink {sink!r} batch {batch_id}"
-        )
-        when = _dt.datetime.fromtimestamp(result.committed_at / 1000, _dt.UTC).isoformat(timespec="seconds")
-        log.warning(
-            "lonnymq: %s was already committed to queue %r at %s (%d messages): skipped, nothing enqueued"
-            " (server %s, schema %s)",
-            what,
-            target.queue,
-            when,
-            result.messages,
-            describe_dsn(target.dsn),
-            target.schema,
-        )
+    one = [replace(m, target=0) for m in messages if isinstance(m, Staged)]
+    [result] = commit_shards((target,), run, one, on_conflict, sink, batch_id, retention_ms, content_type)
     return result
+
+
+def _log_replay(target: Target, result: CommitResult, sink: str | None, batch_id: int | None) -> None:
+    """The warning of a commit that was a replay (:attr:`CommitResult.duplicate`), if it was."""
+    if not result.duplicate:
+        return
+    what = (
+        f"write id {sink[6:]!r}" if sink and sink.startswith("write:") else f"sink {sink!r} batch {batch_id}"
+    )
+    when = _dt.datetime.fromtimestamp(result.committed_at / 1000, _dt.UTC).isoformat(timespec="seconds")
+    log.warning(
+        "lonnymq: %s was already committed to queue %r at %s (%d messages): skipped, nothing enqueued"
+        " (server %s, schema %s)",
+        what,
+        target.queue,
+        when,
+        result.messages,
+        describe_dsn(target.dsn),
+        target.schema,
+    )
 
 
 def abort(target: Target, run: str, messages: list[Any]) -> None:
@@ -662,24 +662,51 @@ def commit_shards(
     retention_ms: int,
     content_type: str | None,
 ) -> list[CommitResult]:
-    """:func:`commit` on the queue's server, or, for a partitioned queue, on each partition's
-    shard in turn, each with the parts staged there: one transaction per shard, so a failure
-    leaves the shards before it committed (a rerun with the same write id or sink batch skips
-    them and commits the rest)."""
-    staged = _staged(messages)
-    return [
-        commit(
-            t,
-            run,
-            [m for m in staged if m.target == i],
-            on_conflict,
-            sink,
-            batch_id,
-            retention_ms,
-            content_type,
-        )
-        for i, t in enumerate(targets)
-    ]
+    """:func:`commit` on the queue's server, or, for a partitioned queue, on every partition's
+    shard, each with the parts staged there, in two steps: each shard's ``spark_write_commit``
+    runs in its own transaction, in partition order, and those transactions are left open; only
+    once every shard's succeeded are they committed, in the same order. So an error of a shard's
+    publish (a key conflict with ``onConflict=error``, a payload over a limit, lost staging, the
+    queue moved away, the shard unreachable when its turn comes) rolls back every shard's: the
+    write enqueues nothing anywhere, and Spark's abort drops its staging. Not atomic across
+    shards: if a shard fails between the COMMITs (its connection drops at its own COMMIT), the
+    shards before it stay committed; a rerun with the same write id or sink batch skips them and
+    commits the rest. The open transactions hold each shard's locks of the publish (its keyed
+    rows, and staging's when truncated) until every shard has published."""
+    staged = [m for m in _staged(messages) if m.rows > 0]
+    with ExitStack() as stack:
+        opened: list[tuple[Any, Target, CommitResult]] = []
+        for i, t in enumerate(targets):
+            parts = [m for m in staged if m.target == i]
+            conn = stack.enter_context(t.connect())
+            t.hold(conn)  # on a shard: behind the move fence (QueueNotFound if it moved away)
+            [row] = t.call(
+                conn,
+                "spark_write_commit",
+                "%s::text, %s::uuid, %s::bigint[], %s::bigint[], %s::text, %s::text, %s::bigint,"
+                " %s::bigint, p_content_type => %s::text",
+                (
+                    t.queue,
+                    run,
+                    [m.part for m in parts],
+                    [m.rows for m in parts],
+                    on_conflict,
+                    sink,
+                    batch_id,
+                    retention_ms,
+                    content_type,
+                ),
+            )
+            created, updated, ignored, duplicate, committed_at, count = row
+            result = CommitResult(
+                int(created), int(updated), int(ignored), bool(duplicate), int(committed_at), int(count)
+            )
+            opened.append((conn, t, result))  # its transaction left open until every shard's ran
+        for conn, _, _ in opened:
+            conn.commit()
+    for _, t, result in opened:
+        _log_replay(t, result, sink, batch_id)
+    return [result for _, _, result in opened]
 
 
 def abort_shards(targets: tuple[Target, ...], run: str, messages: list[Any]) -> None:
@@ -709,8 +736,8 @@ class BatchWriter(DataSourceArrowWriter):
     (e.g. a rerun after the first one's commit succeeded but the driver died) enqueues nothing.
 
     Given a shard router, it writes straight to the queue's shard; to a partitioned queue, each
-    row to its partition's shard (:func:`stage_shards`), committed shard by shard
-    (:func:`commit_shards`).
+    row to its partition's shard (:func:`stage_shards`), published on every shard before any
+    commits (:func:`commit_shards`).
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
