@@ -138,3 +138,26 @@ def test_a_pop_or_take_short_of_messages_calls_no_sql_function(
             [schema],
         ).fetchall()
     assert called == []
+
+
+def test_the_short_pop_check_reads_the_lease_index_after_the_table_fills(
+    client: Client, conn: Any, schema: str
+) -> None:
+    """That check's plan is cached with take_tx's: one planned while the table was empty, then
+    kept while it fills (no ANALYZE yet), must still read the partial index of leases, not walk
+    the dequeue index (whose first column is the generation) past every message of the table."""
+    s = sql.Identifier(schema)
+    client.create_queue("q")
+    client.create_queue("e")
+    conn.execute(sql.SQL("ALTER TABLE {}.message_logged SET (autovacuum_enabled = false)").format(s))
+    assert _pop(conn, s, "e") == []  # plans the check on the empty table
+    client.send_batch("q", [b"x"] * 3000)
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
+        conn.execute("SET auto_explain." + setting)
+    assert _pop(conn, s, "e") == []
+    [check] = [p for p in plans if "m.leased" in p]
+    assert "queue_id_channel_dequeue_at_idx" in check
+    assert "gen_queue_id_dequeue_at_id_idx" not in check

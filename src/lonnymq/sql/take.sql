@@ -734,11 +734,16 @@ BEGIN
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
             RETURN;
         END IF;
-        -- _undeliverable_ready's EXISTS, written here (a plan cached with the function's).
-        IF NOT EXISTS (SELECT FROM {schema}.message m
-                        WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased
-                          AND m.dequeue_at <= v_now
-                          AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)) THEN
+        -- _undeliverable_ready's EXISTS, written here (its plan cached with the function's).
+        -- In the partial index of leases, pinned by its order: a plan cached while the table was
+        -- empty would otherwise walk the whole dequeue index (queue_id is its second column)
+        -- once the table fills (test_pop_lean.py).
+        PERFORM FROM {schema}.message m
+          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased AND m.dequeue_at <= v_now
+            AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)
+          ORDER BY m.channel, m.dequeue_at  -- the lease index's order: pins it (enable_sort = off)
+          LIMIT 1;
+        IF NOT FOUND THEN
             RETURN;
         END IF;
     END IF;
@@ -964,11 +969,14 @@ BEGIN
         END IF;
         -- Fewer than asked: done, unless an expired lease that may not be delivered is among
         -- the ready rows (the partial index of leases: usually none). _undeliverable_ready's
-        -- EXISTS, written here: a plan cached with the function's, not planned at every call.
-        IF NOT EXISTS (SELECT FROM {schema}.message m
-                        WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased
-                          AND m.dequeue_at <= v_now
-                          AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)) THEN
+        -- EXISTS, written here: a plan cached with the function's, not planned at every call;
+        -- in the partial index of leases, pinned by its order (as in take()).
+        PERFORM FROM {schema}.message m
+          WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased AND m.dequeue_at <= v_now
+            AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)
+          ORDER BY m.channel, m.dequeue_at  -- the lease index's order: pins it (enable_sort = off)
+          LIMIT 1;
+        IF NOT FOUND THEN
             RETURN;
         END IF;
     END IF;
