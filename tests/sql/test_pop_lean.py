@@ -113,3 +113,52 @@ def test_pop_of_a_paused_queue_and_of_a_channel_queue(client: Client, conn: Any,
 def test_pop_of_an_unknown_queue_raises(client: Client) -> None:
     with pytest.raises(QueueNotFound):
         client.take_tx("nope", 1)
+
+
+def test_a_pop_or_take_short_of_messages_calls_no_sql_function(
+    client: Client, conn: Any, schema: str
+) -> None:
+    """A pop or take that got fewer messages than asked looks for an expired lease the general
+    path must deal with (_undeliverable_ready). That was a SQL function, which PostgreSQL never
+    inlines when its body has a sub-select: each call went through fmgr_sql, which plans its
+    statement at every call (an empty pop did 3.1x a pop's instructions). It is PL/pgSQL now,
+    its plan cached: no SQL function is called (track_functions counts only those not inlined)."""
+    s = sql.Identifier(schema)
+    client.create_queue("q")
+    client.send_batch("q", [b"1", b"2"])
+    conn.execute("SET track_functions = 'all'")
+    with conn.transaction():
+        assert _pop(conn, s, "q") == [b"1"]
+        take = sql.SQL("SELECT payload FROM {}.take('q', 5)").format(s)
+        assert [bytes(r[0]) for r in conn.execute(take).fetchall()] == [b"2"]  # fewer than asked
+        assert _pop(conn, s, "q") == []  # an empty pop
+        called = conn.execute(
+            "SELECT f.funcname, f.calls FROM pg_stat_xact_user_functions f"
+            " JOIN pg_proc p ON p.oid = f.funcid JOIN pg_language l ON l.oid = p.prolang"
+            " WHERE f.schemaname = %s AND l.lanname = 'sql'",
+            [schema],
+        ).fetchall()
+    assert called == []
+
+
+def test_the_short_pop_check_reads_the_lease_index_after_the_table_fills(
+    client: Client, conn: Any, schema: str
+) -> None:
+    """That check's plan is cached with take_tx's: one planned while the table was empty, then
+    kept while it fills (no ANALYZE yet), must still read the partial index of leases, not walk
+    the dequeue index (whose first column is the generation) past every message of the table."""
+    s = sql.Identifier(schema)
+    client.create_queue("q")
+    client.create_queue("e")
+    conn.execute(sql.SQL("ALTER TABLE {}.message_logged SET (autovacuum_enabled = false)").format(s))
+    assert _pop(conn, s, "e") == []  # plans the check on the empty table
+    client.send_batch("q", [b"x"] * 3000)
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
+        conn.execute("SET auto_explain." + setting)
+    assert _pop(conn, s, "e") == []
+    [check] = [p for p in plans if "m.leased" in p]
+    assert "queue_id_channel_dequeue_at_idx" in check
+    assert "gen_queue_id_dequeue_at_id_idx" not in check

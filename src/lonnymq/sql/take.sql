@@ -79,16 +79,22 @@ END $$;
 
 -- Whether queue q has a ready row that take()'s and take_tx()'s lean statements leave to the
 -- general path: an expired lease that may not be delivered (its last attempt, or a superseded
--- version), read in the partial index of leases (usually empty). A SQL function that
--- PostgreSQL inlines into the caller's statement: the same plan as the EXISTS written there.
+-- version), read in the partial index of leases (usually empty), pinned by its order (its
+-- callers' enable_sort = off: take, take_tx): a plan cached while the table was empty would
+-- otherwise walk the whole dequeue index (queue_id is its second column) once the table fills
+-- (test_pop_lean.py). PL/pgSQL, so that its plan is cached: it was a SQL function, which
+-- PostgreSQL never inlines when its body has a sub-select, so fmgr_sql planned its statement at
+-- every call (~700k instructions, 2/3 of an empty pop: docs/benchmarks.md, branch poplean).
 CREATE OR REPLACE FUNCTION {schema}._undeliverable_ready(q {schema}.queue, p_now bigint) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
-        SELECT FROM {schema}.message m
-         WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased
-           AND m.dequeue_at <= p_now
-           AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL))
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM FROM {schema}.message m
+      WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased AND m.dequeue_at <= p_now
+        AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)
+      ORDER BY m.channel, m.dequeue_at  -- the lease index's order
+      LIMIT 1;
+    RETURN FOUND;
+END $$;
 
 -- Hand out locked messages p_ids, in that order: 'lease' them for p_lease_ms, or 'delete' /
 -- 'archive' them (take_tx). Returns the deliveries in the order of p_ids. Each row is found by
