@@ -106,6 +106,8 @@ def test_move_keeps_every_kind_of_message(sharded) -> None:  # type: ignore[no-u
                     " JOIN lonnymq.spark_stream_batch b ON b.stream_id = s.stream_id WHERE c.name = 'mv_cron'"
                 ).fetchall()
             assert got == expected
+        with psycopg.connect(r, autocommit=True) as conn:  # not left for later tests' workers to fire
+            assert conn.execute("SELECT lonnymq.cron_delete('mv_cron')").fetchone() == (True,)
         assert {k: v for k, v in shard.status(r).overrides.items() if k in (q, dlq)} == {q: other, dlq: other}
         assert shard.status(r).healthy  # nothing misplaced
         shard.init(r, sharded.shard_dsns)  # regenerating the router keeps the routes

@@ -172,3 +172,6 @@ def test_producer_and_consumer_roles_on_the_plain_path(sharded) -> None:  # type
             assert row is not None and row[0]
         finally:
             conn.execute("RESET ROLE")
+            # A due '* * * * *' schedule left in the session's clusters would be fired (and
+            # counted) by later tests' workers.
+            conn.execute("SELECT lonnymq.cron_delete('cost_roles_tick')")
