@@ -121,7 +121,8 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "take_parted": (_calls("lonnymq.{}")["take"][0].replace("{q}", "{pq}"),),
     # The dispatched calls (plpgsql dispatchers, lonnymq.shard.partitions.DISPATCHED) of a plain
     # queue, each also through its PL/Proxy function _hash_<name> (RUN ON _shard_of(...)):
-    **{f"hash_{k}": v for k, v in _calls("lonnymq._hash_{}").items() if k.startswith("take")},
+    "hash_take": _calls("lonnymq._hash_{}")["take"],
+    "hash_take_ack": (_calls("lonnymq._hash_{}")["take"][0], _calls("lonnymq.{}")["take_ack"][1]),
     **{
         f"{pre}{call}": (stmt.format(fn=f"lonnymq.{pre.replace('hash_', '_hash_')}{call}"),)
         for pre in ("", "hash_")
