@@ -129,7 +129,7 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
         for call, stmt in DISPATCHED_CALLS.items()
     },
     # The same calls made directly on the shard (shard a's own backend counted, not the router's).
-    **{f"shard_{k}": v for k, v in _calls("lonnymq.{}").items()},
+    **{f"shard_{k}": v for k, v in _calls("lonnymq.{}").items()},  # ON_SHARD
     "pgmq_send": ("""SELECT * FROM pgmq.send('{q}', '{"n": 1}'::jsonb)""",),
     "pgmq_read": (_PGMQ_READ,),
     "pgmq_read_delete": (_PGMQ_READ, "SELECT pgmq.delete('{q}', current_setting('b.id')::bigint)"),
@@ -159,6 +159,8 @@ TAKES = (
     "pgmq_read10",
     "pgmq_read10_delete10",
 )
+#: The workloads made directly on shard a (not through the router): ``shard_of`` is the router's.
+ON_SHARD = tuple(f"shard_{k}" for k in _calls("lonnymq.{}"))
 DEFAULT = "send,send_batch100,take,take_ack,bare_send,bare_send_batch100,bare_take,bare_take_ack," + (
     "route_send,route_batch,route_ack,shard_of,partitions,noop,send_parted,take_parted"
 )
@@ -299,7 +301,7 @@ def main() -> None:
                 backlog = (high + 40) * (20 if "10" in w else 2) if w in TAKES else 0
                 # shard_*: the call on shard a's own backend (single-user there, its postmaster
                 # stopped meanwhile), the same for every tree (the trees share the core's SQL).
-                server, db = (a, pgcluster.DATABASE) if w.startswith("shard_") else (router, None)
+                server, db = (a, pgcluster.DATABASE) if w in ON_SHARD else (router, None)
                 for name, _ in trees:
                     counts = []
                     for n in (low, high):
