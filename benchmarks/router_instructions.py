@@ -23,6 +23,17 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   ``send``, ``send_batch`` and ``ack`` (``_send_shard``, ``_batch_shard``, ``_id_shard``) alone;
   ``shard_of``: ``_shard_of`` alone (what ``_hash_take`` runs); ``partitions``: ``_partitions``;
   ``noop``: ``SELECT 1`` (what a top-level statement costs: subtract it from the ones alone);
+* the dispatched calls (``lonnymq.shard.partitions.DISPATCHED``, plpgsql dispatchers on the
+  router): ``peek``, ``queue_metrics``, ``next_ready_in``, ``dead_list``, ``dead_requeue``,
+  ``archive_list``, ``message_list``, ``channel_list``, ``channel_recount`` (and ``take``, above)
+  through their public dispatchers, and each as ``hash_<call>`` through its PL/Proxy function
+  ``_hash_<call>`` (``RUN ON _shard_of(...)``: what the dispatcher costs over the same call
+  routed by PL/Proxy alone); ``hash_take``, ``hash_take_ack``: take (and ack) so;
+* ``shard_send``, ``shard_send_batch100``, ``shard_take``, ``shard_take_ack``: the same calls
+  made directly on shard a (its own single-user backend counted, its postmaster stopped
+  meanwhile): with them, ``<call>: shard / (router + shard)`` is reported, the share of the
+  shard's own work in a call through the router (the shard's side of a proxied call, a query
+  with parameters from PL/Proxy, is taken as the direct call's: not counted);
 * ``send_parted``, ``take_parted``: a queue with 2 partitions (one on each shard);
 * ``pgmq_send``, ``pgmq_read`` (one message), ``pgmq_read_delete`` (a read of one, then
   ``pgmq.delete`` of its id: ``pgmq_delete`` is reported as the difference), ``pgmq_read10``
@@ -81,6 +92,20 @@ def _calls(fn: str) -> dict[str, tuple[str, ...]]:
     return {"send": (send,), "send_batch100": (batch,), "take": (take,), "take_ack": (take, ack)}
 
 
+#: The dispatched calls other than take, ``{fn}`` the function.
+DISPATCHED_CALLS = {
+    "peek": "SELECT count(*) FROM {fn}('{{q}}', 1)",
+    "queue_metrics": "SELECT * FROM {fn}('{{q}}')",
+    "next_ready_in": "SELECT {fn}('{{q}}')",
+    "dead_list": "SELECT count(*) FROM {fn}('{{q}}', 10)",
+    "dead_requeue": "SELECT {fn}('{{q}}', ARRAY[1]::bigint[])",
+    "archive_list": "SELECT count(*) FROM {fn}('{{q}}', NULL, NULL, NULL, 10)",
+    "message_list": "SELECT count(*) FROM {fn}('{{q}}', NULL, NULL, 10)",
+    "channel_list": "SELECT count(*) FROM {fn}('{{q}}', 10)",
+    "channel_recount": "SELECT {fn}('{{q}}')",
+}
+
+
 #: workload: the statements of one call (each EXECUTEd once a call), and whether the shard's
 #: queue needs a backlog of messages.
 WORKLOADS: dict[str, tuple[str, ...]] = {
@@ -94,6 +119,17 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "noop": ("SELECT 1",),
     "send_parted": (_calls("lonnymq.{}")["send"][0].replace("{q}", "{pq}"),),
     "take_parted": (_calls("lonnymq.{}")["take"][0].replace("{q}", "{pq}"),),
+    # The dispatched calls (plpgsql dispatchers, lonnymq.shard.partitions.DISPATCHED) of a plain
+    # queue, each also through its PL/Proxy function _hash_<name> (RUN ON _shard_of(...)):
+    "hash_take": _calls("lonnymq._hash_{}")["take"],
+    "hash_take_ack": (_calls("lonnymq._hash_{}")["take"][0], _calls("lonnymq.{}")["take_ack"][1]),
+    **{
+        f"{pre}{call}": (stmt.format(fn=f"lonnymq.{pre.replace('hash_', '_hash_')}{call}"),)
+        for pre in ("", "hash_")
+        for call, stmt in DISPATCHED_CALLS.items()
+    },
+    # The same calls made directly on the shard (shard a's own backend counted, not the router's).
+    **{f"shard_{k}": v for k, v in _calls("lonnymq.{}").items()},  # ON_SHARD
     "pgmq_send": ("""SELECT * FROM pgmq.send('{q}', '{"n": 1}'::jsonb)""",),
     "pgmq_read": (_PGMQ_READ,),
     "pgmq_read_delete": (_PGMQ_READ, "SELECT pgmq.delete('{q}', current_setting('b.id')::bigint)"),
@@ -109,12 +145,22 @@ TAKES = (
     "take_ack",
     "bare_take",
     "bare_take_ack",
+    "hash_take",
+    "hash_take_ack",
+    "shard_take",
+    "shard_take_ack",
+    "peek",
+    "hash_peek",
+    "message_list",
+    "hash_message_list",
     "take_parted",
     "pgmq_read",
     "pgmq_read_delete",
     "pgmq_read10",
     "pgmq_read10_delete10",
 )
+#: The workloads made directly on shard a (not through the router): ``shard_of`` is the router's.
+ON_SHARD = tuple(f"shard_{k}" for k in _calls("lonnymq.{}"))
 DEFAULT = "send,send_batch100,take,take_ack,bare_send,bare_send_batch100,bare_take,bare_take_ack," + (
     "route_send,route_batch,route_ack,shard_of,partitions,noop,send_parted,take_parted"
 )
@@ -253,6 +299,9 @@ def main() -> None:
                 statements = WORKLOADS[w]
                 targets = [(d, "pq") for d in (a.dsn, b.dsn)] if "parted" in w else [(a.dsn, names["q"])]
                 backlog = (high + 40) * (20 if "10" in w else 2) if w in TAKES else 0
+                # shard_*: the call on shard a's own backend (single-user there, its postmaster
+                # stopped meanwhile), the same for every tree (the trees share the core's SQL).
+                server, db = (a, pgcluster.DATABASE) if w in ON_SHARD else (router, None)
                 for name, _ in trees:
                     counts = []
                     for n in (low, high):
@@ -260,9 +309,17 @@ def main() -> None:
                         profile = (
                             args.profiles / f"callgrind.{w}.{name}" if args.profiles and n == high else None
                         )
-                        counts.append(
-                            _single(router, f"router_{name}", _script(statements, n, names), profile)
-                        )
+                        if server is a:
+                            a.stop()
+                        try:
+                            counts.append(
+                                _single(
+                                    server, db or f"router_{name}", _script(statements, n, names), profile
+                                )
+                            )
+                        finally:
+                            if server is a:
+                                a.start()
                     results.setdefault(w, {})[name] = (counts[1] - counts[0]) / (high - low)
                     print(f"{w:20} {name:8} {results[w][name] / 1000:9.1f}k instructions/call", flush=True)
         finally:
@@ -280,8 +337,21 @@ def main() -> None:
         results["pgmq_delete (pgmq_read_delete - pgmq_read)"] = {
             n: results["pgmq_read_delete"][n] - results["pgmq_read"][n] for n in results["pgmq_read"]
         }
+    for call in ("send", "send_batch100", "take", "take_ack"):
+        # A call through the router costs the router's instructions and the shard's, one made on
+        # the shard its own: the share of the shard's is what a CPU-bound router + shard pair
+        # would serve, relative to the shard alone (the shard's side of a proxied call, which
+        # PL/Proxy sends as a query with parameters, is not counted: taken as the direct one's).
+        if call in results and f"shard_{call}" in results:
+            results[f"{call}: shard / (router + shard)"] = {
+                n: results[f"shard_{call}"][n] / (results[f"shard_{call}"][n] + results[call][n])
+                for n in results[call]
+            }
     print(f"\ninstructions per call on the router (k); ratios to {ref}:")
     for w, row in results.items():
+        if w.endswith("(router + shard)"):
+            print(f"  {w:22} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()))
+            continue
         print(f"  {w:22} " + "  ".join(f"{k} {v / 1000:8.1f}k ({v / row[ref]:.3f})" for k, v in row.items()))
     if args.json:
         args.json.write_text(

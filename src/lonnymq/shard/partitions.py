@@ -173,20 +173,35 @@ ROUTING_FUNCTIONS = (
 #: queue's shard, given to ``{then}`` (RETURN it, or ``p_shard :=`` and the call ``{plain}``). That is
 #: its override in shard_route (a moved queue) or its hash, behind the queue's fence (a shared
 #: advisory lock, which a move of the queue holds exclusively). A partitioned queue (a row in
-#: shard_partition) goes on to the rest of the body, without the lock (_partitions takes it).
-#: shard_partition is read before shard_route, the order `shard init` locks them in. (One
-#: statement joining both tables cost the router as much as these two: benchmarks/
-#: router_instructions.py.) These functions run in the caller's role and search_path (not
-#: SECURITY DEFINER, no SET clause), so every operator and function here is schema-qualified:
-#: no object on the caller's search_path changes where a call goes or which lock it takes.
-PLAIN_ROUTE: LiteralString = """    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
-                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext({q}))
-     WHERE NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) {q});
-    IF FOUND THEN
-        -- A statement after the lock: it sees the route that a move committed before releasing it.
-        {then} coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) {q}),
-                        pg_catalog.hashtext({q}));{plain}
-    END IF;
+#: shard_partition) goes on to the rest of the body (where _partitions takes the fence again: a
+#: lock a transaction holds is granted again at once). The fence is taken first, in an IF whose
+#: condition is the lock's call alone: a plpgsql "simple expression", evaluated without a query
+#: (a PERFORM runs one; the two statements this replaced, the lock with the partition check and
+#: then the route, cost each call 4-5k instructions more on the router: docs/sharding.md, the
+#: router's per-call cost); then one statement, after the lock (so it sees what a
+#: move committed before releasing it), reads shard_partition, then shard_route (in this order
+#: in its plan's range table, so locked in the order `shard init` locks them in). These
+#: functions run in the caller's role and search_path (not SECURITY DEFINER, no SET clause), so
+#: every operator, function and type here is schema-qualified: no object on the caller's
+#: search_path changes where a call goes or which lock it takes.
+PLAIN_ROUTE: LiteralString = """    DECLARE
+        v_plain pg_catalog.bool;
+        v_route pg_catalog.int4;
+    BEGIN
+        -- The fence (the lock returns void, never NULL: the IF only makes it a simple expression).
+        IF pg_catalog.pg_advisory_xact_lock_shared(
+               pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext({q})) IS NULL THEN
+            NULL;
+        END IF;
+        -- After the lock: the route that a move committed before releasing it.
+        SELECT NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) {q}),
+               coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) {q}),
+                        pg_catalog.hashtext({q}))
+          INTO v_plain, v_route;
+        IF v_plain THEN
+            {then} v_route;{plain}
+        END IF;
+    END;
 """
 
 #: How :data:`PLAIN_ROUTE` reads in a routing function: the queue is p_queue, its shard returned.
