@@ -23,7 +23,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psycopg
@@ -193,6 +193,29 @@ def _run(argv: list[str], what: str) -> None:
         raise ClusterError(f"{what} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
 
 
+def _start_on_a_free_port(cluster: Cluster, tries: int = 5) -> Cluster:
+    """Start ``cluster`` (its postgresql.conf already names its port). free_port() finds a port
+    free when it looks, and another process (a test's server, a JVM) may bind it before the
+    server does: then the server stops with "Address already in use", and it is started again
+    on another free port (a later ``port`` line in postgresql.conf wins). Returns the cluster
+    with the port it runs on."""
+    for attempt in range(tries):
+        seen = cluster.logfile.stat().st_size if cluster.logfile.exists() else 0
+        try:
+            cluster.start()
+            return cluster
+        except ClusterError:
+            with cluster.logfile.open("rb") as f:
+                f.seek(seen)
+                taken = b"Address already in use" in f.read()
+            if not taken or attempt == tries - 1:
+                raise
+        cluster = replace(cluster, port=free_port())
+        with (cluster.datadir / "postgresql.conf").open("a") as f:
+            f.write(f"port = {cluster.port}  # the port before was taken when the server bound it\n")
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def temporary_cluster(
     settings: Mapping[str, str] | None = None, *, install: bool = True, keep: bool = False
@@ -237,20 +260,7 @@ def temporary_cluster(
             f.write("\n# lonnymq tools/pgcluster.py\n")
             for name, value in conf.items():
                 f.write(f"{name} = {value}\n")
-        _run(
-            [
-                str(BINDIR / "pg_ctl"),
-                "-D",
-                str(cluster.datadir),
-                "-l",
-                str(cluster.logfile),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-            "pg_ctl start",
-        )
+        cluster = _start_on_a_free_port(cluster)
         started = True
         with psycopg.connect(cluster.admin_dsn(), autocommit=True, connect_timeout=10) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
@@ -308,7 +318,7 @@ def temporary_standby(primary: Cluster, settings: Mapping[str, str] | None = Non
             f.write("\n# lonnymq tools/pgcluster.py: standby\n")
             for name, value in conf.items():
                 f.write(f"{name} = {value}\n")
-        standby.start()
+        standby = _start_on_a_free_port(standby)
         started = True
         yield standby
     except ClusterError as e:
