@@ -153,19 +153,15 @@ def test_the_short_pop_check_reads_the_lease_index_after_the_table_fills(
     client.create_queue("e")
     conn.execute(sql.SQL("ALTER TABLE {}.message_logged SET (autovacuum_enabled = false)").format(s))
     assert _pop(conn, s, "e") == []  # plans the check on the empty table
-    client.send_batch("q", [b"x"] * 10_000)
-    # The buffers the empty pop reads, its nested statements' included (EXPLAIN's counters are
-    # the backend's): a handful, where a walk of the dequeue index reads every page of it.
-    explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT payload FROM {}.take_tx('e', 1)")
-    [[[plan]]] = conn.execute(explain.format(s)).fetchall()
-    top = plan["Plan"]
-    buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
-    assert buffers < 30, buffers
-    # The check's own plan, where auto_explain is installed (not in the embedded PostgreSQL).
+    client.send_batch("q", [b"x"] * 3000)
+    # The check's own plan, by auto_explain (nested statements logged as notices). The embedded
+    # PostgreSQL 16 does not ship it: there the test is skipped; CI's PostgreSQL 15 pass runs it.
+    # (A bound on the buffers the whole pop reads is no substitute: a generation's rotation or
+    # sweep on the real clock, inside the same call, reads hundreds.)
     try:
         conn.execute("LOAD 'auto_explain'")
     except psycopg.errors.UndefinedFile:
-        return
+        pytest.skip("auto_explain is not installed on this server (the embedded PostgreSQL 16)")
     plans: list[str] = []
     conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
     for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
