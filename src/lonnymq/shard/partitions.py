@@ -481,6 +481,19 @@ def _fmt(stmt: LiteralString, schema: str, cluster: str) -> sql.Composed:
     )
 
 
+def dispatch_route(schema: str, queue: sql.Composable, call: sql.Composable) -> sql.Composed:
+    """A dispatcher's plain queue's path (the core's here, the pgmq facade's in pgmq_parts):
+    :data:`PLAIN_ROUTE` into ``p_shard`` for the queue named by ``queue``, then ``call`` (the
+    call on that shard, returning)."""
+    return sql.SQL(PLAIN_ROUTE).format(
+        s=sql.Identifier(schema),
+        name=sql.Literal(schema),
+        q=queue,
+        then=sql.SQL("p_shard :="),
+        plain=sql.Composed([sql.SQL("\n        "), call]),
+    )
+
+
 def routing_statements(schema: str, cluster: str) -> list[sql.Composed]:
     """The statements of :data:`ROUTING_STATEMENTS` for ``schema``."""
     return [_fmt(stmt, schema, cluster) for stmt in ROUTING_STATEMENTS]
@@ -687,13 +700,7 @@ def dispatcher_statements(schema: str, fn: CoreFunction) -> list[sql.Composed]:
         )
     # A plain queue's call: on its shard (PLAIN_ROUTE, as _shard_of routes it, behind the fence)
     # by _on_<name>, with no routing function for PL/Proxy to call.
-    route = sql.SQL(PLAIN_ROUTE).format(
-        s=s,
-        name=sql.Literal(schema),
-        q=sql.Identifier(key),
-        then=sql.SQL("p_shard :="),
-        plain=sql.Composed([sql.SQL("\n        "), sql.SQL(ret).format(on)]),
-    )
+    route = dispatch_route(schema, sql.Identifier(key), sql.SQL(ret).format(on))
     body = sql.SQL(
         "DECLARE {decl}\nBEGIN\n{route}    v_parts := {s}._partitions({key});\n"
         "    IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)\n        {plain}\n"

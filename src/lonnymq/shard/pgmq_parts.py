@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, LiteralString
 
 from psycopg import sql
 
-from .partitions import _ALL_DOWN, _SKIP_INIT, PLAIN_RETURN, PLAIN_ROUTE, _skipping
+from .partitions import _ALL_DOWN, _SKIP_INIT, PLAIN_RETURN, PLAIN_ROUTE, _skipping, dispatch_route
 
 if TYPE_CHECKING:
     from .catalog import CoreFunction
@@ -89,11 +89,15 @@ ROUTING_FUNCTIONS = ("_send_shard", "_id_shard", "_parted_id_shard")
 
 #: metrics_all over every shard: a partitioned queue's rows (one per partition) merged as
 #: ``metrics`` merges them.
+#: pgmq's metrics columns after queue_name, of rows ``r`` of one queue's partitions merged into
+#: one (lengths and totals summed, the oldest age the oldest, the newest the newest).
+METRICS_MERGE: LiteralString = (
+    "sum(r.queue_length)::bigint, min(r.newest_msg_age_sec), max(r.oldest_msg_age_sec),"
+    " sum(r.total_messages)::bigint, max(r.scrape_time), sum(r.queue_visible_length)::bigint,"
+    " max(r.default_partition_length)"
+)
 METRICS_ALL: LiteralString = (
-    "SELECT r.queue_name, sum(r.queue_length)::bigint, min(r.newest_msg_age_sec),"
-    " max(r.oldest_msg_age_sec), sum(r.total_messages)::bigint, max(r.scrape_time),"
-    " sum(r.queue_visible_length)::bigint, max(r.default_partition_length)"
-    " FROM {all} AS r GROUP BY r.queue_name ORDER BY r.queue_name"
+    "SELECT r.queue_name, " + METRICS_MERGE + " FROM {all} AS r GROUP BY r.queue_name ORDER BY r.queue_name"
 )
 
 #: The routing functions; ``{p}`` the pgmq schema, ``{s}`` LonnyMQ's (both identifiers),
@@ -163,20 +167,8 @@ def dispatched(fn: CoreFunction) -> str | None:
     return DISPATCHED.get(fn.name)
 
 
-def _plain(core: str, then: sql.Composable) -> sql.Composed:
-    """A dispatcher's plain queue's path: :data:`PLAIN_ROUTE` into ``p_shard``, then ``then``
-    (the call on it), as the core's dispatchers (partitions.dispatcher_statements)."""
-    return sql.SQL(PLAIN_ROUTE).format(
-        s=sql.Identifier(core),
-        name=sql.Literal(core),
-        q=sql.SQL("queue_name"),
-        then=sql.SQL("p_shard :="),
-        plain=sql.Composed([sql.SQL("\n        "), then]),
-    )
-
-
 #: The start of a dispatcher's body: ``{route}`` a plain queue's call on its shard
-#: (:func:`_plain`), then the partitions of a partitioned queue in ``v_parts``; ``{ret}`` the
+#: (:func:`lonnymq.shard.partitions.dispatch_route`), then the partitions of a partitioned queue in ``v_parts``; ``{ret}`` the
 #: call's return when it is no longer partitioned (dropped meanwhile).
 _HEAD: LiteralString = """{route}    v_parts := {s}._partitions(queue_name);
     IF v_parts IS NULL THEN  -- no longer partitioned (dropped meanwhile)
@@ -225,7 +217,7 @@ def dispatcher_statements(
         if how in ("metrics", "sum", "drop")
         else "RETURN QUERY SELECT * FROM {};\n        RETURN;"
     ).format(call)
-    head = sql.SQL(_HEAD).format(route=_plain(core, ret), s=s, ret=ret)
+    head = sql.SQL(_HEAD).format(route=dispatch_route(core, sql.SQL("queue_name"), ret), s=s, ret=ret)
     if how == "by_ids":  # each partition's shard with the ids it holds (one call for a plain queue)
         ids = sql.SQL("{}.{}({})").format(
             p,
@@ -333,14 +325,12 @@ END"""
     p_shard integer;
     v_out   {r};
 BEGIN
-{head}    SELECT v_q, sum(m.queue_length)::bigint, min(m.newest_msg_age_sec), max(m.oldest_msg_age_sec),
-           sum(m.total_messages)::bigint, max(m.scrape_time), sum(m.queue_visible_length)::bigint,
-           max(m.default_partition_length)
+{head}    SELECT v_q, {merge}
       INTO v_out
-      FROM unnest(v_parts) AS x(shard), LATERAL {p}.{on}(x.shard, v_q) AS m;
+      FROM unnest(v_parts) AS x(shard), LATERAL {p}.{on}(x.shard, v_q) AS r;
     RETURN v_out;
 END"""
-        ).format(p=p, on=on, r=sql.SQL(fn.result), head=head)
+        ).format(p=p, on=on, r=sql.SQL(fn.result), head=head, merge=sql.SQL(METRICS_MERGE))
     public = sql.SQL(
         "-- pgmq.{name} on the router: a plain queue's call on its shard, a partitioned queue's on its\n"
         "-- partitions (lonnymq.shard.pgmq_parts.dispatched: {how}). SECURITY DEFINER: it calls {on},\n"
