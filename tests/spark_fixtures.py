@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -204,6 +205,12 @@ class StandaloneCluster:
             "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(free_port()),
         )  # fmt: skip
         self._wait_for(self.root / "master.log", "I have been elected leader", self.master)
+        # The port the master bound: Spark moves on to the next one when another process took
+        # the free port first (spark.port.maxRetries), so its own log line, not the port asked for.
+        bound = re.search(r"Starting Spark master at (spark://\S+)", (self.root / "master.log").read_text())
+        if bound:
+            self.url = bound.group(1)
+            self.port = int(self.url.rsplit(":", 1)[1])
         self.workers: list[Any] = []
         self.generation = 0
         self.start_workers()

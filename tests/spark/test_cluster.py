@@ -24,6 +24,7 @@ Run alone: ``.venv/bin/python -m pytest tests/spark/test_cluster.py -q``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -196,7 +197,8 @@ def test_spark_connect(
     with log.open("wb") as out:
         server = subprocess.Popen(
             [str(spark_home() / "sbin" / "start-connect-server.sh"), "--wait", "--master", cluster.url,
-             *APP_CONF, "--conf", f"spark.connect.grpc.binding.port={port}"],
+             *APP_CONF, "--conf", f"spark.connect.grpc.binding.port={port}",
+             "--conf", "spark.connect.grpc.port.maxRetries=16"],
             env=spark_env(PYSPARK_PYTHON=str(nodes_python), SPARK_LOG_DIR=str(tmp_path), SPARK_PID_DIR=str(tmp_path)),
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
@@ -205,6 +207,9 @@ def test_spark_connect(
         while "Spark Connect server started" not in log.read_text(errors="replace"):
             assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
+        # The port it bound: the next one when another process took the free port first.
+        bound = re.search(r"Spark Connect server started at: \S*?:(\d+)", log.read_text(errors="replace"))
+        port = int(bound.group(1)) if bound else port
         events = queues(client)
         done = subprocess.run(
             [str(driver_python), str(JOB), f"sc://127.0.0.1:{port}", dsn, schema, str(tmp_path)],

@@ -30,16 +30,16 @@ def _free_port() -> int:
 def _lonnymq_web(
     *args: str, env: dict[str, str] | None = None, base: str = ""
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lonnymq", "web", "--port", str(port), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    for attempt in range(5):
+        port = _free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lonnymq", "web", "--port", str(port), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120  # a web process starting on a loaded CI machine
         last: object = None
         while True:
@@ -52,8 +52,15 @@ def _lonnymq_web(
                 last = e
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise AssertionError(f"lonnymq web did not start ({last!r}): {proc.communicate(timeout=10)}")
+                out = proc.communicate(timeout=10)
+                # Another process bound the free port between _free_port() and the server's bind.
+                if "address already in use" in out[1] and attempt < 4:
+                    break
+                raise AssertionError(f"lonnymq web did not start ({last!r}): {out}")
             time.sleep(0.1)
+        if proc.returncode is None:
+            break
+    try:
         yield url, proc
     finally:
         if proc.poll() is None:
