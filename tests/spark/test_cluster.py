@@ -208,7 +208,7 @@ def test_spark_connect(
             assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         # The port it bound: the next one when another process took the free port first.
-        bound = re.search(r"Spark Connect server started at: \S*?:(\d+)", log.read_text(errors="replace"))
+        bound = re.search(r"Spark Connect server started at: \S*:(\d+)", log.read_text(errors="replace"))
         port = int(bound.group(1)) if bound else port
         events = queues(client)
         done = subprocess.run(
