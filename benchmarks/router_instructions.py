@@ -36,9 +36,11 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   hash: its frame), ``fence`` (that and the fence, the queue's shared advisory lock as a simple
   expression: the least that keeps a move exactly-once with a fence on the router), ``lookup``
   (that and one indexed statement on ``shard_route``), ``shardof`` (``lonnymq._shard_of``: the
-  plain route every call runs, ``partitions.PLAIN_ROUTE``) and ``cache`` (a prototype: the fence,
-  then the route from a setting of the session, valid while a sequence's last value is the one
-  it was cached under; otherwise the lookup, cached);
+  plain route every call runs, ``partitions.PLAIN_ROUTE``), ``guc`` (the fence and a setting
+  read: the least a route cache kept in settings costs) and ``cache`` (a prototype of such a
+  cache, its cost only: the fence, then the route from a setting of the session named by a
+  sequence's last value (the version) and the queue's name in hex; a miss reads it as
+  ``lookup`` and sets it);
 * ``shard_send``, ``shard_send_batch100``, ``shard_take``, ``shard_take_ack``: the same calls
   made directly on shard a (its own single-user backend counted, its postmaster stopped
   meanwhile): with them, ``<call>: shard / (router + shard)`` is reported, the share of the
@@ -116,14 +118,16 @@ DISPATCHED_CALLS = {
 }
 
 
-#: The floors of a per-queue route (``floor_<route>_<call>``): what each PL/Proxy function routes by.
+#: The floors of a per-queue route (``floor_<route>_<call>``): what each PL/Proxy function routes
+#: by, cheapest first.
 FLOORS = {
     "hashtext": "hashtext(p_queue)",
     "plpgsql": "public.floor_plpgsql(p_queue)",
     "fence": "public.floor_fence(p_queue)",
+    "guc": "public.floor_guc(p_queue)",
+    "cache": "public.floor_cache(p_queue)",
     "lookup": "public.floor_lookup(p_queue)",
     "shardof": "lonnymq._shard_of(p_queue)",
-    "cache": "public.floor_cache(p_queue)",
 }
 #: The fence of PLAIN_ROUTE (schema lonnymq), as a plpgsql simple expression.
 _FENCE = """    IF pg_catalog.pg_advisory_xact_lock_shared(
@@ -149,6 +153,42 @@ BEGIN
     + _FENCE
     + """    RETURN pg_catalog.hashtext(p_queue);
 END $fn$""",
+    # Not a route (a floor of any cache kept in settings): the fence, then a setting of a
+    # constant name read (never set in the counted session: a miss, as costly as a hit).
+    """CREATE OR REPLACE FUNCTION public.floor_guc(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+"""
+    + _FENCE
+    + """    RETURN coalesce(pg_catalog.current_setting('lonnymq_route.floor', true)::pg_catalog.int4,
+                    pg_catalog.hashtext(p_queue));
+END $fn$""",
+    # A prototype of a session's route cache (its cost only: nothing bumps the version here):
+    # the fence, then the shard from a setting named by the version (a sequence's last value)
+    # and the queue's name in hex (no hash to collide, nothing of the name in the setting's name
+    # but hex digits); a miss reads the route (as ``lookup``) and sets it for the session.
+    "CREATE SEQUENCE IF NOT EXISTS public.floor_route_version",
+    "SELECT nextval('public.floor_route_version')",
+    """CREATE OR REPLACE FUNCTION public.floor_cache(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_name  pg_catalog.text;
+    v_route pg_catalog.int4;
+BEGIN
+"""
+    + _FENCE
+    + """    v_name := 'lonnymq_route.v' OPERATOR(pg_catalog.||)
+        pg_catalog.pg_sequence_last_value('public.floor_route_version'::pg_catalog.regclass)
+        OPERATOR(pg_catalog.||) 'q' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.convert_to(p_queue, 'UTF8'), 'hex');
+    v_route := pg_catalog.current_setting(v_name, true)::pg_catalog.int4;
+    IF v_route IS NOT NULL THEN
+        RETURN v_route;
+    END IF;
+"""
+    + _LOOKUP
+    + """    PERFORM pg_catalog.set_config(v_name, v_route::pg_catalog.text, false);
+    RETURN v_route;
+END $fn$""",
     """CREATE OR REPLACE FUNCTION public.floor_lookup(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -158,30 +198,6 @@ BEGIN
     + _FENCE
     + _LOOKUP
     + """    RETURN v_route;
-END $fn$""",
-    # A prototype of a session's route cache: "<version>:<shard>" in a setting named by the
-    # queue's md5, valid while the version sequence's last value is <version>.
-    "CREATE SEQUENCE IF NOT EXISTS public.floor_route_version",
-    "SELECT nextval('public.floor_route_version')",
-    """CREATE OR REPLACE FUNCTION public.floor_cache(p_queue text) RETURNS integer
-LANGUAGE plpgsql VOLATILE AS $fn$
-DECLARE
-    v_name  pg_catalog.text := 'lonnymq_route.q' OPERATOR(pg_catalog.||) pg_catalog.md5(p_queue);
-    v_c     pg_catalog.text;
-    v_ver   pg_catalog.text;
-    v_route pg_catalog.int4;
-BEGIN
-"""
-    + _FENCE
-    + """    v_c := pg_catalog.current_setting(v_name, true);
-    v_ver := pg_catalog.pg_sequence_last_value('public.floor_route_version'::pg_catalog.regclass)::pg_catalog.text;
-    IF pg_catalog.split_part(v_c, ':', 1) OPERATOR(pg_catalog.=) v_ver THEN
-        RETURN pg_catalog.split_part(v_c, ':', 2)::pg_catalog.int4;
-    END IF;
-"""
-    + _LOOKUP
-    + """    PERFORM pg_catalog.set_config(v_name, v_ver OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) v_route, false);
-    RETURN v_route;
 END $fn$""",
 )
 
