@@ -29,6 +29,18 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   through their public dispatchers, and each as ``hash_<call>`` through its PL/Proxy function
   ``_hash_<call>`` (``RUN ON _shard_of(...)``: what the dispatcher costs over the same call
   routed by PL/Proxy alone); ``hash_take``, ``hash_take_ack``: take (and ack) so;
+* ``floor_<route>_<call>`` (``<call>``: ``send``, ``send_batch100``, ``take``, ``take_ack``): the
+  floors of a per-queue route, each a PL/Proxy function with the call's signature (``TARGET
+  lonnymq.<call>``) routed by ``RUN ON`` (:data:`FLOORS`): ``hashtext`` (PL/Proxy's routing query
+  with a built-in function: no plpgsql), ``plpgsql`` (a plpgsql function that only returns the
+  hash: its frame), ``fence`` (that and the fence, the queue's shared advisory lock as a simple
+  expression: the least that keeps a move exactly-once with a fence on the router), ``lookup``
+  (that and one indexed statement on ``shard_route``), ``shardof`` (``lonnymq._shard_of``: the
+  plain route every call runs, ``partitions.PLAIN_ROUTE``), ``guc`` (the fence and a setting
+  read: the least a route cache kept in settings costs) and ``cache`` (a prototype of such a
+  cache, its cost only: the fence, then the route from a setting of the session named by a
+  sequence's last value (the version) and the queue's name in hex; a miss reads it as
+  ``lookup`` and sets it);
 * ``shard_send``, ``shard_send_batch100``, ``shard_take``, ``shard_take_ack``: the same calls
   made directly on shard a (its own single-user backend counted, its postmaster stopped
   meanwhile): with them, ``<call>: shard / (router + shard)`` is reported, the share of the
@@ -43,7 +55,7 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   tree's router is made with the facade, installed on the shards).
 
     python benchmarks/router_instructions.py --trees before=../main/src,after=src \\
-        [--workloads send,take,...] [--calls 200] [--json out.json]
+        [--workloads send,take,...|floors] [--calls 200] [--json out.json]
 
 Needs root (the servers run as the postgres OS user), valgrind and PL/Proxy (installed from
 Debian when missing, as the tests do).
@@ -106,11 +118,96 @@ DISPATCHED_CALLS = {
 }
 
 
+#: The floors of a per-queue route (``floor_<route>_<call>``): what each PL/Proxy function routes
+#: by, cheapest first.
+FLOORS = {
+    "hashtext": "hashtext(p_queue)",
+    "plpgsql": "public.floor_plpgsql(p_queue)",
+    "fence": "public.floor_fence(p_queue)",
+    "guc": "public.floor_guc(p_queue)",
+    "cache": "public.floor_cache(p_queue)",
+    "lookup": "public.floor_lookup(p_queue)",
+    "shardof": "lonnymq._shard_of(p_queue)",
+}
+#: The fence of PLAIN_ROUTE (schema lonnymq), as a plpgsql simple expression.
+_FENCE = """    IF pg_catalog.pg_advisory_xact_lock_shared(
+           pg_catalog.hashtext('lonnymq' OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext(p_queue)) IS NULL THEN
+        NULL;
+    END IF;
+"""
+#: The statement of the ``lookup`` floor: one indexed read of the route table, the hash else.
+_LOOKUP = """    SELECT coalesce((SELECT r.shard FROM lonnymq.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) p_queue),
+                    pg_catalog.hashtext(p_queue)) INTO v_route;
+"""
+#: The routing functions of the floors (in the router database, public schema).
+FLOOR_FUNCTIONS = (
+    """CREATE OR REPLACE FUNCTION public.floor_plpgsql(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    RETURN pg_catalog.hashtext(p_queue);
+END $fn$""",
+    """CREATE OR REPLACE FUNCTION public.floor_fence(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+"""
+    + _FENCE
+    + """    RETURN pg_catalog.hashtext(p_queue);
+END $fn$""",
+    # Not a route (a floor of any cache kept in settings): the fence, then a setting of a
+    # constant name read (never set in the counted session: a miss, as costly as a hit).
+    """CREATE OR REPLACE FUNCTION public.floor_guc(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+"""
+    + _FENCE
+    + """    RETURN coalesce(pg_catalog.current_setting('lonnymq_route.floor', true)::pg_catalog.int4,
+                    pg_catalog.hashtext(p_queue));
+END $fn$""",
+    # A prototype of a session's route cache (its cost only: nothing bumps the version here):
+    # the fence, then the shard from a setting named by the version (a sequence's last value)
+    # and the queue's name in hex (no hash to collide, nothing of the name in the setting's name
+    # but hex digits); a miss reads the route (as ``lookup``) and sets it for the session.
+    "CREATE SEQUENCE IF NOT EXISTS public.floor_route_version",
+    "SELECT nextval('public.floor_route_version')",
+    """CREATE OR REPLACE FUNCTION public.floor_cache(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_name  pg_catalog.text;
+    v_route pg_catalog.int4;
+BEGIN
+"""
+    + _FENCE
+    + """    v_name := 'lonnymq_route.v' OPERATOR(pg_catalog.||)
+        pg_catalog.pg_sequence_last_value('public.floor_route_version'::pg_catalog.regclass)
+        OPERATOR(pg_catalog.||) 'q' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.convert_to(p_queue, 'UTF8'), 'hex');
+    v_route := pg_catalog.current_setting(v_name, true)::pg_catalog.int4;
+    IF v_route IS NOT NULL THEN
+        RETURN v_route;
+    END IF;
+"""
+    + _LOOKUP
+    + """    PERFORM pg_catalog.set_config(v_name, v_route::pg_catalog.text, false);
+    RETURN v_route;
+END $fn$""",
+    """CREATE OR REPLACE FUNCTION public.floor_lookup(p_queue text) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_route pg_catalog.int4;
+BEGIN
+"""
+    + _FENCE
+    + _LOOKUP
+    + """    RETURN v_route;
+END $fn$""",
+)
+
+
 #: workload: the statements of one call (each EXECUTEd once a call), and whether the shard's
 #: queue needs a backlog of messages.
 WORKLOADS: dict[str, tuple[str, ...]] = {
     **_calls("lonnymq.{}"),
     **{f"bare_{k}": v for k, v in _calls("public.bare_{}").items()},
+    **{f"floor_{r}_{k}": v for r in FLOORS for k, v in _calls(f"public.floor_{r}_{{}}").items()},
     "route_send": ("SELECT lonnymq._send_shard('{q}', NULL, NULL)",),
     "route_batch": ("SELECT lonnymq._batch_shard('{q}', NULL, NULL)",),
     "route_ack": ("SELECT lonnymq._id_shard('{q}', ARRAY[2]::bigint[])",),
@@ -158,9 +255,19 @@ TAKES = (
     "pgmq_read_delete",
     "pgmq_read10",
     "pgmq_read10_delete10",
+    *(f"floor_{r}_{k}" for r in FLOORS for k in ("take", "take_ack")),
 )
 #: The workloads made directly on shard a (not through the router): ``shard_of`` is the router's.
 ON_SHARD = tuple(f"shard_{k}" for k in _calls("lonnymq.{}"))
+#: ``--workloads floors``: the router target's floors (the shard's calls, ours and each floor's).
+FLOOR_SET = ",".join(
+    [
+        *(f"{p}{k}" for p in ("shard_", "", "bare_") for k in ("send", "take", "take_ack")),
+        "hash_take",
+        "hash_take_ack",
+        *(f"floor_{r}_{k}" for r in FLOORS for k in ("send", "take", "take_ack")),
+    ]
+)
 DEFAULT = "send,send_batch100,take,take_ack,bare_send,bare_send_batch100,bare_take,bare_take_ack," + (
     "route_send,route_batch,route_ack,shard_of,partitions,noop,send_parted,take_parted"
 )
@@ -220,8 +327,11 @@ def _fill(shards: list[tuple[str, str]], backlog: int) -> None:
 
 
 def _bare(dsn: str) -> None:
-    """The bare PL/Proxy functions of :data:`BARE` in the router database ``dsn``."""
+    """The bare PL/Proxy functions of :data:`BARE` in the router database ``dsn``, and those of
+    the floors (:data:`FLOORS`)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        for stmt in FLOOR_FUNCTIONS:
+            conn.execute(stmt)
         for name in BARE:
             sig = f"lonnymq.{name}"
             args, result = conn.execute(
@@ -235,6 +345,19 @@ def _bare(dsn: str) -> None:
                     " $$ CLUSTER 'lonnymq_lonnymq'; RUN ON 0; TARGET lonnymq.{}; $$"
                 ).format(sql.Identifier(f"bare_{name}"), sql.SQL(args), sql.SQL(result), sql.SQL(name))
             )
+            for route, on in FLOORS.items():
+                conn.execute(
+                    sql.SQL(
+                        "CREATE OR REPLACE FUNCTION public.{}({}) RETURNS {} LANGUAGE plproxy AS"
+                        " $$ CLUSTER 'lonnymq_lonnymq'; RUN ON {}; TARGET lonnymq.{}; $$"
+                    ).format(
+                        sql.Identifier(f"floor_{route}_{name}"),
+                        sql.SQL(args),
+                        sql.SQL(result),
+                        sql.SQL(on),
+                        sql.SQL(name),
+                    )
+                )
 
 
 def main() -> None:
@@ -254,7 +377,7 @@ def main() -> None:
         args.profiles.mkdir(parents=True, exist_ok=True)
         os.chmod(args.profiles, 0o777)  # written by the postgres OS user
     trees = [tuple(t.split("=", 1)) for t in args.trees.split(",")]
-    workloads = args.workloads.split(",")
+    workloads = (FLOOR_SET if args.workloads == "floors" else args.workloads).split(",")
     for w in workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
@@ -337,15 +460,22 @@ def main() -> None:
         results["pgmq_delete (pgmq_read_delete - pgmq_read)"] = {
             n: results["pgmq_read_delete"][n] - results["pgmq_read"][n] for n in results["pgmq_read"]
         }
-    for call in ("send", "send_batch100", "take", "take_ack"):
+    calls = ("send", "send_batch100", "take", "take_ack")
+    routed = [
+        (w, call)
+        for w in list(results)
+        for call in calls
+        if w in (call, f"bare_{call}", f"hash_{call}") or (w.startswith("floor_") and w.endswith(f"_{call}"))
+    ]
+    for w, call in routed:
         # A call through the router costs the router's instructions and the shard's, one made on
         # the shard its own: the share of the shard's is what a CPU-bound router + shard pair
         # would serve, relative to the shard alone (the shard's side of a proxied call, which
         # PL/Proxy sends as a query with parameters, is not counted: taken as the direct one's).
-        if call in results and f"shard_{call}" in results:
-            results[f"{call}: shard / (router + shard)"] = {
-                n: results[f"shard_{call}"][n] / (results[f"shard_{call}"][n] + results[call][n])
-                for n in results[call]
+        if f"shard_{call}" in results:
+            results[f"{w}: shard / (router + shard)"] = {
+                n: results[f"shard_{call}"][n] / (results[f"shard_{call}"][n] + results[w][n])
+                for n in results[w]
             }
     print(f"\ninstructions per call on the router (k); ratios to {ref}:")
     for w, row in results.items():
