@@ -7,6 +7,15 @@ do:
 
 * ``send``, ``send_batch`` (every overload): a partitioned queue's next partition in turn
   (pgmq has no key; the router-wide counter of unkeyed sends, ``_turn``): ``pgmq._send_shard``;
+  but a message of a FIFO group (pgmq's header ``x-pgmq-group``, :data:`GROUP`) to its group's
+  partition, the one a native send with the group as its key goes to (KEY_PARTITION of the
+  group's name), so a group's messages are all on one partition, in order: ``send`` with
+  headers by ``pgmq._send_shard(queue_name, headers)``, ``send_batch`` with headers by a
+  plpgsql dispatcher (``split``) that calls each partition's shard with its messages (one
+  transaction per shard; those without a group go with the batch's first grouped message, a
+  batch without groups to the next partition in turn: one call) and returns the ids in the
+  order of the messages; messages without the header (pgmq's one default group) keep
+  spreading in turn, so that group's order holds per partition only;
 * ``delete``, ``archive``, ``set_vt`` (every overload): the shard holding the id (the shard
   that made it, ``id % STRIDE``, or where its partition moved: ``_id_at``), ``pgmq._id_shard``;
   the array overloads are plpgsql dispatchers (``by_ids``) that call each partition's shard
@@ -19,9 +28,15 @@ do:
   out messages (``_turn``, as the native take): a read returns messages whenever a partition
   has ready ones, each read's from one partition; a partition whose shard cannot be reached is
   skipped (and left alone for a while by that router session), as the take's is;
-* ``read_with_poll``: as ``read`` (pgmq's ``read`` on each partition), again every
-  poll_interval_ms until a read returns rows or max_poll_seconds pass (polling: no wake-up by
-  sends, unlike a plain queue's, which waits on its shard);
+* ``read_grouped``, ``read_grouped_rr``, ``read_grouped_head`` (pgmq's FIFO groups): as
+  ``read``, each partition's grouped read (each group lives on one partition, so every group a
+  read returns is in its order, and a group in flight is not read again);
+* ``read_with_poll`` and the grouped reads' ``*_with_poll``: as ``read`` (pgmq's ``read``, or
+  the grouped read, on each partition), again every poll_interval_ms until a read returns rows
+  or max_poll_seconds pass (polling: no wake-up by sends, unlike a plain queue's, which waits on
+  its shard);
+* ``create_fifo_index`` (a no-op of the facade that checks the queue exists): the first
+  partition;
 * ``metrics``: every partition, merged (lengths and totals summed, the oldest age the oldest,
   the newest the newest); ``metrics_all`` merges a partitioned queue's rows into one
   (:data:`METRICS_ALL`).
@@ -29,12 +44,12 @@ do:
 * ``purge_queue``: every partition, the counts summed; ``drop_queue`` (both overloads): the
   router's ``queue_drop`` (every partition dropped, the router's record of them gone).
 
-Every other facade call of one queue (the grouped reads, ``create*``, notifications, topic
-bindings) stays refused for a partitioned
-queue by ``_shard_of``. A plain queue's calls go where they went: the routing functions and
-the dispatchers start with :data:`lonnymq.shard.partitions.PLAIN_ROUTE` (the routing functions
-in the caller's role, no SET clause; the dispatchers are SECURITY DEFINER with a pinned
-search_path, as the core's).
+Every other facade call of one queue (``create``, ``create_non_partitioned``,
+``create_partitioned``, ``create_unlogged``, notifications, topic bindings) stays refused for a
+partitioned queue by ``_shard_of``. A plain queue's calls go where they went: the routing
+functions and the dispatchers start with :data:`lonnymq.shard.partitions.PLAIN_ROUTE` (the
+routing functions in the caller's role, no SET clause; the dispatchers are SECURITY DEFINER
+with a pinned search_path, as the core's).
 """
 
 from __future__ import annotations
@@ -44,7 +59,15 @@ from typing import TYPE_CHECKING, LiteralString
 
 from psycopg import sql
 
-from .partitions import _ALL_DOWN, _SKIP_INIT, PLAIN_RETURN, PLAIN_ROUTE, _skipping, dispatch_route
+from .partitions import (
+    _ALL_DOWN,
+    _SKIP_INIT,
+    KEY_PARTITION,
+    PLAIN_RETURN,
+    PLAIN_ROUTE,
+    _skipping,
+    dispatch_route,
+)
 
 if TYPE_CHECKING:
     from .catalog import CoreFunction
@@ -58,29 +81,46 @@ __all__ = [
     "routing_statements",
 ]
 
-#: Facade calls sent to a partitioned queue's next partition in turn.
+#: Facade calls sent to a partitioned queue's next partition in turn, or (with headers) to the
+#: partition of their FIFO group (:data:`GROUP`).
 SPREAD = ("send", "send_batch")
+#: pgmq's FIFO group of a message: this header's value (pgmq and the facade read a message
+#: without it as one default group). On a partitioned queue a group's messages all go to one
+#: partition, the one a native send with the group as its key goes to (KEY_PARTITION), so the
+#: grouped reads, each from one partition, keep each group's order.
+GROUP = "x-pgmq-group"
 #: Facade calls on message ids: to the shard holding them (array overloads split by shard).
 BY_ID = ("delete", "archive", "set_vt")
+#: Facade calls of one queue that a partitioned queue answers on its first partition:
+#: ``create_fifo_index`` (a no-op of the facade that checks the queue exists, which every
+#: partition does).
+FIRST_PARTITION = ("create_fifo_index",)
+#: The arguments of a ``*_with_poll`` call that are the poll's, not its read's.
+POLL_ARGS = ("max_poll_seconds", "poll_interval_ms")
 #: Facade calls that visit the partitions (plpgsql dispatchers): ``first`` (the partitions in
 #: turn until one returns rows) or ``metrics`` (one merged row).
-#: ``poll`` (read_with_poll: ``first`` over the partitions with pgmq's ``read``, again every
-#: poll_interval_ms until a read returns rows or max_poll_seconds pass).
+#: ``poll`` (``<read>_with_poll``: ``first`` over the partitions with pgmq's ``<read>``, again
+#: every poll_interval_ms until a read returns rows or max_poll_seconds pass).
 #: ``sum`` (purge_queue: every partition, the counts summed), ``drop`` (drop_queue, either
 #: overload: the router's queue_drop, which drops every partition and forgets the queue).
+#: (``send_batch`` with headers is ``split``, :func:`dispatched`: each message to its group's
+#: partition.)
 DISPATCHED: dict[str, str] = {
     "read": "first",
     "pop": "first",
     "read_with_poll": "poll",
+    # pgmq's FIFO groups: each group lives on one partition (GROUP), so one partition's grouped
+    # read keeps every group it returns in order.
+    "read_grouped": "first",
+    "read_grouped_rr": "first",
+    "read_grouped_head": "first",
+    "read_grouped_with_poll": "poll",
+    "read_grouped_rr_with_poll": "poll",
+    "read_grouped_head_with_poll": "poll",
     "metrics": "metrics",
     "purge_queue": "sum",
     "drop_queue": "drop",
 }
-
-#: What read_with_poll reads each partition with: pgmq.read (its _on_ function), with these of
-#: read_with_poll's arguments.
-DISPATCHED_READ = "read"
-READ_ARGS = ("queue_name", "vt", "qty", "conditional")
 
 #: The routing functions of the ``pgmq`` schema that PL/Proxy calls in the caller's role, and
 #: the SECURITY DEFINER ones they call for a partitioned queue (EXECUTE granted to the roles of
@@ -103,13 +143,15 @@ METRICS_ALL: LiteralString = (
 #: The routing functions; ``{p}`` the pgmq schema, ``{s}`` LonnyMQ's (both identifiers),
 #: ``{plain}`` a plain queue's route (PLAIN_ROUTE).
 _ROUTING: tuple[LiteralString, ...] = (
-    """-- The shard of a pgmq send (send, send_batch): a plain queue's (PLAIN_ROUTE, in the
--- caller's role), else a partitioned queue's next partition in turn: the native send's route
--- of a message without a key or an idempotency key (pgmq sends have neither).
-CREATE FUNCTION {p}._send_shard(queue_name text) RETURNS integer
+    """-- The shard of a pgmq send (send, send_batch without headers): a plain queue's
+-- (PLAIN_ROUTE, in the caller's role), else a partitioned queue's partition of the FIFO group
+-- in headers (its x-pgmq-group: the native send's route of a message with that key), else its
+-- next partition in turn: the native send's route of a message without a key or an
+-- idempotency key (pgmq sends have neither).
+CREATE FUNCTION {p}._send_shard(queue_name text, headers jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-{plain}    RETURN {s}._parted_send_shard(queue_name, NULL, NULL);
+{plain}    RETURN {s}._parted_send_shard(queue_name, headers OPERATOR(pg_catalog.->>) {group}::pg_catalog.text, NULL);
 END $fn$""",
     """-- The shard holding message msg_id of partitioned queue queue_name (_id_at: the shard that
 -- made it, or where its partition moved), the first partition's for an id of none (pgmq: not
@@ -143,27 +185,38 @@ def routing_statements(pgmq: str, core: str) -> list[sql.Composed]:
     plain = sql.SQL(PLAIN_ROUTE).format(
         s=s, name=sql.Literal(core), **{**PLAIN_RETURN, "q": sql.SQL("queue_name")}
     )
-    return [sql.SQL(stmt).format(p=sql.Identifier(pgmq), s=s, plain=plain) for stmt in _ROUTING]
+    return [
+        sql.SQL(stmt).format(p=sql.Identifier(pgmq), s=s, plain=plain, group=sql.Literal(GROUP))
+        for stmt in _ROUTING
+    ]
 
 
 def proxy_body(fn: CoreFunction, pgmq: str, cluster: sql.Composable) -> sql.Composed | None:
     """The PL/Proxy body of facade function ``fn`` when it routes by more than the queue
-    (:data:`SPREAD`, :data:`BY_ID`), else None (the queue's shard)."""
-    if fn.name in SPREAD:
-        return sql.SQL("CLUSTER {c}; RUN ON {p}._send_shard(queue_name);").format(c=cluster, p=sql.SQL(pgmq))
-    if fn.name in BY_ID and "msg_id" in fn.argnames:
-        return sql.SQL("CLUSTER {c}; RUN ON {p}._id_shard(queue_name, msg_id);").format(
-            c=cluster, p=sql.SQL(pgmq)
+    (:data:`SPREAD`, :data:`BY_ID`, :data:`FIRST_PARTITION`), else None (the queue's shard)."""
+    if fn.name in SPREAD:  # a send with headers: its group's partition
+        by = "queue_name, headers" if "headers" in fn.argnames else "queue_name"
+        return sql.SQL("CLUSTER {c}; RUN ON {p}._send_shard({by});").format(
+            c=cluster, p=sql.SQL(pgmq), by=sql.SQL(by)
+        )
+    if (fn.name in BY_ID and "msg_id" in fn.argnames) or fn.name in FIRST_PARTITION:
+        # An id of no partition (NULL: create_fifo_index) goes to the first partition.
+        by = "msg_id" if "msg_id" in fn.argnames else "NULL"
+        return sql.SQL("CLUSTER {c}; RUN ON {p}._id_shard(queue_name, {by});").format(
+            c=cluster, p=sql.SQL(pgmq), by=sql.SQL(by)
         )
     return None
 
 
 def dispatched(fn: CoreFunction) -> str | None:
     """How the router's ``fn`` of the facade visits a partitioned queue's partitions when it is
-    a plpgsql dispatcher (:data:`DISPATCHED`, or ``by_ids`` for the array overloads of
-    :data:`BY_ID`), else None (a PL/Proxy function, :func:`proxy_body`)."""
+    a plpgsql dispatcher (:data:`DISPATCHED`, ``by_ids`` for the array overloads of
+    :data:`BY_ID`, ``split`` for the overloads of ``send_batch`` with headers), else None (a
+    PL/Proxy function, :func:`proxy_body`)."""
     if fn.name in BY_ID and "msg_ids" in fn.argnames:
         return "by_ids"
+    if fn.name == "send_batch" and "headers" in fn.argnames:  # each message to its group's partition
+        return "split"
     return DISPATCHED.get(fn.name)
 
 
@@ -183,10 +236,11 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
-def _args(fn: CoreFunction, shard: str | None = None) -> sql.Composed:
-    return sql.SQL(", ").join(
-        [*([sql.SQL(shard)] if shard else []), *(sql.Identifier(a) for a in fn.argnames)]
-    )
+def _args(fn: CoreFunction, shard: str | None = None, renames: dict[str, str] | None = None) -> sql.Composed:
+    """``fn``'s arguments by name (``renames``: a variable in place of an argument), after
+    ``shard``."""
+    names = [(renames or {}).get(a, a) for a in fn.argnames]
+    return sql.SQL(", ").join([*([sql.SQL(shard)] if shard else []), *map(sql.Identifier, names)])
 
 
 def dispatcher_statements(
@@ -198,7 +252,7 @@ def dispatcher_statements(
     p, s = sql.Identifier(pgmq), sql.Identifier(core)
     how = dispatched(fn)
     # The overloads of a name (delete, archive, set_vt) each get their own _on_ function.
-    overloaded = how in ("by_ids", "drop")
+    overloaded = how in ("by_ids", "drop", "split")
     on_name = f"_on_{fn.name}_{_digest(fn.identity)}" if overloaded else f"_on_{fn.name}"
     on = sql.Identifier(on_name)
     # PL/Proxy's SELECT names the arguments bare (the facade's names: queue_name, vt, qty...).
@@ -219,13 +273,7 @@ def dispatcher_statements(
     ).format(call)
     head = sql.SQL(_HEAD).format(route=dispatch_route(core, sql.SQL("queue_name"), ret), s=s, ret=ret)
     if how == "by_ids":  # each partition's shard with the ids it holds (one call for a plain queue)
-        ids = sql.SQL("{}.{}({})").format(
-            p,
-            on,
-            sql.SQL(", ").join(
-                [sql.SQL("p_shard"), *(sql.Identifier(a if a != "msg_ids" else "v_ids") for a in fn.argnames)]
-            ),
-        )
+        ids = sql.SQL("{}.{}({})").format(p, on, _args(fn, "p_shard", {"msg_ids": "v_ids"}))
         body = sql.SQL(
             """DECLARE
     v_parts integer[];
@@ -245,6 +293,57 @@ BEGIN
     END LOOP;
 END"""
         ).format(s=s, ids=ids, head=head)
+    elif how == "split":
+        # send_batch with headers: each message to its group's partition (as send with headers,
+        # _send_shard), the messages without a group with the batch's first grouped message
+        # (so a batch of one partition's groups is one call: one transaction), or, in a batch
+        # without groups, to the next partition in turn (as send_batch without headers). One
+        # call per partition's shard with its messages in order, one transaction each; the ids
+        # returned in the order of msgs, as pgmq returns them. A batch the send refuses for its
+        # arrays (headers not one per message or not a JSON object, a NULL message) is not
+        # split: it goes whole to one partition, whose send refuses it as a plain queue's does
+        # (nothing sent anywhere).
+        rows = sql.SQL("{}.{}({})").format(
+            p, on, _args(fn, "p_shard", {"msgs": "v_msgs", "headers": "v_hdrs"})
+        )
+        group = sql.SQL(KEY_PARTITION).format(
+            key=sql.SQL("(t.h ->> {})").format(sql.Literal(GROUP)), n=sql.SQL("cardinality(v_parts)")
+        )
+        body = sql.SQL(
+            """DECLARE
+    v_parts integer[];
+    p_shard integer;
+    v_rest  integer;
+    v_msgs  jsonb[];
+    v_hdrs  jsonb[];
+    v_at    bigint[];
+    v_ord   bigint[] := '{{}}';
+    v_ids   bigint[] := '{{}}';
+BEGIN
+{head}    IF cardinality(headers) = cardinality(msgs) THEN
+        v_rest := (SELECT {group} FROM unnest(headers) WITH ORDINALITY AS t(h, n)
+                    WHERE t.h ->> {name} IS NOT NULL ORDER BY t.n LIMIT 1);
+    END IF;
+    v_rest := coalesce(v_rest, {s}._turn(cardinality(v_parts)));
+    IF msgs IS NULL OR cardinality(headers) IS DISTINCT FROM cardinality(msgs)
+       OR array_position(msgs, NULL) IS NOT NULL
+       OR EXISTS (SELECT FROM unnest(headers) AS h WHERE jsonb_typeof(h) <> 'object') THEN
+        p_shard := v_parts[1 + v_rest];
+        RETURN QUERY SELECT * FROM {whole};
+        RETURN;
+    END IF;
+    FOR p_shard, v_msgs, v_hdrs, v_at IN
+        SELECT v_parts[1 + coalesce({group}, v_rest)], array_agg(t.m ORDER BY t.n),
+               array_agg(t.h ORDER BY t.n), array_agg(t.n ORDER BY t.n)
+          FROM unnest(msgs, headers) WITH ORDINALITY AS t(m, h, n)
+         GROUP BY 1 ORDER BY 1
+    LOOP
+        v_ord := v_ord || v_at;
+        v_ids := v_ids || ARRAY(SELECT * FROM {rows});
+    END LOOP;
+    RETURN QUERY SELECT x.id FROM unnest(v_ord, v_ids) AS x(n, id) ORDER BY x.n;
+END"""
+        ).format(s=s, head=head, group=group, name=sql.Literal(GROUP), whole=call, rows=rows)
     elif how in ("first", "poll"):
         # The partitions in turn until one hands out messages; read_with_poll: again every
         # poll_interval_ms (pgmq.read on each partition) until max_poll_seconds pass. Its wait
@@ -271,11 +370,15 @@ END"""
                            greatest(extract(epoch FROM v_until - clock_timestamp()), 0)));
     END LOOP;"""
             )
-            read = DISPATCHED_READ
+            # Each partition read by <read> (read_with_poll: read; read_grouped_with_poll:
+            # read_grouped...) with the call's arguments but the poll's.
+            read = fn.name.removesuffix("_with_poll")
             call = sql.SQL("{}.{}({})").format(
                 p,
                 sql.Identifier(f"_on_{read}"),
-                sql.SQL(", ").join([sql.SQL("p_shard"), *map(sql.Identifier, READ_ARGS)]),
+                sql.SQL(", ").join(
+                    [sql.SQL("p_shard"), *(sql.Identifier(a) for a in fn.argnames if a not in POLL_ARGS)]
+                ),
             )
         body = sql.SQL(
             """DECLARE
