@@ -50,7 +50,12 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
 * ``pgmq_send``, ``pgmq_read`` (one message), ``pgmq_read_delete`` (a read of one, then
   ``pgmq.delete`` of its id: ``pgmq_delete`` is reported as the difference), ``pgmq_read10``
   and ``pgmq_read10_delete10`` (the same with 10 messages and ``pgmq.delete`` of an array of
-  their 10 ids: ``pgmq_delete10``), ``pgmq_metrics``:
+  their 10 ids: ``pgmq_delete10``), ``pgmq_metrics``;
+  pgmq's FIFO groups: ``pgmq_send_group`` (a send with an ``x-pgmq-group`` header),
+  ``pgmq_send_batch10_groups`` (a batch of 10 with headers, of two groups, one on each
+  partition of ``pq``), ``pgmq_read_grouped_delete`` (a ``read_grouped`` of one, then
+  ``pgmq.delete`` of its id), and ``pgmq_send_group_parted``, ``pgmq_send_batch10_groups_parted``
+  (the sends on ``pq``, partitioned):
   the pgmq facade's calls through the router (``shard init --pgmq``: with any of them, every
   tree's router is made with the facade, installed on the shards).
 
@@ -64,6 +69,7 @@ Debian when missing, as the tests do).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -91,6 +97,27 @@ _PGMQ_READ = (
 )
 #: A pgmq read of 10 messages, their ids kept for the delete (of an array) that follows.
 _PGMQ_READ10 = "SELECT set_config('b.ids', coalesce(array_agg(t.msg_id)::text, '{}'), false) FROM pgmq.read('{q}', 30, 10) t"
+
+
+def _group(k: int) -> str:
+    """A FIFO group's name whose partition of 2 is ``k`` (lonnymq.client.direct.key_partition)."""
+    return next(
+        g
+        for g in (f"g{i}" for i in range(100))
+        if int.from_bytes(hashlib.sha256(g.encode()).digest()[:4], "big") % 2 == k
+    )
+
+
+#: A pgmq send of one message of a FIFO group; a batch of 10 of two groups (one a partition).
+_PGMQ_GROUP = (
+    """SELECT * FROM pgmq.send('{q}', '{"n": 1}'::jsonb,"""
+    f""" jsonb_build_object('x-pgmq-group', '{_group(0)}'))"""
+)
+_PGMQ_GROUPS10 = (
+    "SELECT count(*) FROM pgmq.send_batch('{q}', array_fill('{\"n\": 1}'::jsonb, ARRAY[10]),"
+    f" ARRAY(SELECT jsonb_build_object('x-pgmq-group', CASE WHEN i % 2 = 0 THEN '{_group(0)}'"
+    f" ELSE '{_group(1)}' END) FROM generate_series(1, 10) i))"
+)
 
 
 def _calls(fn: str) -> dict[str, tuple[str, ...]]:
@@ -236,6 +263,14 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
         _PGMQ_READ10,
         "SELECT count(*) FROM pgmq.delete('{q}', current_setting('b.ids')::bigint[])",
     ),
+    "pgmq_send_group": (_PGMQ_GROUP,),
+    "pgmq_send_batch10_groups": (_PGMQ_GROUPS10,),
+    "pgmq_read_grouped_delete": (
+        _PGMQ_READ.replace("pgmq.read(", "pgmq.read_grouped("),
+        "SELECT pgmq.delete('{q}', current_setting('b.id')::bigint)",
+    ),
+    "pgmq_send_group_parted": (_PGMQ_GROUP.replace("{q}", "{pq}"),),
+    "pgmq_send_batch10_groups_parted": (_PGMQ_GROUPS10.replace("{q}", "{pq}"),),
 }
 TAKES = (
     "take",
@@ -255,6 +290,7 @@ TAKES = (
     "pgmq_read_delete",
     "pgmq_read10",
     "pgmq_read10_delete10",
+    "pgmq_read_grouped_delete",
     *(f"floor_{r}_{k}" for r in FLOORS for k in ("take", "take_ack")),
 )
 #: The workloads made directly on shard a (not through the router): ``shard_of`` is the router's.
