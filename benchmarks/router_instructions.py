@@ -55,7 +55,8 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   ``pgmq_send_batch10_groups`` (a batch of 10 with headers, of two groups, one on each
   partition of ``pq``), ``pgmq_read_grouped_delete`` (a ``read_grouped`` of one, then
   ``pgmq.delete`` of its id), and ``pgmq_send_group_parted``, ``pgmq_send_batch10_groups_parted``
-  (the sends on ``pq``, partitioned):
+  (the sends on ``pq``, partitioned), ``pgmq_send_batch10_group_parted`` (a batch of 10 of one
+  group: one partition):
   the pgmq facade's calls through the router (``shard init --pgmq``: with any of them, every
   tree's router is made with the facade, installed on the shards).
 
@@ -271,6 +272,7 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     ),
     "pgmq_send_group_parted": (_PGMQ_GROUP.replace("{q}", "{pq}"),),
     "pgmq_send_batch10_groups_parted": (_PGMQ_GROUPS10.replace("{q}", "{pq}"),),
+    "pgmq_send_batch10_group_parted": (_PGMQ_GROUPS10.replace("{q}", "{pq}").replace(_group(1), _group(0)),),
 }
 TAKES = (
     "take",

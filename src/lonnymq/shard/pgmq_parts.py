@@ -306,13 +306,22 @@ END"""
         rows = sql.SQL("{}.{}({})").format(
             p, on, _args(fn, "p_shard", {"msgs": "v_msgs", "headers": "v_hdrs"})
         )
-        group = sql.SQL(KEY_PARTITION).format(
-            key=sql.SQL("(t.h ->> {})").format(sql.Literal(GROUP)), n=sql.SQL("cardinality(v_parts)")
+        # KEY_PARTITION of the batch's one group v_key, or of each of its groups d.g (SHA-256,
+        # the costly part: once a group, not once a message).
+        one, each = (
+            sql.SQL(KEY_PARTITION).format(key=sql.SQL(k), n=sql.SQL("cardinality(v_parts)"))
+            for k in ("v_key", "d.g")
         )
         body = sql.SQL(
             """DECLARE
     v_parts integer[];
     p_shard integer;
+    v_key   text;
+    v_last  text;
+    v_first text;
+    v_bad   boolean;
+    v_names text[];
+    v_pos   integer[];
     v_rest  integer;
     v_msgs  jsonb[];
     v_hdrs  jsonb[];
@@ -320,20 +329,28 @@ END"""
     v_ord   bigint[] := '{{}}';
     v_ids   bigint[] := '{{}}';
 BEGIN
-{head}    IF cardinality(headers) = cardinality(msgs) THEN
-        v_rest := (SELECT {group} FROM unnest(headers) WITH ORDINALITY AS t(h, n)
-                    WHERE t.h ->> {name} IS NOT NULL ORDER BY t.n LIMIT 1);
-    END IF;
-    v_rest := coalesce(v_rest, {s}._turn(cardinality(v_parts)));
-    IF msgs IS NULL OR cardinality(headers) IS DISTINCT FROM cardinality(msgs)
-       OR array_position(msgs, NULL) IS NOT NULL
-       OR EXISTS (SELECT FROM unnest(headers) AS h WHERE jsonb_typeof(h) <> 'object') THEN
-        p_shard := v_parts[1 + v_rest];
+{head}    -- The batch's groups: the least and the greatest, the first message's that has one
+    -- (headers in the order of msgs, as unnest returns them), and whether the send refuses one.
+    SELECT min(t.g), max(t.g), (array_agg(t.g) FILTER (WHERE t.g IS NOT NULL))[1],
+           coalesce(bool_or(jsonb_typeof(t.h) <> 'object'), false)
+      INTO v_key, v_last, v_first, v_bad
+      FROM (SELECT h, h ->> {name} AS g FROM unnest(headers) AS h) AS t;
+    IF v_bad OR msgs IS NULL OR cardinality(headers) IS DISTINCT FROM cardinality(msgs)
+       OR array_position(msgs, NULL) IS NOT NULL OR v_key IS NOT DISTINCT FROM v_last THEN
+        -- One call: refused whole (as a plain queue's batch), or of one group, or of none.
+        p_shard := v_parts[1 + CASE WHEN v_key IS NULL OR v_bad THEN {s}._turn(cardinality(v_parts))
+                                    ELSE {one} END];
         RETURN QUERY SELECT * FROM {whole};
         RETURN;
     END IF;
+    -- Several groups: each message to its group's partition (v_pos of its name in v_names),
+    -- those without a group with the first message that has one.
+    SELECT array_agg(d.g), array_agg({each}) INTO v_names, v_pos
+      FROM (SELECT DISTINCT h ->> {name} AS g FROM unnest(headers) AS h) AS d WHERE d.g IS NOT NULL;
+    v_rest := v_pos[array_position(v_names, v_first)];
     FOR p_shard, v_msgs, v_hdrs, v_at IN
-        SELECT v_parts[1 + coalesce({group}, v_rest)], array_agg(t.m ORDER BY t.n),
+        SELECT v_parts[1 + coalesce(v_pos[array_position(v_names, t.h ->> {name})], v_rest)],
+               array_agg(t.m ORDER BY t.n),
                array_agg(t.h ORDER BY t.n), array_agg(t.n ORDER BY t.n)
           FROM unnest(msgs, headers) WITH ORDINALITY AS t(m, h, n)
          GROUP BY 1 ORDER BY 1
@@ -343,7 +360,7 @@ BEGIN
     END LOOP;
     RETURN QUERY SELECT x.id FROM unnest(v_ord, v_ids) AS x(n, id) ORDER BY x.n;
 END"""
-        ).format(s=s, head=head, group=group, name=sql.Literal(GROUP), whole=call, rows=rows)
+        ).format(s=s, head=head, one=one, each=each, name=sql.Literal(GROUP), whole=call, rows=rows)
     elif how in ("first", "poll"):
         # The partitions in turn until one hands out messages; read_with_poll: again every
         # poll_interval_ms (pgmq.read on each partition) until max_poll_seconds pass. Its wait
