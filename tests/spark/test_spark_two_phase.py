@@ -126,7 +126,7 @@ def test_crash_before_the_decision_rerun_rolls_back_then_writes_once(
     prepared_ok: Router, monkeypatch: pytest.MonkeyPatch, sink: str, batch_id: int
 ) -> None:
     """The driver dies once every shard has prepared, before partition 0's COMMIT PREPARED: no
-    row is visible on any shard. The rerun of the write id (or the replay of the stream's sink
+    row is visible on any shard, and staging is free for the rerun's tasks. The rerun of the write id (or the replay of the stream's sink
     batch) rolls both back first, then publishes: each of the 60 rows exactly once (0 lost, 0
     duplicated), nothing left prepared."""
     q, targets, plan, batch = setup(prepared_ok, "tpc_undecided")
@@ -141,6 +141,10 @@ def test_crash_before_the_decision_rerun_rolls_back_then_writes_once(
     monkeypatch.setattr(_write, "_fault", None)
     assert counted(prepared_ok, q) == [Counter(), Counter()]
     assert len(in_doubt(prepared_ok)) == 2
+    for dsn in prepared_ok.shard_dsns:  # the prepared publishes deleted staging, not truncated it
+        with psycopg.connect(dsn) as conn:  # (a truncate's lock would stop the rerun's staging)
+            conn.execute("SET lock_timeout = '5s'")
+            conn.execute("LOCK TABLE lonnymq.spark_stage IN ROW EXCLUSIVE MODE")
 
     results = write(targets, plan, batch, sink, batch_id)
     assert not any(r.duplicate for r in results)
@@ -172,6 +176,31 @@ def test_connection_lost_between_the_commits_is_committed_again(
     assert not any(r.duplicate for r in results)
     assert any("COMMIT PREPARED" in r.message for r in caplog.records)
     assert sum(counted(prepared_ok, q), Counter()) == Counter(range(60))
+    assert in_doubt(prepared_ok) == []
+
+
+def test_waiting_consumers_are_woken_after_the_commit(
+    prepared_ok: Router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer waits on each shard (LISTEN, then registered with wait_begin): a publish would
+    notify it, and a transaction that notified cannot be prepared ("cannot PREPARE a transaction
+    that has executed LISTEN, UNLISTEN, or NOTIFY"). The prepared publish defers its wake-up and
+    the writer notifies each shard once its COMMIT PREPARED is done: the write commits by
+    two-phase commit and both consumers get their notification."""
+    q, targets, plan, batch = setup(prepared_ok, "tpc_wake")
+    steps: list[tuple[str, int]] = []
+    monkeypatch.setattr(_write, "_fault", lambda step, k: steps.append((step, k)))
+    with ExitStack() as stack:
+        waiting = [stack.enter_context(psycopg.connect(t.dsn, autocommit=True)) for t in targets]
+        for conn in waiting:
+            conn.execute("LISTEN lonnymq")
+            conn.execute("SELECT lonnymq.wait_begin(%s)", (q,))
+        results = write(targets, plan, batch, "write:w", 0)
+        assert steps == [("prepared", 2), ("committed", 0), ("committed", 1)]
+        for conn in waiting:
+            [note] = conn.notifies(timeout=30, stop_after=1)
+            assert (note.channel, note.payload) == ("lonnymq", q)
+    assert sum(r.created for r in results) == 60
     assert in_doubt(prepared_ok) == []
 
 
