@@ -37,13 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shard"))
 from shard_helpers import SETTINGS, start_clusters
 from test_spark_shards import SCHEMA, Router, on_shards, partitioned, rows
-
-pytestmark = [
-    pytest.mark.once,
-    pytest.mark.spark,
-    pytest.mark.xdist_group("test_spark"),
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
-]
+from test_spark_shards import pytestmark as pytestmark  # once, spark, the test_spark group
 
 
 class Crash(BaseException):
@@ -82,7 +76,12 @@ def setup(sharded: Router, prefix: str) -> tuple[str, tuple[Target, ...], Plan, 
     assert targets[0].dsn != targets[1].dsn  # one partition on each shard
     data = rows(0, 60, keyed=20)
     batch = pa.record_batch({"n": [n for n, _ in data], "key": [k for _, k in data]})
-    return q, targets, Plan.build(StructType([StructField("n", LongType()), StructField("key", StringType())]), {}), batch
+    return (
+        q,
+        targets,
+        Plan.build(StructType([StructField("n", LongType()), StructField("key", StringType())]), {}),
+        batch,
+    )
 
 
 def write(targets: tuple[Target, ...], plan: Plan, batch: pa.RecordBatch, sink: str, batch_id: int) -> Any:
