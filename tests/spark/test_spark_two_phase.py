@@ -27,6 +27,7 @@ import pytest
 from psycopg import sql
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+import lonnymq.spark
 from lonnymq import Client, shard
 from lonnymq.spark import _write
 from lonnymq.spark._conf import Target
@@ -116,6 +117,32 @@ def test_crash_after_the_first_commit_prepared_rerun_commits_the_rest(
 
     first, second = write(targets, plan, batch, "write:w", 0)
     assert first.duplicate and second.duplicate  # partition 1's committed by the recovery
+    assert sum(counted(prepared_ok, q), Counter()) == Counter(range(60))
+    assert in_doubt(prepared_ok) == []
+
+
+def test_resolve_in_doubt_finishes_a_write_without_a_write_id(
+    prepared_ok: Router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write without a write id is never rerun as the same write: what its crash (after
+    partition 0's COMMIT PREPARED) left prepared is finished by lonnymq.spark.resolve_in_doubt
+    given the router's DSN, which commits partition 1's as partition 0's was; a younger
+    prepared transaction than min_age is left alone."""
+    q, targets, plan, batch = setup(prepared_ok, "tpc_resolve")
+
+    def crash(step: str, k: int) -> None:
+        if (step, k) == ("committed", 0):
+            raise Crash
+
+    monkeypatch.setattr(_write, "_fault", crash)
+    run = str(uuid.uuid4())
+    staged = stage_shards(targets, plan, run, iter([batch]))
+    with pytest.raises(Crash):
+        commit_shards(targets, run, [staged], "ignore", None, None, 60_000, None)
+    [gid] = in_doubt(prepared_ok)
+    assert lonnymq.spark.resolve_in_doubt(prepared_ok.dsn, min_age=3600) == []
+    [done] = lonnymq.spark.resolve_in_doubt(prepared_ok.dsn, min_age=0)
+    assert done.gids == [gid] and done.committed
     assert sum(counted(prepared_ok, q), Counter()) == Counter(range(60))
     assert in_doubt(prepared_ok) == []
 

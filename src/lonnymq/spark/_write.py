@@ -58,10 +58,12 @@ from pyspark.sql.types import (
 )
 
 from .. import errors
-from ..client.direct import key_partition
-from ..client.ops import check_text
+from ..client.direct import ShardMap, key_partition
+from ..client.ops import Ops, check_text
+from ..migrations import DEFAULT_SCHEMA, check_schema
 from ..models import JSON, TEXT
 from ._conf import ConnectFailed, Target, choice_option, describe_dsn, float_option, option
+from ._conf import run as run_op
 from ._lazy import LazyModule
 
 if TYPE_CHECKING:
@@ -685,7 +687,7 @@ def commit_shards(
     prefix = gid_prefix(targets[0], run, sink)
     with ExitStack() as stack:
         conns = [stack.enter_context(t.connect(autocommit=True)) for t in targets]
-        two_phase = len(targets) > 1 and _recover(targets, conns, prefix)
+        two_phase = len(targets) > 1 and _recover(targets, conns, prefix)[0]
         if len(targets) > 1 and not two_phase:
             log.warning(
                 "lonnymq: a shard of queue %r allows no prepared transactions (max_prepared_transactions"
@@ -774,14 +776,15 @@ def _gid(prefix: str, k: int, xid0: str) -> str:
     return f"{prefix}{k}/{xid0}"
 
 
-def _probe(conn: Any, prefix: str) -> tuple[int, list[str]]:
-    """A shard's max_prepared_transactions and the gids prepared there that start with
-    ``prefix``."""
+def _probe(conn: Any, prefix: str, min_age: float = 0.0) -> tuple[int, list[str]]:
+    """A shard's max_prepared_transactions and the gids prepared in its database that start
+    with ``prefix`` (and were prepared at least ``min_age`` seconds ago)."""
     row = conn.execute(
         "SELECT current_setting('max_prepared_transactions')::int, ARRAY(SELECT p.gid FROM"
         " pg_catalog.pg_prepared_xacts p WHERE p.database = current_database()"
-        " AND starts_with(p.gid, %s) ORDER BY p.gid)",
-        (prefix,),
+        " AND starts_with(p.gid, %s) AND p.prepared <= now() - make_interval(secs => %s)"
+        " ORDER BY p.gid)",
+        (prefix, min_age),
     ).fetchone()
     return int(row[0]), list(row[1])
 
@@ -804,26 +807,36 @@ def _decision(conn0: Any, xid0: str) -> str | None:
     return None if row is None else row[0]
 
 
-def _recover(targets: tuple[Target, ...], conns: list[Any], prefix: str) -> bool:
+def _recover(
+    targets: tuple[Target, ...], conns: list[Any], prefix: str, min_age: float = 0.0
+) -> tuple[bool, list[Resolved]]:
     """Before a multi-shard commit: whether every shard allows prepared transactions, after
     resolving what an earlier run of the same write (same write id or sink; any batch) left
-    prepared. Partition 0's COMMIT PREPARED is the write's decision: a transaction of the write
-    still prepared on partition 0's shard is rolled back (no decision was made, so none will
-    be), then every other shard's follows partition 0's: committed if it committed, else
-    rolled back."""
-    probes = [_probe(conn, prefix) for conn in conns]
-    left: dict[str, dict[int, str]] = {}  # batch/xid0 -> partition -> gid
+    prepared (``prefix``: :func:`gid_prefix`; a queue's :data:`GID_PREFIX` resolves every
+    write's, :func:`resolve_in_doubt`). Partition 0's COMMIT PREPARED is the write's decision:
+    a transaction of the write still prepared on partition 0's shard is rolled back (no decision
+    was made, so none will be), then every other shard's follows partition 0's: committed if it
+    committed, else rolled back."""
+    probes = [_probe(conn, prefix, min_age) for conn in conns]
+    left: dict[tuple[str, str], dict[int, str]] = {}  # (write/batch, xid0) -> partition -> gid
     for k, (_, gids) in enumerate(probes):
         for gid in gids:
-            batch, part, xid0 = gid[len(prefix) :].split("/")
+            write, part, xid0 = gid.rsplit("/", 2)
             if int(part) == k:  # a shard holding two partitions lists both
-                left.setdefault(f"{batch}/{xid0}", {})[k] = gid
-    for key, found in sorted(left.items()):
-        _resolve(targets, conns, found, key.split("/")[1])
-    return all(mpt > 0 for mpt, _ in probes)
+                left.setdefault((write, xid0), {})[k] = gid
+    done = [_resolve(targets, conns, found, xid0) for (_, xid0), found in sorted(left.items())]
+    return all(mpt > 0 for mpt, _ in probes), done
 
 
-def _resolve(targets: tuple[Target, ...], conns: list[Any], gids: Mapping[int, str], xid0: str) -> None:
+@dataclass(frozen=True)
+class Resolved:
+    """A write's prepared transactions that :func:`_recover` finished, and how."""
+
+    gids: list[str]
+    committed: bool  # else rolled back
+
+
+def _resolve(targets: tuple[Target, ...], conns: list[Any], gids: Mapping[int, str], xid0: str) -> Resolved:
     """Finish one write's prepared transactions ``gids`` (partition -> gid) as partition 0's
     decided (:func:`_recover`)."""
     if 0 in gids:
@@ -844,6 +857,7 @@ def _resolve(targets: tuple[Target, ...], conns: list[Any], gids: Mapping[int, s
         sorted(gids.values()),
         "committed (partition 0's had)" if decision == "committed" else "rolled back",
     )
+    return Resolved(sorted(gids.values()), decision == "committed")
 
 
 def _two_phase(targets: tuple[Target, ...], conns: list[Any], prefix: str) -> None:
@@ -934,6 +948,35 @@ def _notify(target: Target, conn: Any) -> None:
         conn.execute("SELECT pg_notify(%s, %s)", (target.schema, target.queue))
     except psycopg.Error as e:  # committed already: a consumer's next poll finds the messages
         log.warning("lonnymq: waking queue %r's consumers on a shard failed: %s", target.queue, e)
+
+
+def resolve_in_doubt(dsn: str, *, schema: str = DEFAULT_SCHEMA, min_age: float = 60.0) -> list[Resolved]:
+    """Finish every Spark write's transactions left prepared on the shards of router ``dsn``
+    (or on server ``dsn``) at least ``min_age`` seconds ago, as a rerun of each write would
+    (:func:`_recover`): committed where the write's partition 0 committed, else rolled back.
+    For writes no rerun will resolve: those without a write id, a stream not restarted. Run it
+    as the role that wrote (or a superuser: only they may finish a prepared transaction).
+    ``min_age`` keeps it off writes still committing (a live write's transactions are
+    prepared for milliseconds)."""
+    home = Target(dsn, check_schema(schema), "lonnymq")
+    ops = Ops(home.schema)
+    with home.connect(autocommit=True) as conn:
+        servers = [dsn]
+        if run_op(conn, ops.is_router()):
+            shards = ShardMap(home.schema, ops.st)
+            shards.load(*run_op(conn, shards.map_op()))
+            servers = [shards.conninfo(i, dsn) for i in range(len(shards.shards))]
+    queues: set[str] = set()
+    for server in servers:
+        with replace(home, dsn=server).connect(autocommit=True) as conn:
+            queues |= {gid.split("/")[2] for gid in _probe(conn, GID_PREFIX, min_age)[1]}
+    done: list[Resolved] = []
+    for queue in sorted(queues):
+        targets = replace(home, queue=queue).placed()
+        with ExitStack() as stack:
+            conns = [stack.enter_context(t.connect(autocommit=True)) for t in targets]
+            done += _recover(targets, conns, f"{GID_PREFIX}{queue}/", min_age)[1]
+    return done
 
 
 def abort_shards(targets: tuple[Target, ...], run: str, messages: list[Any]) -> None:
