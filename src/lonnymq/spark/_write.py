@@ -13,7 +13,8 @@ job enqueues nothing, and abort plus a sweeper clear leftovers. Streaming writes
 record per (sink, batch) in that same transaction, so a batch Spark replays after a restart is
 skipped. Given a shard router's DSN, all of this runs on the queue's shard; a partitioned
 queue's rows are staged on their partitions' shards and published on every shard before any
-shard commits (:func:`stage_shards`, :func:`commit_shards`; docs/spark.md, "Sharded setups").
+shard commits, by two-phase commit where every shard allows prepared transactions
+(:func:`stage_shards`, :func:`commit_shards`; docs/spark.md, "Sharded setups").
 """
 
 from __future__ import annotations
@@ -1007,7 +1008,7 @@ class BatchWriter(DataSourceArrowWriter):
 
     Given a shard router, it writes straight to the queue's shard; to a partitioned queue, each
     row to its partition's shard (:func:`stage_shards`), published on every shard before any
-    commits (:func:`commit_shards`).
+    commits (:func:`commit_shards`: a two-phase commit where the shards allow it).
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:
