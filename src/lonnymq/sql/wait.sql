@@ -49,14 +49,13 @@ DECLARE
     k_send integer := hashtext({schema_name} || '/send') & 2147483647;
     k_wait integer := hashtext({schema_name} || '/wait') & 2147483647;
 BEGIN
-    CASE current_setting('lonnymq.wake', true)
-        WHEN 'always' THEN
+    -- One test on the usual path (the setting unset), as before 'deferred' existed.
+    IF current_setting('lonnymq.wake', true) IN ('always', 'deferred') THEN
+        IF current_setting('lonnymq.wake', true) = 'always' THEN
             PERFORM pg_notify({schema_name}, p_queue_name);
-            RETURN;
-        WHEN 'deferred' THEN
-            RETURN;
-        ELSE
-    END CASE;
+        END IF;
+        RETURN;
+    END IF;
     -- Only a foreign session can hold the send lock exclusively: then notify rather than wait.
     IF NOT pg_try_advisory_xact_lock_shared(k_send, p_queue_id) THEN
         PERFORM pg_notify({schema_name}, p_queue_name);
