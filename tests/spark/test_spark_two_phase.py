@@ -205,6 +205,33 @@ def test_connection_lost_between_the_commits_is_committed_again(
     assert in_doubt(prepared_ok) == []
 
 
+def test_connection_lost_before_the_last_prepare_rolls_back_everywhere(
+    prepared_ok: Router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 1's shard session is terminated after partition 0's PREPARE, before its own:
+    the commit fails, partition 0's prepared transaction is rolled back (no decision was made),
+    and nothing of the write is on either shard or left prepared."""
+    q, targets, plan, batch = setup(prepared_ok, "tpc_halfway")
+    steps: list[tuple[str, int]] = []
+
+    def kill(step: str, k: int) -> None:
+        steps.append((step, k))
+        if (step, k) == ("prepare", 1):
+            assert len(in_doubt(prepared_ok)) == 1  # partition 0's
+            with psycopg.connect(targets[1].dsn, autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = 'lonnymq-spark' AND pid <> pg_backend_pid()"
+                )
+
+    monkeypatch.setattr(_write, "_fault", kill)
+    with pytest.raises(psycopg.OperationalError):
+        write(targets, plan, batch, "write:w", 0)
+    assert steps == [("prepare", 0), ("prepare", 1)]
+    assert counted(prepared_ok, q) == [Counter(), Counter()]
+    assert in_doubt(prepared_ok) == []
+
+
 def test_waiting_consumers_are_woken_after_the_commit(
     prepared_ok: Router, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,7 +249,7 @@ def test_waiting_consumers_are_woken_after_the_commit(
             conn.execute("LISTEN lonnymq")
             conn.execute("SELECT lonnymq.wait_begin(%s)", (q,))
         results = write(targets, plan, batch, "write:w", 0)
-        assert steps == [("prepared", 2), ("committed", 0), ("committed", 1)]
+        assert steps == [("prepare", 0), ("prepare", 1), ("prepared", 2), ("committed", 0), ("committed", 1)]
         for conn in waiting:
             [note] = conn.notifies(timeout=30, stop_after=1)
             assert (note.channel, note.payload) == ("lonnymq", q)

@@ -754,8 +754,9 @@ _DEFERRED = (
     "SELECT set_config('lonnymq.wake', 'deferred', true), set_config('lonnymq.spark_unstage', 'delete', true)"
 )
 
-#: A fault injected by tests at a step of :func:`_two_phase`: called with ("prepared", n) once
-#: all n shards have prepared, and ("committed", k) after partition k's COMMIT PREPARED.
+#: A fault injected by tests at a step of :func:`_two_phase`: called with ("prepare", k) before
+#: partition k's PREPARE, ("prepared", n) once all n shards have prepared, and ("committed", k)
+#: after partition k's COMMIT PREPARED.
 _fault: Callable[[str, int], None] | None = None
 
 
@@ -873,14 +874,18 @@ def _two_phase(targets: tuple[Target, ...], conns: list[Any], prefix: str) -> No
     gids = [_gid(prefix, k, xid0) for k in range(len(conns))]
     prepared = 0
     try:
-        for conn, gid in zip(conns, gids, strict=True):
+        for k, (conn, gid) in enumerate(zip(conns, gids, strict=True)):
+            if _fault:
+                _fault("prepare", k)
             conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
             prepared += 1
             conn.autocommit = True
         if _fault:
             _fault("prepared", len(conns))
-    except Exception:
-        for k in range(prepared):
+    except Exception as e:
+        # A connection lost in its PREPARE may have prepared: roll that one back too if it did.
+        lost = prepared < len(conns) and isinstance(e, psycopg.OperationalError)
+        for k in range(prepared + lost):
             _settle(targets[k], conns[k], gids[k], commit=False)
         raise
     try:
