@@ -11,6 +11,7 @@ and its first job in the shard group's process)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import uuid
@@ -251,6 +252,27 @@ def test_failure_between_the_commits_then_rerun_exactly_once(spark: Any, sharded
     for dsn in sharded.shard_dsns:
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT count(*) FROM lonnymq.spark_stage").fetchone() == (0,)
+
+
+def test_shards_without_prepared_transactions_commit_one_after_another(
+    sharded: Router, caplog: pytest.LogCaptureFixture
+) -> None:
+    """This module's shards have max_prepared_transactions = 0 (PostgreSQL's default): a write
+    to a partitioned queue commits its shards one after another, as before the two-phase commit
+    (tests/spark/test_spark_two_phase.py), prepares nothing, and says so once per write."""
+    q, targets = partitioned(sharded, "spark_nopc")
+    plan = Plan.build(StructType.fromDDL("n long"), {})
+    run = str(uuid.uuid4())
+    staged = stage_shards(targets, plan, run, iter([pa.record_batch({"n": list(range(40))})]))
+    with caplog.at_level(logging.WARNING, "lonnymq.spark"):
+        results = commit_shards(targets, run, [staged], "ignore", "write:w", 0, 60_000, None)
+    assert sum(r.created for r in results) == 40
+    [warning] = [r.message for r in caplog.records if "max_prepared_transactions = 0" in r.message]
+    assert "not atomically" in warning and repr(q) in warning
+    for dsn in sharded.shard_dsns:
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
+    assert Counter(n for h in on_shards(sharded, q) for _, _, n in h) == Counter(range(40))
 
 
 def test_rows_with_a_channel_go_to_the_channels_partition(spark: Any, sharded: Router) -> None:

@@ -23,6 +23,7 @@ from ._watch import fail_without_executors
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from ._write import Resolved
     from .source import LonnyMQDataSource
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "fail_without_executors",
     "package_zip",
     "register",
+    "resolve_in_doubt",
     "ship",
     "sweep",
     "write_status",
@@ -169,6 +171,16 @@ def sweep(
         row = conn.execute(query, (round(stage_ttl * 1000), round(stream_ttl * 1000))).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+def resolve_in_doubt(dsn: str, *, schema: str = DEFAULT_SCHEMA, min_age: float = 60.0) -> list[Resolved]:
+    """Finish the transactions that multi-shard writes' two-phase commits left prepared on the
+    shards of router ``dsn`` at least ``min_age`` seconds ago (a driver that died in the
+    commit): each write's committed where its partition 0 committed, else rolled back, as a
+    rerun of the write would. Returns what it finished (docs/spark.md, "Sharded setups")."""
+    from ._write import resolve_in_doubt as resolve
+
+    return resolve(dsn, schema=schema, min_age=min_age)
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,8 @@ job enqueues nothing, and abort plus a sweeper clear leftovers. Streaming writes
 record per (sink, batch) in that same transaction, so a batch Spark replays after a restart is
 skipped. Given a shard router's DSN, all of this runs on the queue's shard; a partitioned
 queue's rows are staged on their partitions' shards and published on every shard before any
-shard commits (:func:`stage_shards`, :func:`commit_shards`; docs/spark.md, "Sharded setups").
+shard commits, by two-phase commit where every shard allows prepared transactions
+(:func:`stage_shards`, :func:`commit_shards`; docs/spark.md, "Sharded setups").
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import decimal
+import hashlib
 import json
 import logging
 import secrets
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from psycopg import sql
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -56,10 +59,12 @@ from pyspark.sql.types import (
 )
 
 from .. import errors
-from ..client.direct import key_partition
-from ..client.ops import check_text
+from ..client.direct import ShardMap, key_partition
+from ..client.ops import Ops, check_text
+from ..migrations import DEFAULT_SCHEMA, check_schema
 from ..models import JSON, TEXT
-from ._conf import Target, choice_option, describe_dsn, float_option, option
+from ._conf import ConnectFailed, Target, choice_option, describe_dsn, float_option, option
+from ._conf import run as run_op
 from ._lazy import LazyModule
 
 if TYPE_CHECKING:
@@ -663,23 +668,42 @@ def commit_shards(
     content_type: str | None,
 ) -> list[CommitResult]:
     """:func:`commit` on the queue's server, or, for a partitioned queue, on every partition's
-    shard, each with the parts staged there, in two steps: each shard's ``spark_write_commit``
-    runs in its own transaction, in partition order, and those transactions are left open; only
-    once every shard's succeeded are they committed, in the same order. So an error of a shard's
-    publish (a key conflict with ``onConflict=error``, a payload over a limit, lost staging, the
-    queue moved away, the shard unreachable when its turn comes) rolls back every shard's: the
-    write enqueues nothing anywhere, and Spark's abort drops its staging. Not atomic across
-    shards: if a shard fails between the COMMITs (its connection drops at its own COMMIT), the
-    shards before it stay committed; a rerun with the same write id or sink batch skips them and
-    commits the rest. The open transactions hold each shard's locks of the publish (its keyed
-    rows, and staging's when truncated) until every shard has published."""
+    shard, each with the parts staged there. Each shard's ``spark_write_commit`` runs in its own
+    transaction, in partition order, and those transactions are left open; only once every
+    shard's succeeded do they end. So an error of a shard's publish (a key conflict with
+    ``onConflict=error``, a payload over a limit, lost staging, the queue moved away, the shard
+    unreachable when its turn comes) rolls back every shard's: the write enqueues nothing
+    anywhere, and Spark's abort drops its staging.
+
+    How they end: when every shard of the write allows prepared transactions
+    (``max_prepared_transactions > 0``), by a two-phase commit (:func:`_two_phase`): atomic
+    across the shards, a crash at any point is resolved by the next run of the same write id or
+    sink batch (:func:`_recover`, which runs before anything else here). Otherwise (a warning
+    says so, once per write) they are committed one after another, as before: if a shard fails
+    between the COMMITs, the shards before it stay committed, and a rerun with the same write id
+    or sink batch skips them and commits the rest. The open transactions hold each shard's
+    locks of the publish (its keyed rows, and staging's when truncated) until every shard has
+    published."""
     staged = [m for m in _staged(messages) if m.rows > 0]
+    prefix = gid_prefix(targets[0], run, sink)
     with ExitStack() as stack:
-        opened: list[tuple[Any, Target, CommitResult]] = []
-        for i, t in enumerate(targets):
+        conns = [stack.enter_context(t.connect(autocommit=True)) for t in targets]
+        two_phase = len(targets) > 1 and _recover(targets, conns, prefix)[0]
+        if len(targets) > 1 and not two_phase:
+            log.warning(
+                "lonnymq: a shard of queue %r allows no prepared transactions (max_prepared_transactions"
+                " = 0): this write commits its %d shards one after another, not atomically (docs/spark.md,"
+                " Sharded setups)",
+                targets[0].queue,
+                len(targets),
+            )
+        opened: list[CommitResult] = []
+        for i, (t, conn) in enumerate(zip(targets, conns, strict=True)):
             parts = [m for m in staged if m.target == i]
-            conn = stack.enter_context(t.connect())
+            conn.autocommit = False
             t.hold(conn)  # on a shard: behind the move fence (QueueNotFound if it moved away)
+            if two_phase:  # a prepared transaction cannot have notified, nor should it truncate
+                conn.execute(_DEFERRED)
             [row] = t.call(
                 conn,
                 "spark_write_commit",
@@ -698,15 +722,267 @@ def commit_shards(
                 ),
             )
             created, updated, ignored, duplicate, committed_at, count = row
-            result = CommitResult(
-                int(created), int(updated), int(ignored), bool(duplicate), int(committed_at), int(count)
-            )
-            opened.append((conn, t, result))  # its transaction left open until every shard's ran
-        for conn, _, _ in opened:
-            conn.commit()
-    for _, t, result in opened:
+            opened.append(
+                CommitResult(
+                    int(created), int(updated), int(ignored), bool(duplicate), int(committed_at), int(count)
+                )
+            )  # its transaction left open until every shard's ran
+        if two_phase:
+            _two_phase(targets, conns, f"{prefix}{batch_id or 0}/")
+            for t, conn, result in zip(targets, conns, opened, strict=True):
+                if result.created or result.updated:
+                    _notify(t, conn)
+        else:
+            for conn in conns:
+                conn.commit()
+    for t, result in zip(targets, opened, strict=True):
         _log_replay(t, result, sink, batch_id)
-    return [result for _, _, result in opened]
+    return opened
+
+
+# -- two-phase commit across shards --------------------------------------------------------------
+
+#: The start of the global transaction id of every transaction the writer prepares:
+#: ``lonnymq/spark/<queue>/<write>/<batch>/<partition>/<xid>`` (:func:`gid_prefix`).
+GID_PREFIX = "lonnymq/spark/"
+
+#: A publish to be prepared: no wake-up (a transaction that notified cannot be prepared: the
+#: writer notifies after COMMIT PREPARED) and no truncate of staging (its lock would be held
+#: while the transaction is prepared, stopping every write's staging there): sql/wait.sql,
+#: sql/spark.sql.
+_DEFERRED = (
+    "SELECT set_config('lonnymq.wake', 'deferred', true), set_config('lonnymq.spark_unstage', 'delete', true)"
+)
+
+#: A fault injected by tests at a step of :func:`_two_phase`: called with ("prepare", k) before
+#: partition k's PREPARE, ("prepared", n) once all n shards have prepared, and ("committed", k)
+#: after partition k's COMMIT PREPARED.
+_fault: Callable[[str, int], None] | None = None
+
+
+class WriteInDoubt(errors.LonnyMQError):
+    """A write's two-phase commit could not be finished: some of its shards' transactions are
+    still prepared. A rerun of the same write id or sink batch finishes them (commits them if
+    partition 0's committed, else rolls them back), as does :func:`resolve_in_doubt`."""
+
+
+def gid_prefix(target: Target, run: str, sink: str | None) -> str:
+    """The start of the gid of every transaction a write prepares: the queue, then a hash of the
+    schema, queue and write id or sink (of the run without one: no rerun has the same), so a
+    rerun of the write (or the replay of any batch of the sink) finds them."""
+    ident = f"{target.schema}\0{target.queue}\0{sink if sink is not None else 'run:' + run}"
+    return f"{GID_PREFIX}{target.queue}/{hashlib.sha256(ident.encode()).hexdigest()[:16]}/"
+
+
+def _gid(prefix: str, k: int, xid0: str) -> str:
+    return f"{prefix}{k}/{xid0}"
+
+
+def _probe(conn: Any, prefix: str, min_age: float = 0.0) -> tuple[int, list[str]]:
+    """A shard's max_prepared_transactions and the gids prepared in its database that start
+    with ``prefix`` (and were prepared at least ``min_age`` seconds ago)."""
+    row = conn.execute(
+        "SELECT current_setting('max_prepared_transactions')::int, ARRAY(SELECT p.gid FROM"
+        " pg_catalog.pg_prepared_xacts p WHERE p.database = current_database()"
+        " AND starts_with(p.gid, %s) AND p.prepared <= now() - make_interval(secs => %s)"
+        " ORDER BY p.gid)",
+        (prefix, min_age),
+    ).fetchone()
+    return int(row[0]), list(row[1])
+
+
+def _finish(conn: Any, gid: str, commit: bool) -> bool:
+    """COMMIT or ROLLBACK PREPARED ``gid`` on ``conn`` (autocommit); False if no such prepared
+    transaction is left (another run resolved it)."""
+    verb = "COMMIT PREPARED {}" if commit else "ROLLBACK PREPARED {}"
+    try:
+        conn.execute(sql.SQL(verb).format(sql.Literal(gid)))
+    except psycopg.errors.UndefinedObject:
+        return False
+    return True
+
+
+def _decision(conn0: Any, xid0: str) -> str | None:
+    """What became of partition 0's transaction (the decision of the write): 'committed',
+    'aborted', 'in progress' (still prepared), or None (too old for the server to know)."""
+    row = conn0.execute("SELECT pg_xact_status(%s::xid8)", (xid0,)).fetchone()
+    return None if row is None else row[0]
+
+
+def _recover(
+    targets: tuple[Target, ...], conns: list[Any], prefix: str, min_age: float = 0.0
+) -> tuple[bool, list[Resolved]]:
+    """Before a multi-shard commit: whether every shard allows prepared transactions, after
+    resolving what an earlier run of the same write (same write id or sink; any batch) left
+    prepared (``prefix``: :func:`gid_prefix`; a queue's :data:`GID_PREFIX` resolves every
+    write's, :func:`resolve_in_doubt`). Partition 0's COMMIT PREPARED is the write's decision:
+    a transaction of the write still prepared on partition 0's shard is rolled back (no decision
+    was made, so none will be), then every other shard's follows partition 0's: committed if it
+    committed, else rolled back."""
+    probes = [_probe(conn, prefix, min_age) for conn in conns]
+    left: dict[tuple[str, str], dict[int, str]] = {}  # (write/batch, xid0) -> partition -> gid
+    for k, (_, gids) in enumerate(probes):
+        for gid in gids:
+            write, part, xid0 = gid.rsplit("/", 2)
+            if int(part) == k:  # a shard holding two partitions lists both
+                left.setdefault((write, xid0), {})[k] = gid
+    done = [_resolve(targets, conns, found, xid0) for (_, xid0), found in sorted(left.items())]
+    return all(mpt > 0 for mpt, _ in probes), done
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A write's prepared transactions that :func:`_recover` finished, and how."""
+
+    gids: list[str]
+    committed: bool  # else rolled back
+
+
+def _resolve(targets: tuple[Target, ...], conns: list[Any], gids: Mapping[int, str], xid0: str) -> Resolved:
+    """Finish one write's prepared transactions ``gids`` (partition -> gid) as partition 0's
+    decided (:func:`_recover`)."""
+    if 0 in gids:
+        _finish(conns[0], gids[0], commit=False)
+    decision = _decision(conns[0], xid0)
+    if decision not in ("committed", "aborted"):
+        raise WriteInDoubt(
+            f"lonnymq: prepared transactions {sorted(gids.values())} of queue {targets[0].queue!r}:"
+            f" partition 0's transaction {xid0} is {decision or 'unknown to its server'}; resolve them"
+            " by hand (COMMIT PREPARED or ROLLBACK PREPARED on each shard; docs/spark.md)"
+        )
+    for k, gid in sorted(gids.items()):
+        if k:
+            _finish(conns[k], gid, commit=decision == "committed")
+    log.warning(
+        "lonnymq: an earlier run of this write to queue %r left prepared transactions %s: %s",
+        targets[0].queue,
+        sorted(gids.values()),
+        "committed (partition 0's had)" if decision == "committed" else "rolled back",
+    )
+    return Resolved(sorted(gids.values()), decision == "committed")
+
+
+def _two_phase(targets: tuple[Target, ...], conns: list[Any], prefix: str) -> None:
+    """End the open publish transactions ``conns`` by a two-phase commit: PREPARE TRANSACTION on
+    every shard, in partition order, each named after the write, its partition and partition
+    0's transaction id; then COMMIT PREPARED on partition 0's shard, which decides the write;
+    then on the others. A failure before the decision rolls back every shard's (what a crash
+    leaves prepared, the next run rolls back); after it, a shard whose connection failed is
+    committed again over a new connection, and if that fails too, :class:`WriteInDoubt` (what
+    is left prepared, the next run commits)."""
+    [(xid0,)] = conns[0].execute("SELECT pg_current_xact_id()::text").fetchall()
+    gids = [_gid(prefix, k, xid0) for k in range(len(conns))]
+    prepared = 0
+    try:
+        for k, (conn, gid) in enumerate(zip(conns, gids, strict=True)):
+            if _fault:
+                _fault("prepare", k)
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+            prepared += 1
+            conn.autocommit = True
+        if _fault:
+            _fault("prepared", len(conns))
+    except Exception as e:
+        # A connection lost in its PREPARE may have prepared: roll that one back too if it did.
+        lost = prepared < len(conns) and isinstance(e, psycopg.OperationalError)
+        for k in range(prepared + lost):
+            _settle(targets[k], conns[k], gids[k], commit=False)
+        raise
+    try:
+        decided = _finish(conns[0], gids[0], commit=True)
+        failure: Exception | None = None
+    except psycopg.Error as e:  # committed or not? Partition 0's server knows.
+        decided, failure = False, e
+    if not decided and not _decided_after_all(targets, gids[0], xid0):
+        for k in range(1, len(conns)):
+            _settle(targets[k], conns[k], gids[k], commit=False)
+        if failure is not None:
+            raise failure
+        raise WriteInDoubt(f"lonnymq: {gids[0]} was rolled back by another run before its commit")
+    if _fault:
+        _fault("committed", 0)
+    failed = []
+    for k in range(1, len(conns)):
+        if not _settle(targets[k], conns[k], gids[k], commit=True):
+            failed.append(gids[k])
+        elif _fault:
+            _fault("committed", k)
+    if failed:
+        raise WriteInDoubt(
+            f"lonnymq: the write to queue {targets[0].queue!r} is committed on partition 0's shard but"
+            f" {failed} are still prepared: rerun it with the same write id or sink batch, or run"
+            " lonnymq.spark.resolve_in_doubt (docs/spark.md)"
+        )
+
+
+def _decided_after_all(targets: tuple[Target, ...], gid0: str, xid0: str) -> bool:
+    """After partition 0's COMMIT PREPARED failed or found nothing to commit: whether it is
+    committed, asked over a new connection (its transaction, if still prepared, rolled back
+    first: then no decision was made, and none will be). WriteInDoubt if the server cannot be
+    reached (every transaction of the write stays prepared, for the next run)."""
+    try:
+        with targets[0].connect(autocommit=True) as conn0:
+            _finish(conn0, gid0, commit=False)
+            return _decision(conn0, xid0) == "committed"
+    except (psycopg.Error, ConnectFailed) as e:
+        raise WriteInDoubt(
+            f"lonnymq: the commit of {gid0} failed and its server cannot say whether it happened ({e}):"
+            " the write's transactions stay prepared; rerun it with the same write id or sink batch,"
+            " or run lonnymq.spark.resolve_in_doubt (docs/spark.md)"
+        ) from e
+
+
+def _settle(target: Target, conn: Any, gid: str, commit: bool) -> bool:
+    """:func:`_finish` of ``gid``, again over a new connection if ``conn``'s failed; False if
+    both failed (it stays prepared)."""
+    for attempt in range(2):
+        try:
+            if attempt == 0:
+                _finish(conn, gid, commit)
+            else:
+                with target.connect(autocommit=True) as fresh:
+                    _finish(fresh, gid, commit)
+            return True
+        except (psycopg.Error, ConnectFailed) as e:
+            log.warning("lonnymq: %s PREPARED %s failed: %s", "COMMIT" if commit else "ROLLBACK", gid, e)
+    return False
+
+
+def _notify(target: Target, conn: Any) -> None:
+    """Wake the queue's consumers on a shard after its COMMIT PREPARED (the publish deferred it)."""
+    try:
+        conn.execute("SELECT pg_notify(%s, %s)", (target.schema, target.queue))
+    except psycopg.Error as e:  # committed already: a consumer's next poll finds the messages
+        log.warning("lonnymq: waking queue %r's consumers on a shard failed: %s", target.queue, e)
+
+
+def resolve_in_doubt(dsn: str, *, schema: str = DEFAULT_SCHEMA, min_age: float = 60.0) -> list[Resolved]:
+    """Finish every Spark write's transactions left prepared on the shards of router ``dsn``
+    (or on server ``dsn``) at least ``min_age`` seconds ago, as a rerun of each write would
+    (:func:`_recover`): committed where the write's partition 0 committed, else rolled back.
+    For writes no rerun will resolve: those without a write id, a stream not restarted. Run it
+    as the role that wrote (or a superuser: only they may finish a prepared transaction).
+    ``min_age`` keeps it off writes still committing (a live write's transactions are
+    prepared for milliseconds)."""
+    home = Target(dsn, check_schema(schema), "lonnymq")
+    ops = Ops(home.schema)
+    with home.connect(autocommit=True) as conn:
+        servers = [dsn]
+        if run_op(conn, ops.is_router()):
+            shards = ShardMap(home.schema, ops.st)
+            shards.load(*run_op(conn, shards.map_op()))
+            servers = [shards.conninfo(i, dsn) for i in range(len(shards.shards))]
+    queues: set[str] = set()
+    for server in servers:
+        with replace(home, dsn=server).connect(autocommit=True) as conn:
+            queues |= {gid.split("/")[2] for gid in _probe(conn, GID_PREFIX, min_age)[1]}
+    done: list[Resolved] = []
+    for queue in sorted(queues):
+        targets = replace(home, queue=queue).placed()
+        with ExitStack() as stack:
+            conns = [stack.enter_context(t.connect(autocommit=True)) for t in targets]
+            done += _recover(targets, conns, f"{GID_PREFIX}{queue}/", min_age)[1]
+    return done
 
 
 def abort_shards(targets: tuple[Target, ...], run: str, messages: list[Any]) -> None:
@@ -737,7 +1013,7 @@ class BatchWriter(DataSourceArrowWriter):
 
     Given a shard router, it writes straight to the queue's shard; to a partitioned queue, each
     row to its partition's shard (:func:`stage_shards`), published on every shard before any
-    commits (:func:`commit_shards`).
+    commits (:func:`commit_shards`: a two-phase commit where the shards allow it).
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, conf: Mapping[str, str]) -> None:

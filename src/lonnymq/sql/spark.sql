@@ -201,6 +201,10 @@ $$;
 -- so a part table that registers no other write's part means staging holds only this write's
 -- rows (a task that registered its part but has not begun its COPY waits for the lock and
 -- stages after the truncate). The lock is held to the end of the caller's transaction.
+-- With the transaction-local setting lonnymq.spark_unstage = 'delete' (the Spark writer's
+-- two-phase commit, spark/_write.py: a transaction prepared for it keeps its locks until it is
+-- resolved, and a prepared TRUNCATE's lock would stop every write staging on the server,
+-- the rerun that resolves it among them) it always deletes.
 -- Tables: spark_stage (truncate or delete), spark_stage_part (delete). Locks: spark_stage
 -- ACCESS EXCLUSIVE (tried, never waited for).
 CREATE OR REPLACE FUNCTION {schema}._spark_unstage(p_run uuid, p_parts bigint[]) RETURNS void
@@ -208,6 +212,10 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_alone boolean := false;
 BEGIN
+    IF current_setting('lonnymq.spark_unstage', true) = 'delete' THEN
+        PERFORM {schema}._spark_drop_staged(p_run, p_parts);
+        RETURN;
+    END IF;
     BEGIN
         LOCK TABLE {schema}.spark_stage IN ACCESS EXCLUSIVE MODE NOWAIT;
         -- A NULL run or part counts as another write's (never truncate on a guess).

@@ -34,7 +34,11 @@ $$;
 -- notify channel {schema_name} with payload p_queue_name if a consumer waits on the queue.
 -- PostgreSQL folds identical notifications of one transaction into one. With the session
 -- setting lonnymq.wake = 'always' it notifies unconditionally (the behaviour before waiters
--- existed; benchmarks/notify_tax.py compares the two).
+-- existed; benchmarks/notify_tax.py compares the two). With 'deferred' (transaction-local, set
+-- by the Spark writer's two-phase commit: a transaction that has notified cannot be prepared;
+-- spark/_write.py, commit_shards) it does nothing: the caller notifies once it has committed.
+-- Only this function reads 'deferred': send()'s and send_batch's one-statement plain paths
+-- inline their wake-up and ignore it (the Spark publish never takes them).
 -- Locks: the send lock (xact, shared; never waited for: a send that cannot have it notifies);
 -- probes the wait lock (session, exclusive, released at once: a concurrent probe may make
 -- another send notify needlessly, never skip one).
@@ -45,8 +49,11 @@ DECLARE
     k_send integer := hashtext({schema_name} || '/send') & 2147483647;
     k_wait integer := hashtext({schema_name} || '/wait') & 2147483647;
 BEGIN
-    IF current_setting('lonnymq.wake', true) = 'always' THEN
-        PERFORM pg_notify({schema_name}, p_queue_name);
+    -- One test on the usual path (the setting unset), as before 'deferred' existed.
+    IF current_setting('lonnymq.wake', true) IN ('always', 'deferred') THEN
+        IF current_setting('lonnymq.wake', true) = 'always' THEN
+            PERFORM pg_notify({schema_name}, p_queue_name);
+        END IF;
         RETURN;
     END IF;
     -- Only a foreign session can hold the send lock exclusively: then notify rather than wait.
