@@ -175,3 +175,34 @@ def test_producer_and_consumer_roles_on_the_plain_path(sharded) -> None:  # type
             # A due '* * * * *' schedule left in the session's clusters would be fired (and
             # counted) by later tests' workers.
             conn.execute("SELECT lonnymq.cron_delete('cost_roles_tick')")
+
+
+def test_a_plain_queues_calls_read_shard_route_only(sharded) -> None:  # type: ignore[no-untyped-def]
+    """A plain queue's route reads one table, shard_route (partitioned queues are marked in it,
+    partitions.PARTITIONED_MARK): its calls go on while shard_partition is locked; a
+    partitioned queue's calls read their partitions there, so they wait."""
+    r = sharded.dsn
+    plain, hot = "cost_one_plain", "cost_one_hot"
+    with Client(r) as c:
+        c.create_queue(plain, if_not_exists=True)
+        c.create_queue(hot, partitions=2, if_not_exists=True)
+        c.send_batch(plain, ["a", "b"])
+    with psycopg.connect(r) as locker, psycopg.connect(r, autocommit=True) as conn:
+        locker.execute("LOCK TABLE lonnymq.shard_partition IN ACCESS EXCLUSIVE MODE")
+        conn.execute("SET lock_timeout = '300ms'")
+        conn.execute("SELECT lonnymq.send(%s, '\\x7b7d'::bytea)", (plain,))
+        got = conn.execute("SELECT id, token FROM lonnymq.take(%s, 1)", (plain,)).fetchall()
+        assert len(got) == 1
+        conn.execute("SELECT lonnymq.ack(%s, ARRAY[%s]::bigint[], ARRAY[%s]::integer[])", (plain, *got[0]))
+        row = conn.execute("SELECT (lonnymq.queue_metrics(%s)).ready", (plain,)).fetchone()
+        assert row == (2,)
+        row = conn.execute("SELECT shard, partitions FROM lonnymq._route_of(%s)", (plain,)).fetchone()
+        assert row is not None and row[0] & 1 == home(r, plain) and row[1] is None
+        for call in ("SELECT lonnymq.send(%s, '\\x7b7d'::bytea)", "SELECT count(*) FROM lonnymq.take(%s, 1)"):
+            with pytest.raises(pg_errors.LockNotAvailable):
+                conn.execute(call, (hot,))
+        locker.rollback()
+        conn.execute("SELECT lonnymq.send(%s, '\\x7b7d'::bytea)", (hot,))
+    with Client(r) as c:
+        c.drop_queue(hot)
+        c.drop_queue(plain)

@@ -56,6 +56,65 @@ def test_upgrade_keeps_queues_while_in_use(sharded) -> None:  # type: ignore[no-
             c.drop_queue(q)
 
 
+def test_upgrade_marks_the_partitioned_queues_of_an_older_router(sharded) -> None:  # type: ignore[no-untyped-def]
+    """A router made before partitioned queues were marked in shard_route (its CHECK shard >= 0,
+    no marks; a name's override left from a plain queue that was moved, then dropped, next to
+    the partitioned queue of that name) is upgraded: the partitioned queues marked (a plain
+    queue's route reads shard_route only), the overrides kept, and a dropped partitioned queue's
+    mark goes with it."""
+    r = sharded.dsn
+    plain, hot, reborn, moved = "upg_old_plain", "upg_old_hot", "upg_old_reborn", "upg_old_moved"
+    with Client(r) as c:
+        c.create_queue(plain)
+        c.create_queue(moved)
+        c.create_queue(hot, partitions=2)
+        c.create_queue(reborn, partitions=2)
+    target = 1 - home(r, moved)
+    shard.move(r, moved, target)
+    with psycopg.connect(r) as conn:  # the older router's layout
+        conn.execute("DELETE FROM lonnymq.shard_route WHERE shard < 0")
+        conn.execute(
+            "INSERT INTO lonnymq.shard_route (queue, shard) VALUES (%s, %s)", (reborn, 1 - home(r, reborn))
+        )
+        conn.execute("ALTER TABLE lonnymq.shard_route DROP CONSTRAINT shard_route_shard_check")
+        conn.execute(
+            "ALTER TABLE lonnymq.shard_route ADD CONSTRAINT shard_route_shard_check CHECK (shard >= 0)"
+        )
+    result = shard.upgrade(r)
+    assert result.healthy, result
+    assert {q: result.overrides.get(q) for q in (plain, moved, hot, reborn)} == {
+        plain: None,
+        moved: target,
+        hot: None,
+        reborn: None,
+    }
+    assert sorted(result.partitioned[hot]) == [0, 1] and sorted(result.partitioned[reborn]) == [0, 1]
+    with psycopg.connect(r, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT queue, shard FROM lonnymq.shard_route WHERE queue = ANY(%s) ORDER BY queue",
+            ([plain, moved, hot, reborn],),
+        ).fetchall()
+        assert rows == [(hot, -1), (moved, target), (reborn, -1)]
+        for q in (hot, reborn):  # routed as partitioned: unkeyed sends take turns
+            got = {
+                conn.execute("SELECT lonnymq._send_shard(%s, NULL, NULL)", (q,)).fetchone() for _ in range(4)
+            }
+            assert got == {(0,), (1,)}
+            with pytest.raises(psycopg.Error, match="partitioned"):
+                conn.execute("SELECT lonnymq._shard_of(%s)", (q,))
+        row = conn.execute("SELECT lonnymq._shard_of(%s) & 1", (moved,)).fetchone()
+        assert row == (target,)
+    with Client(r) as c:
+        c.drop_queue(hot)
+        with psycopg.connect(r) as conn:
+            assert conn.execute("SELECT FROM lonnymq.shard_route WHERE queue = %s", (hot,)).fetchall() == []
+        c.create_queue(hot)  # a plain queue of the name, where its hash says
+        c.send(hot, {"n": 1})
+        assert c.metrics(hot).ready == 1
+        for q in (plain, moved, hot, reborn):
+            c.drop_queue(q)
+
+
 def test_upgrade_gives_up_behind_a_held_map_and_cli(sharded) -> None:  # type: ignore[no-untyped-def]
     r = sharded.dsn
     before = map_version(r)

@@ -19,6 +19,9 @@ from ..migrations import DEFAULT_SCHEMA, check_schema
 from ..migrations import pgmq as pgmq_facade
 from . import catalog, partitions, pgmq_parts
 
+#: A partitioned queue's row in shard_route (its mark, not a shard).
+_MARK = partitions.PARTITIONED_MARK
+
 #: libpq's connect_timeout of the router's connections to the shards, unless a DSN gives one.
 CONNECT_TIMEOUT = 5
 
@@ -252,10 +255,13 @@ def _rebuild(
     server = sql.Identifier(catalog.cluster_name(schema))
     # First the locks that keep the state read below from changing before the schema is
     # rebuilt: the map's (queue_create, shard add) and the tables moves and creates write, in
-    # the order the router's calls read them (_partitions, then _shard_of), so that a call
-    # holding one never waits for the other behind this transaction (a deadlock).
+    # the order the router's calls read them (a queue's route in shard_route, then a
+    # partitioned queue's partitions in shard_partition), so that a call holding one never
+    # waits for the other behind this transaction (a deadlock). A router made before
+    # partitioned queues were marked in shard_route read them the other way round: a call of
+    # it that deadlocks with this transaction is told so at once and this one retried.
     router.execute("SELECT pg_advisory_xact_lock(hashtext(%s || '/map'), 0)", (schema,))
-    for table in ("shard_partition", "shard_route", "shard_map", "migration"):
+    for table in ("shard_route", "shard_partition", "shard_map", "migration"):
         found = router.execute(
             "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL", (schema, table)
         ).fetchone()
@@ -312,20 +318,20 @@ def _rebuild(
         router.execute(stmt)
     for stmt in catalog.route_statements(schema):
         router.execute(stmt)
+    kept = {q: p for q, p in parted.items() if max(p) < len(partitions)}
+    # A partitioned queue's mark in shard_route (partitions.PARTITIONED_MARK), also for a router
+    # made before the marks (`shard upgrade`): a plain queue's route reads shard_route only.
+    marks = [(q, _MARK) for q in kept]
     with router.cursor() as cur:
         cur.executemany(
             sql.SQL("INSERT INTO {}.shard_route (queue, shard) VALUES (%s, %s)").format(s),
-            [(q, i) for q, i in overrides.items() if i < len(partitions)],
+            [(q, i) for q, i in overrides.items() if i < len(partitions) and q not in kept] + marks,
         )
         cur.executemany(
             sql.SQL("INSERT INTO {}.shard_partition (queue, shards, moved_ids) VALUES (%s, %s, %s)").format(
                 s
             ),
-            [
-                (q, p, Jsonb({str(i): k for i, k in moved.get(q, {}).items()}))
-                for q, p in parted.items()
-                if max(p) < len(partitions)
-            ],
+            [(q, p, Jsonb({str(i): k for i, k in moved.get(q, {}).items()})) for q, p in kept.items()],
         )
     # Never backwards across re-inits: direct clients compare it with what they remember.
     router.execute(sql.SQL("INSERT INTO {}.shard_map (version) VALUES (%s)").format(s), (version + 1,))
@@ -553,8 +559,9 @@ def moved_ids(conn: psycopg.Connection[Any], schema: str) -> dict[str, dict[int,
 
 def routes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
     """The router's overrides: queue -> shard index, for the queues not where their hash says
-    (moved). Empty for a router made before overrides existed."""
-    return {str(q): int(i) for q, i in _queue_rows(conn, schema, "shard_route", "shard")}
+    (moved). Empty for a router made before overrides existed. Not the partitioned queues'
+    marks (shard -1, partitions.PARTITIONED_MARK): :func:`partitioned` lists those."""
+    return {str(q): int(i) for q, i in _queue_rows(conn, schema, "shard_route", "shard") if int(i) != _MARK}
 
 
 def shard_dsns(router_dsn: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:

@@ -136,8 +136,10 @@ SHARD_OF_NEW = "_shard_of_new"
 SHARD_MAP = "_shard_map"
 
 #: The router's routing state, created by ``shard init`` next to the proxies. ``shard_route``
-#: holds the queues that do not live where their hash says (moved by ``shard move``); a queue
-#: without a row lives on ``hashtext(name) & (shards - 1)``, PL/Proxy's own rule.
+#: holds the queues that do not live where their hash says (moved by ``shard move``) and marks
+#: the partitioned queues (shard -1, ``partitions.PARTITIONED_MARK``: their partitions are in
+#: ``shard_partition``); a queue without a row lives on ``hashtext(name) & (shards - 1)``,
+#: PL/Proxy's own rule.
 #:
 #: The fence: every queue-scoped call holds, while it runs (its transaction on the router, which
 #: ends when the shard's reply is in), a shared advisory lock keyed by its queue, class
@@ -149,13 +151,15 @@ SHARD_MAP = "_shard_map"
 ROUTE_STATEMENTS: tuple[LiteralString, ...] = (
     """CREATE TABLE {s}.shard_route (
     queue    text PRIMARY KEY,
-    shard    integer NOT NULL CHECK (shard >= 0),
+    -- -1: a partitioned queue's mark (lonnymq.shard.partitions.PARTITIONED_MARK), not a shard.
+    shard    integer NOT NULL CHECK (shard >= -1),
     moved_at timestamptz NOT NULL DEFAULT now()
 )""",
     """-- The shard of queue p_queue for PL/Proxy's RUN ON: its override in shard_route, else its
 -- hash (PL/Proxy masks it to the shard count). Waits while a move of the queue holds its fence.
 -- Raises LQ002 for a partitioned queue. Runs in the caller's role, without a SET clause
--- (lonnymq.shard.partitions.PLAIN_ROUTE). Reads shard_partition, shard_route. Locks: advisory
+-- (lonnymq.shard.partitions.PLAIN_ROUTE). Reads shard_route (shard_partition only to refuse a
+-- partitioned queue). Locks: advisory
 -- (transaction, shared) on (hashtext(schema || '/route'), hashtext(p_queue)).
 CREATE FUNCTION {s}._shard_of(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$

@@ -168,24 +168,33 @@ ROUTING_FUNCTIONS = (
     "_route_of",
 )
 
+#: The shard_route row of a partitioned queue: its mark, not a shard (a moved plain queue's row
+#: holds its shard, >= 0). Written with the queue's shard_partition row, in the same transaction
+#: (queue_create_partitioned, a partitioned queue_drop, shard init/upgrade), so that a plain
+#: queue's route reads one table (:data:`PLAIN_ROUTE`).
+PARTITIONED_MARK = -1
+
 #: The start of the body of every function that routes a call of one queue ``{q}`` (``_shard_of``,
 #: the routing functions of :data:`FAST_ROUTES`, the dispatchers of :data:`DISPATCHED`): a plain
 #: queue's shard, given to ``{then}`` (RETURN it, or ``p_shard :=`` and the call ``{plain}``). That is
 #: its override in shard_route (a moved queue) or its hash, behind the queue's fence (a shared
-#: advisory lock, which a move of the queue holds exclusively). A partitioned queue (a row in
-#: shard_partition) goes on to the rest of the body (where _partitions takes the fence again: a
-#: lock a transaction holds is granted again at once). The fence is taken first, in an IF whose
+#: advisory lock, which a move of the queue holds exclusively). A partitioned queue (its row in
+#: shard_route is :data:`PARTITIONED_MARK`, written with its row in shard_partition) goes on to the
+#: rest of the body (where _partitions takes the fence again: a lock a transaction holds is
+#: granted again at once, and reads shard_partition). The fence is taken first, in an IF whose
 #: condition is the lock's call alone: a plpgsql "simple expression", evaluated without a query
 #: (a PERFORM runs one; the two statements this replaced, the lock with the partition check and
 #: then the route, cost each call 4-5k instructions more on the router: docs/sharding.md, the
-#: router's per-call cost); then one statement, after the lock (so it sees what a
-#: move committed before releasing it), reads shard_partition, then shard_route (in this order
-#: in its plan's range table, so locked in the order `shard init` locks them in). These
+#: router's per-call cost); then one statement of one table, after the lock (so it sees what a
+#: move or a create committed before releasing it), reads shard_route only (a second table in
+#: it cost 20.8k more: docs/sharding.md, the floors). The hash is made non-negative (the sign bit
+#: cleared: PL/Proxy masks it to the shard count, a power of two below 2^31, so the shard is the
+#: same) so that no hash reads as the mark. A partitioned queue's call then reads shard_partition
+#: (_partitions): shard_route then shard_partition, the order `shard init` locks them in. These
 #: functions run in the caller's role and search_path (not SECURITY DEFINER, no SET clause), so
 #: every operator, function and type here is schema-qualified: no object on the caller's
 #: search_path changes where a call goes or which lock it takes.
 PLAIN_ROUTE: LiteralString = """    DECLARE
-        v_plain pg_catalog.bool;
         v_route pg_catalog.int4;
     BEGIN
         -- The fence (the lock returns void, never NULL: the IF only makes it a simple expression).
@@ -193,12 +202,12 @@ PLAIN_ROUTE: LiteralString = """    DECLARE
                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext({q})) IS NULL THEN
             NULL;
         END IF;
-        -- After the lock: the route that a move committed before releasing it.
-        SELECT NOT EXISTS (SELECT FROM {s}.shard_partition p WHERE p.queue OPERATOR(pg_catalog.=) {q}),
-               coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) {q}),
-                        pg_catalog.hashtext({q}))
-          INTO v_plain, v_route;
-        IF v_plain THEN
+        -- After the lock: the route that a move committed before releasing it; -1 (PARTITIONED_MARK)
+        -- for a partitioned queue.
+        SELECT coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) {q}),
+                        pg_catalog.hashtext({q}) OPERATOR(pg_catalog.&) 2147483647)
+          INTO v_route;
+        IF v_route OPERATOR(pg_catalog.>=) 0 THEN
             {then} v_route;{plain}
         END IF;
     END;
@@ -306,7 +315,13 @@ $fn$""",
 CREATE FUNCTION {s}._route_of(p_queue text, OUT shard integer, OUT partitions integer[], OUT moved_ids jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
-    partitions := {s}._partitions(p_queue);
+    -- shard_route (a partitioned queue's mark), then shard_partition: the order every call
+    -- reads them in. Behind the fence: a partitioned create of the name (which holds it
+    -- exclusively) commits before or after both reads.
+    PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
+    IF EXISTS (SELECT FROM {s}.shard_route r WHERE r.queue = p_queue AND r.shard = -1) THEN
+        partitions := {s}._partitions(p_queue);
+    END IF;
     IF partitions IS NULL THEN
         shard := {s}._shard_of(p_queue);
     ELSE
@@ -694,6 +709,7 @@ def dispatcher_statements(schema: str, fn: CoreFunction) -> list[sql.Composed]:
                 part,
                 sql.SQL(
                     "\n    DELETE FROM {s}.shard_partition WHERE queue = p_name;"
+                    "\n    DELETE FROM {s}.shard_route WHERE queue = p_name AND shard = -1;"
                     "\n    UPDATE {s}.shard_map SET version = version + 1;"
                 ).format(s=s),
             ]
@@ -803,6 +819,10 @@ BEGIN
         RAISE;
     END;
     INSERT INTO {s}.shard_partition (queue, shards) VALUES (p_name, v_parts);
+    -- Its mark in shard_route (PARTITIONED_MARK), which a plain queue's route reads: in place of
+    -- an override left by a plain queue of that name (dropped: its home shard had none above).
+    INSERT INTO {s}.shard_route (queue, shard) VALUES (p_name, -1)
+        ON CONFLICT (queue) DO UPDATE SET shard = -1, moved_at = now();
     UPDATE {s}.shard_map SET version = version + 1;
     RETURN true;
 END"""
