@@ -3,7 +3,9 @@
 A queue created with ``partitions=N`` (``queue_create_partitioned`` on the router,
 ``Client.create_queue(..., partitions=N)``) is N queues of the same name, one on each of N
 distinct shards (its *partitions*): partition k on shard ``(home + k) mod shards``, ``home`` the
-shard its name hashes to. The router records them in ``shard_partition`` and routes each call:
+shard its name hashes to. The router records them in ``shard_partition`` (and marks the queue
+in ``shard_route``, :data:`PARTITIONED_MARK`, which a plain queue's route reads) and routes each
+call:
 
 * a send with a channel to the partition of the channel's name, computed as a key's (so a
   channel's FIFO, limits and round robin are one shard's, and channel_set/channel_reset go
