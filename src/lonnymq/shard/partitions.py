@@ -189,9 +189,11 @@ PARTITIONED_MARK = -1
 #: then the route, cost each call 4-5k instructions more on the router: docs/sharding.md, the
 #: router's per-call cost); then one statement of one table, after the lock (so it sees what a
 #: move or a create committed before releasing it), reads shard_route only (a second table in
-#: it cost 20.8k more: docs/sharding.md, the floors). The hash is made non-negative (the sign bit
-#: cleared: PL/Proxy masks it to the shard count, a power of two below 2^31, so the shard is the
-#: same) so that no hash reads as the mark. A partitioned queue's call then reads shard_partition
+#: it cost 20.8k more: docs/sharding.md, the floors): no row, the queue's hash; a shard >= 0, a
+#: moved queue's; the mark, a partitioned queue (a plain SELECT INTO and FOUND: 5k a route less
+#: than a coalesce of a subquery and the hash, docs/sharding.md). ``{plain}`` is written twice
+#: (plpgsql plans a statement when it first runs it: the branch not taken costs nothing). A
+#: partitioned queue's call then reads shard_partition
 #: (_partitions): shard_route then shard_partition, the order `shard init` locks them in. These
 #: functions run in the caller's role and search_path (not SECURITY DEFINER, no SET clause), so
 #: every operator, function and type here is schema-qualified: no object on the caller's
@@ -204,12 +206,12 @@ PLAIN_ROUTE: LiteralString = """    DECLARE
                pg_catalog.hashtext({name} OPERATOR(pg_catalog.||) '/route'), pg_catalog.hashtext({q})) IS NULL THEN
             NULL;
         END IF;
-        -- After the lock: the route that a move committed before releasing it; -1 (PARTITIONED_MARK)
-        -- for a partitioned queue.
-        SELECT coalesce((SELECT r.shard FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) {q}),
-                        pg_catalog.hashtext({q}) OPERATOR(pg_catalog.&) 2147483647)
-          INTO v_route;
-        IF v_route OPERATOR(pg_catalog.>=) 0 THEN
+        -- After the lock: the route that a move or a create committed before releasing it: no
+        -- row, a shard (moved) or -1 (PARTITIONED_MARK: partitioned, the rest of the body).
+        SELECT r.shard INTO v_route FROM {s}.shard_route r WHERE r.queue OPERATOR(pg_catalog.=) {q};
+        IF NOT FOUND THEN  -- where its hash says (PL/Proxy masks it to the shard count)
+            {then} pg_catalog.hashtext({q});{plain}
+        ELSIF v_route OPERATOR(pg_catalog.>=) 0 THEN  -- moved
             {then} v_route;{plain}
         END IF;
     END;
