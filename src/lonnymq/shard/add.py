@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from .. import errors
 from ..migrations import DEFAULT_SCHEMA, check_schema
-from . import admin, catalog
+from . import admin, catalog, partitions
 from .move import MoveBlocked, MoveResult, move
 
 __all__ = ["AddResult", "add"]
@@ -212,7 +212,9 @@ def _widen(
                     overrides = admin.routes(router, schema)
                     # Partitioned queues are not pinned: their partitions have their own places
                     # (shard_partition); those whose place is a new shard move after (_partition_moves).
-                    overrides.update(dict.fromkeys(admin.partitioned(router, schema), -1))
+                    overrides.update(
+                        dict.fromkeys(admin.partitioned(router, schema), partitions.PARTITIONED_MARK)
+                    )
                     pins: list[tuple[str, int]] = []
                     for i, dsn in enumerate(dsns):
                         with admin._connect(dsn, f"shard {i}", autocommit=True) as conn:

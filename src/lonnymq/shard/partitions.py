@@ -193,8 +193,8 @@ PARTITIONED_MARK = -1
 #: moved queue's; the mark, a partitioned queue (a plain SELECT INTO and FOUND: 5k a route less
 #: than a coalesce of a subquery and the hash, docs/sharding.md). ``{plain}`` is written twice
 #: (plpgsql plans a statement when it first runs it: the branch not taken costs nothing). A
-#: partitioned queue's call then reads shard_partition
-#: (_partitions): shard_route then shard_partition, the order `shard init` locks them in. These
+#: partitioned queue's call then reads shard_partition (_partitions): shard_route then
+#: shard_partition, the order `shard init` locks them in. These
 #: functions run in the caller's role and search_path (not SECURITY DEFINER, no SET clause), so
 #: every operator, function and type here is schema-qualified: no object on the caller's
 #: search_path changes where a call goes or which lock it takes.
@@ -323,7 +323,7 @@ BEGIN
     -- reads them in. Behind the fence: a partitioned create of the name (which holds it
     -- exclusively) commits before or after both reads.
     PERFORM pg_advisory_xact_lock_shared(hashtext({name} || '/route'), hashtext(p_queue));
-    IF EXISTS (SELECT FROM {s}.shard_route r WHERE r.queue = p_queue AND r.shard = -1) THEN
+    IF EXISTS (SELECT FROM {s}.shard_route r WHERE r.queue = p_queue AND r.shard = {mark}) THEN
         partitions := {s}._partitions(p_queue);
     END IF;
     IF partitions IS NULL THEN
@@ -496,6 +496,7 @@ def _fmt(stmt: LiteralString, schema: str, cluster: str) -> sql.Composed:
         stride=sql.SQL(str(STRIDE)),
         kp=kp,
         down_skip=sql.SQL(str(DOWN_SKIP)),
+        mark=sql.SQL(str(PARTITIONED_MARK)),
         **PLAIN_RETURN,
     )
 
@@ -713,9 +714,9 @@ def dispatcher_statements(schema: str, fn: CoreFunction) -> list[sql.Composed]:
                 part,
                 sql.SQL(
                     "\n    DELETE FROM {s}.shard_partition WHERE queue = p_name;"
-                    "\n    DELETE FROM {s}.shard_route WHERE queue = p_name AND shard = -1;"
+                    "\n    DELETE FROM {s}.shard_route WHERE queue = p_name AND shard = {mark};"
                     "\n    UPDATE {s}.shard_map SET version = version + 1;"
-                ).format(s=s),
+                ).format(s=s, mark=sql.SQL(str(PARTITIONED_MARK))),
             ]
         )
     # A plain queue's call: on its shard (PLAIN_ROUTE, as _shard_of routes it, behind the fence)
@@ -825,8 +826,8 @@ BEGIN
     INSERT INTO {s}.shard_partition (queue, shards) VALUES (p_name, v_parts);
     -- Its mark in shard_route (PARTITIONED_MARK), which a plain queue's route reads: in place of
     -- an override left by a plain queue of that name (dropped: its home shard had none above).
-    INSERT INTO {s}.shard_route (queue, shard) VALUES (p_name, -1)
-        ON CONFLICT (queue) DO UPDATE SET shard = -1, moved_at = now();
+    INSERT INTO {s}.shard_route (queue, shard) VALUES (p_name, {mark})
+        ON CONFLICT (queue) DO UPDATE SET shard = {mark}, moved_at = now();
     UPDATE {s}.shard_map SET version = version + 1;
     RETURN true;
 END"""
@@ -836,6 +837,7 @@ END"""
         name=sql.Literal(schema),
         cluster=sql.Literal(cluster),
         created=created,
+        mark=sql.SQL(str(PARTITIONED_MARK)),
     )
     return sql.SQL(
         "-- A queue over p_partitions shards (lonnymq.shard.partitions): partition k on shard\n"
