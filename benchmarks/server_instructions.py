@@ -37,6 +37,8 @@ Workloads (``--workloads``), per message:
   ``send_call_clock`` / ``send_key_call_clock``: in the select list, as it calls it since
   (``SELECT send(...)``: one value of type ``sent``); ``send_fields_clock``: its fields taken by
   an outer query (``SELECT (r).id, (r).outcome FROM (SELECT send(...) AS r OFFSET 0) s``).
+* ``send_plain_clock``: ``SELECT send_plain(q, payload)`` (the lean plain send, a scalar, as
+  the Python client calls it for a message without options), on the trees that have it;
 
 pgmq's API (issue 13), the statements pgmq's own Python client sends (``pgmq/_sql.py``),
 ``PREPARE``d with their parameters as a driver prepares them and ``EXECUTE``d with the
@@ -156,6 +158,9 @@ WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
         None,
         1,
     ),
+    # The lean plain send (send_plain, a scalar): what the Python client calls for a message
+    # without options, in its select list. Runs on the trees that have it (NEEDS).
+    "send_plain_clock": ("SELECT {s}.send_plain('q', '" + PAYLOAD + "'::bytea)", None, 1),
     # send and send_key called in a select list, as the Python client calls send() since
     # migration 0020 (send returns one value of type sent, not a set: a Result node instead of a
     # Function Scan); on a tree from before 0020 this is a set-returning call in the select list
@@ -202,6 +207,9 @@ WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
         100,
     ),
 }
+#: Workloads that need a function a tree may not have (an older tree): run on the trees with it.
+NEEDS: dict[str, str] = {"send_plain_clock": "send_plain"}
+
 # pgmq's API: the statements of pgmq's Python client (pgmq/_sql.py), with $n for its %s.
 _PGMQ_READ = (
     "SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers"
@@ -495,6 +503,19 @@ def main() -> None:
         subprocess.run([str(args.bin / "psql"), dsn, "-qc", _FLOOR_DDL.replace("\n", ";\n")], check=True)
         for name, src in trees:
             cluster.install(dsn, src, f"tree_{name}")
+        lacking = {  # (workload, tree) pairs of NEEDS whose function the tree lacks
+            (w, name)
+            for w in workloads
+            if w in NEEDS
+            for name, _ in trees
+            if subprocess.run(
+                [str(args.bin / "psql"), dsn, "-qAt", "-c", f"SELECT to_regproc('tree_{name}.{NEEDS[w]}')"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            == ""
+        }
         # The pop floor's constants, from the last tree's queue (nothing rotates in a run).
         last = f"tree_{trees[-1][0]}"
         got = subprocess.run(
@@ -522,7 +543,9 @@ def main() -> None:
                 continue
             per = WORKLOADS[w][2]
             sides: list[tuple[str, str | None]] = (
-                [(name, f"tree_{name}") for name, _ in trees] if WORKLOADS[w][0] is not None else []
+                [(name, f"tree_{name}") for name, _ in trees if (w, name) not in lacking]
+                if WORKLOADS[w][0] is not None
+                else []
             )
             if WORKLOADS[w][1] is not None and not args.no_floor:
                 sides.append(("floor", None))

@@ -344,3 +344,37 @@ def test_a_delayed_priority_message_is_not_delivered_early(client: Client, q: st
     t = db.now()
     db.send(q, [b"later"], t, p_delays_ms=[60_000], p_priorities=[100])
     assert db.take(q, 1, t + 59_999) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "called"),
+    [
+        ({}, "send_plain"),
+        ({"kind": "job"}, "send_plain"),
+        ({"headers": {"a": 1}}, "send"),
+        ({"delay": 5}, "send"),
+        ({"priority": 3}, "send"),
+        ({"key": "k"}, "send"),
+        ({"channel": "c"}, "send"),
+        ({"idempotency_key": "0193a5b0-0000-7000-8000-000000000001"}, "send"),
+    ],
+)
+def test_a_plain_send_calls_send_plain(
+    client: Client, q: str, dsn: str, schema: str, options: dict[str, Any], called: str
+) -> None:
+    """A message with nothing but a payload (and a kind) goes through send_plain, the lean plain
+    send; any other option through send(). The same result either way."""
+    with psycopg.connect(dsn) as tx:
+        tx.execute("SET track_functions = 'all'")
+        sent = client.send(q, {"n": 1}, conn=tx, **options)
+        calls = dict(
+            tx.execute(
+                "SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                " WHERE schemaname = %s AND funcname IN ('send', 'send_plain')",
+                [schema],
+            ).fetchall()
+        )
+    assert calls == {called: 1}
+    assert sent.outcome == "created"
+    [m] = client.peek(q)
+    assert m.id == sent.id and m.payload == {"n": 1} and m.kind == options.get("kind")

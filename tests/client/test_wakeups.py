@@ -44,24 +44,37 @@ def _drain(listener: psycopg.Connection, wait: float = 0.3, expect: int = 0) -> 
     return got + [n.payload for n in listener.notifies(timeout=wait)]
 
 
+#: The SQL sends that wake a waiting consumer: send() and the plain send (send_plain).
+SENDS = ["send", "send_plain"]
+
+
+def _send(c: psycopg.Connection, schema: str, fn: str, queue: str) -> None:
+    """One message by ``fn`` (send or send_plain) on ``c``."""
+    c.execute(
+        sql.SQL("SELECT * FROM {}.{}(%s, %s::bytea)").format(sql.Identifier(schema), sql.Identifier(fn)),
+        (queue, b"x"),
+    )
+
+
+@pytest.mark.parametrize("fn", SENDS)
 def test_send_notifies_only_while_someone_waits(
-    client: Client, schema: str, listener: psycopg.Connection
+    client: Client, schema: str, listener: psycopg.Connection, conn: psycopg.Connection, fn: str
 ) -> None:
     client.create_queue("q")
-    client.send("q", 1)
+    _send(conn, schema, fn, "q")
     assert _drain(listener) == []  # nobody waits: no NOTIFY, no commit lock
     assert _call(listener, schema, "wait_begin", "q") == []
-    client.send("q", 2)
+    _send(conn, schema, fn, "q")
     assert _drain(listener, expect=1) == ["q"]
     assert _call(listener, schema, "wait_end", "q", True) is True
     assert _call(listener, schema, "wait_end", "q", True) is False  # not registered any more
-    client.send("q", 3)
+    _send(conn, schema, fn, "q")
     assert _drain(listener) == []
     # Registered twice, released one at a time.
     _call(listener, schema, "wait_begin", "q")
     _call(listener, schema, "wait_begin", "q")
     assert _call(listener, schema, "wait_end", "q", False) is True
-    client.send("q", 4)
+    _send(conn, schema, fn, "q")
     assert _drain(listener, expect=1) == ["q"]
     assert _call(listener, schema, "wait_end", "q", False) is True
     assert _call(listener, schema, "wait_end", "nope", True) is False  # unknown queue: no error
@@ -82,16 +95,20 @@ def test_a_closed_session_stops_waiting(
         assert _drain(probe) == []
 
 
-def test_always_setting_notifies_every_send(dsn: str, client: Client, listener: psycopg.Connection) -> None:
+@pytest.mark.parametrize("fn", SENDS)
+def test_always_setting_notifies_every_send(
+    dsn: str, client: Client, schema: str, listener: psycopg.Connection, fn: str
+) -> None:
     client.create_queue("q")
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SET lonnymq.wake = 'always'")
-        client.send("q", 1, conn=c)
+        _send(c, schema, fn, "q")
     assert _drain(listener, expect=1) == ["q"]
 
 
+@pytest.mark.parametrize("fn", SENDS)
 def test_send_lock_held_elsewhere_makes_sends_notify(
-    dsn: str, client: Client, schema: str, listener: psycopg.Connection
+    dsn: str, client: Client, schema: str, listener: psycopg.Connection, conn: psycopg.Connection, fn: str
 ) -> None:
     """A session holding the send lock exclusively (not LonnyMQ's doing) never blocks a send: it
     notifies instead."""
@@ -104,7 +121,7 @@ def test_send_lock_held_elsewhere_makes_sends_notify(
         ).fetchone()
         assert keys is not None
         c.execute("SELECT pg_advisory_lock(%s, %s)", [keys[0], keys[2]])
-        client.send("q", 1)
+        _send(conn, schema, fn, "q")  # another session's send
         assert _drain(listener, expect=1) == ["q"]
 
 

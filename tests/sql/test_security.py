@@ -145,6 +145,11 @@ def test_producer_can_only_send(
     dsn = login("lonnymq_producer")
     sent = _call(dsn, schema, lambda c: c.send("q", b"from producer", key="k"))
     assert sent.outcome == "created"
+    with psycopg.connect(dsn) as c:  # the plain send (what a client's plain message calls)
+        plain = c.execute(
+            sql.SQL("SELECT {}.send_plain('q', 'plain'::bytea)").format(sql.Identifier(schema))
+        ).fetchone()
+    assert plain is not None and plain[0] > sent.id
     assert [
         r.outcome for r in _call(dsn, schema, lambda c: c.send_batch("q", [b"a", Envelope(b"b", key="k")]))
     ] == ["created", "ignored"]

@@ -34,6 +34,18 @@ def _now(conn: psycopg.Connection[Any], s: sql.Identifier) -> int:
     return int(row[0])
 
 
+def _gen_held(conn: psycopg.Connection[Any], schema: str, gen: int) -> bool:
+    """Whether this session holds generation ``gen`` as a writer does (_gen_write: its advisory
+    lock, shared, once)."""
+    held = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
+        " AND mode = 'ShareLock' AND classid = (hashtext(%s || '/gen') & 2147483647)::oid"
+        " AND objid = %s",
+        (schema, gen),
+    ).fetchone()
+    return held == (1,)
+
+
 def _calls(conn: psycopg.Connection[Any], schema: str, name: str) -> int:
     """Calls of schema.name in this transaction (track_functions = 'pl')."""
     row = conn.execute(
@@ -499,13 +511,7 @@ def test_send_reads_the_generation_and_holds_it(
                 ).fetchall()
                 assert outcome == "created"
                 assert _calls(conn, schema, "send_batch") == calls + fallback
-                held = conn.execute(
-                    "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
-                    " AND mode = 'ShareLock' AND classid = (hashtext(%s || '/gen') & 2147483647)::oid"
-                    " AND objid = %s",
-                    (schema, value),
-                ).fetchone()
-                assert held == (1,)
+                assert _gen_held(conn, schema, value)
             row = conn.execute(
                 sql.SQL("SELECT gen FROM {}.message WHERE id = %s").format(s), (mid,)
             ).fetchone()

@@ -68,6 +68,7 @@ T = TypeVar("T")
 #: The Statements whose calls go straight to the queue's shard; each takes the queue first.
 DIRECT: tuple[str, ...] = (
     "send",
+    "send_plain",
     "send_batch",
     "take",
     "peek",
@@ -361,6 +362,8 @@ class ShardMap:
             return self._by_ids(parts, moved, [p[1]]) if p[1] is not None else [parts[key_partition(p[2], n)]]
         if name in ("channel_set", "channel_reset"):  # where the channel's messages are
             return [parts[key_partition(p[1], n)]] if isinstance(p[1], str) else None
+        if name == "send_plain":  # no key, channel or send key: the next partition in turn
+            return [parts[next(self._send_turn) % n]]
         if name not in _KEY_ARG:
             return None
         arg = p[_KEY_ARG[name]]

@@ -404,6 +404,9 @@ class Statements:
             "SELECT id, outcome FROM {s}.send(%s::text, %b::bytea, %s::text, %s::text, %b::jsonb,"
             " %s::bigint, %s::bigint, %s::int2, %s::text, %s::text, %s::text, %s::uuid)"
         )
+        # A plain message (no headers, time, delay, priority, key, channel or send key): the
+        # lean plain send, a scalar in the select list (sql/send.sql, send_plain).
+        self.send_plain = q("SELECT {s}.send_plain(%s::text, %b::bytea, %s::text, %s::text)")
         self.take = q("SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])")
         # A drain's take(ack=previous) of one delivery: scalars, as ack_one.
         self.take_ack_one = q(
@@ -504,6 +507,10 @@ def _ids(rows: list[Any]) -> set[int]:
 
 def _sent(rows: list[Any]) -> SendResult:
     return SendResult(rows[0].id, rows[0].outcome)
+
+
+def _sent_plain(rows: list[Any]) -> SendResult:
+    return SendResult(rows[0][0], "created")
 
 
 def _message(
@@ -691,14 +698,29 @@ class Ops:
         on_conflict: OnConflict = "ignore",
         send_key: uuid.UUID | None = None,
     ) -> Op[SendResult]:
-        """One message through the lean ``send()``. With ``send_key`` (see :func:`new_send_key`)
-        a repeat of the call creates nothing and returns the first call's result, so the op is
-        safe to retry."""
+        """One message through the lean ``send()``, or ``send_plain()`` for a plain message
+        (nothing but a payload and a kind: ``send()``'s semantics for it, less of the server's
+        work; ``on_conflict`` acts on a key only). With ``send_key`` (see
+        :func:`new_send_key`) a repeat of the call creates nothing and returns the first call's
+        result, so the op is safe to retry."""
         check_queue(queue)
         _check_on_conflict(on_conflict)
         body, ctype = encode_payload(payload, self.serializer)
         if at is not None and delay is not None:
             raise errors.InvalidArgument("give delay or at, not both")
+        if (
+            headers is None
+            and delay is None
+            and at is None
+            and type(priority) is int
+            and priority == 0
+            and key is None
+            and channel is None
+            and send_key is None
+        ):
+            return Op(
+                self.st.send_plain, (queue, body, ctype, check_text(kind, "kind", _KIND_MAX)), _sent_plain
+            )
         params = (
             queue,
             body,

@@ -731,10 +731,11 @@ LANGUAGE sql STABLE AS $$
     SELECT s FROM pgmq._send($1, $2, $3, $4, NULL) s
 $$;
 
--- The plain send, what pgmq's clients send most.
+-- The plain send, what pgmq's clients send most: LonnyMQ's send_plain (send()'s plain case
+-- with a scalar result, sql/send.sql), inlined here as _send is.
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
-    SELECT s FROM pgmq._send($1, $2, NULL, NULL, NULL) s
+    SELECT {schema}.send_plain($1, pg_catalog.convert_to($2::text, 'UTF8'), 'application/json')
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb) RETURNS SETOF bigint

@@ -413,8 +413,9 @@ LANGUAGE sql STABLE AS $$
      ORDER BY u.ord
 $$;
 
--- Whether send() may write its message to queue p_queue_id (named p_queue_name, at most p_max
--- payload bytes) in generation p_gen (read before the call): the payload within the limit; then
+-- Whether send() or send_plain() may write its message to queue p_queue_id (named
+-- p_queue_name, at most p_max payload bytes) in generation p_gen (read before the call): a
+-- payload (not NULL: send_plain checks it nowhere else) within the limit; then
 -- _gen_write()'s hold (generation p_gen, shared, until commit); then _wake() (the queue's send
 -- lock, shared, until commit, and a notification if a consumer waits); then p_gen still the
 -- current generation now that it is held (false after a rotation: send_batch's path). Those two
@@ -427,7 +428,7 @@ CREATE OR REPLACE FUNCTION {schema}._send_ok(p_queue_id integer, p_queue_name te
                                              p_payload bytea, p_gen bigint)
 RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
-    SELECT CASE WHEN octet_length(p_payload) > p_max
+    SELECT CASE WHEN (octet_length(p_payload) <= p_max) IS NOT TRUE  -- (a NULL payload: send_batch)
                   -- _gen_write()'s hold (void: never NULL).
                   OR pg_advisory_xact_lock_shared(hashtext({schema_name} || '/gen') & 2147483647,
                                                   (p_gen % 2147483647)::integer) IS NULL
@@ -565,4 +566,53 @@ BEGIN
       FROM {schema}.send_batch(p_queue, ARRAY[p_payload], ARRAY[p_kind], ARRAY[p_content_type],
                                ARRAY[p_headers], ARRAY[p_at_ms], ARRAY[p_delay_ms], ARRAY[p_priority],
                                ARRAY[p_key], ARRAY[p_channel], p_on_conflict, p_now, p_send_key) s;
+END $$;
+
+-- Send one plain message: send(p_queue, p_payload, p_content_type, p_kind) with every other
+-- argument defaulted (no headers, delay, time, priority, key, channel or send key), returning
+-- the new message's id alone (send() returns (id, 'created') for such a message). What
+-- Client.send() calls for a plain message, and the pgmq facade's plain send (pgmq.sql). The
+-- same rows, locks and order as send()'s plain statement (keep them in step:
+-- tests/sql/test_send_plain.py compares them): the queue by its name's unique index, _send_ok
+-- (the payload's size and presence, the generation's hold, the wake-up, the generation re-read),
+-- the message (scheduled, enqueued and due now, priority 0: _dequeue_at of those is now) and
+-- its queue_stat row. Anything it does not write (an unknown queue, a NULL payload, a payload
+-- over the queue's limit: errors; a generation that moved while we took it: rare) goes through
+-- send_batch, which raises or sends with the same semantics. Why a function of its own: every
+-- plpgsql expression and statement builds its state once per transaction, and a producer's
+-- send is a transaction of its own, so send()'s argument checks, its p_now branch and its
+-- RETURNS TABLE (a RETURN QUERY's tuple store) cost every call several thousand instructions
+-- that a plain message does not need (docs/benchmarks.md, a lean plain send). A scalar result,
+-- the INSERT's RETURNING ... INTO. Pinned plans as send()'s (enable_seqscan = off).
+CREATE OR REPLACE FUNCTION {schema}.send_plain(
+    p_queue        text,
+    p_payload      bytea,
+    p_content_type text DEFAULT NULL,
+    p_kind         text DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off AS $$
+DECLARE
+    v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
+    v_gen bigint := pg_sequence_last_value('{schema}.message_gen_seq');  -- _gen_write()'s first read
+    v_id  bigint;
+BEGIN
+    WITH ins AS (
+        INSERT INTO {schema}.message AS m (queue_id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                          kind, content_type, payload)
+        SELECT x.id, v_gen, v_now, v_now, v_now, p_kind, p_content_type, p_payload
+          FROM {schema}.queue x
+         WHERE x.name = p_queue
+           AND {schema}._send_ok(x.id, x.name, x.max_payload_bytes, p_payload, v_gen)
+        RETURNING m.id, m.queue_id
+    ), st AS (
+        INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+        SELECT ins.queue_id, v_now / 60000, 1 FROM ins
+    )
+    SELECT ins.id INTO v_id FROM ins;
+    IF NOT FOUND THEN
+        SELECT s.id INTO v_id
+          FROM {schema}.send_batch(p_queue, ARRAY[p_payload], ARRAY[p_kind], ARRAY[p_content_type]) s;
+    END IF;
+    RETURN v_id;
 END $$;
