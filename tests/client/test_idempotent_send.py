@@ -288,7 +288,7 @@ def test_a_send_whose_reply_is_lost_after_the_commit_is_retried_once(
 def test_without_keys_a_lost_reply_raises_connection_lost(proxy: CutProxy, schema: str, conn: Any) -> None:
     with Client(proxy.dsn, schema=schema, idempotent_sends=False) as c:
         c.create_queue("q")
-        proxy.arm(b".send(")
+        proxy.arm(b".send_plain(")  # a plain message without a key: the lean plain send
         with pytest.raises(errors.ConnectionLost) as info:
             c.send("q", "x")
         assert info.value.may_have_committed

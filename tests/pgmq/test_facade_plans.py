@@ -6,6 +6,7 @@ select list, PL/pgSQL's PERFORM), with their own snapshots."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,8 @@ Conn = psycopg.Connection[dict[str, Any]]
 # each must become. Every overload of send and send_batch is here: each is inlined on its own.
 T = "'2030-01-01'"
 CALLS = [
-    ("send(queue_name=>%s::text, msg=>%s::jsonb)", "'q', '{}'", "send"),
+    # The plain send: LonnyMQ's send_plain (a scalar: called in the plan's Result node).
+    ("send(queue_name=>%s::text, msg=>%s::jsonb)", "'q', '{}'", "send_plain"),
     ("send(queue_name=>%s::text, msg=>%s::jsonb, delay=>%s::integer)", "'q', '{}', 5", "send"),
     ("send(queue_name=>%s::text, msg=>%s::jsonb, delay=>%s::timestamptz)", f"'q', '{{}}', {T}", "send"),
     ("send(queue_name=>%s::text, msg=>%s::jsonb, headers=>%s::jsonb)", "'q', '{}', '{}'", "send"),
@@ -67,9 +69,13 @@ CALLS = [
 
 
 def _functions(plan: dict[str, Any]) -> Iterator[str]:
-    """The schema-qualified functions the plan's function scans call."""
+    """The schema-qualified functions the plan's function scans call, and those its result nodes
+    call in their output (a scalar function in a select list; EXPLAIN VERBOSE's text)."""
     if plan.get("Node Type") == "Function Scan":
         yield f"{plan['Schema']}.{plan['Function Name']}"
+    if plan.get("Node Type") == "Result":
+        for out in plan.get("Output", []):
+            yield from re.findall(r"\b(\w+\.\w+)\(", out)
     for child in plan.get("Plans", []):
         yield from _functions(child)
 

@@ -8,6 +8,7 @@ import pytest
 from shard_helpers import home
 
 from lonnymq import Client, errors, shard
+from lonnymq.client.direct import STRIDE
 from lonnymq.shard import catalog, partitions
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
@@ -38,9 +39,43 @@ def test_every_public_function_has_a_proxy_with_its_signature(sharded) -> None: 
     # calls that visit every partition of a partitioned queue) plpgsql dispatching to either.
     assert set(languages.values()) <= {"plproxy", "sql", "plpgsql"}
     assert languages["send"] == languages["send_batch"] == languages["ack"] == "plproxy"
+    assert languages["send_plain"] == "plproxy"  # routed as send: by its queue (or partition)
     assert languages["queue_list"] == "sql"
     plpgsql = {n for n, lang in languages.items() if lang == "plpgsql"}
     assert plpgsql == {*partitions.DISPATCHED, *partitions.ROUTER_ONLY}
+
+
+def test_send_plain_goes_to_its_queues_shard_or_the_partitions_in_turn(sharded) -> None:  # type: ignore[no-untyped-def]
+    """The plain send through the router: a queue's message on the queue's shard, a partitioned
+    queue's on its partitions in turn (as send() without a key, channel or send key); an
+    unknown queue raises the shard's error."""
+    names = [f"plain_{i}" for i in range(4)]
+    with Client(sharded.dsn) as c:
+        for n in names:
+            c.create_queue(n)
+        assert c.create_queue("plain_parts", partitions=2)
+    with psycopg.connect(sharded.dsn, autocommit=True) as r:
+        for n in names:
+            row = r.execute("SELECT lonnymq.send_plain(%s, 'x'::bytea, 'text/plain')", (n,)).fetchone()
+            assert row is not None
+            with psycopg.connect(sharded.shard_dsns[home(sharded.dsn, n)]) as s:
+                got = s.execute(
+                    "SELECT m.payload, m.content_type FROM lonnymq.message m"
+                    " JOIN lonnymq.queue q ON q.id = m.queue_id WHERE q.name = %s AND m.id = %s",
+                    (n, row[0]),
+                ).fetchone()
+            assert got == (b"x", "text/plain")
+        turns = []
+        for _ in range(6):
+            row = r.execute("SELECT lonnymq.send_plain('plain_parts', 'y'::bytea)").fetchone()
+            assert row is not None
+            turns.append(row[0] % STRIDE)  # the id names the shard that made it
+        with pytest.raises(psycopg.Error) as info:
+            r.execute("SELECT lonnymq.send_plain('plain_nope', 'z'::bytea)")
+        assert info.value.sqlstate == "LQ001"
+    assert turns in ([0, 1] * 3, [1, 0] * 3), turns
+    with Client(sharded.dsn) as c:
+        assert c.metrics("plain_parts").ready == 6
 
 
 def test_a_function_without_queue_or_rule_stops_generation() -> None:

@@ -169,7 +169,7 @@ def test_producer_can_only_send(
     }.items():
         assert _denied(dsn, schema, fn), name
     assert _table_access(dsn, schema) == ["select migration"]
-    assert _count(conn, schema) == 3
+    assert _count(conn, schema) == 4  # setup's, the keyed send, the plain send, the batch's new one
 
 
 def test_consumer_can_only_take_and_settle(
