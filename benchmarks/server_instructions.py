@@ -33,9 +33,10 @@ Workloads (``--workloads``), per message:
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default;
 * ``send_clock`` / ``send_key_clock``: the same on the server's clock (no ``p_now``), in FROM
-  (``SELECT * FROM send(...)``, as the Python client called it before migration 0020);
-  ``send_call_clock`` / ``send_key_call_clock``: in the select list, as it calls it since
-  (``SELECT send(...)``: one value of type ``sent``); ``send_fields_clock``: its fields taken by
+  (``SELECT * FROM send(...)``, as the Python client calls it);
+  ``send_call_clock`` / ``send_key_call_clock``: in the select list, as branch ``sendrow``
+  called it (``SELECT send(...)``: one value of type ``sent``; not kept, docs/benchmarks.md;
+  on today's trees a set-returning call in the select list); ``send_fields_clock``: its fields taken by
   an outer query (``SELECT (r).id, (r).outcome FROM (SELECT send(...) AS r OFFSET 0) s``).
 * ``send_plain_clock``: ``SELECT send_plain(q, payload)`` (the lean plain send, a scalar, as
   the Python client calls it for a message without options), on the trees that have it;
@@ -161,10 +162,9 @@ WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
     # The lean plain send (send_plain, a scalar): what the Python client calls for a message
     # without options, in its select list. Runs on the trees that have it (NEEDS).
     "send_plain_clock": ("SELECT {s}.send_plain('q', '" + PAYLOAD + "'::bytea)", None, 1),
-    # send and send_key called in a select list, as the Python client calls send() since
-    # migration 0020 (send returns one value of type sent, not a set: a Result node instead of a
-    # Function Scan); on a tree from before 0020 this is a set-returning call in the select list
-    # (a ProjectSet).
+    # send and send_key called in a select list, as branch sendrow's client called send() (its
+    # send returned one value of type sent, not a set: a Result node instead of a Function Scan;
+    # not kept); on today's trees this is a set-returning call in the select list (a ProjectSet).
     "send_call_clock": ("SELECT {s}.send('q', '" + PAYLOAD + "'::bytea)", None, 1),
     "send_key_call_clock": (
         "SELECT {s}.send('q', '" + PAYLOAD + "'::bytea, p_send_key => gen_random_uuid())",

@@ -1,5 +1,6 @@
--- LonnyMQ send: send_batch (any number of messages, every option) and send (one message: a
--- lean path of one statement for the plain case, send_batch for the rest). A send call may
+-- LonnyMQ send: send_batch (any number of messages, every option), send (one message: a
+-- lean path of one statement for the plain case, send_batch for the rest) and send_plain (one
+-- message without options: send's plain statement, the id returned). A send call may
 -- carry a send key (p_send_key): a repeat of the call with the same key creates nothing and
 -- returns what the first call returned (table send_key, migration 0013; docs/messages.md).
 --
