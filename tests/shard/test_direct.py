@@ -17,7 +17,7 @@ from shard_helpers import Traffic, drain, home, map_version
 
 from lonnymq import AsyncClient, Client, Message, errors, shard
 from lonnymq.client.direct import DIRECT, ShardMap
-from lonnymq.client.ops import Op, Ops
+from lonnymq.client.ops import Op, Ops, new_send_key
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
 
@@ -186,6 +186,10 @@ def test_what_goes_direct_and_how_a_shard_is_logged_into() -> None:
         assert fenced.count("pg_advisory_xact_lock_shared") == 1 and f".{name}((SELECT l.q" in fenced
     assert m.queue_of(ops.take("orders")) == "orders"
     assert m.queue_of(ops.send_batch("orders", ["x"])) == "orders"
+    # A plain message's send is the lean plain send (send_plain), straight to the queue's shard.
+    plain = ops.send("orders", "x")
+    assert plain.query is ops.st.send_plain and m.queue_of(plain) == "orders"
+    assert ops.send("orders", "x", send_key=new_send_key()).query is ops.st.send
     for op in (ops.queue_create("orders"), ops.queue_drop("orders"), ops.take_tx("orders"), ops.queue_list()):
         assert m.queue_of(op) is None  # through the router
     # One delivery's ack and take(ack=) send scalars; routed as the array statements they are.
