@@ -47,6 +47,9 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
   shard's own work in a call through the router (the shard's side of a proxied call, a query
   with parameters from PL/Proxy, is taken as the direct call's: not counted);
 * ``send_parted``, ``take_parted``: a queue with 2 partitions (one on each shard);
+* ``send_plain``, ``send_plain_parted``, ``shard_send_plain``: the lean plain send
+  (``send_plain(q, payload)``, what the Python client sends for a message without options)
+  through the router, of the partitioned queue, and directly on shard a;
 * ``pgmq_send``, ``pgmq_read`` (one message), ``pgmq_read_delete`` (a read of one, then
   ``pgmq.delete`` of its id: ``pgmq_delete`` is reported as the difference), ``pgmq_read10``
   and ``pgmq_read10_delete10`` (the same with 10 messages and ``pgmq.delete`` of an array of
@@ -231,6 +234,9 @@ END $fn$""",
 )
 
 
+#: A plain message's send as the Python client makes it (sql/send.sql, send_plain).
+_SEND_PLAIN = f"SELECT lonnymq.send_plain('{{q}}', '{PAYLOAD}'::bytea)"
+
 #: workload: the statements of one call (each EXECUTEd once a call), and whether the shard's
 #: queue needs a backlog of messages.
 WORKLOADS: dict[str, tuple[str, ...]] = {
@@ -244,6 +250,11 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "partitions": ("SELECT lonnymq._partitions('{q}')",),
     "noop": ("SELECT 1",),
     "send_parted": (_calls("lonnymq.{}")["send"][0].replace("{q}", "{pq}"),),
+    # The lean plain send (send_plain: routed by _plain_shard), of a plain and of a partitioned
+    # queue, and made directly on shard a.
+    "send_plain": (_SEND_PLAIN,),
+    "send_plain_parted": (_SEND_PLAIN.replace("{q}", "{pq}"),),
+    "shard_send_plain": (_SEND_PLAIN,),
     "take_parted": (_calls("lonnymq.{}")["take"][0].replace("{q}", "{pq}"),),
     # The dispatched calls (plpgsql dispatchers, lonnymq.shard.partitions.DISPATCHED) of a plain
     # queue, each also through its PL/Proxy function _hash_<name> (RUN ON _shard_of(...)):
@@ -297,7 +308,7 @@ TAKES = (
     *(f"floor_{r}_{k}" for r in FLOORS for k in ("take", "take_ack")),
 )
 #: The workloads made directly on shard a (not through the router): ``shard_of`` is the router's.
-ON_SHARD = tuple(f"shard_{k}" for k in _calls("lonnymq.{}"))
+ON_SHARD = (*(f"shard_{k}" for k in _calls("lonnymq.{}")), "shard_send_plain")
 #: ``--workloads floors``: the router target's floors (the shard's calls, ours and each floor's).
 FLOOR_SET = ",".join(
     [

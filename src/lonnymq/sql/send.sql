@@ -462,7 +462,9 @@ $$;
 -- sequence first, so that the key row can hold it). Two statements, not one that inserts the
 -- key when there is one: a statement that names send_key opens and locks it and its two
 -- indexes at every executor start-up, key or none (a tenth of a plain send's server CPU, issue
--- 12); keep the two in step (tests/sql/test_send_lean.py compares them). Everything else, and
+-- 12); keep the two in step (tests/sql/test_send_lean.py compares them), and send_plain's copy
+-- of the plain one below (tests/sql/test_send_plain.py: calling send_plain from here cost SQL
+-- callers of send() 12 %, docs/benchmarks.md). Everything else, and
 -- anything those statements do not write (an unknown queue, a payload over the queue's limit:
 -- errors; a key already recorded: a repeat; a generation that moved while we took it: rare)
 -- goes through send_batch, which raises, replays or sends with the same semantics. Paused
