@@ -36,12 +36,11 @@ Workloads (``--workloads``), per message:
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default;
 * ``send_clock`` / ``send_key_clock``: the same on the server's clock (no ``p_now``), in FROM
   (``SELECT * FROM send(...)``, as the Python client called it before migration 0020);
-  ``send_clock``'s floors: the
-  send floor (``sendfloor``: the rows send() writes as one plain statement on the last tree's
-  tables, ``lonnymq_bench/systems/send_floor.py``, the queue's id and generation as literals)
-  and the API send floor (``apisendfloor``: that statement in a secure function that looks the
-  queue up by name, returning a bigint; ``apisendfloor_rows``: the same returning
-  ``TABLE (id, outcome)`` as send() does, ``api_floor.py``);
+  ``send_clock``'s floors: the send floor (``sendfloor``: the rows send() writes as one plain
+  statement on the last tree's tables, ``lonnymq_bench/systems/send_floor.py``, the queue's id
+  and generation as literals) and the API send floor (``apisendfloor``: that statement in a
+  secure function that looks the queue up by name, returning a bigint; ``apisendfloor_rows``:
+  the same returning ``TABLE (id, outcome)`` as send() does, ``api_floor.py``);
   ``send_call_clock`` / ``send_key_call_clock``: in the select list, as it calls it since
   (``SELECT send(...)``: one value of type ``sent``); ``send_fields_clock``: its fields taken by
   an outer query (``SELECT (r).id, (r).outcome FROM (SELECT send(...) AS r OFFSET 0) s``).

@@ -45,14 +45,13 @@ from .pop_floor import COLUMNS, TEMPLATE, WINDOW_TEMPLATE, PopFloor
 #: The floor functions' own schema.
 FLOOR_SCHEMA = "lonnymq_floor"
 
-#: The clock, the generation and the queue by name, as an API call must read them ({s}: LonnyMQ's
-#: schema).
+#: The clock and the generation, as an API call must read them ({s}: LonnyMQ's schema).
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _GEN = "pg_sequence_last_value('{s}.message_gen_seq')"
 _SECURE = "LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
 
 #: The send floor's statement (send_floor.TEMPLATE, keep in step) from the queue's row found by
-#: name, with the generation read from its sequence; {into} what the function does with the id.
+#: name, with the generation read from its sequence; the function's own SELECT of the id follows.
 _SEND = (
     "WITH now AS (SELECT " + _NOW + " AS ms),"
     " ins AS (INSERT INTO {s}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,"
@@ -117,7 +116,6 @@ FUNCTIONS: dict[str, str] = {
 
 #: The calls as clients make them ({f}: the floor schema; %s, %b: a driver's parameters).
 SEND_CALL = "SELECT {f}.send(%s::text, %b::bytea, %s::text)"
-SEND_ROWS_CALL = "SELECT id, outcome FROM {f}.send_rows(%s::text, %b::bytea, %s::text)"
 POP_CALL = "SELECT * FROM {f}.{fn}(%s::text)"
 
 
