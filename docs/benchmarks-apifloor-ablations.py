@@ -1,8 +1,8 @@
 """The ablations of docs/benchmarks.md's "The floors of a function-call API" (branch apifloor):
 prints the --setup SQL of benchmarks/statement_instructions.py, variants of the API floors'
 functions (benchmarks/lonnymq_bench/systems/api_floor.py) over its schema tree_x (queue 'q':
-id 1, generation 1). ``1`` prints docs/benchmarks-apifloor-ablations-1.sql, ``2`` -2.sql; the
-statements counted are in each JSON. Run from benchmarks/ with src/ and benchmarks/ on PYTHONPATH.
+id 1, generation 1). ``1`` prints run 1's (docs/benchmarks-apifloor-ablations-1.json), ``2``
+run 2's; the statements counted are in each JSON. Run from benchmarks/ with src/ and benchmarks/ on PYTHONPATH.
 """
 
 import sys
