@@ -23,7 +23,9 @@ Workloads (``--workloads``), per message:
   own tables (``lonnymq_bench/systems/pop_floor.py``, the producers benchmark's ``popfloor``; in
   the last tree's schema, the queue's id, generation and max_attempts as literals), and the same
   over the window's two generations (``popfloor2``); ``pop_clock`` likewise, the floors on the
-  server's clock;
+  server's clock, and the API pop floors (``apipopfloor``, ``apipopfloor2``: the same DELETEs
+  in a SECURITY DEFINER function with a pinned search_path that looks the queue up by name,
+  ``lonnymq_bench/systems/api_floor.py``: the least a pop through a secure function API costs);
 * ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
   (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
 * ``drain1_floor_settled`` / ``drain100_floor_settled``: the lease floor's statement with ack's
@@ -33,7 +35,13 @@ Workloads (``--workloads``), per message:
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default;
 * ``send_clock`` / ``send_key_clock``: the same on the server's clock (no ``p_now``), in FROM
-  (``SELECT * FROM send(...)``, as the Python client calls it);
+  (``SELECT * FROM send(...)``, as the Python client calls it for a message with options: a
+  plain one goes to ``send_plain`` since migration 0020); ``send_clock``'s floors: the send
+  floor (``sendfloor``: the rows send() writes as one plain statement on the last tree's tables,
+  ``lonnymq_bench/systems/send_floor.py``, the queue's id and generation as literals) and the
+  API send floor (``apisendfloor``: that statement in a secure function that looks the queue up
+  by name, returning a bigint; ``apisendfloor_rows``: the same returning ``TABLE (id,
+  outcome)`` as send() does, ``api_floor.py``);
   ``send_call_clock`` / ``send_key_call_clock``: in the select list, as branch ``sendrow``
   called it (``SELECT send(...)``: one value of type ``sent``; not kept, docs/benchmarks.md;
   on today's trees a set-returning call in the select list); ``send_fields_clock``: its fields taken by
@@ -91,7 +99,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lonnymq_bench.systems.api_floor import FLOOR_SCHEMA, ddl
 from lonnymq_bench.systems.pop_floor import CLOCK, TEMPLATE, WINDOW_TEMPLATE
+from lonnymq_bench.systems.send_floor import TEMPLATE as SEND_TEMPLATE
 
 NOW = 1_700_000_000_000  # the fixed clock (epoch ms) of every call: in the past, so p_now needs no check
 PAYLOAD = "\\x7b226f72646572223a203132333435362c20226e6f7465223a2022787878787878787878787878227d"
@@ -247,9 +257,27 @@ PGMQ_WORKLOADS: dict[str, tuple[tuple[str, ...], str, int, bool]] = {
         False,
     ),
 }
-#: Floors on LonnyMQ's own tables (workload: the floor's clock), run in the last tree's schema:
-#: the pop floor's statement (lonnymq_bench/systems/pop_floor.py) with the queue's constants.
-TREE_FLOORS: dict[str, str] = {"pop": str(NOW), "pop_clock": CLOCK}
+#: Floors on LonnyMQ's own tables, run in the last tree's schema (workload: [(label, statement)],
+#: {s} the schema, {q} / {gen} / {max} the queue's id, generation and max_attempts): the pop
+#: floor's statement (lonnymq_bench/systems/pop_floor.py) with the queue's constants, and the
+#: send floor's (send_floor.py) with the message send_clock sends; the API floors
+#: (api_floor.py: the same in a secure function, the queue by name) on the server's clock, as
+#: clients call them.
+_PAYLOAD_LIT = "'" + PAYLOAD + "'::bytea"
+_POP_FLOORS = [("popfloor", TEMPLATE), ("popfloor2", WINDOW_TEMPLATE)]
+TREE_FLOORS: dict[str, list[tuple[str, str]]] = {
+    "pop": [(label, t.replace("{now}", str(NOW))) for label, t in _POP_FLOORS],
+    "pop_clock": [(label, t.replace("{now}", CLOCK)) for label, t in _POP_FLOORS]
+    + [
+        ("apipopfloor", f"SELECT * FROM {FLOOR_SCHEMA}.pop('q')"),
+        ("apipopfloor2", f"SELECT * FROM {FLOOR_SCHEMA}.pop2('q')"),
+    ],
+    "send_clock": [
+        ("sendfloor", SEND_TEMPLATE.replace("{ct}", "NULL::text").replace("{p}", _PAYLOAD_LIT)),
+        ("apisendfloor", f"SELECT {FLOOR_SCHEMA}.send('q', {_PAYLOAD_LIT}, NULL::text)"),
+        ("apisendfloor_rows", f"SELECT * FROM {FLOOR_SCHEMA}.send_rows('q', {_PAYLOAD_LIT}, NULL::text)"),
+    ],
+}
 _FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jsonb NOT NULL)
 CREATE FUNCTION public.seed_dequeue() RETURNS SETOF public.seedq LANGUAGE plpgsql AS $f$ BEGIN RETURN QUERY DELETE FROM public.seedq WHERE id = (SELECT id FROM public.seedq ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *; END $f$
 CREATE TABLE public.lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL)
@@ -534,6 +562,10 @@ def main() -> None:
             text=True,
         ).stdout.split(",")
         consts = dict(zip(("q", "gen", "max"), (int(x) for x in got), strict=True))
+        if any(w in TREE_FLOORS for w in workloads) and not args.no_floor:
+            # The API floors' functions over the last tree's tables.
+            floor_ddl = ";\n".join(stmt.as_string(None) for stmt in ddl(last))
+            subprocess.run([str(args.bin / "psql"), dsn, "-qc", floor_ddl], check=True)
         if any(w in PGMQ_WORKLOADS for w in workloads):
             _pgmq_databases(cluster, dsn, trees)
         cluster.pg_ctl("stop")
@@ -551,8 +583,9 @@ def main() -> None:
                 sides.append(("floor", None))
             on_tree: dict[str, str] = {}  # label: a floor's statement on the last tree's tables
             if w in TREE_FLOORS and not args.no_floor:
-                for label, template in (("popfloor", TEMPLATE), ("popfloor2", WINDOW_TEMPLATE)):
-                    on_tree[label] = template.format(s=last, now=TREE_FLOORS[w], **consts)
+                for label, template in TREE_FLOORS[w]:
+                    # One line: the single-user backend ends a statement at a newline.
+                    on_tree[label] = " ".join(template.format(s=last, **consts).split())
                     sides.append((label, last))
             for label, schema in sides:
                 backlog = (high + 40) * per + 500

@@ -8,12 +8,14 @@ emptied and vacuumed tables, systems interleaved in a rotating order) with workl
 
 - ``producers``: one message per transaction, each of ``producers`` process counts, for
   ``send_seconds``; the references are the seed's bare INSERT into a one-index table, the send
-  floor (the rows ``send()`` writes, as one plain statement on LonnyMQ's own tables) and the
-  floor's commit floor (an empty row into a table without columns or indexes).
+  floor (the rows ``send()`` writes, as one plain statement on LonnyMQ's own tables), the API
+  send floor (that statement through a secure function, the queue by name: api_floor.py) and
+  the floor's commit floor (an empty row into a table without columns or indexes).
 - ``batch``: batches of 1,000 per transaction from ``send_procs`` processes.
 - ``pop``: take-and-delete one message per call (no lease) from a backlog; the references are
-  the seed's delete-on-dequeue and the pop floor (the row ``take_tx(1)`` deletes, as one plain
-  statement on LonnyMQ's own tables).
+  the seed's delete-on-dequeue, the pop floor (the row ``take_tx(1)`` deletes, as one plain
+  statement on LonnyMQ's own tables) and the API pop floors (that DELETE through a secure
+  function, over the current generation or the window's two).
 - ``drain``: each system's at-least-once path (lease + ack), one message and 100 per call,
   against the lease floor (and the floor's ``DELETE ... LIMIT 100``).
 - ``pickup``: one producer at ``latency_rate`` msg/s to idle consumers, p50/p99 from commit.
@@ -41,7 +43,8 @@ from .workloads import Bench, _rotate, drain_phase, latency, send_phase
 from .workloads import Config as SuiteConfig
 
 WORKLOADS = ("producers", "batch", "pop", "drain", "pickup")
-# The suite's systems and the references of this benchmark only (the send and pop floors).
+# The suite's systems and the references of this benchmark only (the send and pop floors, plain
+# and through a secure function API).
 SYSTEMS = [*REGISTRY, *PRODUCERS_ONLY]
 
 # Targets of issue 12 item 4, as ratios within one run.
@@ -51,6 +54,11 @@ SENDS_VS_SEED = 0.8  # 8 concurrent one-message producers
 SENDS_VS_FLOOR = 0.9
 POP_VS_SEED = 0.8
 POP_VS_FLOOR = 0.9  # the pop floor: the row pop deletes, one plain statement
+# The same against the API floors (lonnymq_bench/systems/api_floor.py): the floors' statements
+# through a SECURITY DEFINER function with a pinned search_path, the queue by name: the least a
+# call through LonnyMQ's mandated API can cost. Shown beside the plain floors, not instead.
+SENDS_VS_API_FLOOR = 0.9
+POP_VS_API_FLOOR = 0.9
 DRAIN_VS_LEASE_FLOOR = 0.9
 PICKUP_P99_MS = 20.0
 
@@ -240,6 +248,16 @@ def targets(b: Bench) -> list[dict[str, Any]]:
             "vs the rows send() writes (message + queue_stat), one plain statement on LonnyMQ's tables",
         )
         add(
+            f"send, {who} / API send floor",
+            "send",
+            "one",
+            p,
+            "apisendfloor",
+            SENDS_VS_API_FLOOR if p == 8 else None,
+            "vs the send floor's statement in a secure function (SECURITY DEFINER, pinned search_path),"
+            " the queue by name",
+        )
+        add(
             f"send, {who} / commit floor",
             "send",
             "one",
@@ -286,6 +304,25 @@ def targets(b: Bench) -> list[dict[str, Any]]:
             POP_VS_FLOOR,
             "vs the row take_tx(1) deletes, one plain statement on LonnyMQ's tables",
         )
+        add(
+            f"pop / API pop floor (P={p})",
+            "pop",
+            "one",
+            p,
+            "apipopfloor",
+            POP_VS_API_FLOOR,
+            "vs the pop floor's DELETE in a secure function (SECURITY DEFINER, pinned search_path),"
+            " the queue by name, the current generation",
+        )
+        add(
+            f"pop / API pop floor, 2 generations (P={p})",
+            "pop",
+            "one",
+            p,
+            "apipopfloor2",
+            None,
+            "the same over the window's two generations, as LonnyMQ's storage reads them",
+        )
         add(f"pop / pgmq pop(1) (P={p})", "pop", "one", p, "pgmq", None, "take-and-delete, one per call")
         add(f"pop / floor DELETE ... LIMIT 1 (P={p})", "pop", "one", p, "floor", None, "one plain statement")
         for kind, n in (("one", 1), ("batch", 100)):
@@ -327,7 +364,19 @@ def targets(b: Bench) -> list[dict[str, Any]]:
     return out
 
 
-_COLUMNS = ("lonnymq", "pgmq", "pgqueuer", "seed", "sendfloor", "popfloor", "floor", "leasefloor")
+_COLUMNS = (
+    "lonnymq",
+    "pgmq",
+    "pgqueuer",
+    "seed",
+    "sendfloor",
+    "apisendfloor",
+    "popfloor",
+    "apipopfloor",
+    "apipopfloor2",
+    "floor",
+    "leasefloor",
+)
 _LABELS = {
     "lonnymq": "LonnyMQ",
     "pgmq": "pgmq",
@@ -335,6 +384,9 @@ _LABELS = {
     "seed": "seed",
     "sendfloor": "send floor",
     "popfloor": "pop floor",
+    "apisendfloor": "API send floor",
+    "apipopfloor": "API pop floor",
+    "apipopfloor2": "API pop floor, 2 gen.",
     "floor": "floor",
     "leasefloor": "lease floor",
 }

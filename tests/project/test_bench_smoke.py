@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # The scripts run with benchmarks/ as their first sys.path entry; the test imports the same way.
@@ -179,7 +181,7 @@ def test_held_snapshot_quick(dsn: str, tmp_path: Path) -> None:
 def test_producers_quick(dsn: str, tmp_path: Path) -> None:
     # benchmarks/producers.py --quick: every system has a rate for each workload it takes part
     # in, at each producer count, the drains account for their backlog, every idle consumer got
-    # every message, and every ratio of the targets table has a value.
+    # every message, and every ratio of the targets table has a value (the API floors' too).
     pytest.importorskip("pgmq")
     pytest.importorskip("pgqueuer")
     pytest.importorskip("asyncpg")
@@ -192,7 +194,10 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
             "--dsn",
             dsn,
             "--db-prefix",
-            f"prod_{uuid.uuid4().hex[:8]}",
+            # Named after the test's database (the run's own, see conftest.py's dsn), so that the
+            # scratch databases say whose they are.
+            re.sub(r"[^a-z0-9_]", "_", (conninfo_to_dict(dsn).get("dbname") or "prod").lower())[:24]
+            + f"_{uuid.uuid4().hex[:8]}",
             "--out",
             str(out),
         ],
@@ -213,10 +218,10 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         got.setdefault((r["workload"], r["kind"], r["procs"]), set()).add(r["system"])
     sends = {"lonnymq", "pgmq", "pgqueuer", "seed"}
     assert got == {
-        ("send", "one", 1): sends | {"floor", "sendfloor"},
-        ("send", "one", 2): sends | {"floor", "sendfloor"},
+        ("send", "one", 1): sends | {"floor", "sendfloor", "apisendfloor"},
+        ("send", "one", 2): sends | {"floor", "sendfloor", "apisendfloor"},
         ("send", "batch", 2): sends,
-        ("pop", "one", 2): {"lonnymq", "pgmq", "seed", "popfloor", "floor"},
+        ("pop", "one", 2): {"lonnymq", "pgmq", "seed", "popfloor", "apipopfloor", "apipopfloor2", "floor"},
         ("drain", "one", 2): {"lonnymq", "pgmq", "pgqueuer", "leasefloor"},
         ("drain", "batch", 2): {"lonnymq", "pgmq", "pgqueuer", "floor", "leasefloor"},
     }
@@ -230,9 +235,12 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         "send, 2 producers / bare seed INSERT",
         "send, 2 producers / commit floor",
         "send, 1 producer (serial) / send floor",
+        "send, 2 producers / API send floor",
         "send_batch(1000) / pgmq send_batch",
         "pop / seed's delete-on-dequeue",
         "pop / pop floor",
+        "pop / API pop floor (P=",
+        "pop / API pop floor, 2 generations",
         "drain at batch 1 / lease floor",
         "drain at batch 100 / lease floor",
         "idle pickup p99 (ms)",

@@ -21,6 +21,9 @@ REGISTRY: dict[str, tuple[str, str]] = {
 PRODUCERS_ONLY: dict[str, tuple[str, str]] = {
     "sendfloor": ("send_floor", "SendFloor"),
     "popfloor": ("pop_floor", "PopFloor"),
+    "apisendfloor": ("api_floor", "ApiSendFloor"),
+    "apipopfloor": ("api_floor", "ApiPopFloor"),
+    "apipopfloor2": ("api_floor", "ApiPopFloor2"),
 }
 
 

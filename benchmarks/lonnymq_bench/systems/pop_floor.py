@@ -40,6 +40,13 @@ from .lonnymq import QUEUE, SCHEMA, LonnyMQ
 #: The server's clock in epoch milliseconds, as take_tx reads it (now_ms()).
 CLOCK = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
+#: The columns of a delivery, as take_tx returns them; {lease} is its lease_until (a pop's is
+#: NULL: ``NULL::bigint, `` where the row is take_tx's type, empty in the plain statements).
+COLUMNS = (
+    "m.id, m.attempts + 1, m.deliveries + 1, {lease}m.scheduled_at, m.enqueued_at, m.priority,"
+    " m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload"
+)
+
 #: The floor's statement: {s} the schema, {q} the queue's id, {gen} its generation, {max} its
 #: max_attempts, {now} the clock (as literals, or as placeholders for a driver's parameters).
 #: benchmarks/server_instructions.py counts the same text.
@@ -49,8 +56,7 @@ TEMPLATE = (
     " WHERE x.gen = {gen} AND x.queue_id = {q} AND x.channel IS NULL AND x.dequeue_at <= {now}"
     " ORDER BY x.dequeue_at, x.id LIMIT 1 FOR UPDATE SKIP LOCKED)"
     " AND m.attempts < {max} AND m.superseded_by IS NULL"
-    " RETURNING m.id, m.attempts + 1, m.deliveries + 1, m.scheduled_at, m.enqueued_at, m.priority,"
-    " m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload"
+    " RETURNING " + COLUMNS.format(lease="")
 )
 
 #: The same with LonnyMQ's generations (sql/generations.sql): the first ready message of each of
@@ -65,8 +71,7 @@ WINDOW_TEMPLATE = (
     " FROM {s}.message_logged x"
     " WHERE x.gen = g.gen AND x.queue_id = {q} AND x.channel IS NULL AND x.dequeue_at <= {now}"
     " ORDER BY x.dequeue_at, x.id LIMIT 1 FOR UPDATE SKIP LOCKED) w ORDER BY w.dequeue_at, w.id LIMIT 1)"
-    " RETURNING m.id, m.attempts + 1, m.deliveries + 1, m.scheduled_at, m.enqueued_at, m.priority,"
-    " m.key, m.channel, m.kind, m.content_type, m.headers, m.state, m.last_error, m.payload"
+    " RETURNING " + COLUMNS.format(lease="")
 )
 
 POP = TEMPLATE.format(s=SCHEMA, q="%(q)s", gen="%(gen)s", max="%(max)s", now=CLOCK)

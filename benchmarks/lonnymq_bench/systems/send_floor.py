@@ -17,19 +17,23 @@ from ..harness import Ctx, payload
 from .base import System, Variant
 from .lonnymq import QUEUE, SCHEMA, LonnyMQ
 
-# %(q)s: the queue's id; %(gen)s: the generation current at install (any one will do for the
-# floor); %(ct)s / %(p)b: the content type and body Client.send() stores.
-SEND = f"""
+#: The floor's statement: {s} the schema, {q} the queue's id, {gen} the generation (the one
+#: current at install: any one will do for the floor), {ct} / {p} the content type and body
+#: Client.send() stores (as literals, or as placeholders for a driver's parameters).
+#: benchmarks/server_instructions.py counts the same text.
+TEMPLATE = """
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
      ins AS (
-       INSERT INTO {SCHEMA}.message (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at, priority,
+       INSERT INTO {s}.message (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at, priority,
                                      content_type, payload)
-       SELECT %(q)s, nextval('{SCHEMA}.message_id_seq'), %(gen)s, now.ms, now.ms, now.ms, 0, %(ct)s, %(p)b
+       SELECT {q}, nextval('{s}.message_id_seq'), {gen}, now.ms, now.ms, now.ms, 0, {ct}, {p}
          FROM now
        RETURNING id, enqueued_at),
-     st AS (INSERT INTO {SCHEMA}.queue_stat (queue_id, minute, sent) SELECT %(q)s, ins.enqueued_at / 60000, 1 FROM ins)
+     st AS (INSERT INTO {s}.queue_stat (queue_id, minute, sent) SELECT {q}, ins.enqueued_at / 60000, 1 FROM ins)
 SELECT id FROM ins
 """
+
+SEND = TEMPLATE.format(s=SCHEMA, q="%(q)s", gen="%(gen)s", ct="%(ct)s", p="%(p)b")
 
 
 def _connect(dsn: str) -> psycopg.Connection[Any]:
