@@ -337,6 +337,16 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                 f"{call} vs one plain statement that acks the previous and leases the next",
             )
             add(
+                f"drain at batch {n} / lease floor + ack's memory (P={p})",
+                "drain",
+                kind,
+                p,
+                "leasememfloor",
+                DRAIN_VS_LEASE_FLOOR,
+                f"{call} vs the lease floor's statement that also writes a settled row per ack"
+                " (what answers a repeated or stale ack)",
+            )
+            add(
                 f"drain at batch {n} / pgmq read+delete (P={p})",
                 "drain",
                 kind,
@@ -376,6 +386,7 @@ _COLUMNS = (
     "apipopfloor2",
     "floor",
     "leasefloor",
+    "leasememfloor",
 )
 _LABELS = {
     "lonnymq": "LonnyMQ",
@@ -389,6 +400,7 @@ _LABELS = {
     "apipopfloor2": "API pop floor, 2 gen.",
     "floor": "floor",
     "leasefloor": "lease floor",
+    "leasememfloor": "lease floor + ack's memory",
 }
 
 

@@ -222,8 +222,8 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         ("send", "one", 2): sends | {"floor", "sendfloor", "apisendfloor"},
         ("send", "batch", 2): sends,
         ("pop", "one", 2): {"lonnymq", "pgmq", "seed", "popfloor", "apipopfloor", "apipopfloor2", "floor"},
-        ("drain", "one", 2): {"lonnymq", "pgmq", "pgqueuer", "leasefloor"},
-        ("drain", "batch", 2): {"lonnymq", "pgmq", "pgqueuer", "floor", "leasefloor"},
+        ("drain", "one", 2): {"lonnymq", "pgmq", "pgqueuer", "leasefloor", "leasememfloor"},
+        ("drain", "batch", 2): {"lonnymq", "pgmq", "pgqueuer", "floor", "leasefloor", "leasememfloor"},
     }
     pickups = {r["system"]: r for r in doc["latency"]}
     assert set(pickups) == {"lonnymq", "pgmq", "pgqueuer", "seed"}
@@ -243,6 +243,8 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         "pop / API pop floor, 2 generations",
         "drain at batch 1 / lease floor",
         "drain at batch 100 / lease floor",
+        "drain at batch 1 / lease floor + ack's memory",
+        "drain at batch 100 / lease floor + ack's memory",
         "idle pickup p99 (ms)",
     ):
         assert any(n.startswith(part) for n in names), (part, names)

@@ -24,6 +24,7 @@ PRODUCERS_ONLY: dict[str, tuple[str, str]] = {
     "apisendfloor": ("api_floor", "ApiSendFloor"),
     "apipopfloor": ("api_floor", "ApiPopFloor"),
     "apipopfloor2": ("api_floor", "ApiPopFloor2"),
+    "leasememfloor": ("lease_floor", "LeaseFloorSettled"),
 }
 
 

@@ -29,8 +29,27 @@ RETURNING lq.id, lq.payload
 """
 
 
-def _lease_ack(n: int) -> Callable[[str, Ctx], Callable[[], int]]:
-    stmt = LEASE.format(n=n)
+# The lease floor with ack's memory: each acknowledged id also leaves a row (queue, id, token,
+# outcome, time) in an UNLOGGED table keyed by (queue, id) with a BRIN index on the time, as
+# LonnyMQ's ``settled`` does (sql/settle.sql: what answers a repeated or stale ack of a message
+# already settled, so a retried ack is idempotent and a stale consumer is told the message is no
+# longer its own). The same as benchmarks/server_instructions.py's ``drain*_floor_settled``.
+SETTLED_DDL = """
+CREATE UNLOGGED TABLE lq_settled (queue_id integer, id bigint, token integer, outcome text NOT NULL,
+                                  settled_at bigint NOT NULL, PRIMARY KEY (queue_id, id));
+CREATE INDEX lq_settled_at ON lq_settled USING brin (settled_at);
+"""
+LEASE_SETTLED = LEASE.replace(
+    "WITH ack AS (DELETE FROM lq WHERE id = ANY (%(prev)b)),\n     now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),\n",
+    "WITH ack AS (DELETE FROM lq WHERE id = ANY (%(prev)b) RETURNING lq.id),\n"
+    "     now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),\n"
+    "     mem AS (INSERT INTO lq_settled SELECT 1, ack.id, 1, 'acked', now.ms FROM ack, now),\n",
+)
+assert LEASE_SETTLED != LEASE
+
+
+def _lease_ack(n: int, template: str = LEASE) -> Callable[[str, Ctx], Callable[[], int]]:
+    stmt = template.format(n=n)
 
     def factory(dsn: str, ctx: Ctx) -> Callable[[], int]:
         c = _connect(dsn)
@@ -78,4 +97,31 @@ class LeaseFloor(BareTable):
                 _lease_ack(100),
                 note="DELETE previous + UPDATE vt of the next, 100 rows",
             ),
+        ]
+
+
+class LeaseFloorSettled(LeaseFloor):
+    """The lease floor and ack's memory: the least a drain with LonnyMQ's settle guarantees
+    (an idempotent, fenced ack that remembers what it settled) writes, in one plain statement."""
+
+    name = "leasememfloor"
+    label = "lease floor + ack's memory"
+    tables = ("public.lq", "public.lq_settled")
+    ddl = DDL + SETTLED_DDL
+    version = "DELETE previous (+ a settled row each) + UPDATE vt ... LIMIT n SKIP LOCKED, one statement"
+
+    def clear(self, dsn: str) -> None:
+        with _connect(dsn) as c:
+            c.execute("TRUNCATE lq, lq_settled")
+
+    def drains(self) -> list[Variant]:
+        return [
+            Variant(
+                self.name,
+                f"ack+lease {n} + ack's memory, one statement",
+                kind,
+                _lease_ack(n, LEASE_SETTLED),
+                note=f"DELETE previous, a settled row each, UPDATE vt of the next, {n} row(s)",
+            )
+            for kind, n in (("one", 1), ("batch", 100))
         ]
