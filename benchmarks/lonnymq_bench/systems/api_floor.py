@@ -37,10 +37,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..harness import Ctx, payload
+from ..harness import Ctx
 from .base import Variant
 from .lonnymq import QUEUE, SCHEMA, LonnyMQ
 from .pop_floor import COLUMNS, TEMPLATE, WINDOW_TEMPLATE, PopFloor
+from .send_floor import send_loop
 
 #: The floor functions' own schema.
 FLOOR_SCHEMA = "lonnymq_floor"
@@ -188,25 +189,9 @@ class ApiPopFloor2(ApiPopFloor):
 
 
 def _send_one(dsn: str, ctx: Ctx) -> Callable[[], int]:
-    from lonnymq.client.ops import encode_payload
-
     c = psycopg.connect(dsn, autocommit=True)
     call = sql.SQL(SEND_CALL).format(f=sql.Identifier(FLOOR_SCHEMA))
-    # Each call serialises its payload, as every producer here does (LonnyMQ's send(), the
-    # seed's and pgmq's Jsonb): until 2026-11-27 the floors sent bodies encoded once up front,
-    # sparing themselves the serialisation every other system pays (docs/benchmarks.md, run 19).
-    msgs = [payload(i) for i in range(1000)]
-
-    def work() -> int:
-        n = 0
-        while not ctx.expired():
-            body, ctype = encode_payload(msgs[n % 1000])
-            c.execute(call, (QUEUE, body, ctype)).fetchone()
-            n += 1
-        c.close()
-        return n
-
-    return work
+    return send_loop(c, ctx, lambda body, ctype: c.execute(call, (QUEUE, body, ctype)).fetchone())
 
 
 def _pop(function: str) -> Callable[[str, Ctx], Callable[[], int]]:

@@ -80,23 +80,30 @@ class SendFloor(System):
         ]
 
 
-def _send_one(dsn: str, ctx: Ctx) -> Callable[[], int]:
+def send_loop(
+    c: psycopg.Connection[Any], ctx: Ctx, send: Callable[[bytes, str | None], object]
+) -> Callable[[], int]:
+    """A floor's producer (the send floor's, the API send floor's): ``send(body, content_type)``
+    one message a call until the phase ends, then ``c`` closed. Each call serialises its payload,
+    as every producer here does (LonnyMQ's send(), the seed's and pgmq's Jsonb): until 2026-11-27
+    the floors sent bodies encoded once up front, sparing themselves the serialisation every
+    other system pays (docs/benchmarks.md, runs 17-22)."""
     from lonnymq.client.ops import encode_payload
 
-    c = _connect(dsn)
-    args = _where(c)
-    # Each call serialises its payload, as every producer here does (LonnyMQ's send(), the
-    # seed's and pgmq's Jsonb): until 2026-11-27 the floors sent bodies encoded once up front,
-    # sparing themselves the serialisation every other system pays (docs/benchmarks.md, run 19).
     msgs = [payload(i) for i in range(1000)]
 
     def work() -> int:
         n = 0
         while not ctx.expired():
-            body, ctype = encode_payload(msgs[n % 1000])
-            c.execute(SEND, {**args, "ct": ctype, "p": body}).fetchone()
+            send(*encode_payload(msgs[n % 1000]))
             n += 1
         c.close()
         return n
 
     return work
+
+
+def _send_one(dsn: str, ctx: Ctx) -> Callable[[], int]:
+    c = _connect(dsn)
+    args = _where(c)
+    return send_loop(c, ctx, lambda body, ctype: c.execute(SEND, {**args, "ct": ctype, "p": body}).fetchone())
