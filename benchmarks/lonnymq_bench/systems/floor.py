@@ -46,10 +46,6 @@ class Floor(Seed):
 
     version = "DELETE ... LIMIT n SKIP LOCKED RETURNING; INSERT into a bare table per commit"
 
-    def clear(self, dsn: str) -> None:
-        with _connect(dsn) as c:
-            c.execute("TRUNCATE q, commit_floor")
-
     def sends(self) -> list[Variant]:
         return []  # the seed's INSERTs are the bare-table reference for sends
 

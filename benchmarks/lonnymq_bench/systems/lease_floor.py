@@ -110,10 +110,6 @@ class LeaseFloorSettled(LeaseFloor):
     ddl = DDL + SETTLED_DDL
     version = "DELETE previous (+ a settled row each) + UPDATE vt ... LIMIT n SKIP LOCKED, one statement"
 
-    def clear(self, dsn: str) -> None:
-        with _connect(dsn) as c:
-            c.execute("TRUNCATE lq, lq_settled")
-
     def drains(self) -> list[Variant]:
         return [
             Variant(

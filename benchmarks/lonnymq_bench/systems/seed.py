@@ -140,8 +140,10 @@ class BareTable(System):
         return {"version": self.version}
 
     def clear(self, dsn: str) -> None:
+        """Empty every table the system lists (``tables``: ``schema.name``), else ``table``."""
+        names = [sql.Identifier(*t.split(".")) for t in self.tables] or [sql.Identifier(self.table)]
         with _connect(dsn) as c:
-            c.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(self.table)))
+            c.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(names)))
 
     def preload(self, dsn: str, n: int) -> None:
         insert = sql.SQL("INSERT INTO {} (payload) SELECT unnest(%b::jsonb[])").format(
