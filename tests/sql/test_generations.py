@@ -139,6 +139,31 @@ def test_take_through_a_driver_keeps_the_generations_moving(dsn: str, db: Sql, s
         client.close()
 
 
+def test_take_rotates_on_a_fresh_install(dsn: str, db: Sql, schema: str) -> None:
+    """A schema that no rotation has run in yet (its started-at sequence never set: a fresh
+    install used through the client alone, no maintain()) still gets its generations moving
+    from take(): until 2026-11-27 take read the unset sequence as NULL and never rotated, so
+    such an install kept every message in generation 1 and lost the held-snapshot protection
+    of the generations."""
+    assert db.q("SELECT pg_sequence_last_value('{s}.message_gen_started_seq') AS v") == [{"v": None}]
+    db.call("queue_create", p_name="q")
+    client = Client(dsn, schema=schema, pool_size=1)
+    try:
+        before = gen(db)
+        client.send("q", {"n": 1})
+        assert len(client.take("q", 1)) == 1  # due: a rotation runs
+        assert db.q("SELECT pg_sequence_last_value('{s}.message_gen_started_seq') IS NOT NULL AS v") == [
+            {"v": True}
+        ]
+        after_first = gen(db)
+        assert after_first >= before
+        db.q("SELECT setval('{s}.message_gen_started_seq', 1)")
+        client.take("q", 1)  # due again: opens the next generation
+        assert gen(db) == after_first + 1
+    finally:
+        client.close()
+
+
 def frozen(db: Sql) -> dict[str, list[int]]:
     rows = db.q("SELECT q.name, f.gens FROM {s}.message_gen_frozen f JOIN {s}.queue q ON q.id = f.queue_id")
     return {r["name"]: r["gens"] for r in rows}

@@ -452,7 +452,8 @@ BEGIN
     -- that calls a function that is not immutable takes a snapshot too). The checks of _queue,
     -- _check_limit, _check_positive and _now are called only when they are going to fail.
     SELECT x AS q, pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
-           pg_sequence_last_value('{schema}.message_gen_started_seq') AS started,
+           -- (NULL until the first rotation sets it: a fresh install's first take is due.)
+           coalesce(pg_sequence_last_value('{schema}.message_gen_started_seq'), 0) AS started,
            (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now
