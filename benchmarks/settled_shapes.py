@@ -1,0 +1,183 @@
+"""Shapes of ack's memory (the ``settled`` table) in their steady state: what a row's insert
+costs in instructions, and what a lookup by id and the time prune read.
+
+``benchmarks/server_instructions.py`` counts a drain on fresh tables with autovacuum off: every
+insert lands in the table's last, unsummarized BRIN range, which costs a BRIN index little. A
+live ``settled`` is different: ``maintain()`` deletes rows older than an hour, (auto)vacuum
+summarizes the BRIN ranges and frees that space, and new rows then land in summarized ranges,
+whose summary each insert must widen. This harness builds that state per shape and counts it.
+
+A throwaway cluster (server_instructions' ``Cluster``: Debian's PostgreSQL binaries, a temporary
+directory, a free port) gets one UNLOGGED table per shape, filled minute by minute for
+``--minutes``: ``--rows`` rows a minute from two queues interleaved (a live one acking new ids,
+and a backlog acking ids sent long before, so ids are not in time order across the table),
+the rows older than an hour deleted each minute, and a VACUUM every 5 minutes. Then, per shape:
+
+* ``lookup_blocks``: buffers an ``enable_seqscan = off`` lookup by (queue_id, id) reads
+  (EXPLAIN ANALYZE BUFFERS): of a recent id (``recent``), of an id acked ~50 minutes ago
+  (``old``) and of an id never settled (``missing``);
+* ``prune_blocks``: buffers ``SELECT ctid ... WHERE settled_at < <the next minute's cut>
+  LIMIT 10000`` (maintain()'s prune) reads, as the planner picks it;
+* ``insert``: instructions per row of a 100-row INSERT (callgrind in a single-user backend,
+  ``--toggle-collect=ExecuteQuery``, 100 calls minus 25 calls over 7,500 rows), after half the
+  window was deleted and vacuumed: every row lands in freed, summarized space.
+
+    python benchmarks/settled_shapes.py [--shapes pk,hash,...] [--minutes 150] [--rows 5000] \\
+        [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from server_instructions import Cluster
+
+WINDOW = 60  # minutes of memory (maintain() keeps an hour)
+VACUUM_EVERY = 5  # minutes
+#: shape: its indexes ({t}: the table), as DDL
+SHAPES: dict[str, list[str]] = {
+    "pk_brin": [
+        "ALTER TABLE {t} ADD PRIMARY KEY (queue_id, id)",
+        "CREATE INDEX ON {t} USING brin (settled_at)",
+    ],
+    "hash_brin": ["CREATE INDEX ON {t} USING hash (id)", "CREATE INDEX ON {t} USING brin (settled_at)"],
+    "brin_at_id": ["CREATE INDEX ON {t} USING brin (settled_at, id)"],
+    "brin_at_id_multi": ["CREATE INDEX ON {t} USING brin (settled_at, id int8_minmax_multi_ops)"],
+    "brin_at_id_multi16": [
+        "CREATE INDEX ON {t} USING brin (settled_at, id int8_minmax_multi_ops) WITH (pages_per_range = 16)"
+    ],
+    "btree_id_brin": ["CREATE INDEX ON {t} (id)", "CREATE INDEX ON {t} USING brin (settled_at)"],
+    "pk": ["ALTER TABLE {t} ADD PRIMARY KEY (queue_id, id)"],
+    "hash": ["CREATE INDEX ON {t} USING hash (id)"],
+    "brin": ["CREATE INDEX ON {t} USING brin (settled_at)"],
+    "none": [],
+}
+_FILL = """INSERT INTO {t} SELECT CASE WHEN g % 2 = 0 THEN 1 ELSE 2 END,
+                  CASE WHEN g % 2 = 0 THEN %(live)s + g ELSE %(backlog)s + g END, 1, 'acked',
+                  %(minute)s * 60000 + g
+             FROM generate_series(1, %(rows)s) g"""
+_LOOKUP = "SELECT 1 FROM {t} WHERE queue_id = 1 AND id = %s"
+_PRUNE = "SELECT ctid FROM {t} WHERE settled_at < %s LIMIT 10000"
+
+
+def _blocks(conn: psycopg.Connection[Any], query: sql.Composed, param: int) -> int:
+    [(out,)] = conn.execute(
+        sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, FORMAT JSON) ") + query, (param,)
+    ).fetchall()
+    plan = out[0]["Plan"]
+    return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
+
+
+def fill(conn: psycopg.Connection[Any], shape: str, minutes: int, rows: int) -> dict[str, Any]:
+    """Table ``s_<shape>`` in its steady state; its lookups' and prune's reads. Leaves the
+    sequences the counted INSERTs draw their ids and times from."""
+    t = sql.Identifier(f"s_{shape}")
+    conn.execute(
+        sql.SQL(
+            "CREATE UNLOGGED TABLE {} (queue_id integer NOT NULL, id bigint NOT NULL, token integer NOT NULL,"
+            " outcome text NOT NULL, settled_at bigint NOT NULL)"
+        ).format(t)
+    )
+    for ddl in SHAPES[shape]:
+        conn.execute(sql.SQL(ddl).format(t=t))  # type: ignore[arg-type]
+    live = 10_000_000
+    for minute in range(minutes):
+        params = {"live": live, "backlog": live // 10 + minute * rows, "minute": minute, "rows": rows}
+        conn.execute(sql.SQL(_FILL).format(t=t), params)
+        live += rows * 3
+        conn.execute(sql.SQL("DELETE FROM {} WHERE settled_at < %s").format(t), ((minute - WINDOW) * 60000,))
+        if minute % VACUUM_EVERY == 0:
+            conn.execute(sql.SQL("VACUUM {}").format(t))
+    conn.execute(sql.SQL("ANALYZE {}").format(t))
+    [(count, pages)] = conn.execute(
+        sql.SQL("SELECT count(*), pg_relation_size({}) / 8192 FROM {}").format(sql.Literal(f"s_{shape}"), t)
+    ).fetchall()
+    [(old,)] = conn.execute(
+        sql.SQL("SELECT min(id) + 1000 FROM {} WHERE queue_id = 1").format(t)  # ~50 minutes ago
+    ).fetchall()
+    prune = _blocks(conn, sql.SQL(_PRUNE).format(t=t), (minutes - WINDOW + 1) * 60000)
+    conn.execute("SET enable_seqscan = off")
+    lookup = {
+        "recent": _blocks(conn, sql.SQL(_LOOKUP).format(t=t), live - rows * 3 - 100),
+        "old": _blocks(conn, sql.SQL(_LOOKUP).format(t=t), old),
+        "missing": _blocks(conn, sql.SQL(_LOOKUP).format(t=t), live + 10**9),
+    }
+    conn.execute("RESET enable_seqscan")
+    # Half the window forgotten and vacuumed: the counted inserts land in freed space.
+    conn.execute(
+        sql.SQL("DELETE FROM {} WHERE settled_at < %s").format(t), ((minutes - WINDOW // 2) * 60000,)
+    )
+    conn.execute(sql.SQL("VACUUM {}").format(t))
+    for seq, start in (("ids", live), ("bids", live // 10 + minutes * rows), ("ts", minutes * 60000)):
+        conn.execute(sql.SQL("CREATE SEQUENCE {} START {}").format(sql.Identifier(f"s_{shape}_{seq}"), start))
+    return {"rows": count, "pages": pages, "lookup_blocks": lookup, "prune_blocks": prune}
+
+
+def insert_cost(cluster: Cluster, shape: str) -> float:
+    """Instructions per row of a 100-row INSERT into ``s_<shape>`` (the server stopped)."""
+    t = f"s_{shape}"
+    stmt = (
+        f"INSERT INTO {t} SELECT CASE WHEN g % 2 = 0 THEN 1 ELSE 2 END,"
+        f" CASE WHEN g % 2 = 0 THEN nextval('{t}_ids') ELSE nextval('{t}_bids') END, 1, 'acked',"
+        f" nextval('{t}_ts') FROM generate_series(1, 100) g"
+    )
+
+    def script(calls: int) -> str:
+        return f"PREPARE w AS {stmt}\n" + "EXECUTE w\n" * (5 + calls)
+
+    small = cluster.single(script(25))
+    big = cluster.single(script(100))
+    return (big - small) / (75 * 100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--minutes", type=int, default=150)
+    ap.add_argument("--rows", type=int, default=5000, help="rows settled a minute")
+    ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    shapes = args.shapes.split(",")
+    unknown = set(shapes) - set(SHAPES)
+    if unknown:
+        raise SystemExit(f"unknown shapes {sorted(unknown)}; known: {', '.join(SHAPES)}")
+    cluster = Cluster(args.bin)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        dsn = cluster.start_bench()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for shape in shapes:
+                results[shape] = fill(conn, shape, args.minutes, args.rows)
+        cluster.pg_ctl("stop")
+        for shape in shapes:
+            results[shape]["insert"] = round(insert_cost(cluster, shape))
+            r = results[shape]
+            print(
+                f"{shape:20} insert {r['insert'] / 1000:6.1f}k instructions/row   lookup blocks"
+                f" {r['lookup_blocks']}   prune blocks {r['prune_blocks']}   ({r['rows']} rows, {r['pages']} pages)",
+                flush=True,
+            )
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):  # stopped already
+            cluster.pg_ctl("stop")
+        cluster.remove()
+    if args.json:
+        config = {
+            "minutes": args.minutes,
+            "rows_a_minute": args.rows,
+            "window": WINDOW,
+            "vacuum_every": VACUUM_EVERY,
+        }
+        args.json.write_text(json.dumps({"config": config, "shapes": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
