@@ -20,7 +20,10 @@ the rows older than an hour deleted each minute, and a VACUUM every 5 minutes. T
   LIMIT 10000`` (maintain()'s prune) reads, as the planner picks it;
 * ``insert``: instructions per row of a 100-row INSERT (callgrind in a single-user backend,
   ``--toggle-collect=ExecuteQuery``, 100 calls minus 25 calls over 7,500 rows), after half the
-  window was deleted and vacuumed: every row lands in freed, summarized space.
+  window was deleted and vacuumed: every row lands in freed, summarized space;
+* ``insert_fresh``: the same into an empty table of the shape (``f_<shape>``), as
+  server_instructions.py's drains insert: the table and its indexes grow (a hash index splits
+  its buckets as it grows), no BRIN range is summarized.
 
     python benchmarks/settled_shapes.py [--shapes pk,hash,...] [--minutes 150] [--rows 5000] \\
         [--json out.json]
@@ -59,8 +62,8 @@ SHAPES: dict[str, list[str]] = {
     "brin": ["CREATE INDEX ON {t} USING brin (settled_at)"],
     "none": [],
 }
-_FILL = """INSERT INTO {t} SELECT CASE WHEN g % 2 = 0 THEN 1 ELSE 2 END,
-                  CASE WHEN g % 2 = 0 THEN %(live)s + g ELSE %(backlog)s + g END, 1, 'acked',
+_FILL = """INSERT INTO {t} SELECT CASE WHEN g %% 2 = 0 THEN 1 ELSE 2 END,
+                  CASE WHEN g %% 2 = 0 THEN %(live)s + g ELSE %(backlog)s + g END, 1, 'acked',
                   %(minute)s * 60000 + g
              FROM generate_series(1, %(rows)s) g"""
 _LOOKUP = "SELECT 1 FROM {t} WHERE queue_id = 1 AND id = %s"
@@ -115,14 +118,23 @@ def fill(conn: psycopg.Connection[Any], shape: str, minutes: int, rows: int) -> 
         sql.SQL("DELETE FROM {} WHERE settled_at < %s").format(t), ((minutes - WINDOW // 2) * 60000,)
     )
     conn.execute(sql.SQL("VACUUM {}").format(t))
-    for seq, start in (("ids", live), ("bids", live // 10 + minutes * rows), ("ts", minutes * 60000)):
-        conn.execute(sql.SQL("CREATE SEQUENCE {} START {}").format(sql.Identifier(f"s_{shape}_{seq}"), start))
+    _sequences(conn, f"s_{shape}", live, live // 10 + minutes * rows, minutes * 60000)
+    f = sql.Identifier(f"f_{shape}")
+    conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (LIKE {})").format(f, t))
+    for ddl in SHAPES[shape]:
+        conn.execute(sql.SQL(ddl).format(t=f))  # type: ignore[arg-type]
+    _sequences(conn, f"f_{shape}", 10_000_000, 1_000_000, 1)
     return {"rows": count, "pages": pages, "lookup_blocks": lookup, "prune_blocks": prune}
 
 
-def insert_cost(cluster: Cluster, shape: str) -> float:
-    """Instructions per row of a 100-row INSERT into ``s_<shape>`` (the server stopped)."""
-    t = f"s_{shape}"
+def _sequences(conn: psycopg.Connection[Any], table: str, ids: int, backlog: int, at: int) -> None:
+    """The sequences the counted INSERTs into ``table`` draw ids and times from."""
+    for seq, start in (("ids", ids), ("bids", backlog), ("ts", at)):
+        conn.execute(sql.SQL("CREATE SEQUENCE {} START {}").format(sql.Identifier(f"{table}_{seq}"), start))
+
+
+def insert_cost(cluster: Cluster, t: str) -> float:
+    """Instructions per row of a 100-row INSERT into table ``t`` (the server stopped)."""
     stmt = (
         f"INSERT INTO {t} SELECT CASE WHEN g % 2 = 0 THEN 1 ELSE 2 END,"
         f" CASE WHEN g % 2 = 0 THEN nextval('{t}_ids') ELSE nextval('{t}_bids') END, 1, 'acked',"
@@ -158,10 +170,12 @@ def main() -> None:
                 results[shape] = fill(conn, shape, args.minutes, args.rows)
         cluster.pg_ctl("stop")
         for shape in shapes:
-            results[shape]["insert"] = round(insert_cost(cluster, shape))
+            results[shape]["insert"] = round(insert_cost(cluster, f"s_{shape}"))
+            results[shape]["insert_fresh"] = round(insert_cost(cluster, f"f_{shape}"))
             r = results[shape]
             print(
-                f"{shape:20} insert {r['insert'] / 1000:6.1f}k instructions/row   lookup blocks"
+                f"{shape:20} insert {r['insert'] / 1000:6.1f}k (fresh table {r['insert_fresh'] / 1000:6.1f}k)"
+                f" instructions/row   lookup blocks"
                 f" {r['lookup_blocks']}   prune blocks {r['prune_blocks']}   ({r['rows']} rows, {r['pages']} pages)",
                 flush=True,
             )
