@@ -25,8 +25,15 @@ the rows older than an hour deleted each minute, and a VACUUM every 5 minutes. T
   server_instructions.py's drains insert: the table and its indexes grow (a hash index splits
   its buckets as it grows), no BRIN range is summarized.
 
+With ``--per-call`` instead, the shape not built: one row per settling call (``lo``, ``hi``,
+the call's ids and tokens as arrays) with a GiST index on ``int8range(lo, hi, '[]')``, filled
+the same way (a call settles 100 consecutive ids of one queue); a lookup asks for the ranges
+holding the id and then the id in the array; ``insert`` is a call of 100 settles per message,
+``insert_one`` a row of one settle (a drain at batch 1; 100 such rows a statement, as the
+shapes above are counted), both into the steady table's freed space.
+
     python benchmarks/settled_shapes.py [--shapes pk,hash,...] [--minutes 150] [--rows 5000] \\
-        [--json out.json]
+        [--per-call] [--json out.json]
 """
 
 from __future__ import annotations
@@ -149,14 +156,113 @@ def insert_cost(cluster: Cluster, t: str) -> float:
     return (big - small) / (75 * 100)
 
 
+_CALL_FILL = """INSERT INTO s_call SELECT g %% 2, b.lo, b.lo + 99, ARRAY(SELECT generate_series(b.lo, b.lo + 99)),
+                       array_fill(1, ARRAY[100]), 'acked', %(minute)s * 60000 + g
+                  FROM generate_series(1, %(calls)s) g,
+                       LATERAL (SELECT CASE WHEN g %% 2 = 1 THEN %(live)s ELSE %(backlog)s END + g * 100 AS lo) b"""
+_CALL_LOOKUP = "SELECT 1 FROM s_call WHERE queue_id = 1 AND int8range(lo, hi, '[]') @> %(id)s::bigint AND %(id)s = ANY (ids)"
+
+
+def fill_per_call(conn: psycopg.Connection[Any], minutes: int, rows: int) -> dict[str, Any]:
+    """Table ``s_call`` (one row per settling call of 100) in its steady state; its lookups'
+    reads. Leaves the sequences the counted INSERTs draw from."""
+    conn.execute(
+        "CREATE UNLOGGED TABLE s_call (queue_id integer NOT NULL, lo bigint NOT NULL, hi bigint NOT NULL,"
+        " ids bigint[] NOT NULL, tokens integer[] NOT NULL, outcome text NOT NULL, settled_at bigint NOT NULL)"
+    )
+    conn.execute("CREATE INDEX ON s_call USING gist (int8range(lo, hi, '[]'))")
+    live = 10_000_000
+    calls = rows // 100
+    for minute in range(minutes):
+        params = {"live": live, "backlog": live // 10 + minute * rows, "minute": minute, "calls": calls}
+        conn.execute(_CALL_FILL, params)
+        live += rows * 3
+        conn.execute("DELETE FROM s_call WHERE settled_at < %s", ((minute - WINDOW) * 60000,))
+        if minute % VACUUM_EVERY == 0:
+            conn.execute("VACUUM s_call")
+    conn.execute("ANALYZE s_call")
+    [(count, pages)] = conn.execute(
+        "SELECT count(*), pg_relation_size('s_call') / 8192 FROM s_call"
+    ).fetchall()
+    [(old,)] = conn.execute("SELECT min(lo) + 1050 FROM s_call WHERE queue_id = 1").fetchall()
+    conn.execute("SET enable_seqscan = off")
+    lookup = {}
+    for name, value in (("recent", live - rows * 3 - 50), ("old", old), ("missing", live + 10**9)):
+        [(out,)] = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, FORMAT JSON) " + _CALL_LOOKUP, {"id": value}
+        ).fetchall()
+        plan = out[0]["Plan"]
+        lookup[name] = int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
+    conn.execute("RESET enable_seqscan")
+    conn.execute("DELETE FROM s_call WHERE settled_at < %s", ((minutes - WINDOW // 2) * 60000,))
+    conn.execute("VACUUM s_call")
+    conn.execute(f"CREATE SEQUENCE s_call_ids START {live} INCREMENT 100")
+    conn.execute(f"CREATE SEQUENCE s_call_ts START {minutes * 60000}")
+    conn.execute(f"CREATE SEQUENCE s_call_ids1 START {live * 2}")
+    return {"rows": count, "pages": pages, "lookup_blocks": lookup}
+
+
+def insert_cost_per_call(cluster: Cluster, batch: int) -> float:
+    """Instructions per settle of INSERTs into ``s_call`` (the server stopped): with ``batch``
+    100, one row holding 100 settles a statement; with 1, 100 rows of one settle each a
+    statement (as the per-row shapes are counted: the statement's own cost spread)."""
+    if batch == 100:
+        stmt = (
+            "INSERT INTO s_call SELECT 1, x.lo, x.lo + 99, ARRAY(SELECT generate_series(x.lo, x.lo + 99)),"
+            " array_fill(1, ARRAY[100]), 'acked', nextval('s_call_ts') FROM (SELECT nextval('s_call_ids') AS lo) x"
+        )
+        settles = 1 * 100
+    else:
+        stmt = (
+            "INSERT INTO s_call SELECT 1, x.v, x.v, ARRAY[x.v], ARRAY[1], 'acked', nextval('s_call_ts')"
+            " FROM (SELECT nextval('s_call_ids1') AS v FROM generate_series(1, 100)) x"
+        )
+        settles = 100
+
+    def script(calls: int) -> str:
+        return f"PREPARE w AS {stmt}\n" + "EXECUTE w\n" * (5 + calls)
+
+    small = cluster.single(script(25))
+    big = cluster.single(script(100))
+    return (big - small) / (75 * settles)
+
+
+def per_call(args: argparse.Namespace) -> None:
+    """--per-call: the one-row-per-call shape, printed and written to --json."""
+    cluster = Cluster(args.bin)
+    try:
+        dsn = cluster.start_bench()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            result = fill_per_call(conn, args.minutes, args.rows)
+        cluster.pg_ctl("stop")
+        result["insert"] = round(insert_cost_per_call(cluster, 100))
+        result["insert_one"] = round(insert_cost_per_call(cluster, 1))
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):  # stopped already
+            cluster.pg_ctl("stop")
+        cluster.remove()
+    print(
+        f"per call (GiST on int8range)  insert {result['insert'] / 1000:.1f}k a settle at 100 a call,"
+        f" {result['insert_one'] / 1000:.1f}k at 1   lookup blocks {result['lookup_blocks']}"
+        f"   ({result['rows']} rows, {result['pages']} pages)"
+    )
+    if args.json:
+        config = {"minutes": args.minutes, "rows_a_minute": args.rows, "window": WINDOW, "per_call": 100}
+        args.json.write_text(json.dumps({"config": config, "per_call_gist": result}, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--minutes", type=int, default=150)
     ap.add_argument("--rows", type=int, default=5000, help="rows settled a minute")
     ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
+    ap.add_argument("--per-call", action="store_true", help="the one-row-per-call shape instead")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.per_call:
+        per_call(args)
+        return
     shapes = args.shapes.split(",")
     unknown = set(shapes) - set(SHAPES)
     if unknown:
