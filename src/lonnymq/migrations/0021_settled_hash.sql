@@ -13,10 +13,10 @@
 --   whatever the table holds. queue_drop and a shard move delete a queue's rows by queue_id
 --   with a scan of the table (an hour of settles at most; both rare).
 -- * The BRIN: maintain() deletes rows older than an hour, vacuum frees their space and new rows
---   fill it, and a BRIN summary only ever widens: once the table has turned over, every range
---   spans old to new times and the prune's bitmap scan read the whole table anyway, while each
---   insert widened a summary. The prune (sql/maintenance.sql) now reads the table in physical
---   order and stops at its limit, as that bitmap scan did.
+--   fill it, and a BRIN summary only ever widens: once the table has turned over, ranges span
+--   old to new times and the prune's bitmap scan read most or all of the table (in the counts
+--   there, as many blocks as a sequential scan), while each insert widened a summary. The prune
+--   (sql/maintenance.sql) now reads the table in physical order and stops at its limit.
 -- An ALTER TABLE and an index build on a table every ack writes: migrate asks for its locks
 -- with a short lock_timeout and tries again later rather than wait behind a long transaction
 -- that holds the table while every ack waits behind it (Client.migrate). The build then holds
