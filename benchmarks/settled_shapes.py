@@ -19,11 +19,14 @@ the rows older than an hour deleted each minute, and a VACUUM every 5 minutes. T
 * ``prune_blocks``: buffers ``SELECT ctid ... WHERE settled_at < <the next minute's cut>
   LIMIT 10000`` (maintain()'s prune) reads, as the planner picks it;
 * ``insert``: instructions per row of a 100-row INSERT (callgrind in a single-user backend,
-  ``--toggle-collect=ExecuteQuery``, 100 calls minus 25 calls over 7,500 rows), after half the
+  ``--toggle-collect=ExecuteQuery``, ``--calls`` calls minus a quarter of them; 1,000: 75,000
+  rows, the table's size matters while it grows), after half the
   window was deleted and vacuumed: every row lands in freed, summarized space;
 * ``insert_fresh``: the same into an empty table of the shape (``f_<shape>``), as
   server_instructions.py's drains insert: the table and its indexes grow (a hash index splits
-  its buckets as it grows), no BRIN range is summarized.
+  its buckets as it grows), no BRIN range is summarized. A difference of two runs on a table
+  whose state changes between them: it varies with ``--calls`` and, for the minmax-multi
+  shapes, came out below a bare row's cost (not a per-row cost there).
 
 With ``--per-call`` instead, the shape not built: one row per settling call (``lo``, ``hi``,
 the call's ids and tokens as arrays) with a GiST index on ``int8range(lo, hi, '[]')``, filled
@@ -140,7 +143,7 @@ def _sequences(conn: psycopg.Connection[Any], table: str, ids: int, backlog: int
         conn.execute(sql.SQL("CREATE SEQUENCE {} START {}").format(sql.Identifier(f"{table}_{seq}"), start))
 
 
-def insert_cost(cluster: Cluster, t: str) -> float:
+def insert_cost(cluster: Cluster, t: str, calls: int) -> float:
     """Instructions per row of a 100-row INSERT into table ``t`` (the server stopped)."""
     stmt = (
         f"INSERT INTO {t} SELECT CASE WHEN g % 2 = 0 THEN 1 ELSE 2 END,"
@@ -148,12 +151,12 @@ def insert_cost(cluster: Cluster, t: str) -> float:
         f" nextval('{t}_ts') FROM generate_series(1, 100) g"
     )
 
-    def script(calls: int) -> str:
-        return f"PREPARE w AS {stmt}\n" + "EXECUTE w\n" * (5 + calls)
+    def script(n: int) -> str:
+        return f"PREPARE w AS {stmt}\n" + "EXECUTE w\n" * (5 + n)
 
-    small = cluster.single(script(25))
-    big = cluster.single(script(100))
-    return (big - small) / (75 * 100)
+    small = cluster.single(script(calls // 4))
+    big = cluster.single(script(calls))
+    return (big - small) / ((calls - calls // 4) * 100)
 
 
 _CALL_FILL = """INSERT INTO s_call SELECT g %% 2, b.lo, b.lo + 99, ARRAY(SELECT generate_series(b.lo, b.lo + 99)),
@@ -202,7 +205,7 @@ def fill_per_call(conn: psycopg.Connection[Any], minutes: int, rows: int) -> dic
     return {"rows": count, "pages": pages, "lookup_blocks": lookup}
 
 
-def insert_cost_per_call(cluster: Cluster, batch: int) -> float:
+def insert_cost_per_call(cluster: Cluster, batch: int, calls: int) -> float:
     """Instructions per settle of INSERTs into ``s_call`` (the server stopped): with ``batch``
     100, one row holding 100 settles a statement; with 1, 100 rows of one settle each a
     statement (as the per-row shapes are counted: the statement's own cost spread)."""
@@ -219,12 +222,12 @@ def insert_cost_per_call(cluster: Cluster, batch: int) -> float:
         )
         settles = 100
 
-    def script(calls: int) -> str:
-        return f"PREPARE w AS {stmt}\n" + "EXECUTE w\n" * (5 + calls)
+    def script(n: int) -> str:
+        return f"PREPARE w AS {stmt}\n" + "EXECUTE w\n" * (5 + n)
 
-    small = cluster.single(script(25))
-    big = cluster.single(script(100))
-    return (big - small) / (75 * settles)
+    small = cluster.single(script(calls // 4))
+    big = cluster.single(script(calls))
+    return (big - small) / ((calls - calls // 4) * settles)
 
 
 def per_call(args: argparse.Namespace) -> None:
@@ -235,8 +238,8 @@ def per_call(args: argparse.Namespace) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             result = fill_per_call(conn, args.minutes, args.rows)
         cluster.pg_ctl("stop")
-        result["insert"] = round(insert_cost_per_call(cluster, 100))
-        result["insert_one"] = round(insert_cost_per_call(cluster, 1))
+        result["insert"] = round(insert_cost_per_call(cluster, 100, args.calls))
+        result["insert_one"] = round(insert_cost_per_call(cluster, 1, args.calls))
     finally:
         with contextlib.suppress(subprocess.CalledProcessError):  # stopped already
             cluster.pg_ctl("stop")
@@ -247,7 +250,13 @@ def per_call(args: argparse.Namespace) -> None:
         f"   ({result['rows']} rows, {result['pages']} pages)"
     )
     if args.json:
-        config = {"minutes": args.minutes, "rows_a_minute": args.rows, "window": WINDOW, "per_call": 100}
+        config = {
+            "minutes": args.minutes,
+            "rows_a_minute": args.rows,
+            "window": WINDOW,
+            "per_call": 100,
+            "calls": args.calls,
+        }
         args.json.write_text(json.dumps({"config": config, "per_call_gist": result}, indent=2) + "\n")
 
 
@@ -257,9 +266,12 @@ def main() -> None:
     ap.add_argument("--minutes", type=int, default=150)
     ap.add_argument("--rows", type=int, default=5000, help="rows settled a minute")
     ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
+    ap.add_argument("--calls", type=int, default=1000, help="counted INSERTs (100 rows each), at most 1,200")
     ap.add_argument("--per-call", action="store_true", help="the one-row-per-call shape instead")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if not 4 <= args.calls <= 1200:  # the counted rows must fit in the freed half of the window
+        raise SystemExit("--calls must be between 4 and 1200")
     if args.per_call:
         per_call(args)
         return
@@ -276,8 +288,8 @@ def main() -> None:
                 results[shape] = fill(conn, shape, args.minutes, args.rows)
         cluster.pg_ctl("stop")
         for shape in shapes:
-            results[shape]["insert"] = round(insert_cost(cluster, f"s_{shape}"))
-            results[shape]["insert_fresh"] = round(insert_cost(cluster, f"f_{shape}"))
+            results[shape]["insert"] = round(insert_cost(cluster, f"s_{shape}", args.calls))
+            results[shape]["insert_fresh"] = round(insert_cost(cluster, f"f_{shape}", args.calls))
             r = results[shape]
             print(
                 f"{shape:20} insert {r['insert'] / 1000:6.1f}k (fresh table {r['insert_fresh'] / 1000:6.1f}k)"
@@ -295,6 +307,7 @@ def main() -> None:
             "rows_a_minute": args.rows,
             "window": WINDOW,
             "vacuum_every": VACUUM_EVERY,
+            "calls": args.calls,
         }
         args.json.write_text(json.dumps({"config": config, "shapes": results}, indent=2) + "\n")
 

@@ -5,7 +5,7 @@
 -- settled keeps one index: a hash index on id, instead of the primary key (queue_id, id) and
 -- the BRIN index on settled_at. Every ack, nack and dead-letter writes a settled row, and those
 -- two index entries cost more than the row itself (docs/benchmarks.md, "Ack's memory in a
--- cheaper shape": 28.2k instructions a row in the steady state, 14.3k now).
+-- cheaper shape": 28.3k instructions a row in the steady state, 14.3k now).
 -- * The key: its unique B-tree checked for a duplicate that cannot exist (message ids come
 --   from one sequence and are never reused; nack and give_up write one row per id). The rows
 --   are read only by id, on rare paths (a repeated or stale ack, nack or give_up,
