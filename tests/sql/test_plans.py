@@ -482,3 +482,101 @@ def test_calls_read_only_their_rows_under_a_held_snapshot(
     # two generations (100 messages each, test_generations.py has the bound without ANALYZE).
     assert pkey <= 8 * max(HELD_SETTLE, 10), (call, pkey, entries)
     assert sum(entries.values()) <= 400, (call, pkey, entries)
+
+
+# Ack's memory -------------------------------------------------------------------------------
+#
+# settled holds a row per settled delivery for an hour (maintain() prunes it), written by every
+# ack, nack and dead-letter, read only when a settle finds no leased row: a repeat (idempotent
+# answer) or a stale token (nothing done). Since migration 0021 its only index is a hash index
+# on id (a cheaper insert than the primary key on (queue_id, id) and the BRIN index on
+# settled_at it replaced): those reads must find their rows through it, never by a scan of an
+# hour's rows.
+
+MEMORY = 300_000  # rows of other deliveries in settled: an hour at ~80 acks a second
+REPEATS = 5
+
+
+@pytest.fixture(scope="module")
+def remembered(dsn: str) -> Iterator[tuple[str, list[tuple[int, int]], list[tuple[int, int]]]]:
+    """Queue "q" with REPEATS deliveries acked and REPEATS dead-lettered (give_up), amid MEMORY
+    rows of two queues' other settles over the last hour, analysed. Yields (schema, acked
+    [(id, token)], dead [(id, token)])."""
+    schema = fresh_schema_name()
+    with Client(dsn, schema=schema, pool_size=1) as c:
+        c.migrate()
+        c.create_queue("other")
+        c.create_queue("q", lease=3600)
+        c.send_batch("q", [b"x"] * (2 * REPEATS))
+        taken = c.take("q", 2 * REPEATS)
+        c.ack(taken[:REPEATS])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        s = sql.Identifier(schema)
+        conn.execute(
+            sql.SQL("SELECT * FROM {}.give_up('q', %s, %s)").format(s),
+            ([m.id for m in taken[REPEATS:]], [m.token for m in taken[REPEATS:]]),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {s}.settled (queue_id, id, token, outcome, settled_at)"
+                " SELECT CASE WHEN i %% 2 = 0 THEN q.id ELSE o.id END, 1000000000 + i, 1, 'acked',"
+                "        {s}.now_ms() - 3600000 + i::bigint * 3600000 / %s"
+                "   FROM {s}.queue q, {s}.queue o, generate_series(1, %s) i"
+                "  WHERE q.name = 'q' AND o.name = 'other'"
+            ).format(s=s),
+            (MEMORY, MEMORY),
+        )
+        _analyze_once(dsn, schema, "settled")
+    yield (
+        schema,
+        [(m.id, m.token) for m in taken[:REPEATS]],
+        [(m.id, m.token) for m in taken[REPEATS:]],
+    )
+    drop_schema(dsn, schema)
+
+
+_MEMORY_CALLS = {
+    # call: (statement, which deliveries, token offset (1: a stale token), rows expected)
+    "ack repeated": ("SELECT * FROM {s}.ack('q', %(ids)s, %(tokens)s)", "acked", 0, REPEATS),
+    "ack one repeated": (
+        "SELECT * FROM {s}.ack('q', (%(ids)s::bigint[])[1:1], (%(tokens)s::int[])[1:1])",
+        "acked",
+        0,
+        1,
+    ),
+    "take(ack=) repeated": (
+        "SELECT * FROM {s}.take('q', 1, NULL, (%(ids)s::bigint[])[1:1], (%(tokens)s::int[])[1:1])",
+        "acked",
+        0,
+        0,
+    ),
+    "ack stale": ("SELECT * FROM {s}.ack('q', %(ids)s, %(tokens)s)", "acked", 1, 0),
+    "nack of the dead-lettered": ("SELECT * FROM {s}.nack('q', %(ids)s, %(tokens)s)", "dead", 0, REPEATS),
+    "nack stale": ("SELECT * FROM {s}.nack('q', %(ids)s, %(tokens)s)", "dead", 1, 0),
+    "give_up repeated": ("SELECT * FROM {s}.give_up('q', %(ids)s, %(tokens)s)", "dead", 0, REPEATS),
+}
+
+
+@pytest.mark.parametrize("call", list(_MEMORY_CALLS))
+def test_repeats_and_stale_settles_find_acks_memory_by_id(
+    dsn: str, remembered: tuple[str, list[tuple[int, int]], list[tuple[int, int]]], call: str
+) -> None:
+    schema, acked, dead = remembered
+    statement, which, offset, expected = _MEMORY_CALLS[call]
+    mine = acked if which == "acked" else dead
+    params = {"ids": [i for i, _ in mine], "tokens": [t + offset for _, t in mine]}
+    with psycopg.connect(dsn) as conn:
+        done = conn.execute(sql.SQL(statement).format(s=sql.Identifier(schema)), params).fetchall()
+        table = sql.Identifier(schema, "settled").as_string(conn)
+        entries = _index_entries(conn, table)
+        [(seq_read,)] = conn.execute(
+            "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables WHERE relid = %s::regclass",
+            (table,),
+        ).fetchall()
+        conn.rollback()
+    assert len(done) == expected, (call, done)
+    by_id = entries.pop("settled_id_idx")
+    assert seq_read == 0, (call, seq_read, entries)
+    # One entry per id asked (a hash index returns the entries of the id's bucket that match).
+    assert 1 <= by_id <= 2 * len(mine), (call, by_id, entries)
+    assert not entries, (call, entries)  # no other index on settled
