@@ -11,10 +11,12 @@
 -- concurrency limit still looks up its earliest lease expiry here (channels.sql, take.sql), and
 -- queue_metrics counts the channels' leases here.
 -- Dropped first, so that each partition's new index takes the old one's name (the same
--- transaction: no statement runs between the two). The build reads the whole message table
--- under a SHARE lock (sends and takes wait for it), as 0008's rebuild of the dequeue index did:
--- an index of a partitioned table cannot be built CONCURRENTLY, nor anything in migrate's one
--- transaction; migrate waits at most its lock_timeout for the lock, and tries again.
+-- transaction: no statement runs between the two). Every statement on the message table waits
+-- for the build (the DROP's ACCESS EXCLUSIVE lock is held until migrate commits), which reads
+-- the whole table: 38 ms for 323k messages (docs/benchmarks.md, branch leaseidx), as 0008's
+-- rebuild of the dequeue index did. An index of a partitioned table cannot be built
+-- CONCURRENTLY, nor anything in migrate's one transaction; migrate waits at most its
+-- lock_timeout for the lock, and tries again.
 DROP INDEX {schema}.message_leased_idx;
 CREATE INDEX message_channel_leased_idx ON {schema}.message (queue_id, channel, dequeue_at)
     WHERE leased AND channel IS NOT NULL;
