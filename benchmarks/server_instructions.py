@@ -29,8 +29,8 @@ Workloads (``--workloads``), per message:
 * ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
   (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
 * ``drain1_floor_settled`` / ``drain100_floor_settled``: the lease floor's statement with ack's
-  memory (each acknowledged id also inserted into an UNLOGGED table keyed by (queue, id), with a
-  BRIN index on the time, as LonnyMQ's ``settled``): a floor alone, no LonnyMQ statement;
+  memory (each acknowledged id also inserted into an UNLOGGED table with a hash index on the id,
+  as LonnyMQ's ``settled`` since migration 0021): a floor alone, no LonnyMQ statement;
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default;
@@ -123,9 +123,9 @@ _LEASE_FLOOR = (
     " SELECT (SELECT count(*) FROM a), set_config('b.ids', coalesce(array_agg(u.id)::text, '{{}}'), false) FROM u"
 )
 # The lease floor with ack's memory: each acknowledged id also leaves a row (queue, id, token,
-# outcome, time) in an UNLOGGED table keyed by (queue, id) with a BRIN index on the time, as
-# LonnyMQ's settled (what answers a repeated ack, sql/settle.sql): a guarantee the lease floor
-# does not pay.
+# outcome, time) in an UNLOGGED table with a hash index on the id, as LonnyMQ's settled (what
+# answers a repeated ack, sql/settle.sql; its shape since migration 0021, before it a primary key
+# on (queue, id) and a BRIN index on the time): a guarantee the lease floor does not pay.
 _LEASE_FLOOR_SETTLED = _LEASE_FLOOR.replace(
     "RETURNING lq.id),",
     "RETURNING lq.id), s AS (INSERT INTO public.lq_settled SELECT 1, a.id, 1, 'acked', {now} FROM a),",
@@ -282,8 +282,8 @@ _FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jso
 CREATE FUNCTION public.seed_dequeue() RETURNS SETOF public.seedq LANGUAGE plpgsql AS $f$ BEGIN RETURN QUERY DELETE FROM public.seedq WHERE id = (SELECT id FROM public.seedq ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING *; END $f$
 CREATE TABLE public.lq (id bigserial PRIMARY KEY, vt bigint NOT NULL DEFAULT 0, payload jsonb NOT NULL)
 CREATE INDEX lq_vt ON public.lq (vt, id)
-CREATE UNLOGGED TABLE public.lq_settled (queue_id integer, id bigint, token integer, outcome text NOT NULL, settled_at bigint NOT NULL, PRIMARY KEY (queue_id, id))
-CREATE INDEX lq_settled_at ON public.lq_settled USING brin (settled_at)
+CREATE UNLOGGED TABLE public.lq_settled (queue_id integer NOT NULL, id bigint NOT NULL, token integer NOT NULL, outcome text NOT NULL, settled_at bigint NOT NULL)
+CREATE INDEX lq_settled_id ON public.lq_settled USING hash (id)
 """
 
 

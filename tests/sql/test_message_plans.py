@@ -1,7 +1,8 @@
 """Plan tests of the message-level reads (issue 11) on a realistic archive: a page of
 archive_list / dead_list is an index range scan (the primary key for keyset paging by id,
 archive_status_idx for a time window), message_get one index lookup, and the repeat lookup of
-ack reads settled by its primary key. Statements are taken verbatim from the function bodies."""
+ack reads settled by its hash index on id (migration 0021). Statements are taken verbatim from
+the function bodies."""
 
 from __future__ import annotations
 
@@ -123,4 +124,4 @@ def test_message_get_and_the_ack_repeat_lookup_are_index_lookups(
     assert repeat is not None
     query = repeat[1].replace("t.id", "12345").replace("t.token", "1")
     plan = _plan(conn, query, {"q.id": qid})
-    assert "Index Scan using settled_pkey" in plan, plan
+    assert "Index Scan using settled_id_idx" in plan, plan

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from test_send_lean import _statement
 
 from core_helpers import drop_schema, fresh_schema_name
 from lonnymq import Client, Envelope
@@ -44,7 +45,7 @@ def candidate_queries(function: str) -> list[str]:
         text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
         text = re.sub(r"\b(?:q\.id|v_head\.qid)\b", "$1", text)  # v_head: take_tx's lean pop
         text = re.sub(r"\b(?:v_now|p_now|v_head\.now)\b", "$2", text)
-        text = re.sub(r"\b(?:p_limit|v_want|v_more)\b", "$3", text)
+        text = re.sub(r"\b(?:p_limit|v_want|v_more|p_want)\b", "$3", text)
         text = re.sub(r"\b(?:g\.gen|v_old)\b", "$4", text)  # v_old: a frozen generation
         text = re.sub(r"\b(?:q|v_head)\.max_attempts\b", "5", text)  # take_tx's lean path: deliverable?
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
@@ -153,8 +154,8 @@ def _explain(
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 # _lock_ready: the candidates of take() and take_tx(); take: its one-message lean path;
-# take_tx: its lean path (pop).
-@pytest.mark.parametrize("function", ["_lock_ready", "take", "take_tx"])
+# take_tx: its lean path (pop); _undeliverable_ready: what their lean paths left, read again.
+@pytest.mark.parametrize("function", ["_lock_ready", "take", "take_tx", "_undeliverable_ready"])
 def test_candidate_query_walks_the_dequeue_index(
     dsn: str, loaded: tuple[str, int, int], function: str, mode: str
 ) -> None:
@@ -190,6 +191,48 @@ def test_candidate_query_reads_a_handful_of_buffers(
             assert plan["Actual Rows"] == rows
             assert buffers <= 50, buffers
             conn.rollback()  # the EXPLAIN ANALYZE really locked the rows
+
+
+def test_metrics_count_plain_leases_in_time_order_up_to_the_cap(
+    dsn: str, loaded: tuple[str, int, int]
+) -> None:
+    """queue_metrics counts a plain queue's leases among the future rows of its generations (a
+    plain message's lease enters no index of leases since migration 0022), in the dequeue
+    index's order, so that a capped count stops at the cap: on the loaded queue (200k leases
+    due before 200k scheduled messages) a count capped at 1,000 reads a few dozen buffers, not
+    every future row (a bitmap scan, planned without the order, read them all: 400k rows)."""
+    schema, qid, now = loaded
+    stmt = _statement(
+        "queue_metrics",
+        r"(SELECT count\(\*\) INTO leased FROM \(.*?LIMIT p_cap\) s);",
+        {"q.id": "$1", "v_gens": "$2", "v_now": "$3", "p_cap": "$4"},
+        schema,
+    ).replace(" INTO leased", "")
+    with psycopg.connect(dsn) as conn:
+        for setting in ("plan_cache_mode = force_generic_plan", "enable_seqscan = off", "jit = off"):
+            conn.execute("SET " + setting)  # as queue_metrics runs
+        conn.execute(
+            sql.SQL("PREPARE leased(integer, bigint[], bigint, integer) AS {}").format(sql.SQL(stmt))
+        )  # type: ignore[arg-type]
+        [(out,)] = conn.execute(
+            sql.SQL(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE leased({}, ARRAY[{}]::bigint[], {}, 1000)"
+            ).format(sql.Literal(qid), sql.Literal(GEN), sql.Literal(now))
+        ).fetchall()
+        [(count,)] = conn.execute(
+            sql.SQL("EXECUTE leased({}, ARRAY[{}]::bigint[], {}, 1000)").format(
+                sql.Literal(qid), sql.Literal(GEN), sql.Literal(now)
+            )
+        ).fetchall()
+    plan = out[0]["Plan"]
+    nodes = list(_nodes(plan))
+    types = [n["Node Type"] for n in nodes]
+    buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    print(f"\nmetrics' leased count (cap 1000): {buffers} buffers, {out[0]['Execution Time']:.2f} ms")
+    assert count == 1000
+    assert not {"Seq Scan", "Bitmap Heap Scan", "Sort"} & set(types), types
+    assert any(n.get("Index Name", "").startswith("message_logged_gen") for n in nodes), types
+    assert buffers <= 100, buffers
 
 
 @pytest.mark.parametrize(("function", "limit"), [("_lock_ready", LIMIT), ("take", 1), ("take", LIMIT)])
@@ -235,8 +278,8 @@ def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> Non
 # Settling by (id, token) ----------------------------------------------------------------------
 #
 # ack, nack, extend, give_up and the ack riding on take find their rows by primary key. The
-# partial index of leased rows (message_leased_idx, WHERE leased) also answers "leased rows of
-# this queue", and right after a burst of takes the statistics still say there are none: a
+# partial index of leased rows (WHERE leased; channel messages only since migration 0022) also
+# answers "leased rows of this queue", and right after a burst of takes the statistics still say there are none: a
 # statement that says a bare "m.leased" then hash-joins against every leased row of the queue
 # (measured: 46 ms for an ack of 100 with 150k leased, against 0.25 ms by primary key).
 
@@ -482,3 +525,101 @@ def test_calls_read_only_their_rows_under_a_held_snapshot(
     # two generations (100 messages each, test_generations.py has the bound without ANALYZE).
     assert pkey <= 8 * max(HELD_SETTLE, 10), (call, pkey, entries)
     assert sum(entries.values()) <= 400, (call, pkey, entries)
+
+
+# Ack's memory -------------------------------------------------------------------------------
+#
+# settled holds a row per settled delivery for an hour (maintain() prunes it), written by every
+# ack, nack and dead-letter, read only when a settle finds no leased row: a repeat (idempotent
+# answer) or a stale token (nothing done). Since migration 0021 its only index is a hash index
+# on id (a cheaper insert than the primary key on (queue_id, id) and the BRIN index on
+# settled_at it replaced): those reads must find their rows through it, never by a scan of an
+# hour's rows.
+
+MEMORY = 300_000  # rows of other deliveries in settled: an hour at ~80 acks a second
+REPEATS = 5
+
+
+@pytest.fixture(scope="module")
+def remembered(dsn: str) -> Iterator[tuple[str, list[tuple[int, int]], list[tuple[int, int]]]]:
+    """Queue "q" with REPEATS deliveries acked and REPEATS dead-lettered (give_up), amid MEMORY
+    rows of two queues' other settles over the last hour, analysed. Yields (schema, acked
+    [(id, token)], dead [(id, token)])."""
+    schema = fresh_schema_name()
+    with Client(dsn, schema=schema, pool_size=1) as c:
+        c.migrate()
+        c.create_queue("other")
+        c.create_queue("q", lease=3600)
+        c.send_batch("q", [b"x"] * (2 * REPEATS))
+        taken = c.take("q", 2 * REPEATS)
+        c.ack(taken[:REPEATS])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        s = sql.Identifier(schema)
+        conn.execute(
+            sql.SQL("SELECT * FROM {}.give_up('q', %s, %s)").format(s),
+            ([m.id for m in taken[REPEATS:]], [m.token for m in taken[REPEATS:]]),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {s}.settled (queue_id, id, token, outcome, settled_at)"
+                " SELECT CASE WHEN i %% 2 = 0 THEN q.id ELSE o.id END, 1000000000 + i, 1, 'acked',"
+                "        {s}.now_ms() - 3600000 + i::bigint * 3600000 / %s"
+                "   FROM {s}.queue q, {s}.queue o, generate_series(1, %s) i"
+                "  WHERE q.name = 'q' AND o.name = 'other'"
+            ).format(s=s),
+            (MEMORY, MEMORY),
+        )
+        _analyze_once(dsn, schema, "settled")
+    yield (
+        schema,
+        [(m.id, m.token) for m in taken[:REPEATS]],
+        [(m.id, m.token) for m in taken[REPEATS:]],
+    )
+    drop_schema(dsn, schema)
+
+
+_MEMORY_CALLS = {
+    # call: (statement, which deliveries, token offset (1: a stale token), rows expected)
+    "ack repeated": ("SELECT * FROM {s}.ack('q', %(ids)s, %(tokens)s)", "acked", 0, REPEATS),
+    "ack one repeated": (
+        "SELECT * FROM {s}.ack('q', (%(ids)s::bigint[])[1:1], (%(tokens)s::int[])[1:1])",
+        "acked",
+        0,
+        1,
+    ),
+    "take(ack=) repeated": (
+        "SELECT * FROM {s}.take('q', 1, NULL, (%(ids)s::bigint[])[1:1], (%(tokens)s::int[])[1:1])",
+        "acked",
+        0,
+        0,
+    ),
+    "ack stale": ("SELECT * FROM {s}.ack('q', %(ids)s, %(tokens)s)", "acked", 1, 0),
+    "nack of the dead-lettered": ("SELECT * FROM {s}.nack('q', %(ids)s, %(tokens)s)", "dead", 0, REPEATS),
+    "nack stale": ("SELECT * FROM {s}.nack('q', %(ids)s, %(tokens)s)", "dead", 1, 0),
+    "give_up repeated": ("SELECT * FROM {s}.give_up('q', %(ids)s, %(tokens)s)", "dead", 0, REPEATS),
+}
+
+
+@pytest.mark.parametrize("call", list(_MEMORY_CALLS))
+def test_repeats_and_stale_settles_find_acks_memory_by_id(
+    dsn: str, remembered: tuple[str, list[tuple[int, int]], list[tuple[int, int]]], call: str
+) -> None:
+    schema, acked, dead = remembered
+    statement, which, offset, expected = _MEMORY_CALLS[call]
+    mine = acked if which == "acked" else dead
+    params = {"ids": [i for i, _ in mine], "tokens": [t + offset for _, t in mine]}
+    with psycopg.connect(dsn) as conn:
+        done = conn.execute(sql.SQL(statement).format(s=sql.Identifier(schema)), params).fetchall()
+        table = sql.Identifier(schema, "settled").as_string(conn)
+        entries = _index_entries(conn, table)
+        [(seq_read,)] = conn.execute(
+            "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables WHERE relid = %s::regclass",
+            (table,),
+        ).fetchall()
+        conn.rollback()
+    assert len(done) == expected, (call, done)
+    by_id = entries.pop("settled_id_idx")
+    assert seq_read == 0, (call, seq_read, entries)
+    # One entry per id asked (a hash index returns the entries of the id's bucket that match).
+    assert 1 <= by_id <= 2 * len(mine), (call, by_id, entries)
+    assert not entries, (call, entries)  # no other index on settled

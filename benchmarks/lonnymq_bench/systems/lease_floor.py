@@ -30,14 +30,15 @@ RETURNING lq.id, lq.payload
 
 
 # The lease floor with ack's memory: each acknowledged id also leaves a row (queue, id, token,
-# outcome, time) in an UNLOGGED table keyed by (queue, id) with a BRIN index on the time, as
-# LonnyMQ's ``settled`` does (sql/settle.sql: what answers a repeated or stale ack of a message
-# already settled, so a retried ack is idempotent and a stale consumer is told the message is no
-# longer its own). The same as benchmarks/server_instructions.py's ``drain*_floor_settled``.
+# outcome, time) in an UNLOGGED table with a hash index on the id, as LonnyMQ's ``settled`` does
+# since migration 0021 (sql/settle.sql: what answers a repeated or stale ack of a message already
+# settled, so a retried ack is idempotent and a stale consumer is told the message is no longer
+# its own; before it, a primary key on (queue, id) and a BRIN index on the time). The same as
+# benchmarks/server_instructions.py's ``drain*_floor_settled``.
 SETTLED_DDL = """
-CREATE UNLOGGED TABLE lq_settled (queue_id integer, id bigint, token integer, outcome text NOT NULL,
-                                  settled_at bigint NOT NULL, PRIMARY KEY (queue_id, id));
-CREATE INDEX lq_settled_at ON lq_settled USING brin (settled_at);
+CREATE UNLOGGED TABLE lq_settled (queue_id integer NOT NULL, id bigint NOT NULL, token integer NOT NULL,
+                                  outcome text NOT NULL, settled_at bigint NOT NULL);
+CREATE INDEX lq_settled_id ON lq_settled USING hash (id);
 """
 LEASE_SETTLED = LEASE.replace(
     "WITH ack AS (DELETE FROM lq WHERE id = ANY (%(prev)b)),\n     now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),\n",

@@ -58,6 +58,9 @@ BEGIN
              LIMIT p_limit
                FOR UPDATE SKIP LOCKED) e
      WHERE c.queue_id = e.queue_id AND c.name = e.name;
+    -- Settles past the hour: read in physical order (no index on the time, migration 0021:
+    -- once the table has turned over, a BRIN summary spans old to new in every range), stopping
+    -- at p_limit rows.
     DELETE FROM {schema}.settled s
      USING (SELECT o.ctid FROM {schema}.settled o WHERE o.settled_at < v_now - 3600000
              LIMIT p_limit) old
