@@ -18,7 +18,7 @@ from psycopg import sql
 from lonnymq import Client, errors
 from lonnymq.client import ops
 from lonnymq.client.retry import RetryPolicy
-from lonnymq.models import Message, new_message
+from lonnymq.models import Message, SendResult, new_message, new_send_result
 
 
 def _values() -> list[Any]:
@@ -33,6 +33,18 @@ def test_new_message_is_the_dataclass_own() -> None:
     for f in dataclasses.fields(Message):
         assert getattr(fast, f.name) == getattr(made, f.name), f.name
     assert fast == made and repr(fast) == repr(made) and hash(fast) == hash(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.id = 2  # type: ignore[misc]
+
+
+def test_new_send_result_is_the_dataclass_own() -> None:
+    for made, fast in (
+        (SendResult(1, "created"), new_send_result(1, "created")),
+        (SendResult(None, "dropped"), new_send_result(None, "dropped")),
+    ):
+        assert type(fast) is SendResult
+        assert fast == made and repr(fast) == repr(made) and hash(fast) == hash(made)
+        assert (fast.id, fast.outcome) == (made.id, made.outcome)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.id = 2  # type: ignore[misc]
 
