@@ -22,7 +22,8 @@ retries; the benchmark's lonnymq_bench clients), ``raw`` (psycopg alone: the cli
 statements, its row factory, ``json``, one cursor), ``raw_bytes`` (the same with the statements
 rendered to bytes once), ``bare`` (psycopg as pgmq's Python users call it: ``conn.execute(...)
 .fetchall()``, a new cursor per call, tuple rows, the statements as bytes; the payload decoded
-with ``json``).
+with ``json``; ``send``: the statement of the client's plain send, ``send_plain``, as
+``.fetchone()``, the API send floor's call shape; until 2026-11-27 it ran ``send()``'s).
 
     PYTHONPATH=src python benchmarks/client_cpu.py --dsn postgresql://... \\
         --trees before=../main/src,after=src [--ops take_ack,send] [--modes client,raw] \\
@@ -174,8 +175,8 @@ def _bare_loop(conn: Any, schema: str, op: str, calls: int) -> None:
     from lonnymq.serializer import default_serializer
 
     st = statements(schema)
-    take, ack_one, send, take_ack_one, take_tx = (
-        getattr(st, n).as_bytes(conn) for n in ("take", "ack_one", "send", "take_ack_one", "take_tx")
+    take, ack_one, send_plain, take_ack_one, take_tx = (
+        getattr(st, n).as_bytes(conn) for n in ("take", "ack_one", "send_plain", "take_ack_one", "take_tx")
     )
     ctype = default_serializer().content_type
 
@@ -196,11 +197,10 @@ def _bare_loop(conn: Any, schema: str, op: str, calls: int) -> None:
     elif op == "take_tx":
         for _ in range(calls):
             rows_of(take_tx, (QUEUE, 1, None))
-    elif op == "send":
+    elif op == "send":  # the statement of the client's plain send (Client(connection), no key)
         for i in range(calls):
             body = json.dumps({"n": i}, separators=(",", ":")).encode()
-            params = (QUEUE, body, ctype, None, None, None, None, 0, None, None, "ignore", None)
-            conn.execute(send, params, binary=True).fetchall()
+            conn.execute(send_plain, (QUEUE, body, ctype, None), binary=True).fetchone()
     else:
         raise SystemExit(f"no bare loop for {op}")
 

@@ -43,7 +43,6 @@ import psycopg
 from lonnymq_bench import harness
 from lonnymq_bench.harness import median, payload
 from lonnymq_bench.server import dsn_or_temporary
-from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 
 from lonnymq import Client
@@ -162,8 +161,8 @@ def native_side(dsn: str, c: psycopg.Connection[Any], queue: str, batch: int) ->
     ops = Client(c).ops
 
     def call(op: Any) -> Any:
-        cur = c.execute(op.query, op.params, binary=True)
-        cur.row_factory = namedtuple_row
+        cur = c.cursor(binary=True, row_factory=op.row_factory)  # the client's rows: Op.row_factory
+        cur.execute(op.query, op.params)
         return op.decode(cur.fetchall() if cur.rownumber is not None else [])
 
     def send(i: int) -> int:

@@ -12,7 +12,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql
@@ -170,12 +170,19 @@ def drop_schema(dsn: str, schema: str) -> None:
 
 
 class CountingConnection(psycopg.Connection[Any]):
-    """A connection that counts the statements executed on it (each is one round trip)."""
+    """A connection that counts the statements executed on it (each is one round trip): through
+    ``execute()`` or a cursor of its own (the client makes its cursor, then executes on it)."""
 
     executed: int = 0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = _CountingCursor
+
+
+class _CountingCursor(psycopg.Cursor[Any]):
     def execute(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        self.executed += 1
+        cast(CountingConnection, self.connection).executed += 1
         return super().execute(*args, **kwargs)
 
 

@@ -103,6 +103,11 @@ class SendResult:
     outcome: Outcome
 
 
+#: ``SendResult(id, outcome)``, made as :data:`new_message` makes a Message (a send's result,
+#: made on every send).
+new_send_result: Callable[[int | None, Outcome], SendResult] = _slot_constructor(SendResult)
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """A message to send in a batch; see :meth:`Client.send` for the meaning of each field."""

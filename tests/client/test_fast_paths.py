@@ -1,21 +1,24 @@
 """The client's cheaper paths per call (docs/benchmarks.md, "The client's own CPU per call") give
 what the general ones gave: Messages equal to the dataclass's own, named rows whatever the
 column names, queue names checked once and still refused when bad, the retry deadline counted
-from the call's start, a single ack and an ack-less take as the list forms."""
+from the call's start, a single ack and an ack-less take as the list forms, deliveries made
+straight from their rows as the named rows make them, statements rendered once."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from lonnymq import Client, errors
 from lonnymq.client import ops
 from lonnymq.client.retry import RetryPolicy
-from lonnymq.models import Message, new_message
+from lonnymq.models import Message, SendResult, new_message, new_send_result
 
 
 def _values() -> list[Any]:
@@ -30,6 +33,18 @@ def test_new_message_is_the_dataclass_own() -> None:
     for f in dataclasses.fields(Message):
         assert getattr(fast, f.name) == getattr(made, f.name), f.name
     assert fast == made and repr(fast) == repr(made) and hash(fast) == hash(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.id = 2  # type: ignore[misc]
+
+
+def test_new_send_result_is_the_dataclass_own() -> None:
+    for made, fast in (
+        (SendResult(1, "created"), new_send_result(1, "created")),
+        (SendResult(None, "dropped"), new_send_result(None, "dropped")),
+    ):
+        assert type(fast) is SendResult
+        assert fast == made and repr(fast) == repr(made) and hash(fast) == hash(made)
+        assert (fast.id, fast.outcome) == (made.id, made.outcome)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.id = 2  # type: ignore[misc]
 
@@ -121,3 +136,58 @@ def test_one_ack_and_a_take_without_acks_as_the_list_forms(client: Client) -> No
     with pytest.raises(errors.InvalidArgument):
         client.ack(["not a message"])  # type: ignore[list-item]
     assert client.ack([c]) == {c.id}
+
+
+def _peek_columns(s: sql.Identifier, order: str) -> sql.Composed:
+    return sql.SQL("SELECT " + order + " FROM {}.peek('fp', 10)").format(s)  # type: ignore[operator]
+
+
+def test_deliveries_by_position_are_the_named_ones(client: Client, schema: str, conn: Any) -> None:
+    """take, take_tx and peek make Messages straight from their rows, by position once the
+    result's column names are the delivery type's; a result of other columns (a function whose
+    columns changed) is read by name: either way the Messages the named rows make."""
+    client.create_queue("fp")
+    client.send("fp", {"n": 1}, kind="k", headers={"h": 1}, key="a", channel="c", priority=3)
+    client.send("fp", b"\x00raw")
+    client.send("fp", "text")
+    s = sql.Identifier(schema)
+    named = [
+        ops._message("fp", r, None)
+        for r in conn.cursor(row_factory=ops.ROW_FACTORY).execute(_peek_columns(s, "*"), binary=True)
+    ]
+    assert len(named) == 3
+    reordered = "payload, token, id, attempt, lease_until, scheduled_at, enqueued_at, priority, key, channel"
+    reordered += ", kind, content_type, headers, state, last_error, 1 AS extra"
+    for columns in ("*", reordered):
+        cur = conn.cursor(row_factory=ops._deliveries("fp", None), binary=True)
+        got = cur.execute(_peek_columns(s, columns)).fetchall()
+        assert got == named and all(type(m) is Message for m in got), columns
+        assert [m.payload for m in got] == [{"n": 1}, b"\x00raw", "text"]
+    assert client.peek("fp", 10) == named
+    taken = client.take_tx("fp", 3)  # delivered: attempt 1
+    assert taken == [dataclasses.replace(m, attempt=1, token=m.token + 1) for m in named]
+
+
+def test_an_ascii_statement_is_rendered_once_for_every_encoding_and_never_for_another_schema(
+    dsn: str, schema: str, schema_pool: Any
+) -> None:
+    other = schema_pool.acquire(f"t_{uuid.uuid4().hex[:12]}")
+    try:
+        a, b = ops.statements(schema), ops.statements(other)
+        with (
+            psycopg.connect(dsn, autocommit=True) as utf8,
+            psycopg.connect(dsn, autocommit=True, client_encoding="LATIN1") as latin1,
+        ):
+            assert ops.rendered(a.send_plain, utf8) is ops.rendered(a.send_plain, latin1)
+            assert ops.rendered(b.send_plain, latin1) == b.send_plain.as_bytes(utf8)
+            assert ops.rendered(b.send_plain, latin1) != ops.rendered(a.send_plain, utf8)
+            # Two clients of two schemas on one connection: each call on its own schema.
+            ca, cb = Client(latin1, schema=schema), Client(latin1, schema=other)
+            for c in (ca, cb):
+                c.create_queue("fp")
+            sent = {c.schema: c.send("fp", c.schema).id for c in (ca, cb)}
+            for c in (ca, cb):
+                (m,) = c.take_tx("fp", 5)
+                assert (m.id, m.payload) == (sent[c.schema], c.schema)
+    finally:
+        schema_pool.release(other)

@@ -62,7 +62,6 @@ from .direct import (
     unsupported,
 )
 from .ops import (
-    ROW_FACTORY,
     Op,
     Ops,
     check_send_key,
@@ -79,13 +78,8 @@ from .wait import PENDING_WAIT, AsyncListener, ShardListener, next_wait
 T = TypeVar("T")
 
 
-def _in_transaction(c: AsyncConnection[Any]) -> bool:
-    """A call on ``c`` joins the caller's transaction (open, or begun by the call itself)."""
-    # pgconn's status, not c.info's: that makes a ConnectionInfo and an enum on every call.
-    return not c.autocommit or c.pgconn.transaction_status != _IDLE
-
-
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 async def _check_connection(conn: AsyncConnection[Any]) -> None:
@@ -245,8 +239,14 @@ class AsyncClient:
         """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
         pool a call cut off by a lost connection is repeated under the client's retry policy
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
-        if (parts := settle_split(op)) is not None and (
-            self._map is not None or await self.is_router(conn=conn)
+        p = op.params
+        # (settle_split's first test inline: most calls pass no list of ids second, and need not
+        # call it.)
+        if (
+            len(p) > 1
+            and isinstance(p[1], list)
+            and (parts := settle_split(op)) is not None
+            and (self._map is not None or await self.is_router(conn=conn))
         ):
             # Deliveries of several shards (a partitioned queue's): a call on each.
             return settle_merge([await self.run(part, conn, retry=retry) for part in parts])
@@ -259,7 +259,12 @@ class AsyncClient:
             # context manager: nothing to open or give back).
             c = conn if conn is not None else self._conn
             assert c is not None
-            if op.caller_tx or _in_transaction(c):
+            # A call in the caller's transaction (open, or begun by the call itself) is refused
+            # on a router; once the schema is known not to be a router's, no need to look. The
+            # status from pgconn, not c.info: that makes a ConnectionInfo and an enum a call.
+            if self._router is not False and (
+                op.caller_tx or not c.autocommit or c.pgconn.transaction_status != _IDLE
+            ):
                 await self._refuse_on_router(c)
             return await self._execute(c, op)
         pool = self._pool
@@ -491,12 +496,14 @@ class AsyncClient:
 
     async def _execute(self, c: AsyncConnection[Any], op: Op[T]) -> T:
         try:
-            cur = await c.execute(rendered(op.query, c), op.params, binary=True)
-            # Rows made by our row factory, whatever the connection's (dict_row, class_row...).
-            cur.row_factory = ROW_FACTORY
-            # rownumber, not description: description builds a Column object per column
-            # on every call (~50 us for a 15-column take).
-            rows = await cur.fetchall() if cur.rownumber is not None else []
+            # Rows made by the op's row factory, whatever the connection's (dict_row, class_row...);
+            # given to the cursor when made (not set after execute: a second row maker a call).
+            cur = c.cursor(binary=True, row_factory=op.row_factory)
+            await cur.execute(rendered(op.query, c), op.params)
+            # Rows only if the statement made some (rownumber's test; not description, which
+            # builds a Column object per column on every call: ~50 us for a 15-column take).
+            res = cur.pgresult
+            rows = await cur.fetchall() if res is not None and res.status == _TUPLES_OK else []
         except psycopg.Error as e:
             mapped = map_error(e)
             if mapped is e:
@@ -797,7 +804,12 @@ class AsyncClient:
             key=key,
             channel=channel,
             on_conflict=on_conflict,
-            send_key=self._send_key(idempotency_key, conn),
+            # (no key, on a connection given: none, without the call)
+            send_key=(
+                None
+                if idempotency_key is None and (conn is not None or self._conn is not None)
+                else self._send_key(idempotency_key, conn)
+            ),
         )
         return await self.run(op, conn)
 

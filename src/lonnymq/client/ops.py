@@ -23,7 +23,7 @@ from typing import Any, Generic, LiteralString, TypeVar
 import psycopg
 from psycopg import sql
 from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
-from psycopg.rows import RowMaker, no_result
+from psycopg.rows import RowFactory, RowMaker, no_result, tuple_row
 from psycopg.types.json import Jsonb
 
 from .. import errors
@@ -45,6 +45,7 @@ from ..models import (
     SendResult,
     WorkerInfo,
     new_message,
+    new_send_result,
 )
 from ..serializer import Serializer, default_serializer
 
@@ -74,29 +75,42 @@ def _row_type(*names: bytes) -> Callable[[Sequence[Any]], Any]:
     return partial(tuple.__new__, row)
 
 
+def _columns(cursor: Any) -> tuple[bytes, ...] | None:
+    """The column names of the cursor's result, None when it has no rows to fetch (names as
+    the server sent them: the SQL functions' own, ASCII, so no lookup of the encoding)."""
+    res = cursor.pgresult
+    if res is None or res.status != _TUPLES_OK:
+        return None
+    return tuple(map(res.fname, range(res.nfields)))
+
+
 def _named_rows(cursor: Any) -> RowMaker[Any]:
     """psycopg's ``namedtuple_row`` for the client's own statements, for half its CPU per
     result (1.5 us against 2.2 for a take's 15 columns): no lookup of the connection's encoding
-    (the names are the SQL functions' own, ASCII) and rows made by :func:`_row_type`."""
-    res = cursor.pgresult
-    if res is None or res.status != _TUPLES_OK:
-        return no_result
-    return _row_type(*map(res.fname, range(res.nfields)))
+    and rows made by :func:`_row_type`."""
+    names = _columns(cursor)
+    return no_result if names is None else _row_type(*names)
 
 
 _TUPLES_OK = ExecStatus.TUPLES_OK
 
-#: The row factory every op is executed with, whatever the row factory of the connection it runs
-#: on (a caller's connection or pool may use ``dict_row``, ``class_row``...): rows are named
-#: tuples, which decoders read by column name (``r.id``; ``r[0]`` only for one-column results).
+#: The row factory ops are executed with unless they name another (``Op.row_factory``), whatever
+#: the row factory of the connection they run on (a caller's connection or pool may use
+#: ``dict_row``, ``class_row``...): rows are named tuples, which decoders read by column name.
 ROW_FACTORY = _named_rows
+
+#: The row factory of ops whose decoder reads the one column of a scalar function (or of a
+#: SETOF of scalars) by position (``r[0]``): plain tuples, no column names read (a named row
+#: factory costs 5-6k instructions a call for one column: docs/benchmarks.md, branch clientfast).
+POSITIONAL: RowFactory[Any] = tuple_row
 
 
 # Not frozen: a frozen dataclass's __init__ costs 0.9 us here against 0.3 us, on every call.
 # Nothing changes an op once made (direct.py derives new ones with dataclasses.replace).
 @dataclass(slots=True)
 class Op(Generic[T]):
-    """One SQL statement and the decoder of its rows, made by :data:`ROW_FACTORY`.
+    """One SQL statement and the decoder of its rows, made by ``row_factory`` (:data:`ROW_FACTORY`:
+    named tuples; :data:`POSITIONAL`: tuples, for a decoder that reads one column by position).
     ``safe_to_retry``: running it twice does no harm, so a call cut off by a lost connection is
     repeated even if it may have run (see :mod:`lonnymq.client.retry`)."""
 
@@ -106,6 +120,7 @@ class Op(Generic[T]):
     safe_to_retry: bool = False
     #: Its promise is the caller's transaction (take_tx): refused on a shard router.
     caller_tx: bool = False
+    row_factory: RowFactory[Any] = ROW_FACTORY
 
 
 # -- argument checks -------------------------------------------------------------------------
@@ -462,27 +477,32 @@ def statements(schema: str) -> Statements:
     return Statements(schema)
 
 
-#: Statements rendered to bytes, by (id of the statement, the connection's ``client_encoding``):
-#: psycopg renders a ``sql.Composed`` again on every execute: 4-6% of the client's CPU per call
-#: (benchmarks/client_cpu.py; send 68.0 -> 64.8 us, take + ack 153.0 -> 143.6). Each entry keeps
-#: its statement alive, so an id in the cache is never that of another object; the cache is
-#: emptied when full.
-_rendered: dict[tuple[int, bytes | None], tuple[sql.Composable, bytes]] = {}
+#: Statements rendered to bytes: psycopg renders a ``sql.Composed`` again on every execute: 4-6%
+#: of the client's CPU per call (benchmarks/client_cpu.py; send 68.0 -> 64.8 us, take + ack 153.0
+#: -> 143.6). A rendering that is ASCII without a backslash is the same on every connection
+#: (every client encoding is a superset of ASCII, and only a backslash makes a literal depend on
+#: standard_conforming_strings): kept by the statement's id alone, so that a call need not ask
+#: the connection's encoding (the client's statements: a schema name is ASCII). Any other, by (id,
+#: the connection's ``client_encoding``). Each entry keeps its statement alive, so an id in the
+#: cache is never that of another object; the cache is emptied when full.
+_rendered: dict[int | tuple[int, bytes | None], tuple[sql.Composable, bytes]] = {}
 _RENDERED_MAX = 4096
 
 
 def rendered(query: sql.Composable, conn: psycopg.BaseConnection[Any]) -> bytes:
     """``query`` as ``conn`` would render it (the bytes depend on the schema, which the statement
-    holds, and on the connection's encoding), rendered once per statement and encoding."""
-    key = (id(query), conn.pgconn.parameter_status(b"client_encoding"))
-    hit = _rendered.get(key)
-    if hit is not None and hit[0] is query:
-        return hit[1]
-    text = query.as_bytes(conn)
-    if len(_rendered) >= _RENDERED_MAX:
-        _rendered.clear()
-    _rendered[key] = (query, text)
-    return text
+    holds, and may depend on the connection's encoding), rendered once per statement (and
+    encoding, where it matters)."""
+    hit = _rendered.get(id(query))
+    if hit is None or hit[0] is not query:
+        key = (id(query), conn.pgconn.parameter_status(b"client_encoding"))
+        hit = _rendered.get(key)
+        if hit is None or hit[0] is not query:
+            text = query.as_bytes(conn)
+            if len(_rendered) >= _RENDERED_MAX:
+                _rendered.clear()
+            hit = _rendered[id(query) if text.isascii() and b"\\" not in text else key] = (query, text)
+    return hit[1]
 
 
 # -- decoders --------------------------------------------------------------------------------
@@ -506,11 +526,11 @@ def _ids(rows: list[Any]) -> set[int]:
 
 
 def _sent(rows: list[Any]) -> SendResult:
-    return SendResult(rows[0].id, rows[0].outcome)
+    return new_send_result(rows[0].id, rows[0].outcome)
 
 
 def _sent_plain(rows: list[Any]) -> SendResult:
-    return SendResult(rows[0][0], "created")
+    return new_send_result(rows[0][0], "created")
 
 
 def _message(
@@ -540,8 +560,56 @@ def _message(
     )
 
 
-def _messages(queue: str, serializer: Serializer | None) -> Callable[[list[Any]], list[Message]]:
-    return lambda rows: [_message(queue, r, serializer) for r in rows]
+#: The columns of a delivery (the type ``delivery``, which take, take_tx and peek return), in
+#: their order.
+_DELIVERY = (
+    b"id",
+    b"attempt",
+    b"token",
+    b"lease_until",
+    b"scheduled_at",
+    b"enqueued_at",
+    b"priority",
+    b"key",
+    b"channel",
+    b"kind",
+    b"content_type",
+    b"headers",
+    b"state",
+    b"last_error",
+    b"payload",
+)
+
+
+def _delivery(queue: str, serializer: Serializer | None, r: Sequence[Any]) -> Message:
+    """A row of the columns :data:`_DELIVERY` (compared by name first) as :func:`_message`
+    makes it, read by position: no named tuple, no attribute lookups."""
+    return new_message(
+        queue, r[0], r[2], r[1], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
+        bytes(r[14]), serializer, None,
+    )  # fmt: skip
+
+
+def _deliveries(queue: str, serializer: Serializer | None) -> RowFactory[Message]:
+    """The row factory of take, take_tx and peek: each row straight to a Message. By position
+    when the result's columns are :data:`_DELIVERY` (they are compared on every result), else
+    (the SQL function's columns changed) by name, as :func:`_message` reads them."""
+
+    def factory(cursor: Any) -> RowMaker[Message]:
+        names = _columns(cursor)
+        if names is None:
+            return no_result
+        if names == _DELIVERY:
+            return partial(_delivery, queue, serializer)
+        row = _row_type(*names)
+        return lambda values: _message(queue, row(values), serializer)
+
+    return factory
+
+
+def _rows(rows: list[T]) -> list[T]:
+    """The decoder of ops whose row factory made the results (:func:`_deliveries`)."""
+    return rows
 
 
 def _dead_messages(serializer: Serializer | None) -> Callable[[list[Any]], list[DeadMessage]]:
@@ -648,20 +716,29 @@ class Ops:
         if partitions is not None:
             if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
                 raise errors.InvalidArgument(f"partitions must be a positive integer, got {partitions!r}")
-            return Op(self.st.queue_create_partitioned, (name, partitions, *params[1:]), _scalar)
-        return Op(self.st.queue_create, params, _scalar)
+            return Op(
+                self.st.queue_create_partitioned,
+                (name, partitions, *params[1:]),
+                _scalar,
+                row_factory=POSITIONAL,
+            )
+        return Op(self.st.queue_create, params, _scalar, row_factory=POSITIONAL)
 
     def queue_drop(self, name: str, *, if_exists: bool = False) -> Op[bool]:
-        return Op(self.st.queue_drop, (check_queue(name), bool(if_exists)), _scalar)
+        return Op(self.st.queue_drop, (check_queue(name), bool(if_exists)), _scalar, row_factory=POSITIONAL)
 
     def queue_purge(self, name: str) -> Op[None]:
         return Op(self.st.queue_purge, (check_queue(name),), _nothing)
 
     def queue_pause(self, name: str) -> Op[bool]:
-        return Op(self.st.queue_pause, (check_queue(name),), _scalar, safe_to_retry=True)
+        return Op(
+            self.st.queue_pause, (check_queue(name),), _scalar, safe_to_retry=True, row_factory=POSITIONAL
+        )
 
     def queue_resume(self, name: str) -> Op[bool]:
-        return Op(self.st.queue_resume, (check_queue(name),), _scalar, safe_to_retry=True)
+        return Op(
+            self.st.queue_resume, (check_queue(name),), _scalar, safe_to_retry=True, row_factory=POSITIONAL
+        )
 
     def queue_list(self, *, limit: int | None = None, after: str | None = None) -> Op[list[QueueInfo]]:
         if after is not None:
@@ -704,7 +781,8 @@ class Ops:
         :func:`new_send_key`) a repeat of the call creates nothing and returns the first call's
         result, so the op is safe to retry."""
         check_queue(queue)
-        _check_on_conflict(on_conflict)
+        if on_conflict != "ignore":  # (the default needs no check)
+            _check_on_conflict(on_conflict)
         body, ctype = encode_payload(payload, self.serializer)
         if at is not None and delay is not None:
             raise errors.InvalidArgument("give delay or at, not both")
@@ -718,9 +796,9 @@ class Ops:
             and channel is None
             and send_key is None
         ):
-            return Op(
-                self.st.send_plain, (queue, body, ctype, check_text(kind, "kind", _KIND_MAX)), _sent_plain
-            )
+            if kind is not None:
+                check_text(kind, "kind", _KIND_MAX)
+            return Op(self.st.send_plain, (queue, body, ctype, kind), _sent_plain, row_factory=POSITIONAL)
         params = (
             queue,
             body,
@@ -806,7 +884,7 @@ class Ops:
         )
 
         def decode(rows: list[Any]) -> list[SendResult]:
-            return [SendResult(r.id, r.outcome) for r in rows]
+            return [new_send_result(r.id, r.outcome) for r in rows]
 
         # A batch is one call: one key covers it (all or nothing either way).
         return Op(self.st.send_batch, params, decode, safe_to_retry=send_key is not None)
@@ -824,40 +902,45 @@ class Ops:
         lease_ms = to_ms(lease, "lease", positive=True)
         # A take that ran but whose answer was lost leaves its messages leased until the lease
         # ends, and the acks riding on it are fenced by token: repeating it is harmless.
+        rows = _deliveries(queue, self.serializer)
         if not ack and isinstance(ack, (tuple, list)):  # nothing to ack (the common take)
             params: tuple[Any, ...] = (queue, n, lease_ms, None, None)
-            return Op(self.st.take, params, _messages(queue, self.serializer), safe_to_retry=True)
+            return Op(self.st.take, params, _rows, safe_to_retry=True, row_factory=rows)
         ids, tokens = message_pairs(queue, ack)
         if len(ids) == 1:
             params = (queue, n, lease_ms, ids[0], tokens[0])
-            return Op(self.st.take_ack_one, params, _messages(queue, self.serializer), safe_to_retry=True)
+            return Op(self.st.take_ack_one, params, _rows, safe_to_retry=True, row_factory=rows)
         params = (queue, n, lease_ms, ids or None, tokens or None)
-        return Op(self.st.take, params, _messages(queue, self.serializer), safe_to_retry=True)
+        return Op(self.st.take, params, _rows, safe_to_retry=True, row_factory=rows)
 
     def take_tx(self, queue: str, n: int = 1, *, archive: bool | None = None) -> Op[list[Message]]:
         check_queue(queue)
         check_limit(n)
-        return Op(self.st.take_tx, (queue, n, archive), _messages(queue, self.serializer), caller_tx=True)
+        rows = _deliveries(queue, self.serializer)
+        return Op(self.st.take_tx, (queue, n, archive), _rows, caller_tx=True, row_factory=rows)
 
     def is_router(self) -> Op[bool]:
         """Whether the schema is a shard router's (calls run in the shards' own transactions)."""
-        return Op(self.st.is_router, (), lambda rows: bool(rows[0][0]), safe_to_retry=True)
+        return Op(
+            self.st.is_router, (), lambda rows: bool(rows[0][0]), safe_to_retry=True, row_factory=POSITIONAL
+        )
 
     def peek(self, queue: str, n: int = 10) -> Op[list[Message]]:
         check_queue(queue)
         check_limit(n)
-        return Op(self.st.peek, (queue, n), _messages(queue, self.serializer), safe_to_retry=True)
+        rows = _deliveries(queue, self.serializer)
+        return Op(self.st.peek, (queue, n), _rows, safe_to_retry=True, row_factory=rows)
 
     def ack(self, messages: Sequence[Message], *, archive: bool | None = None) -> Op[set[int]]:
         if type(messages) is list and len(messages) == 1 and isinstance(m := messages[0], Message):
             # One delivery (a consumer's usual ack): what _one_queue and message_pairs would
             # check holds already.
-            return Op(self.st.ack_one, (m.queue, m.id, m.token, archive), _ids)
+            return Op(self.st.ack_one, (m.queue, m.id, m.token, archive), _ids, row_factory=POSITIONAL)
         queue = _one_queue(messages)
         ids, tokens = message_pairs(queue, messages)
         if len(ids) == 1:
-            return Op(self.st.ack_one, (queue, ids[0], tokens[0], archive), _ids)
-        return Op(self.st.ack, (queue, ids, tokens, archive), _ids)
+            return Op(self.st.ack_one, (queue, ids[0], tokens[0], archive), _ids, row_factory=POSITIONAL)
+        return Op(self.st.ack, (queue, ids, tokens, archive), _ids, row_factory=POSITIONAL)
 
     def nack(
         self,
@@ -886,7 +969,9 @@ class Ops:
         return Op(self.st.extend, params, lambda rows: {r.id: r.lease_until for r in rows})
 
     def next_ready_in(self, queue: str) -> Op[int | None]:
-        return Op(self.st.next_ready_in, (check_queue(queue),), _scalar, safe_to_retry=True)
+        return Op(
+            self.st.next_ready_in, (check_queue(queue),), _scalar, safe_to_retry=True, row_factory=POSITIONAL
+        )
 
     def dead_list(
         self,
@@ -926,7 +1011,13 @@ class Ops:
             raise errors.InvalidArgument(f"archive must be a bool, got {archive!r}")
         params = (queue, id_list or None, key_list or None, archive)
         # Cancelling twice removes nothing more: safe to repeat.
-        return Op(self.st.message_cancel, params, lambda rows: [r[0] for r in rows], safe_to_retry=True)
+        return Op(
+            self.st.message_cancel,
+            params,
+            lambda rows: [r[0] for r in rows],
+            safe_to_retry=True,
+            row_factory=POSITIONAL,
+        )
 
     def archive_list(
         self,
@@ -958,10 +1049,10 @@ class Ops:
             ids = list(ids)
             if not all(isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids):
                 raise errors.InvalidArgument("ids must be message ids (integers)")
-        return Op(self.st.dead_requeue, (queue, ids), _scalar)
+        return Op(self.st.dead_requeue, (queue, ids), _scalar, row_factory=POSITIONAL)
 
     def dead_purge(self, queue: str) -> Op[int]:
-        return Op(self.st.dead_purge, (check_queue(queue),), _scalar)
+        return Op(self.st.dead_purge, (check_queue(queue),), _scalar, row_factory=POSITIONAL)
 
     def channel_set(
         self,
@@ -983,7 +1074,12 @@ class Ops:
         )
 
     def channel_reset(self, queue: str, channel: str) -> Op[bool]:
-        return Op(self.st.channel_reset, (check_queue(queue), check_channel(channel)), _scalar)
+        return Op(
+            self.st.channel_reset,
+            (check_queue(queue), check_channel(channel)),
+            _scalar,
+            row_factory=POSITIONAL,
+        )
 
     def channel_list(
         self, queue: str, *, limit: int = 1000, after: str | None = None
@@ -1000,7 +1096,7 @@ class Ops:
         )
 
     def maintain(self, limit: int = 10_000) -> Op[int]:
-        return Op(self.st.maintain, (check_limit(limit),), _scalar)
+        return Op(self.st.maintain, (check_limit(limit),), _scalar, row_factory=POSITIONAL)
 
     def stats_minutes(
         self,

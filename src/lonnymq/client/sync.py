@@ -64,30 +64,13 @@ from .direct import (
     settle_split,
     unsupported,
 )
-from .ops import (
-    ROW_FACTORY,
-    Op,
-    Ops,
-    check_send_key,
-    connection_quiet,
-    map_error,
-    new_send_key,
-    rendered,
-    settled,
-    to_ms,
-)
+from .ops import Op, Ops, check_send_key, connection_quiet, map_error, new_send_key, rendered, settled, to_ms
 from .retry import DEFAULT_RETRY, Backoff, RetryPolicy, sleep
 from .wait_sync import PENDING_WAIT, Listener, ShardListener, next_wait
 
 T = TypeVar("T")
-
-
-def _in_transaction(c: Connection[Any]) -> bool:
-    """A call on ``c`` joins the caller's transaction (open, or begun by the call itself)."""
-    return not c.autocommit or c.pgconn.transaction_status != _IDLE
-
-
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def _check_connection(conn: Connection[Any]) -> None:
@@ -242,7 +225,13 @@ class Client:
         """Execute one op, mapping database errors to :mod:`lonnymq.errors`. On the client's
         pool a call cut off by a lost connection is repeated under the client's retry policy
         when that is safe (``retry=False``: not this call), else raises ConnectionLost."""
-        if (parts := settle_split(op)) is not None and (self._map is not None or self.is_router(conn=conn)):
+        p = op.params
+        if (
+            len(p) > 1
+            and isinstance(p[1], list)
+            and ((parts := settle_split(op)) is not None)
+            and (self._map is not None or self.is_router(conn=conn))
+        ):
             return settle_merge([self.run(part, conn, retry=retry) for part in parts])
         if conn is None and self._map is not None:
             op = self._map.canonical(op)
@@ -251,7 +240,9 @@ class Client:
         if conn is not None or self._pool is None:
             c = conn if conn is not None else self._conn
             assert c is not None
-            if op.caller_tx or _in_transaction(c):
+            if self._router is not False and (
+                op.caller_tx or not c.autocommit or c.pgconn.transaction_status != _IDLE
+            ):
                 self._refuse_on_router(c)
             return self._execute(c, op)
         pool = self._pool
@@ -465,9 +456,10 @@ class Client:
 
     def _execute(self, c: Connection[Any], op: Op[T]) -> T:
         try:
-            cur = c.execute(rendered(op.query, c), op.params, binary=True)
-            cur.row_factory = ROW_FACTORY
-            rows = cur.fetchall() if cur.rownumber is not None else []
+            cur = c.cursor(binary=True, row_factory=op.row_factory)
+            cur.execute(rendered(op.query, c), op.params)
+            res = cur.pgresult
+            rows = cur.fetchall() if res is not None and res.status == _TUPLES_OK else []
         except psycopg.Error as e:
             mapped = map_error(e)
             if mapped is e:
@@ -741,7 +733,9 @@ class Client:
             key=key,
             channel=channel,
             on_conflict=on_conflict,
-            send_key=self._send_key(idempotency_key, conn),
+            send_key=None
+            if idempotency_key is None and (conn is not None or self._conn is not None)
+            else self._send_key(idempotency_key, conn),
         )
         return self.run(op, conn)
 
