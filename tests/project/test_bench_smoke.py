@@ -198,6 +198,8 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
             # scratch databases say whose they are.
             re.sub(r"[^a-z0-9_]", "_", (conninfo_to_dict(dsn).get("dbname") or "prod").lower())[:24]
             + f"_{uuid.uuid4().hex[:8]}",
+            "--backlog-batch",
+            "3000",
             "--out",
             str(out),
         ],
@@ -211,6 +213,7 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert set(doc["meta"]["versions"]) == set(REGISTRY) | set(PRODUCERS_ONLY)
     assert doc["meta"]["config"]["producers"] == [1, 2]
+    assert doc["meta"]["config"]["backlog_batch"] == 3000  # --backlog-batch over --quick's 2,000
     got: dict[tuple[str, str, int], set[str]] = {}
     for r in doc["throughput"]:
         assert r["n"] > 0 and r["rate"] > 0, r
