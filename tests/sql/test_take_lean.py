@@ -23,6 +23,7 @@ _NAMES = {
     "q.max_attempts": "$5",
     "v_held": "$6",
     "p_limit": "$7",  # (take(1)'s too: the window's query is the batch's, see take())
+    "v_frozen": "$8",  # (the batch's: its one frozen generation, v_frozen[1])
 }
 
 
@@ -44,8 +45,8 @@ def _plan_on_a_loaded_queue(
     ).fetchall()
     return _generic_plan(
         conn,
-        f"PREPARE lean_take(integer, bigint, bigint, bigint, integer, bigint, integer) AS {stmt}",
-        f"lean_take({qid}, {gen}, {_now(conn, s)}, 30000, 5, NULL, {limit})",
+        f"PREPARE lean_take(integer, bigint, bigint, bigint, integer, bigint, integer, bigint[]) AS {stmt}",
+        f"lean_take({qid}, {gen}, {_now(conn, s)}, 30000, 5, NULL, {limit}, NULL)",
     )
 
 
@@ -255,6 +256,63 @@ def test_take_n_of_a_plain_queue_leases_in_one_statement(
     assert not {m.id for m in first} & {r[0] for r in taken}
     assert calls == {"_lock_ready": 0, "_deliver": 0, "_ack": 1}, calls
     assert conn.execute(sql.SQL("SELECT count(*) FROM {}.message").format(s)).fetchone() == (20,)
+
+
+def _frozen_backlog(client: Client, conn: Any, schema: str, generations: int) -> None:
+    """Queue "q" with a backlog frozen in ``generations`` generations (each rotated out of the
+    window with more rows than a rotation moves) and a few newer rows in the window."""
+    s = sql.Identifier(schema)
+    client.create_queue("q")
+    rotate = sql.SQL("SELECT {}.rotate(p_force => true, p_max_moves => 5)").format(s)
+    for g in range(generations):
+        client.send_batch("q", [b"old %d" % g] * 20)
+        for _ in range(2):
+            conn.execute(rotate)
+    # Newer rows in the window, two of them ahead of the backlog by priority (an earlier
+    # dequeue_at): the batch merges the frozen generation with the window.
+    client.send_batch("q", [b"new"] * 3 + [Envelope(b"urgent", priority=10)] * 2)
+    [(frozen,)] = conn.execute(
+        sql.SQL(
+            "SELECT cardinality(f.gens) FROM {}.message_gen_frozen f JOIN {}.queue q ON q.id = f.queue_id"
+        ).format(s, s)
+    ).fetchall()
+    assert frozen == generations
+    # No rotation due while the test takes (a rotation would move or thaw what it set up).
+    conn.execute(
+        sql.SQL("SELECT setval({}, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)").format(
+            sql.Literal(sql.Identifier(schema, "message_gen_started_seq").as_string(conn))
+        )
+    )
+    conn.commit()
+
+
+@pytest.mark.parametrize("generations", [1, 2], ids=["one frozen generation", "two"])
+def test_take_n_of_a_queue_with_a_frozen_backlog(
+    client: Client, conn: Any, schema: str, generations: int
+) -> None:
+    """take(n) of a queue whose backlog is frozen in one generation leases in its own statement
+    (a drain that outlasts two rotations), the same rows in the same order as the general path
+    (_lock_ready, asked first in a transaction rolled back); with two frozen generations it
+    takes the general path, whose order (the oldest generation first) is not a merge."""
+    s = sql.Identifier(schema)
+    _frozen_backlog(client, conn, schema, generations)
+    with conn.transaction(force_rollback=True):
+        [(expected,)] = conn.execute(
+            sql.SQL(
+                "SELECT r.ids FROM {}.queue q, {}._lock_ready(q, 15, (extract(epoch FROM clock_timestamp())"
+                " * 1000)::bigint) r WHERE q.name = 'q'"
+            ).format(s, s)
+        ).fetchall()
+    conn.execute("SET track_functions = 'pl'")
+    taken = conn.execute(sql.SQL("SELECT id FROM {}.take('q', 15)").format(s)).fetchall()
+    calls = conn.execute(
+        "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regproc), 0)", (f"{schema}._lock_ready",)
+    ).fetchone()
+    conn.commit()
+    assert [r[0] for r in taken] == expected and len(expected) == 15
+    urgent = conn.execute(sql.SQL("SELECT id FROM {}.message WHERE payload = 'urgent'").format(s)).fetchall()
+    assert expected[:2] == sorted(r[0] for r in urgent)  # merged ahead of the frozen rows
+    assert calls == ((0,) if generations == 1 else (1,)), calls
 
 
 def test_a_plain_lease_enters_no_index_of_leases_and_metrics_still_count_it(

@@ -698,8 +698,8 @@ BEGIN
         IF FOUND THEN
             RETURN;
         END IF;
-    ELSIF coalesce(cardinality(v_frozen), 0) = 0 THEN
-        -- A batch of a queue with no frozen generation (a drain's take(n, ack=previous)):
+    ELSIF coalesce(cardinality(v_frozen), 0) <= 1 THEN
+        -- A batch of a queue with at most one frozen generation (a drain's take(n, ack=previous)):
         -- _lock_ready's candidate query and _deliver's lease in one statement, as take(1)'s
         -- above: the window's candidates are locked in (dequeue_at, id) order and those that
         -- may be delivered are leased by their ctid (which stays put while we hold the row).
@@ -716,7 +716,13 @@ BEGIN
         -- snapshot does not see: not leased by this call (as take_tx's lean path). Fewer than
         -- asked: the general path only when ready rows are left that it must deal with (a
         -- candidate that may not be delivered: an expired lease on its last attempt, or
-        -- superseded; _undeliverable_ready reads the window again).
+        -- superseded; _undeliverable_ready reads the window again). The queue's one frozen
+        -- generation (a backlog older than the window: a drain that outlasts two rotations)
+        -- is a third candidate range, merged as _lock_ready merges it: _lock_ready locks up to
+        -- p_limit of its rows, then the window's, and keeps the first p_limit of them all by
+        -- (dequeue_at, id), the same rows as here (v_frozen[1] is NULL without one: its range
+        -- is empty, an index scan that stops at once). With two or more, _lock_ready's order
+        -- (the oldest generation first) is not a merge: the general path.
         IF q.id >= 0 THEN
             RETURN QUERY
             UPDATE {schema}.message_logged m
@@ -725,7 +731,7 @@ BEGIN
               FROM unnest(ARRAY(
                        SELECT c.tid
                          FROM (SELECT w.tid, w.ok, w.dequeue_at, w.id
-                                 FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                 FROM (VALUES (v_frozen[1]), (v_gen - 1), (v_gen)) AS g(gen)
                                 CROSS JOIN LATERAL (
                                       SELECT m.id, m.ctid AS tid, m.dequeue_at,
                                              m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
@@ -751,7 +757,7 @@ BEGIN
               FROM unnest(ARRAY(
                        SELECT c.tid
                          FROM (SELECT w.tid, w.ok, w.dequeue_at, w.id
-                                 FROM (VALUES (v_gen - 1), (v_gen)) AS g(gen)
+                                 FROM (VALUES (v_frozen[1]), (v_gen - 1), (v_gen)) AS g(gen)
                                 CROSS JOIN LATERAL (
                                       SELECT m.id, m.ctid AS tid, m.dequeue_at,
                                              m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
@@ -775,7 +781,8 @@ BEGIN
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
             RETURN;
         END IF;
-        IF NOT {schema}._undeliverable_ready(q, ARRAY[v_gen - 1, v_gen], v_want, v_now) THEN
+        IF NOT {schema}._undeliverable_ready(
+                q, coalesce(v_frozen, ARRAY[]::bigint[]) || ARRAY[v_gen - 1, v_gen], v_want, v_now) THEN
             RETURN;
         END IF;
     END IF;

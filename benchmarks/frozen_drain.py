@@ -1,0 +1,74 @@
+"""A drain at batch 100 of a backlog frozen in one generation, the server's CPU per message.
+
+A backlog older than the window (a drain that outlasts two rotations, docs/storage.md) sits in
+a frozen generation. This sends ``--messages`` messages to a fresh ``lonnymq`` schema in the
+database of ``--dsn``, freezes them in their generation (two forced rotations that move at most
+5 rows), keeps any further rotation from coming due, and drains ``--drain`` of them with
+``take(q, 100, ack=previous)`` on one connection: the backend's CPU per message (from
+``/proc/<pid>/schedstat``, so the server must run on this machine) and the wall time per
+message. Compare source trees by running it with each on ``PYTHONPATH``, alternating:
+
+    PYTHONPATH=<tree>/src python benchmarks/frozen_drain.py --dsn postgresql://.../scratch
+
+The schema ``lonnymq`` of that database is dropped and re-created: use a scratch database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import psycopg
+
+from lonnymq import Client
+
+PAYLOAD = {"i": 0, "pad": "x" * 180}
+
+
+def _cpu_us(conn: psycopg.Connection[object]) -> float:
+    with open(f"/proc/{conn.info.backend_pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dsn", required=True, help="a scratch database (its schema lonnymq is re-created)")
+    ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--drain", type=int, default=60_000)
+    a = ap.parse_args()
+    with psycopg.connect(a.dsn, autocommit=True) as c:
+        c.execute("DROP SCHEMA IF EXISTS lonnymq CASCADE")
+        client = Client(c)
+        client.migrate()
+        client.create_queue("bench")
+        for start in range(0, a.messages, 1000):
+            client.send_batch(
+                "bench", [dict(PAYLOAD, i=i) for i in range(start, min(a.messages, start + 1000))]
+            )
+        for _ in range(2):
+            c.execute("SELECT lonnymq.rotate(p_force => true, p_max_moves => 5)")
+        c.execute(
+            "SELECT setval('lonnymq.message_gen_started_seq',"
+            " (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 3600000)"
+        )
+        frozen = c.execute("SELECT gens FROM lonnymq.message_gen_frozen").fetchall()
+        c.execute("VACUUM ANALYZE lonnymq.message")
+    with psycopg.connect(a.dsn, autocommit=True) as conn:
+        client = Client(conn)
+        prev: list[object] = []
+        n = 0
+        cpu0, t0 = _cpu_us(conn), time.perf_counter()
+        while n < a.drain:
+            got = client.take("bench", 100, ack=prev)  # type: ignore[arg-type]
+            if not got:
+                break
+            n += len(got)
+            prev = list(got)
+        cpu, wall = _cpu_us(conn) - cpu0, time.perf_counter() - t0
+    print(
+        f"frozen generations {frozen}; {n} messages: server CPU {cpu / n:.2f} us/msg, wall {wall / n * 1e6:.2f} us/msg"
+    )
+
+
+if __name__ == "__main__":
+    main()
