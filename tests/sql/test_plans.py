@@ -12,7 +12,6 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from test_send_lean import _statement
 
 from core_helpers import drop_schema, fresh_schema_name
 from lonnymq import Client, Envelope
@@ -45,7 +44,7 @@ def candidate_queries(function: str) -> list[str]:
         text = re.sub(r"\s+INTO\s+\w+(?:,\s*\w+)*\s+", " ", text, count=1)
         text = re.sub(r"\b(?:q\.id|v_head\.qid)\b", "$1", text)  # v_head: take_tx's lean pop
         text = re.sub(r"\b(?:v_now|p_now|v_head\.now)\b", "$2", text)
-        text = re.sub(r"\b(?:p_limit|v_want|v_more|p_want)\b", "$3", text)
+        text = re.sub(r"\b(?:p_limit|v_want|v_more)\b", "$3", text)
         text = re.sub(r"\b(?:g\.gen|v_old)\b", "$4", text)  # v_old: a frozen generation
         text = re.sub(r"\b(?:q|v_head)\.max_attempts\b", "5", text)  # take_tx's lean path: deliverable?
         unknown = re.findall(r"\b(?:p|v)_\w+|\bq\.\w+", text)
@@ -154,8 +153,8 @@ def _explain(
 
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 # _lock_ready: the candidates of take() and take_tx(); take: its one-message lean path;
-# take_tx: its lean path (pop); _undeliverable_ready: what their lean paths left, read again.
-@pytest.mark.parametrize("function", ["_lock_ready", "take", "take_tx", "_undeliverable_ready"])
+# take_tx: its lean path (pop).
+@pytest.mark.parametrize("function", ["_lock_ready", "take", "take_tx"])
 def test_candidate_query_walks_the_dequeue_index(
     dsn: str, loaded: tuple[str, int, int], function: str, mode: str
 ) -> None:
@@ -191,48 +190,6 @@ def test_candidate_query_reads_a_handful_of_buffers(
             assert plan["Actual Rows"] == rows
             assert buffers <= 50, buffers
             conn.rollback()  # the EXPLAIN ANALYZE really locked the rows
-
-
-def test_metrics_count_plain_leases_in_time_order_up_to_the_cap(
-    dsn: str, loaded: tuple[str, int, int]
-) -> None:
-    """queue_metrics counts a plain queue's leases among the future rows of its generations (a
-    plain message's lease enters no index of leases since migration 0022), in the dequeue
-    index's order, so that a capped count stops at the cap: on the loaded queue (200k leases
-    due before 200k scheduled messages) a count capped at 1,000 reads a few dozen buffers, not
-    every future row (a bitmap scan, planned without the order, read them all: 400k rows)."""
-    schema, qid, now = loaded
-    stmt = _statement(
-        "queue_metrics",
-        r"(SELECT count\(\*\) INTO leased FROM \(.*?LIMIT p_cap\) s);",
-        {"q.id": "$1", "v_gens": "$2", "v_now": "$3", "p_cap": "$4"},
-        schema,
-    ).replace(" INTO leased", "")
-    with psycopg.connect(dsn) as conn:
-        for setting in ("plan_cache_mode = force_generic_plan", "enable_seqscan = off", "jit = off"):
-            conn.execute("SET " + setting)  # as queue_metrics runs
-        conn.execute(
-            sql.SQL("PREPARE leased(integer, bigint[], bigint, integer) AS {}").format(sql.SQL(stmt))
-        )  # type: ignore[arg-type]
-        [(out,)] = conn.execute(
-            sql.SQL(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE leased({}, ARRAY[{}]::bigint[], {}, 1000)"
-            ).format(sql.Literal(qid), sql.Literal(GEN), sql.Literal(now))
-        ).fetchall()
-        [(count,)] = conn.execute(
-            sql.SQL("EXECUTE leased({}, ARRAY[{}]::bigint[], {}, 1000)").format(
-                sql.Literal(qid), sql.Literal(GEN), sql.Literal(now)
-            )
-        ).fetchall()
-    plan = out[0]["Plan"]
-    nodes = list(_nodes(plan))
-    types = [n["Node Type"] for n in nodes]
-    buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
-    print(f"\nmetrics' leased count (cap 1000): {buffers} buffers, {out[0]['Execution Time']:.2f} ms")
-    assert count == 1000
-    assert not {"Seq Scan", "Bitmap Heap Scan", "Sort"} & set(types), types
-    assert any(n.get("Index Name", "").startswith("message_logged_gen") for n in nodes), types
-    assert buffers <= 100, buffers
 
 
 @pytest.mark.parametrize(("function", "limit"), [("_lock_ready", LIMIT), ("take", 1), ("take", LIMIT)])
@@ -278,8 +235,8 @@ def test_every_row_lock_of_take_and_take_tx_is_plan_tested(function: str) -> Non
 # Settling by (id, token) ----------------------------------------------------------------------
 #
 # ack, nack, extend, give_up and the ack riding on take find their rows by primary key. The
-# partial index of leased rows (WHERE leased; channel messages only since migration 0022) also
-# answers "leased rows of this queue", and right after a burst of takes the statistics still say there are none: a
+# partial index of leased rows (message_leased_idx, WHERE leased) also answers "leased rows of
+# this queue", and right after a burst of takes the statistics still say there are none: a
 # statement that says a bare "m.leased" then hash-joins against every leased row of the queue
 # (measured: 46 ms for an ack of 100 with 150k leased, against 0.25 ms by primary key).
 

@@ -271,12 +271,9 @@ BEGIN
 END $$;
 
 -- The state of queue p_name on one snapshot and clock. Counts of ready, scheduled, leased and
--- dead messages are exact (index scans over each state's range); with p_cap, each stops at
--- p_cap rows, and the *_at_least flag of a count that reached it says "at least" (cheap on a
--- queue of millions), but for the leases of plain messages, which are told from scheduled ones
--- row by row: that count reads the queue's future plain rows in time order until p_cap leases,
--- so all of them when it has fewer (a queue of many messages scheduled to come due before its
--- leases expire: docs/benchmarks.md, branch leaseidx). total_sent: messages ever sent to the queue (created by sends, dead
+-- dead messages are exact (index-only scans over each state's range); with p_cap, each stops
+-- at p_cap rows, and the *_at_least flag of a count that reached it says "at least" (cheap on a
+-- queue of millions). total_sent: messages ever sent to the queue (created by sends, dead
 -- letters moved in, requeued dead messages: the sum of its queue_stat rows' sent).
 -- oldest_age_ms / newest_age_ms: age of the first and the last live message by id (ids grow
 -- with enqueue time), NULL when empty.
@@ -315,52 +312,19 @@ BEGIN
     paused := q.paused;
     -- LIMIT NULL is no limit: without a cap every count below is exact.
     ready := {schema}._count_messages(q.id, v_gens, -9223372036854775807, v_now, false, p_cap);
-    IF p_cap IS NULL THEN
-        -- Uncapped: one walk of the future rows tells the leases that have not expired from
-        -- the scheduled messages (a plain message's lease enters no index of leases since
-        -- migration 0022: leased is read from each row), plain ones through each generation's
-        -- range of their dequeue index, channel ones channel by channel through theirs.
-        SELECT count(*) FILTER (WHERE x.leased), count(*) FILTER (WHERE NOT x.leased)
-          INTO leased, scheduled
-          FROM ((SELECT y.leased FROM unnest(v_gens) AS g(gen)
-                   CROSS JOIN LATERAL (SELECT m.leased FROM {schema}.message m
-                                        WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                                          AND m.dequeue_at > v_now) y)
-                UNION ALL
-                (SELECT y.leased FROM {schema}.channel c
-                   CROSS JOIN LATERAL (SELECT m.leased FROM {schema}.message m
-                                        WHERE m.queue_id = q.id AND m.channel = c.name
-                                          AND m.dequeue_at > v_now) y
-                  WHERE c.queue_id = q.id)) x;
+    SELECT count(*) INTO leased FROM (
+        SELECT 1 FROM {schema}.message m
+         WHERE m.queue_id = q.id AND m.leased AND m.dequeue_at > v_now LIMIT p_cap) s;
+    -- Future rows are the leased ones plus the scheduled ones. While leased is exact, count
+    -- that many rows further so scheduled is exact up to p_cap as well; once leased is capped
+    -- the unleased future rows must be told apart row by row.
+    v_leased := leased;
+    IF p_cap IS NULL OR v_leased < p_cap THEN
+        v_future := {schema}._count_messages(q.id, v_gens, v_now, 9223372036854775807, false,
+                                             p_cap + v_leased);
+        scheduled := least(v_future - v_leased, p_cap);
     ELSE
-        -- Capped. Leases that have not expired: the channels' in their partial index of leases,
-        -- the plain messages' among the future rows of the queue's generations, in the dequeue
-        -- index's order, so that the walk stops at p_cap leases (a bitmap scan, which the
-        -- planner chose without the ORDER BY, read every future row first).
-        SELECT count(*) INTO leased FROM (
-            (SELECT 1 FROM {schema}.message m
-              WHERE m.queue_id = q.id AND m.channel IS NOT NULL AND m.leased AND m.dequeue_at > v_now
-              LIMIT p_cap)
-            UNION ALL
-            (SELECT 1 FROM unnest(v_gens) AS g(gen)
-               CROSS JOIN LATERAL (SELECT 1 FROM {schema}.message m
-                                    WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                                      AND m.dequeue_at > v_now AND m.leased
-                                    ORDER BY m.dequeue_at
-                                    LIMIT p_cap) x
-              LIMIT p_cap)
-            LIMIT p_cap) s;
-        -- Future rows are the leased ones plus the scheduled ones. While leased is exact, count
-        -- that many rows further so scheduled is exact up to p_cap as well; once leased is
-        -- capped the unleased future rows must be told apart row by row.
-        v_leased := leased;
-        IF v_leased < p_cap THEN
-            v_future := {schema}._count_messages(q.id, v_gens, v_now, 9223372036854775807, false,
-                                                 p_cap + v_leased);
-            scheduled := least(v_future - v_leased, p_cap);
-        ELSE
-            scheduled := {schema}._count_messages(q.id, v_gens, v_now, 9223372036854775807, true, p_cap);
-        END IF;
+        scheduled := {schema}._count_messages(q.id, v_gens, v_now, 9223372036854775807, true, p_cap);
     END IF;
     SELECT count(*) INTO dead FROM (
         SELECT 1 FROM {schema}.archive a

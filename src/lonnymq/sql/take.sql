@@ -77,58 +77,22 @@ BEGIN
     END IF;
 END $$;
 
--- Whether take()'s and take_tx()'s lean statements, having delivered fewer than asked, left
--- ready rows of queue q that the general path must deal with: a candidate they locked but may
--- not deliver (a lease expired on its last attempt, or a superseded version whose lease
--- expired), or a row that became ready and lockable since their snapshot (committed in between;
--- one changed under the statement, which locked it in a version it did not see). Reads what
--- they read, again: the first p_want ready rows of each generation p_gens (the queue's frozen
--- ones, if its lean statement read them, then the window's two), in the dequeue index's order,
--- FOR UPDATE SKIP LOCKED as they do. Rows they delivered are gone from the ready range (leased
--- into the future, or deleted), rows others hold are skipped, and rows they locked are this
--- transaction's: so what it finds is what they left, and its cost is at most theirs (an empty
--- queue: one descent per generation; ready rows held by other consumers: the walk past them
--- the lean statement made). It was a read of the partial index of leases, which plain
--- messages no longer enter (migration 0022). A row it finds stays locked, as the general path
--- then locks it anyway. Pinned by its order (its callers' enable_sort = off: take, take_tx): a
--- plan cached while the table was empty could otherwise sort a whole generation once the table
--- fills (test_pop_lean.py). PL/pgSQL, so that its plan is cached: as a SQL function (which
--- PostgreSQL never inlines when its body has a sub-select) fmgr_sql planned its statement at
+-- Whether queue q has a ready row that take()'s and take_tx()'s lean statements leave to the
+-- general path: an expired lease that may not be delivered (its last attempt, or a superseded
+-- version), read in the partial index of leases (usually empty), pinned by its order (its
+-- callers' enable_sort = off: take, take_tx): a plan cached while the table was empty would
+-- otherwise walk the whole dequeue index (queue_id is its second column) once the table fills
+-- (test_pop_lean.py). PL/pgSQL, so that its plan is cached: it was a SQL function, which
+-- PostgreSQL never inlines when its body has a sub-select, so fmgr_sql planned its statement at
 -- every call (~700k instructions, 2/3 of an empty pop: docs/benchmarks.md, branch poplean).
--- Locks: the rows it reads (FOR UPDATE SKIP LOCKED).
-CREATE OR REPLACE FUNCTION {schema}._undeliverable_ready(q {schema}.queue, p_gens bigint[], p_want integer,
-                                              p_now bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE AS $$
--- plpgsql_check suggests STABLE; VOLATILE is intended: it locks the rows it reads (a
--- non-volatile function may not run SELECT ... FOR UPDATE). Volatility is a finding about the
--- whole function, which only the in-comment option reaches.
--- @plpgsql_check_options: performance_warnings = false
+CREATE OR REPLACE FUNCTION {schema}._undeliverable_ready(q {schema}.queue, p_now bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF q.id >= 0 THEN
-        -- An ordinary queue: in message_logged, by name (over the partitioned table, 23k
-        -- instructions more for an empty queue's take: docs/benchmarks.md, branch leaseidx).
-        PERFORM FROM unnest(p_gens) AS g(gen)
-          CROSS JOIN LATERAL (
-                SELECT m.id
-                  FROM {schema}.message_logged m
-                 WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                   AND m.dequeue_at <= p_now
-                 ORDER BY m.dequeue_at, m.id
-                 LIMIT p_want
-                   FOR UPDATE SKIP LOCKED) w
-         LIMIT 1;
-        RETURN FOUND;
-    END IF;
-    PERFORM FROM unnest(p_gens) AS g(gen)
-      CROSS JOIN LATERAL (
-            SELECT m.id
-              FROM {schema}.message m
-             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-               AND m.dequeue_at <= p_now
-             ORDER BY m.dequeue_at, m.id
-             LIMIT p_want
-               FOR UPDATE SKIP LOCKED) w
-     LIMIT 1;
+    PERFORM FROM {schema}.message m
+      WHERE m.queue_id = q.id AND m.channel IS NULL AND m.leased AND m.dequeue_at <= p_now
+        AND (m.attempts >= q.max_attempts OR m.superseded_by IS NOT NULL)
+      ORDER BY m.channel, m.dequeue_at  -- the lease index's order
+      LIMIT 1;
     RETURN FOUND;
 END $$;
 
@@ -714,9 +678,9 @@ BEGIN
         -- UNLOGGED one (as take(1)'s). A row changed and committed by another transaction
         -- between this statement's start and its lock is locked in a version the UPDATE's
         -- snapshot does not see: not leased by this call (as take_tx's lean path). Fewer than
-        -- asked: the general path only when ready rows are left that it must deal with (a
-        -- candidate that may not be delivered: an expired lease on its last attempt, or
-        -- superseded; _undeliverable_ready reads the window again). The queue's one frozen
+        -- asked: the general path only when a candidate may not be delivered (an expired
+        -- lease on its last attempt, or superseded: the partial index of leases, which holds
+        -- the frozen generations' leases too). The queue's one frozen
         -- generation (a backlog older than the window: a drain that outlasts two rotations)
         -- is a third candidate range, merged as _lock_ready merges it: _lock_ready locks up to
         -- p_limit of its rows, then the window's, and keeps the first p_limit of them all by
@@ -781,8 +745,7 @@ BEGIN
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
             RETURN;
         END IF;
-        IF NOT {schema}._undeliverable_ready(
-                q, coalesce(v_frozen, ARRAY[]::bigint[]) || ARRAY[v_gen - 1, v_gen], v_want, v_now) THEN
+        IF NOT {schema}._undeliverable_ready(q, v_now) THEN
             RETURN;
         END IF;
     END IF;
@@ -1006,10 +969,9 @@ BEGIN
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
             RETURN;
         END IF;
-        -- Fewer than asked: done, unless the lean statement left ready rows for the general
-        -- path (a candidate it may not deliver: usually none), read where it read them.
-        IF NOT {schema}._undeliverable_ready(
-                q, coalesce(v_frozen, ARRAY[]::bigint[]) || ARRAY[v_gen - 1, v_gen], v_want, v_now) THEN
+        -- Fewer than asked: done, unless an expired lease that may not be delivered is among
+        -- the ready rows (the partial index of leases: usually none).
+        IF NOT {schema}._undeliverable_ready(q, v_now) THEN
             RETURN;
         END IF;
     END IF;
