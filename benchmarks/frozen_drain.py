@@ -19,15 +19,11 @@ import argparse
 import time
 
 import psycopg
+from send_cpu import _cpu  # type: ignore[import-not-found,unused-ignore]
 
 from lonnymq import Client
 
 PAYLOAD = {"i": 0, "pad": "x" * 180}
-
-
-def _cpu_us(conn: psycopg.Connection[object]) -> float:
-    with open(f"/proc/{conn.info.backend_pid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e3
 
 
 def main() -> None:
@@ -57,14 +53,14 @@ def main() -> None:
         client = Client(conn)
         prev: list[object] = []
         n = 0
-        cpu0, t0 = _cpu_us(conn), time.perf_counter()
+        cpu0, t0 = _cpu(conn.info.backend_pid), time.perf_counter()
         while n < a.drain:
             got = client.take("bench", 100, ack=prev)  # type: ignore[arg-type]
             if not got:
                 break
             n += len(got)
             prev = list(got)
-        cpu, wall = _cpu_us(conn) - cpu0, time.perf_counter() - t0
+        cpu, wall = (_cpu(conn.info.backend_pid) - cpu0) * 1e6, time.perf_counter() - t0
     print(
         f"frozen generations {frozen}; {n} messages: server CPU {cpu / n:.2f} us/msg, wall {wall / n * 1e6:.2f} us/msg"
     )

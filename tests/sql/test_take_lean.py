@@ -50,6 +50,16 @@ def _plan_on_a_loaded_queue(
     )
 
 
+def _no_rotation_due(conn: Any, schema: str) -> None:
+    """The last rotation set to now: no take rotates for the next 2 s (a fresh schema's first
+    take would, and a rotation moves rows)."""
+    conn.execute(
+        sql.SQL("SELECT setval({}, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)").format(
+            sql.Literal(sql.Identifier(schema, "message_gen_started_seq").as_string(conn))
+        )
+    )
+
+
 @pytest.mark.parametrize("nth", [0, 1, 2], ids=["no frozen row", "no frozen row, unlogged", "a frozen row"])
 def test_plan_of_the_lean_take(client: Client, conn: Any, schema: str, nth: int) -> None:
     """The UPDATEs of take(1) (without a row of a frozen generation: of an ordinary queue, in its
@@ -137,11 +147,7 @@ def test_pop_and_take_of_an_ordinary_queue_open_only_its_partition(
     client.send_batch("q", [b"1", b"2"])
     # No rotation due (a fresh schema's first take rotates, and a rotation moves rows in both
     # partitions): the statements of the take itself are what this test looks at.
-    conn.execute(
-        sql.SQL("SELECT setval({}, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)").format(
-            sql.Literal(sql.Identifier(schema, "message_gen_started_seq").as_string(conn))
-        )
-    )
+    _no_rotation_due(conn, schema)
     for call, payload in (("take_tx('q', 1)", b"1"), ("take('q', 1)", b"2")):
         with conn.transaction():
             [(got,)] = conn.execute(sql.SQL(f"SELECT payload FROM {{}}.{call}").format(s)).fetchall()
@@ -278,11 +284,7 @@ def _frozen_backlog(client: Client, conn: Any, schema: str, generations: int) ->
     ).fetchall()
     assert frozen == generations
     # No rotation due while the test takes (a rotation would move or thaw what it set up).
-    conn.execute(
-        sql.SQL("SELECT setval({}, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)").format(
-            sql.Literal(sql.Identifier(schema, "message_gen_started_seq").as_string(conn))
-        )
-    )
+    _no_rotation_due(conn, schema)
     conn.commit()
 
 

@@ -804,12 +804,7 @@ class AsyncClient:
             key=key,
             channel=channel,
             on_conflict=on_conflict,
-            # (no key, on a connection given: none, without the call)
-            send_key=(
-                None
-                if idempotency_key is None and (conn is not None or self._conn is not None)
-                else self._send_key(idempotency_key, conn)
-            ),
+            send_key=self._send_key(idempotency_key, conn),
         )
         return await self.run(op, conn)
 

@@ -796,9 +796,8 @@ class Ops:
             and channel is None
             and send_key is None
         ):
-            if kind is not None:
-                check_text(kind, "kind", _KIND_MAX)
-            return Op(self.st.send_plain, (queue, body, ctype, kind), _sent_plain, row_factory=POSITIONAL)
+            plain = (queue, body, ctype, check_text(kind, "kind", _KIND_MAX))
+            return Op(self.st.send_plain, plain, _sent_plain, row_factory=POSITIONAL)
         params = (
             queue,
             body,

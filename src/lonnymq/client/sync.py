@@ -733,9 +733,7 @@ class Client:
             key=key,
             channel=channel,
             on_conflict=on_conflict,
-            send_key=None
-            if idempotency_key is None and (conn is not None or self._conn is not None)
-            else self._send_key(idempotency_key, conn),
+            send_key=self._send_key(idempotency_key, conn),
         )
         return self.run(op, conn)
 
