@@ -358,14 +358,15 @@ class Cluster:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
         subprocess.run([sys.executable, "-c", code, dsn, schema], env=env, check=True)
 
-    def single(self, script: str, db: str = "bench", commits: bool = False) -> int:
+    def single(self, script: str, db: str = "bench", commits: bool = False, profile: Path | None = None) -> int:
         """Instructions callgrind counted for ``script`` in a single-user backend on ``db``
-        (with ``commits``, each statement's commit too)."""
+        (with ``commits``, each statement's commit too); with ``profile``, callgrind's output
+        file is kept there (for ``callgrind_annotate --inclusive=yes``)."""
         out = self.run(
             [
                 "valgrind",
                 "--tool=callgrind",
-                "--callgrind-out-file=/dev/null",
+                f"--callgrind-out-file={profile or '/dev/null'}",
                 # Only the EXECUTEs: not the set-up (which cleans up after the previous run, so
                 # its cost differs between runs), nor each call's commit.
                 "--collect-atstart=no",
@@ -517,7 +518,16 @@ def main() -> None:
     )
     ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--profiles",
+        type=Path,
+        help="keep callgrind's output of each run there (<workload>-<side>-<calls>.out), to read"
+        " with callgrind_annotate --inclusive=yes: where a workload's instructions go",
+    )
     args = ap.parse_args()
+    if args.profiles:
+        args.profiles.mkdir(parents=True, exist_ok=True)
+        args.profiles.chmod(0o777)  # the single-user backend runs as postgres
     trees = [tuple(t.split("=", 1)) for t in args.trees.split(",")]
     workloads = args.workloads.split(",")
     for w in workloads:
@@ -590,7 +600,11 @@ def main() -> None:
             for label, schema in sides:
                 backlog = (high + 40) * per + 500
                 counts = [
-                    cluster.single(_script(w, schema, n, backlog, on_tree.get(label))) for n in (low, high)
+                    cluster.single(
+                        _script(w, schema, n, backlog, on_tree.get(label)),
+                        profile=args.profiles / f"{w}-{label}-{n}.out" if args.profiles else None,
+                    )
+                    for n in (low, high)
                 ]
                 results.setdefault(w, {})[label] = (counts[1] - counts[0]) / (high - low) / per
                 print(f"{w:9} {label:10} {results[w][label] / 1000:9.1f}k instructions/message", flush=True)
