@@ -358,7 +358,9 @@ class Cluster:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
         subprocess.run([sys.executable, "-c", code, dsn, schema], env=env, check=True)
 
-    def single(self, script: str, db: str = "bench", commits: bool = False, profile: Path | None = None) -> int:
+    def single(
+        self, script: str, db: str = "bench", commits: bool = False, profile: Path | None = None
+    ) -> int:
         """Instructions callgrind counted for ``script`` in a single-user backend on ``db``
         (with ``commits``, each statement's commit too); with ``profile``, callgrind's output
         file is kept there (for ``callgrind_annotate --inclusive=yes``)."""
