@@ -102,6 +102,21 @@ class Poller(threading.Thread):
         self.conn.close()
 
 
+def explained(conn: psycopg.Connection[Any]) -> list[str]:
+    """auto_explain on ``conn`` (ANALYZE, BUFFERS, nested statements, no timing), its plans sent
+    to the client as NOTICEs and collected in the list returned; off until
+    ``auto_explain.log_min_duration`` is set."""
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute(
+        "SET auto_explain.log_analyze = on; SET auto_explain.log_buffers = on;"
+        " SET auto_explain.log_timing = off; SET auto_explain.log_nested_statements = on;"
+        " SET auto_explain.log_level = notice; SET auto_explain.log_min_duration = -1"
+    )
+    return notices
+
+
 def _index_stats(conn: psycopg.Connection[Any], index: str) -> dict[str, Any]:
     row = conn.execute(
         "SELECT leaf_pages, deleted_pages, avg_leaf_density, tree_level FROM pgstatindex(%s)", [index]
@@ -121,14 +136,7 @@ def drain(
     conn = psycopg.connect(dsn, autocommit=True)
     side = psycopg.connect(dsn, autocommit=True)
     side.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
-    notices: list[str] = []
-    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-    conn.execute("LOAD 'auto_explain'")
-    conn.execute(
-        "SET auto_explain.log_analyze = on; SET auto_explain.log_buffers = on;"
-        " SET auto_explain.log_timing = off; SET auto_explain.log_nested_statements = on;"
-        " SET auto_explain.log_level = notice; SET auto_explain.log_min_duration = -1"
-    )
+    notices = explained(conn)
     pid = conn.info.backend_pid
     off = f"SET auto_explain.log_min_duration = {int(slow_ms) if slow_ms >= 0 else -1}"
     conn.execute(off)
@@ -297,7 +305,23 @@ def main() -> None:
                 print("  slow: " + x.replace("\n", "\n    "))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"command": sys.argv, "results": results}, f, indent=1)
+            json.dump(
+                {"command": sys.argv, "results": [compact(r) for r in results]}, f, separators=(",", ":")
+            )
+
+
+def compact(r: dict[str, Any]) -> dict[str, Any]:
+    """The JSON's form of a run: calls as [start s, wall us, server CPU us, messages], and of
+    each explained call only the plans that read the dequeue index (LonnyMQ) or ``lq_vt``."""
+    out = dict(r)
+    out["calls"] = [[t, round(w * 1e6, 1), round(c * 1e6, 1), n] for t, w, c, n in r["calls"]]
+    out["explains"] = [
+        dict(
+            e, plans=[p for p in e["plans"] if "_dequeue_at_id_idx on" in p or "lq_vt" in p or ".take(" in p]
+        )
+        for e in r["explains"]
+    ]
+    return out
 
 
 if __name__ == "__main__":
