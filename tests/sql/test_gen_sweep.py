@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from test_scale import _rows_read
 
 from core_helpers import Sql
@@ -112,7 +113,7 @@ def _index_entries_read(db: Sql, table: str) -> int:
     [row] = db.q(
         "SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(i.indexrelid)), 0)::bigint AS n"
         " FROM pg_index i WHERE i.indrelid = %s::regclass",
-        (f'"{db.schema}".{table}',),
+        (sql.Identifier(db.schema, table).as_string(db.conn),),
     )
     return int(row["n"])
 
