@@ -42,6 +42,15 @@
 -- only the queues whose rows were held then (and, after a late writer, pass once over its
 -- queues in slices); the thaw visits the frozen queues in rounds (_gen_sweep, _gen_thaw).
 --
+-- A rotation reads a queue's rows of one generation in the dequeue index's order (ORDER BY
+-- dequeue_at, id under the LIMIT that bounds each count and move): that order only the dequeue
+-- index gives, so the plan reads (gen, queue_id) there, whatever the statistics say. Statistics
+-- taken while a queue's rows were all in one generation (a backlog sent at once) price
+-- "gen = $1" as every row, and without the order the plan read the queue's whole range of the
+-- primary key (a bitmap: inside a take, enable_seqscan is off) for a count of p_max + 1: every
+-- message of a queue with a frozen backlog, twice at every rotation (300,000 messages: 22-30 ms
+-- of a drain's take; tests/sql/test_gen_sweep.py, docs/benchmarks.md, branch longdrain).
+--
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
 -- identifier, {schema_name} its string literal; literal braces are doubled. Time is epoch
@@ -131,6 +140,7 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_n FROM (SELECT FROM {schema}.message x
                                     WHERE x.gen = p_gen AND x.queue_id = p_queue_id AND x.channel IS NULL
+                                    ORDER BY x.dequeue_at, x.id  -- (the dequeue index: see the header)
                                     LIMIT p_max + 1) c;
     IF v_n = 0 THEN
         RETURN;
@@ -144,11 +154,14 @@ BEGIN
      WHERE m.ctid = ANY (ARRAY(
            SELECT x.ctid FROM {schema}.message x
             WHERE x.gen = p_gen AND x.queue_id = p_queue_id AND x.channel IS NULL
+            ORDER BY x.dequeue_at, x.id
+            LIMIT p_max + 1
               FOR UPDATE OF x SKIP LOCKED))
        AND (m.gen = p_gen AND m.queue_id = p_queue_id AND m.channel IS NULL) IS TRUE;  -- (its partition)
     GET DIAGNOSTICS moved = ROW_COUNT;
     held := EXISTS (SELECT FROM {schema}.message x
-                     WHERE x.gen = p_gen AND x.queue_id = p_queue_id AND x.channel IS NULL);
+                     WHERE x.gen = p_gen AND x.queue_id = p_queue_id AND x.channel IS NULL
+                     ORDER BY x.dequeue_at, x.id LIMIT 1);
 END $$;
 
 -- Freeze generation p_gen (leaving the window) for the queues whose rows there are not to move:
@@ -316,6 +329,7 @@ BEGIN
             SELECT count(*), count(*) FILTER (WHERE c.waiting) INTO v_n, v_waiting
               FROM (SELECT x.leased IS NOT TRUE AS waiting FROM {schema}.message x
                      WHERE x.gen = v_gen AND x.queue_id = f.queue_id AND x.channel IS NULL
+                     ORDER BY x.dequeue_at, x.id  -- (the dequeue index: see the header)
                      LIMIT p_max + 1) c;
             v_reads := v_reads - v_n;
             -- A queue's newest frozen generation stays while messages wait there: its takes
@@ -327,6 +341,8 @@ BEGIN
              WHERE m.ctid = ANY (ARRAY(
                    SELECT x.ctid FROM {schema}.message x
                     WHERE x.gen = v_gen AND x.queue_id = f.queue_id AND x.channel IS NULL
+                    ORDER BY x.dequeue_at, x.id
+                    LIMIT p_max + 1
                       FOR UPDATE SKIP LOCKED))
                AND (m.gen = v_gen AND m.queue_id = f.queue_id) IS TRUE;  -- (its partition)
             v_budget := v_budget - v_n;
@@ -344,6 +360,7 @@ BEGIN
                                      AND (SELECT m.id FROM {schema}.message m
                                            WHERE m.gen = g.gen AND m.queue_id = y.queue_id
                                              AND m.channel IS NULL
+                                           ORDER BY m.dequeue_at, m.id
                                            LIMIT 1) IS NULL)
                           ORDER BY g.ord) AS kept
               FROM {schema}.message_gen_frozen y
