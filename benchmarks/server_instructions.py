@@ -26,12 +26,14 @@ Workloads (``--workloads``), per message:
   server's clock, and the API pop floors (``apipopfloor``, ``apipopfloor2``: the same DELETEs
   in a SECURITY DEFINER function with a pinned search_path that looks the queue up by name,
   ``lonnymq_bench/systems/api_floor.py``: the least a pop through a secure function API costs);
-* ``drain1`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
+* ``drain1`` / ``drain10`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
   (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
 * ``drain1_floor_settled`` / ``drain100_floor_settled``: the lease floor's statement with ack's
   memory (each acknowledged id also inserted into an UNLOGGED table with a hash index on the id,
   as LonnyMQ's ``settled`` since migration 0021): a floor alone, no LonnyMQ statement;
 * ``take``: ``take(q, 1)`` alone (its lease; no floor);
+* ``take100`` / ``ack100``: ``take(q, 100)`` alone, and the same followed by ``ack()`` of the 100
+  deliveries (a batch ack's general path, ``_ack``); their difference is about the ack's cost;
 * ``send``: ``send(q, payload)``; floor: ``INSERT ... RETURNING id`` into the seed's table;
 * ``send_key``: ``send`` with an idempotency key, as the Python client sends by default;
 * ``send_clock`` / ``send_key_clock``: the same on the server's clock (no ``p_now``), in FROM
@@ -144,10 +146,26 @@ WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
         _LEASE_FLOOR.replace("{n}", "100"),
         100,
     ),
+    # A drain at batch 10: a batch ack's per-call costs (its statements, its settings) over 10.
+    "drain10": (
+        "SELECT " + _KEEP + " FROM {s}.take('q', 10, NULL, " + _ACK + ", p_now => {now}) t",
+        _LEASE_FLOOR.replace("{n}", "10"),
+        10,
+    ),
     # The drain floors with ack's memory (no LonnyMQ statement: compare with drain1, drain100).
     "drain1_floor_settled": (None, _LEASE_FLOOR_SETTLED.replace("{n}", "1"), 1),
     "drain100_floor_settled": (None, _LEASE_FLOOR_SETTLED.replace("{n}", "100"), 100),
     "take": ("SELECT * FROM {s}.take('q', 1, p_now => {now})", None, 1),
+    # A batch ack alone: ack100 leases 100 and acks them through ack() (its general path,
+    # _ack); take100 leases 100 and acks nothing. ack100 - take100 is about the ack's part (the
+    # two leave the table in different states: leased rows stay in take100's).
+    "take100": ("SELECT count(*) FROM {s}.take('q', 100, p_now => {now})", None, 100),
+    "ack100": (
+        "SELECT count(*) FROM (SELECT array_agg(t.id) AS i, array_agg(t.token) AS k"
+        " FROM {s}.take('q', 100, p_now => {now}) t) x, LATERAL {s}.ack('q', x.i, x.k, p_now => {now}) a",
+        None,
+        100,
+    ),
     "send": (
         "SELECT * FROM {s}.send('q', '" + PAYLOAD + "'::bytea, p_now => {now})",
         "INSERT INTO public.seedq (payload) VALUES (convert_from('" + PAYLOAD + "'::bytea, 'UTF8')::jsonb)"
