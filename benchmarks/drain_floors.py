@@ -281,6 +281,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--steps", help="labels to run (default: all), comma-separated")
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="rewrite LonnyMQ's message_logged (VACUUM FULL) before each run on it, so that its backlog"
+        " is packed into fresh pages as the plain steps' tables are (by default it has the free space"
+        " the runs before it left, where a lease's new row version may land on its own page)",
+    )
     ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -369,6 +376,8 @@ def main() -> None:
                 head += f"TRUNCATE {t}\n{fill(t[4:], piece, backlog, q, gen)}\nVACUUM ANALYZE {t}\n"
                 text = statement(t, piece, n, q, gen)
             else:
+                if args.fresh:
+                    head += f"VACUUM FULL {SCHEMA}.message_logged\n"
                 head += (
                     f"SELECT count(*) FROM {SCHEMA}.send_batch('q', array_fill('{si.PAYLOAD}'::bytea,"
                     f" ARRAY[{backlog}]), p_now => {NOW - 1000})\nVACUUM ANALYZE {SCHEMA}.message\n"
@@ -407,6 +416,7 @@ def main() -> None:
         doc = {
             "batch": n,
             "calls": args.calls,
+            "fresh": args.fresh,
             "tree": args.tree,
             "steps": [
                 {"label": label, "what": what, "per_message": results.get(label)} for label, what in steps
