@@ -290,7 +290,13 @@ def main() -> None:
     )
     ap.add_argument("--bin", type=Path, default=Path("/usr/lib/postgresql/15/bin"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--profiles", type=Path, help="keep callgrind's output of each run there (<step>-<calls>.out)"
+    )
     args = ap.parse_args()
+    if args.profiles:
+        args.profiles.mkdir(parents=True, exist_ok=True)
+        args.profiles.chmod(0o777)  # the single-user backend runs as postgres
     n, low, high = args.batch, max(1, args.calls // 4), args.calls
     backlog = (high + 40) * n + 500
     cluster = si.Cluster(args.bin)
@@ -405,7 +411,8 @@ def main() -> None:
                     + f"PREPARE w AS {text}\n"
                     + "EXECUTE w\n" * (20 + calls)
                 )
-                counts.append(cluster.single(script))
+                out = args.profiles / f"{label.replace(':', '_')}-{calls}.out" if args.profiles else None
+                counts.append(cluster.single(script, profile=out))
             results[label] = (counts[1] - counts[0]) / (high - low) / n
             print(f"{label:16} {results[label] / 1000:8.1f}k  {what}", flush=True)
     finally:
