@@ -27,7 +27,17 @@ Workloads (``--workloads``), per message:
   in a SECURITY DEFINER function with a pinned search_path that looks the queue up by name,
   ``lonnymq_bench/systems/api_floor.py``: the least a pop through a secure function API costs);
 * ``drain1`` / ``drain10`` / ``drain100``: ``take(q, n, ack=previous)``; floor: the lease floor's one statement
-  (DELETE of the previous ids, lease of the next by UPDATE of a visibility column);
+  (DELETE of the previous ids, lease of the next by UPDATE of a visibility column; its backlog
+  carries LonnyMQ's payload, as jsonb), and the lease floor on LonnyMQ's tables
+  (``leasestorefloor``: the previous deliveries deleted by key with their token checked, ack's
+  memory and the queue_stat row, the next leased from the window's two generations, one plain
+  statement, ``lonnymq_bench/systems/lease_store_floor.py``; in the last tree's schema, the
+  queue's id, generation, max_attempts and lease as literals); ``drain1_clock`` /
+  ``drain100_clock`` likewise on the server's clock, with the API lease floor (``apileasefloor``:
+  that statement in api_floor.py's secure function ``take``, the queue by name). Every drain
+  floor is planned with ``enable_seqscan = off``, as take() is (its SET clause): the bare lease
+  floor's UPDATE otherwise joined its ids by a hash join over a scan of the whole table whenever
+  the backlog was under ~30,000 rows (``--calls 200``), and counted that scan;
 * ``drain1_floor_settled`` / ``drain100_floor_settled``: the lease floor's statement with ack's
   memory (each acknowledged id also inserted into an UNLOGGED table with a hash index on the id,
   as LonnyMQ's ``settled`` since migration 0021): a floor alone, no LonnyMQ statement;
@@ -102,6 +112,9 @@ import tempfile
 from pathlib import Path
 
 from lonnymq_bench.systems.api_floor import FLOOR_SCHEMA, ddl
+from lonnymq_bench.systems.lease_store_floor import CLOCK_ONCE
+from lonnymq_bench.systems.lease_store_floor import CTES as LEASE_CTES
+from lonnymq_bench.systems.lease_store_floor import LEASE as LEASE_UPDATE
 from lonnymq_bench.systems.pop_floor import CLOCK, TEMPLATE, WINDOW_TEMPLATE
 from lonnymq_bench.systems.send_floor import TEMPLATE as SEND_TEMPLATE
 
@@ -283,6 +296,33 @@ PGMQ_WORKLOADS: dict[str, tuple[tuple[str, ...], str, int, bool]] = {
 #: clients call them.
 _PAYLOAD_LIT = "'" + PAYLOAD + "'::bytea"
 _POP_FLOORS = [("popfloor", TEMPLATE), ("popfloor2", WINDOW_TEMPLATE)]
+
+
+# The lease floor on LonnyMQ's tables (lease_store_floor.py) with the previous call's ids and
+# tokens, keeping the ones it leases (its ack read first, as the bare lease floor's; {{}} stays
+# {} through the template's format); and its function (api_floor.py), on the server's clock.
+def _lease_store(n: int, now: str) -> str:
+    ctes = LEASE_CTES.replace("{now}", now).replace("{n}", str(n))
+    ctes = ctes.replace("{ids}", "current_setting('b.ids')::bigint[]").replace(
+        "{toks}", "current_setting('b.toks')::int[]"
+    )
+    return (
+        "WITH " + ctes + ", u AS (" + LEASE_UPDATE.replace("{now}", now) + ")"
+        " SELECT (SELECT count(*) FROM a), set_config('b.ids', coalesce(array_agg(u.id)::text, '{{{{}}}}'), false),"
+        " set_config('b.toks', coalesce(array_agg(u.deliveries)::text, '{{{{}}}}'), false) FROM u"
+    )
+
+
+def _api_lease(n: int) -> str:
+    return (
+        "SELECT "
+        + _KEEP.replace("{{", "{{{{").replace("}}", "}}}}")
+        + f" FROM {FLOOR_SCHEMA}.take('q', {n}, "
+        + _ACK
+        + ") t"
+    )
+
+
 TREE_FLOORS: dict[str, list[tuple[str, str]]] = {
     "pop": [(label, t.replace("{now}", str(NOW))) for label, t in _POP_FLOORS],
     "pop_clock": [(label, t.replace("{now}", CLOCK)) for label, t in _POP_FLOORS]
@@ -294,6 +334,13 @@ TREE_FLOORS: dict[str, list[tuple[str, str]]] = {
         ("sendfloor", SEND_TEMPLATE.replace("{ct}", "NULL::text").replace("{p}", _PAYLOAD_LIT)),
         ("apisendfloor", f"SELECT {FLOOR_SCHEMA}.send('q', {_PAYLOAD_LIT}, NULL::text)"),
         ("apisendfloor_rows", f"SELECT * FROM {FLOOR_SCHEMA}.send_rows('q', {_PAYLOAD_LIT}, NULL::text)"),
+    ],
+    "drain1": [("leasestorefloor", _lease_store(1, str(NOW)))],
+    "drain100": [("leasestorefloor", _lease_store(100, str(NOW)))],
+    "drain1_clock": [("leasestorefloor", _lease_store(1, CLOCK_ONCE)), ("apileasefloor", _api_lease(1))],
+    "drain100_clock": [
+        ("leasestorefloor", _lease_store(100, CLOCK_ONCE)),
+        ("apileasefloor", _api_lease(100)),
     ],
 }
 _FLOOR_DDL = """CREATE TABLE public.seedq (id bigserial PRIMARY KEY, payload jsonb NOT NULL)
@@ -421,12 +468,16 @@ def _script(
         head = (
             "TRUNCATE public.seedq, public.lq, public.lq_settled\n"
             f"INSERT INTO public.seedq (payload) SELECT '{{\"i\": 1}}' FROM generate_series(1, {backlog})\n"
-            f"INSERT INTO public.lq (payload) SELECT '{{\"i\": 1}}' FROM generate_series(1, {backlog})\n"
+            # (LonnyMQ's payload, as jsonb: until 2026-11-27 '{"i": 1}', 1k instructions a message less)
+            f"INSERT INTO public.lq (payload) SELECT convert_from('{PAYLOAD}'::bytea, 'UTF8')::jsonb"
+            f" FROM generate_series(1, {backlog})\n"
             "VACUUM ANALYZE public.seedq\nVACUUM ANALYZE public.lq\n"
         )
         text = floor
     else:
         head = (
+            # Ack's memory and the counters from empty, whatever ran before (each run alike).
+            f"TRUNCATE {schema}.settled, {schema}.queue_stat\n"
             f"SELECT {schema}.queue_purge('q')\n"
             f"SELECT count(*) FROM {schema}.send_batch('q', array_fill('{PAYLOAD}'::bytea, ARRAY[{backlog}]),"
             f" p_now => {NOW - 1000})\nVACUUM ANALYZE {schema}.message\n"
@@ -439,8 +490,17 @@ def _script(
             assert stmt is not None
             text = stmt.format(s=schema, now=NOW)
     text = text.replace("{now}", str(NOW)).replace("{{", "{").replace("}}", "}")
+    # A drain floor's plan is the least one, as take()'s (its SET clause): without this the bare
+    # lease floor's UPDATE joined its 100 ids by a hash join over a scan of the whole table
+    # whenever the backlog was below ~30,000 rows (--calls 200: 181k instructions a message).
+    pin = (
+        "SET enable_seqscan = off\n"
+        if workload.startswith("drain") and (schema is None or floor_on_tree)
+        else ""
+    )
     return (
         "SET synchronous_commit = on\nSET b.ids = '{}'\nSET b.toks = '{}'\n"
+        + pin
         + head
         + f"PREPARE w AS {text}\n"
         + "EXECUTE w\n" * (20 + calls)  # 20 first calls: the plans are made
@@ -584,14 +644,14 @@ def main() -> None:
                 "-F",
                 ",",
                 "-c",
-                f"SELECT q.id, s.last_value, q.max_attempts FROM {last}.queue q, {last}.message_gen_seq s"
+                f"SELECT q.id, s.last_value, q.max_attempts, q.lease_ms FROM {last}.queue q, {last}.message_gen_seq s"
                 " WHERE q.name = 'q'",
             ],
             check=True,
             capture_output=True,
             text=True,
         ).stdout.split(",")
-        consts = dict(zip(("q", "gen", "max"), (int(x) for x in got), strict=True))
+        consts = dict(zip(("q", "gen", "max", "lease"), (int(x) for x in got), strict=True))
         if any(w in TREE_FLOORS for w in workloads) and not args.no_floor:
             # The API floors' functions over the last tree's tables.
             floor_ddl = ";\n".join(stmt.as_string(None) for stmt in ddl(last))

@@ -17,7 +17,9 @@ emptied and vacuumed tables, systems interleaved in a rotating order) with workl
   statement on LonnyMQ's own tables) and the API pop floors (that DELETE through a secure
   function, over the current generation or the window's two).
 - ``drain``: each system's at-least-once path (lease + ack), one message and 100 per call,
-  against the lease floor (and the floor's ``DELETE ... LIMIT 100``).
+  against the lease floor (and the floor's ``DELETE ... LIMIT 100``), the lease floor on
+  LonnyMQ's tables (what ``take(n, ack=previous)`` writes, one plain statement:
+  lease_store_floor.py) and the API lease floor (that statement through a secure function).
 - ``pickup``: one producer at ``latency_rate`` msg/s to idle consumers, p50/p99 from commit.
 """
 
@@ -60,6 +62,10 @@ POP_VS_FLOOR = 0.9  # the pop floor: the row pop deletes, one plain statement
 SENDS_VS_API_FLOOR = 0.9
 POP_VS_API_FLOOR = 0.9
 DRAIN_VS_LEASE_FLOOR = 0.9
+# The drain's floors on LonnyMQ's tables (lease_store_floor.py, api_floor.py's take): what
+# take(n, ack=previous) must write, as one plain statement and through a secure function.
+DRAIN_VS_STORE_FLOOR = 0.9
+DRAIN_VS_API_LEASE_FLOOR = 0.9
 PICKUP_P99_MS = 20.0
 
 
@@ -347,6 +353,26 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                 " (what answers a repeated or stale ack)",
             )
             add(
+                f"drain at batch {n} / lease floor on LonnyMQ's tables (P={p})",
+                "drain",
+                kind,
+                p,
+                "leasestorefloor",
+                DRAIN_VS_STORE_FLOOR,
+                f"{call} vs one plain statement on LonnyMQ's tables: the previous deliveries deleted by key"
+                " with their token checked (settled + queue_stat rows), the window's next leased",
+            )
+            add(
+                f"drain at batch {n} / API lease floor (P={p})",
+                "drain",
+                kind,
+                p,
+                "apileasefloor",
+                DRAIN_VS_API_LEASE_FLOOR,
+                f"{call} vs that statement in a secure function (SECURITY DEFINER, pinned search_path),"
+                " the queue by name",
+            )
+            add(
                 f"drain at batch {n} / pgmq read+delete (P={p})",
                 "drain",
                 kind,
@@ -387,6 +413,8 @@ _COLUMNS = (
     "floor",
     "leasefloor",
     "leasememfloor",
+    "leasestorefloor",
+    "apileasefloor",
 )
 _LABELS = {
     "lonnymq": "LonnyMQ",
@@ -401,6 +429,8 @@ _LABELS = {
     "floor": "floor",
     "leasefloor": "lease floor",
     "leasememfloor": "lease floor + ack's memory",
+    "leasestorefloor": "lease floor on LonnyMQ's tables",
+    "apileasefloor": "API lease floor",
 }
 
 

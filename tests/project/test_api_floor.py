@@ -6,8 +6,6 @@ return take_tx's row, and an unknown queue is an error, not a silent no-op."""
 from __future__ import annotations
 
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -20,21 +18,7 @@ from lonnymq.client.ops import encode_payload
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from lonnymq_bench.systems.api_floor import POP_CALL, SEND_CALL, ddl  # noqa: E402 - needs the path above
-
-
-@pytest.fixture
-def floor(dsn: str, schema: str) -> Iterator[tuple[psycopg.Connection[tuple[object, ...]], sql.Identifier]]:
-    """The floor functions over ``schema``'s tables, in a schema of their own (dropped after)."""
-    text = f"floor_{uuid.uuid4().hex[:12]}"
-    name = sql.Identifier(text)
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for stmt in ddl(schema, text):
-            c.execute(stmt)
-        try:
-            yield c, name
-        finally:
-            c.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(name))
+from lonnymq_bench.systems.api_floor import POP_CALL, SEND_CALL  # noqa: E402 - needs the path above
 
 
 def test_api_send_floor_writes_a_message_lonnymq_delivers(

@@ -25,6 +25,8 @@ PRODUCERS_ONLY: dict[str, tuple[str, str]] = {
     "apipopfloor": ("api_floor", "ApiPopFloor"),
     "apipopfloor2": ("api_floor", "ApiPopFloor2"),
     "leasememfloor": ("lease_floor", "LeaseFloorSettled"),
+    "leasestorefloor": ("lease_store_floor", "LeaseStoreFloor"),
+    "apileasefloor": ("api_floor", "ApiLeaseFloor"),
 }
 
 

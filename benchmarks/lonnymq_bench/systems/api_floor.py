@@ -39,6 +39,8 @@ from psycopg import sql
 
 from ..harness import Ctx
 from .base import Variant
+from .lease_store_floor import CTES as LEASE_CTES
+from .lease_store_floor import LEASE, LeaseStoreFloor, drain_loop
 from .lonnymq import QUEUE, SCHEMA, LonnyMQ
 from .pop_floor import COLUMNS, TEMPLATE, WINDOW_TEMPLATE, PopFloor
 from .send_floor import send_loop
@@ -74,6 +76,21 @@ _HEAD = (
 _POP_ARGS = {"q": "v.id", "gen": "v.gen", "max": "v.max_attempts", "now": "v.now"}
 _RETURNING = " RETURNING " + COLUMNS.format(lease="")
 _TAKE_TX_RETURNING = " RETURNING " + COLUMNS.format(lease="NULL::bigint, ")
+
+
+#: The lease floor's one SET clause: its statement takes arrays (the previous deliveries), and
+#: PL/pgSQL prices a generic plan for an array parameter (10 elements) above a custom plan for
+#: the array it is given, so without this it plans the statement again at every call (1.2M
+#: instructions a call: docs/benchmarks.md, "The drain's floors"), as take() would without its
+#: own (settle.sql's header). take()'s other three SET clauses pin plans, which the benchmarks'
+#: analysed tables do not need (they are counted as a step of their own).
+_GENERIC = "SET plan_cache_mode = force_generic_plan"
+#: The lease floor on LonnyMQ's tables (lease_store_floor.py) on the head's values, with the
+#: queue's lease, the batch and the previous deliveries as the function's arguments.
+_TAKE_HEAD = _HEAD.replace("x.max_attempts, ", "x.max_attempts, x.lease_ms, ")
+_TAKE_BODY = ("WITH " + LEASE_CTES + " " + LEASE).format(
+    s="{s}", lease="v.lease_ms", n="p_limit", ids="p_ack_ids", toks="p_ack_tokens", **_POP_ARGS
+)
 
 
 def _pop_body(template: str) -> str:
@@ -113,11 +130,17 @@ FUNCTIONS: dict[str, str] = {
         + _pop_body(WINDOW_TEMPLATE)
         + ";\nEND $fn$"
     ),
+    "take": (
+        "CREATE FUNCTION {f}.take(p_queue text, p_limit integer, p_ack_ids bigint[], p_ack_tokens integer[])"
+        " RETURNS SETOF {s}.delivery " + _SECURE + " " + _GENERIC + " AS $fn$\n"
+        "DECLARE v record;\nBEGIN\n  " + _TAKE_HEAD + "\n  RETURN QUERY " + _TAKE_BODY + ";\nEND $fn$"
+    ),
 }
 
 #: The calls as clients make them ({f}: the floor schema; %s, %b: a driver's parameters).
 SEND_CALL = "SELECT {f}.send(%s::text, %b::bytea, %s::text)"
 POP_CALL = "SELECT * FROM {f}.{fn}(%s::text)"
+TAKE_CALL = "SELECT * FROM {f}.take(%s::text, %s::integer, %b::bigint[], %b::integer[])"
 
 
 def ddl(schema: str = SCHEMA, floor_schema: str = FLOOR_SCHEMA) -> list[sql.Composed]:
@@ -207,6 +230,42 @@ def _pop(function: str) -> Callable[[str, Ctx], Callable[[], int]]:
                 n += 1
             c.close()
             return n
+
+        return work
+
+    return start
+
+
+class ApiLeaseFloor(LeaseStoreFloor):
+    """The lease floor on LonnyMQ's tables through a secure function (``lonnymq_floor.take``):
+    installed as LonnyMQ is plus the floor functions; only drains."""
+
+    name = "apileasefloor"
+    label = "API lease floor"
+    version = (
+        "the lease floor on LonnyMQ's tables (ack by key with the token checked, settled + queue_stat,"
+        " lease of the window's first n) in a SECURITY DEFINER plpgsql function with a pinned"
+        " search_path, the queue by name, RETURN QUERY of take()'s row"
+    )
+
+    def install(self, dsn: str) -> dict[str, Any]:
+        install_floor(dsn)
+        return {"version": self.version}
+
+    def drains(self) -> list[Variant]:
+        return [
+            Variant(self.name, f"lonnymq_floor.take({n}, ack=previous)", kind, _take(n), note=self.version)
+            for kind, n in (("one", 1), ("batch", 100))
+        ]
+
+
+def _take(n: int) -> Callable[[str, Ctx], Callable[[], int]]:
+    def start(dsn: str, ctx: Ctx) -> Callable[[], int]:
+        c = psycopg.connect(dsn, autocommit=True)
+        call = sql.SQL(TAKE_CALL).format(f=sql.Identifier(FLOOR_SCHEMA))
+
+        def work() -> int:
+            return drain_loop(c, ctx, lambda ids, toks: c.execute(call, (QUEUE, n, ids, toks)).fetchall())
 
         return work
 
