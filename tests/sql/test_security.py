@@ -383,7 +383,13 @@ def test_every_function_is_private_or_a_pinned_definer(dsn: str, reapplied: tupl
             bad.append(f"{sig}: executable by PUBLIC")
         api = not proname.startswith("_") and not trigger
         # The hot paths also pin their plans (sql/settle.sql's and sql/take.sql's headers).
-        pins = {"plan_cache_mode=force_generic_plan", "enable_seqscan=off", "enable_sort=off", "jit=off"}
+        pins = {
+            "plan_cache_mode=force_generic_plan",
+            "enable_seqscan=off",
+            "enable_sort=off",
+            "jit=off",
+            "enable_memoize=off",
+        }
         config = [c for c in config or [] if c not in pins]
         if (api or definer) and (not definer or config != ["search_path=pg_catalog, pg_temp"]):
             bad.append(f"{sig}: definer={definer} config={config}")

@@ -12,7 +12,11 @@
 -- a second statement, so it sees a version another transaction committed while we waited for
 -- the lock). One delivery needs neither (ack's and take's one-statement ack): its DELETE names
 -- the row by its key, a waited-for row's new version is checked again by the same filters
--- (PostgreSQL re-evaluates them), and one row has no lock order to keep.
+-- (PostgreSQL re-evaluates them), and one row has no lock order to keep. A drain's batch
+-- (take(n, ack=previous) of an ordinary queue, take.sql) locks nothing first either: a probe by
+-- key per pair in id order, each row deleted by its ctid in that order in the same statement;
+-- a row another transaction changed while it waited is left (the TID scan's recheck refuses the
+-- new version) and goes, with repeats and stale tokens, to _ack below.
 -- The probes say "m.leased IS TRUE", not "m.leased" (the same rows: leased is NOT
 -- NULL), so the planner cannot use the partial index of leased rows; the changes by ctid say
 -- "(m.queue_id = q.id) IS TRUE", so it cannot scan the queue's part of the primary key instead

@@ -418,7 +418,8 @@ END $$;
 -- would otherwise trigger): with statistics taken while a snapshot was held, the generic plan
 -- of the candidate query appended both partitions of the message table and sorted every ready
 -- message of the window (172,510 of them, a 14 MB external sort, 234 ms per take) instead of
--- reading the dequeue index in order (4 ms there).
+-- reading the dequeue index in order (4 ms there). take() alone also turns Memoize off (its
+-- batch ack's TID scans: a cache that never hits).
 CREATE OR REPLACE FUNCTION {schema}.take(
     p_queue      text,
     p_limit      integer DEFAULT 1,
@@ -428,7 +429,7 @@ CREATE OR REPLACE FUNCTION {schema}.take(
     p_now        bigint  DEFAULT NULL
 ) RETURNS SETOF {schema}.delivery
 LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_sort = off SET jit = off AS $$
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_sort = off SET jit = off SET enable_memoize = off AS $$
 DECLARE
     q       {schema}.queue;
     v_now   bigint;
@@ -446,6 +447,9 @@ DECLARE
     v_acked bigint;
     v_channel text;
     v_got   integer;
+    v_acks  bigint[];
+    v_toks  integer[];
+    v_channels text[];
 BEGIN
     -- The queue, the clock, the generation counters and the queue's frozen generations, in one
     -- statement (each statement costs a snapshot and an executor start-up; a PL/pgSQL expression
@@ -534,6 +538,60 @@ BEGIN
             IF NOT FOUND THEN
                 PERFORM {schema}._channel_apply_one(q, v_channel, -1, -1, v_now);
             END IF;
+        END IF;
+    ELSIF p_ack_ids IS NOT NULL AND NOT q.archive AND q.id >= 0
+          AND cardinality(p_ack_ids) = cardinality(p_ack_tokens) THEN
+        -- A batch of an ordinary queue without archiving (a drain's take(n, ack=previous)): the
+        -- deliveries deleted here, in one statement, without _ack's frame, its lock of each row
+        -- first and its second statement. The pairs in id order, each row found by its key (a
+        -- LATERAL probe, kept one by its OFFSET 0) and deleted by its ctid in that order: a
+        -- nested loop of TID scans, the only plan without a read of the whole table (which
+        -- enable_seqscan = off prices out; no index is ordered by ctid), so the rows are locked
+        -- in id order, as every settle locks them (settle.sql's header). Left over: repeats,
+        -- stale tokens, and a row another transaction changed while this statement waited for
+        -- it (PostgreSQL's recheck of the TID scan refuses its new version, which this
+        -- transaction now holds): _ack, the general path, deals with those (it locks each by
+        -- key, sees the new version, deletes it if it is still the delivery's). The messages
+        -- with a channel leave it after the messages, as _ack does. (enable_memoize = off, in
+        -- take's SET clauses: the planner put a Memoize over the TID scans, which never hits,
+        -- every ctid differing: 2k instructions a message at batch 100, the setting 3k a call.)
+        -- Server instructions per message against _ack's two statements: 0.968 at batch 100,
+        -- 0.946 at batch 10 (docs/benchmarks.md, "A drain's batch ack in take's statement").
+        WITH d AS (
+            DELETE FROM {schema}.message_logged m
+             USING (SELECT k.tid, t.token
+                      FROM (SELECT t.id, t.token FROM unnest(p_ack_ids, p_ack_tokens) AS t(id, token)
+                             ORDER BY t.id) t
+                     CROSS JOIN LATERAL (SELECT p.ctid AS tid FROM {schema}.message_logged p
+                                          WHERE p.queue_id = q.id AND p.id = t.id
+                                            AND p.deliveries = t.token AND p.leased IS TRUE
+                                         OFFSET 0) k) k
+             WHERE m.ctid = k.tid AND m.deliveries = k.token AND m.leased IS TRUE
+               AND (m.queue_id = q.id) IS TRUE
+            RETURNING m.id, m.deliveries, m.channel
+        ), k AS (
+            INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+            SELECT q.id, d.id, d.deliveries, 'acked', v_now FROM d
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+            SELECT q.id, v_now / 60000, count(*) FROM d HAVING count(*) > 0
+        )
+        SELECT array_agg(d.id), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
+          INTO v_acks, v_channels
+          FROM d;
+        IF coalesce(cardinality(v_acks), 0) < cardinality(p_ack_ids) THEN
+            SELECT array_agg(t.id), array_agg(t.token) INTO v_ids, v_toks
+              FROM unnest(p_ack_ids, p_ack_tokens) AS t(id, token)
+             WHERE t.id <> ALL (coalesce(v_acks, ARRAY[]::bigint[]));
+            IF v_ids IS NOT NULL THEN
+                PERFORM {schema}._ack(q, v_ids, v_toks, false, v_now);
+            END IF;
+            v_ids := NULL;
+        END IF;
+        IF v_channels IS NOT NULL THEN
+            PERFORM {schema}._channel_apply(q, v_channels,
+                array_fill(-1::bigint, ARRAY[cardinality(v_channels)]),
+                array_fill(-1, ARRAY[cardinality(v_channels)]), v_now);
         END IF;
     ELSIF p_ack_ids IS NOT NULL THEN
         PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, q.archive, v_now);
