@@ -556,7 +556,7 @@ BEGIN
         -- take's SET clauses: the planner put a Memoize over the TID scans, which never hits,
         -- every ctid differing: 2k instructions a message at batch 100, the setting 3k a call.)
         -- Server instructions per message against _ack's two statements: 0.968 at batch 100,
-        -- 0.946 at batch 10 (docs/benchmarks.md, "A drain's batch ack in take's statement").
+        -- 0.946 at batch 10 (docs/benchmarks.md, "A drain's batch ack in take's own statement").
         WITH d AS (
             DELETE FROM {schema}.message_logged m
              USING (SELECT k.tid, t.token
