@@ -405,19 +405,12 @@ def main() -> None:
             text = text.replace("{{", "{").replace("}}", "}")
             counts = []
             for calls in (low, high):
-                script = (
-                    "SET synchronous_commit = on\nSET enable_seqscan = off\nSET b.ids = '{}'\nSET b.toks = '{}'\n"
-                    + head
-                    + f"PREPARE w AS {text}\n"
-                    + "EXECUTE w\n" * (20 + calls)
-                )
+                script = si.calls_script(head, text, calls, "SET enable_seqscan = off\n")
                 out = args.profiles / f"{label.replace(':', '_')}-{calls}.out" if args.profiles else None
                 counts.append(cluster.single(script, profile=out))
             results[label] = (counts[1] - counts[0]) / (high - low) / n
             print(f"{label:16} {results[label] / 1000:8.1f}k  {what}", flush=True)
     finally:
-        if (cluster.data / "postmaster.pid").exists():
-            cluster.pg_ctl("stop")
         cluster.remove()
     if args.json:
         doc = {

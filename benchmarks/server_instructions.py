@@ -453,6 +453,9 @@ class Cluster:
         return collected(out)
 
     def remove(self) -> None:
+        """Stop the server if it runs, then delete the cluster's directory."""
+        if (self.data / "postmaster.pid").exists():
+            self.pg_ctl("stop")
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -498,12 +501,19 @@ def _script(
         if workload.startswith("drain") and (schema is None or floor_on_tree)
         else ""
     )
+    return calls_script(head, text, calls, pin)
+
+
+def calls_script(head: str, text: str, calls: int, pin: str = "") -> str:
+    """A single-user script: the settings (``pin``: more of them), the set-up ``head``, then
+    ``text`` prepared and executed ``calls`` times after 20 first calls (the plans are made);
+    the previous call's ids and tokens travel in ``b.ids`` and ``b.toks``."""
     return (
         "SET synchronous_commit = on\nSET b.ids = '{}'\nSET b.toks = '{}'\n"
         + pin
         + head
         + f"PREPARE w AS {text}\n"
-        + "EXECUTE w\n" * (20 + calls)  # 20 first calls: the plans are made
+        + "EXECUTE w\n" * (20 + calls)
     )
 
 
@@ -689,9 +699,6 @@ def main() -> None:
                 results.setdefault(w, {})[label] = (counts[1] - counts[0]) / (high - low) / per
                 print(f"{w:9} {label:10} {results[w][label] / 1000:9.1f}k instructions/message", flush=True)
     finally:
-        with_server = (cluster.data / "postmaster.pid").exists()
-        if with_server:
-            cluster.pg_ctl("stop")
         cluster.remove()
     ref = trees[0][0]
     print(f"\nratios to {ref} (instructions per message; lower is less work):")

@@ -42,9 +42,7 @@ shapes above are counted), both into the steady table's freed space.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -241,8 +239,6 @@ def per_call(args: argparse.Namespace) -> None:
         result["insert"] = round(insert_cost_per_call(cluster, 100, args.calls))
         result["insert_one"] = round(insert_cost_per_call(cluster, 1, args.calls))
     finally:
-        with contextlib.suppress(subprocess.CalledProcessError):  # stopped already
-            cluster.pg_ctl("stop")
         cluster.remove()
     print(
         f"per call (GiST on int8range)  insert {result['insert'] / 1000:.1f}k a settle at 100 a call,"
@@ -298,8 +294,6 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        with contextlib.suppress(subprocess.CalledProcessError):  # stopped already
-            cluster.pg_ctl("stop")
         cluster.remove()
     if args.json:
         config = {

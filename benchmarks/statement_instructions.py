@@ -104,8 +104,6 @@ def main() -> None:
             results[label] = (high - low) / 225
             print(f"{label:24} {results[label] / 1000:9.1f}k instructions/call", flush=True)
     finally:
-        if (cluster.data / "postmaster.pid").exists():
-            cluster.pg_ctl("stop")
         cluster.remove()
     if args.json:
         out = {"tree": args.tree, "setup": str(args.setup), "statements": dict(stmts), "results": results}
