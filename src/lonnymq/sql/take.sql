@@ -448,6 +448,7 @@ DECLARE
     v_channel text;
     v_got   integer;
     v_acks  bigint[];
+    v_left  bigint[];
     v_toks  integer[];
     v_channels text[];
 BEGIN
@@ -580,13 +581,12 @@ BEGIN
           INTO v_acks, v_channels
           FROM d;
         IF coalesce(cardinality(v_acks), 0) < cardinality(p_ack_ids) THEN
-            SELECT array_agg(t.id), array_agg(t.token) INTO v_ids, v_toks
+            SELECT array_agg(t.id), array_agg(t.token) INTO v_left, v_toks
               FROM unnest(p_ack_ids, p_ack_tokens) AS t(id, token)
              WHERE t.id <> ALL (coalesce(v_acks, ARRAY[]::bigint[]));
-            IF v_ids IS NOT NULL THEN
-                PERFORM {schema}._ack(q, v_ids, v_toks, false, v_now);
+            IF v_left IS NOT NULL THEN
+                PERFORM {schema}._ack(q, v_left, v_toks, false, v_now);
             END IF;
-            v_ids := NULL;
         END IF;
         IF v_channels IS NOT NULL THEN
             PERFORM {schema}._channel_apply(q, v_channels,
