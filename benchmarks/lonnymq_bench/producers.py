@@ -66,6 +66,9 @@ DRAIN_VS_LEASE_FLOOR = 0.9
 # take(n, ack=previous) must write, as one plain statement and through a secure function.
 DRAIN_VS_STORE_FLOOR = 0.9
 DRAIN_VS_API_LEASE_FLOOR = 0.9
+# The API lease floor without the partial index of leases (api_floor.py's GuaranteeFloor): only
+# the pieces a guarantee needs; the floor issue 12's "prove it with a floor" rule reads.
+DRAIN_VS_GUARANTEE_FLOOR = 0.9
 PICKUP_P99_MS = 20.0
 
 
@@ -373,6 +376,16 @@ def targets(b: Bench) -> list[dict[str, Any]]:
                 " the queue by name",
             )
             add(
+                f"drain at batch {n} / guarantee floor (P={p})",
+                "drain",
+                kind,
+                p,
+                "guaranteefloor",
+                DRAIN_VS_GUARANTEE_FLOOR,
+                f"{call} vs the API lease floor without the partial index of leases (a choice of"
+                " LonnyMQ's, not a guarantee's)",
+            )
+            add(
                 f"drain at batch {n} / pgmq read+delete (P={p})",
                 "drain",
                 kind,
@@ -415,6 +428,7 @@ _COLUMNS = (
     "leasememfloor",
     "leasestorefloor",
     "apileasefloor",
+    "guaranteefloor",
 )
 _LABELS = {
     "lonnymq": "LonnyMQ",
@@ -431,6 +445,7 @@ _LABELS = {
     "leasememfloor": "lease floor + ack's memory",
     "leasestorefloor": "lease floor on LonnyMQ's tables",
     "apileasefloor": "API lease floor",
+    "guaranteefloor": "guarantee floor",
 }
 
 

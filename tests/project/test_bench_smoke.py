@@ -220,7 +220,7 @@ def test_producers_quick(dsn: str, tmp_path: Path) -> None:
         assert r.get("accounted", True), r
         got.setdefault((r["workload"], r["kind"], r["procs"]), set()).add(r["system"])
     sends = {"lonnymq", "pgmq", "pgqueuer", "seed"}
-    lease_floors = {"leasefloor", "leasememfloor", "leasestorefloor", "apileasefloor"}
+    lease_floors = {"leasefloor", "leasememfloor", "leasestorefloor", "apileasefloor", "guaranteefloor"}
     assert got == {
         ("send", "one", 1): sends | {"floor", "sendfloor", "apisendfloor"},
         ("send", "one", 2): sends | {"floor", "sendfloor", "apisendfloor"},

@@ -27,6 +27,7 @@ PRODUCERS_ONLY: dict[str, tuple[str, str]] = {
     "leasememfloor": ("lease_floor", "LeaseFloorSettled"),
     "leasestorefloor": ("lease_store_floor", "LeaseStoreFloor"),
     "apileasefloor": ("api_floor", "ApiLeaseFloor"),
+    "guaranteefloor": ("api_floor", "GuaranteeFloor"),
 }
 
 

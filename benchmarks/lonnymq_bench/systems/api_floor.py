@@ -259,6 +259,42 @@ class ApiLeaseFloor(LeaseStoreFloor):
         ]
 
 
+#: What the guarantee floor drops from LonnyMQ's tables: the partial index of leases
+#: (migration 0006's ``message_leased_idx``, on the partitioned table, so every partition's).
+DROP_LEASES_INDEX = "DROP INDEX {s}.message_leased_idx"
+
+
+def drop_leases_index(c: psycopg.Connection[Any], schema: str = SCHEMA) -> None:
+    """Drop the partial index of leases from ``schema``'s message table (a benchmark database's
+    own copy: the guarantee floor's install)."""
+    c.execute(sql.SQL(DROP_LEASES_INDEX).format(s=sql.Identifier(schema)))
+
+
+class GuaranteeFloor(ApiLeaseFloor):
+    """The API lease floor without the partial index of leases: only the pieces a guarantee
+    needs. Branch ``drainfloor``'s decomposition (docs/benchmarks.md) marks every piece of the
+    API lease floor required by a guarantee but one, the index of leases ``(queue_id, channel,
+    dequeue_at) WHERE leased``, which LonnyMQ keeps by choice (an exact leased count bounded by
+    the metrics' cap, the short take's one-probe check for an expired lease on its last
+    attempt). The floor's statement never reads it (its probes say ``leased IS TRUE``), so
+    without it a lease writes one index entry fewer. Installed as the API lease floor, then the
+    index dropped; LonnyMQ's own functions are not run on this database."""
+
+    name = "guaranteefloor"
+    label = "guarantee floor"
+    version = (
+        "the API lease floor (ack by key with the token checked, settled + queue_stat, lease of the"
+        " window's first n, in a secure function) on LonnyMQ's tables without the partial index of"
+        " leases: only the pieces a guarantee needs"
+    )
+
+    def install(self, dsn: str) -> dict[str, Any]:
+        install_floor(dsn)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            drop_leases_index(c)
+        return {"version": self.version}
+
+
 def _take(n: int) -> Callable[[str, Ctx], Callable[[], int]]:
     def start(dsn: str, ctx: Ctx) -> Callable[[], int]:
         c = psycopg.connect(dsn, autocommit=True)
