@@ -17,8 +17,19 @@ drains them by ``take(q, 100, ack=previous)`` with the clock fixed (no rotation)
 EXPLAIN ANALYZE, BUFFERS, take()'s settings, rolled back) from the front and from the least key
 left (the best a key could do: recorded just now).
 
+``--rule`` runs part ``writers`` under the writer rule that would make a key sound (nack,
+extend and pgmq's set_vt move the rows they reschedule to the current generation, held as
+_gen_write() holds it: the functions of the tree, so changed, replaced in the scratch schema).
+``--property N`` runs, instead, N random steps of sends (priorities, schedules), takes, acks,
+nacks, extends (``p_now`` sometimes in the past), set_vt and rotations, ``--seeds`` times without
+the rule and as many with it; each rotation records the keys of the generations no writer can
+add to (the queue's frozen ones and G-1), never lowered, and after every step each is checked
+for a row below its key, counted by the step's writer. ``--extend-setup PATH`` only writes the
+set-up of statement_instructions.py that counts the rule's cost in extend.
+
     PYTHONPATH=src python benchmarks/lowwater_probe.py --dsn postgresql://root@127.0.0.1:5432/scratch \\
-        [--messages 200000] [--at 1000,50000,100000,150000,190000] [--json out.json]
+        [--messages 200000] [--at 1000,50000,100000,150000,190000] [--json out.json] \\
+        [--rule | --property 2000 [--seeds 4] | --extend-setup setup.sql]
 """
 
 from __future__ import annotations
@@ -26,12 +37,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import threading
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from lonnymq import Client
+from lonnymq.migrations.pgmq import _template as pgmq_template
 from lonnymq.sql import function_text
 
 T0 = 1_000_000_000  # a fixed clock (ms) for the parts that take p_now
@@ -50,7 +64,7 @@ def _fresh(dsn: str) -> None:
 
 
 def _one(c: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
-    row = c.execute(query, params).fetchone()  # type: ignore[arg-type]
+    row = c.execute(query, params).fetchone()
     assert row is not None
     return row[0] if len(row) == 1 else row
 
@@ -110,7 +124,7 @@ def _case(
         "its_dequeue_at": at,
         "its_gen": _gen_of(c, mid),
         "frozen_gen": gen,
-        "below_key": (at, mid) < key,
+        "below_key_in_keyed_gen": _gen_of(c, mid) == gen and (at, mid) < key,
         "take_delivers_first": first,
         "keyed_range_delivers_first": keyed,
     }
@@ -130,8 +144,9 @@ def _freeze(
 ) -> tuple[int, tuple[int, int]]:
     """Two forced rotations (at ``nows``, None: the clock), which freeze the backlog's generation;
     returns it and the key the second rotation would record there for ``queue``."""
-    for now in nows or (None, None):
-        now = now or int(_one(c, "SELECT lonnymq.now_ms()"))
+    now = 0
+    for at in nows or (None, None):
+        now = at if at is not None else int(_one(c, "SELECT lonnymq.now_ms()"))
         c.execute("SELECT lonnymq.rotate(p_force => true, p_now => %s)", [now])
     gen = _frozen_gen(c, queue)
     return gen, _key(c, gen, queue, now)
@@ -245,6 +260,142 @@ def extend_setup(schema: str) -> str:
     )
 
 
+def _writer_rule(c: psycopg.Connection[Any]) -> None:
+    """The writer rule, on the schema ``lonnymq`` of ``c``: nack, extend and pgmq's set_vt move
+    the rows they reschedule to the current generation, held as _gen_write() holds it."""
+    texts = [
+        function_text("nack").replace("leased = false,", "leased = false, gen = {schema}._gen_write(),", 1),
+        function_text("extend").replace(
+            "SET dequeue_at = {schema}._now(p_now) + v_lease",
+            "SET dequeue_at = {schema}._now(p_now) + v_lease, gen = {schema}._gen_write()",
+            1,
+        ),
+    ]
+    facade = pgmq_template()
+    start = facade.index("CREATE FUNCTION pgmq._set_vt(")
+    set_vt = facade[start : facade.index("END $$;", start) + len("END $$;")]
+    texts.append(
+        set_vt.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1).replace(
+            "SET dequeue_at =", "SET gen = {schema}._gen_write(), dequeue_at =", 1
+        )
+    )
+    for text in texts:
+        assert "_gen_write()" in text
+        c.execute(sql.SQL(text).format(schema=sql.Identifier("lonnymq"), schema_name=sql.Literal("lonnymq")))
+
+
+def _keys(c: psycopg.Connection[Any]) -> dict[tuple[int, int], tuple[int, int] | None]:
+    """The keys a rotation would record now: per queue, its frozen generations and G-1, where no
+    writer is left; None where the queue holds no row there (any row there later breaks it)."""
+    rows = c.execute(
+        "WITH g AS (SELECT q.id AS queue_id, x.gen FROM lonnymq.queue q"
+        " CROSS JOIN LATERAL unnest(coalesce((SELECT f.gens FROM lonnymq.message_gen_frozen f"
+        " WHERE f.queue_id = q.id), ARRAY[]::bigint[])"
+        " || pg_sequence_last_value('lonnymq.message_gen_seq') - 1) AS x(gen))"
+        " SELECT g.queue_id, g.gen, k.dequeue_at, k.id FROM g LEFT JOIN LATERAL ("
+        " SELECT m.dequeue_at, m.id FROM lonnymq.message m WHERE m.gen = g.gen AND m.queue_id = g.queue_id"
+        " AND m.channel IS NULL ORDER BY m.dequeue_at, m.id LIMIT 1) k ON true"
+        " WHERE lonnymq._gen_writers_gone(g.gen)"
+    ).fetchall()
+    return {(r[0], r[1]): None if r[2] is None else (r[2], r[3]) for r in rows}
+
+
+def _below(
+    c: psycopg.Connection[Any], keys: dict[tuple[int, int], tuple[int, int] | None]
+) -> list[list[int]]:
+    """The rows below their generation's recorded key: [queue, gen, dequeue_at, id, key...]."""
+    out = []
+    for (queue_id, gen), key in keys.items():
+        row = c.execute(
+            "SELECT m.dequeue_at, m.id FROM lonnymq.message m WHERE m.gen = %s AND m.queue_id = %s"
+            " AND m.channel IS NULL ORDER BY m.dequeue_at, m.id LIMIT 1",
+            [gen, queue_id],
+        ).fetchone()
+        if row is not None and (key is None or (row[0], row[1]) < key):
+            out.append([queue_id, gen, row[0], row[1], *(key or ())])
+    return out
+
+
+def writers_property(dsn: str, steps: int, seed: int, rule: bool) -> dict[str, Any]:
+    """Random sends (priorities, schedules), takes, acks, nacks, extends, set_vt and rotations
+    (p_max_moves 20, so that backlogs freeze) on the probe's clock, with or without the writer
+    rule; each rotation records the keys (never lowered), and after every step each generation
+    is checked for a row below its key. Returns the steps that put one there, by writer."""
+    rnd = random.Random(seed)
+    _fresh(dsn)
+    broken: dict[str, int] = {}
+    ops: dict[str, int] = {}
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if rule:
+            _writer_rule(c)
+        for name in ("a", "b"):
+            _open(c, name, T0)
+        now = T0
+        keys: dict[tuple[int, int], tuple[int, int] | None] = {}
+        leased: list[tuple[str, int, int]] = []
+        for _ in range(steps):
+            now += rnd.choice((0, 1, 50, 700))
+            queue = rnd.choice(("a", "b"))
+            past = now - rnd.choice((0, 0, 0, 5000, 60000))
+            op = rnd.choice(("send", "send", "take", "take", "ack", "nack", "extend", "set_vt", "rotate"))
+            ops[op] = ops.get(op, 0) + 1
+            if op == "send":
+                n = rnd.choice((1, 20, 60))
+                c.execute(
+                    "SELECT lonnymq.send_batch(%s, array_fill(%s::bytea, ARRAY[%s]), p_now => %s,"
+                    " p_priorities => array_fill(%s::smallint, ARRAY[%s]),"
+                    " p_delays_ms => array_fill(%s::bigint, ARRAY[%s]))",
+                    [queue, BLOB, n, now, rnd.choice((0, 0, 3, 10, -2)), n, rnd.choice((0, 0, 2000)), n],
+                )
+            elif op == "take":
+                rows = c.execute(
+                    "SELECT id, token FROM lonnymq.take(%s, %s, %s, p_now => %s)",
+                    [queue, rnd.choice((1, 10, 40)), rnd.choice((1, 1000, 30000)), past],
+                ).fetchall()
+                leased += [(queue, r[0], r[1]) for r in rows]
+            elif op in ("ack", "nack", "extend") and leased:
+                q2, mid, tok = leased.pop(rnd.randrange(len(leased)))
+                if op == "ack":
+                    c.execute(
+                        "SELECT lonnymq.ack(%s, ARRAY[%s]::bigint[], ARRAY[%s]::integer[], p_now => %s)",
+                        [q2, mid, tok, now],
+                    )
+                elif op == "nack":
+                    c.execute(NACK, [q2, mid, tok, past])
+                else:
+                    c.execute(EXTEND, [q2, mid, tok, rnd.choice((1, 1000)), past])
+                    leased.append((q2, mid, tok))
+            elif op == "set_vt":
+                newest = c.execute(
+                    "SELECT m.id FROM lonnymq.message m JOIN lonnymq.queue q ON q.id = m.queue_id"
+                    " WHERE q.name = %s ORDER BY m.id DESC LIMIT 1",
+                    [queue],
+                ).fetchone()
+                if newest is not None:
+                    c.execute(
+                        "SELECT * FROM pgmq.set_vt(%s, %s, to_timestamp(%s / 1000.0))",
+                        [queue, newest[0], past - rnd.choice((0, 10000))],
+                    )
+            elif op == "rotate":
+                c.execute("SELECT lonnymq.rotate(p_force => true, p_max_moves => 20, p_now => %s)", [now])
+                for k, v in _keys(c).items():
+                    keys.setdefault(k, v)
+            for found in _below(c, keys):
+                broken[op] = broken.get(op, 0) + 1
+                keys[(found[0], found[1])] = (found[2], found[3])  # counted once: from here on
+        frozen = _one(c, "SELECT count(*) FROM lonnymq.message_gen_frozen f, unnest(f.gens)")
+    return {
+        "rule": rule,
+        "seed": seed,
+        "steps": steps,
+        "ops": ops,
+        "keys_recorded": sum(v is not None for v in keys.values()),
+        "empty_gens_recorded": sum(v is None for v in keys.values()),
+        "frozen_at_end": frozen,
+        "broken_by": broken,
+    }
+
+
 def _buffers(plan: dict[str, Any], index: str) -> int:
     """Shared buffers (hit + read) of the plan nodes that scan ``index``."""
     n = 0
@@ -301,7 +452,7 @@ def walk(dsn: str, messages: int, at: list[int]) -> list[dict[str, Any]]:
             ids, toks = [], []
             key = _key(c, gen, "wk", T0 + 1)
             row: dict[str, Any] = {"drained": drained, "key": list(key)}
-            for name, start in (
+            for name, cond in (
                 ("from_front", ""),
                 ("from_key", "AND (m.dequeue_at, m.id) >= (%(k0)s::bigint, %(k1)s::bigint)"),
             ):
@@ -309,7 +460,7 @@ def walk(dsn: str, messages: int, at: list[int]) -> list[dict[str, Any]]:
                     c.execute(SETTINGS)
                     params = {"gen": gen, "qid": qid, "now": T0 + 1, "k0": key[0], "k1": key[1]}
                     plan = _one(
-                        c, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CANDIDATES.format(start=start), params
+                        c, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CANDIDATES.format(start=cond), params
                     )[0]["Plan"]
                 row[name] = _buffers(plan, index)
                 if name == "from_key":
@@ -342,17 +493,37 @@ def main() -> None:
     ap.add_argument(
         "--extend-setup", help="only write the set-up of the writer rule's cost here (schema tree_x)"
     )
+    ap.add_argument(
+        "--property", type=int, default=0, help="only the writers' property check, this many steps"
+    )
+    ap.add_argument("--rule", action="store_true", help="the writers' cases under the writer rule (no walk)")
+    ap.add_argument("--seeds", type=int, default=3, help="(--property) runs with and without the rule each")
     a = ap.parse_args()
+    if a.property:
+        runs = [
+            writers_property(a.dsn, a.property, seed, rule)
+            for rule in (False, True)
+            for seed in range(a.seeds)
+        ]
+        for r in runs:
+            print(json.dumps(r))
+        if a.json:
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump({"load": os.getloadavg()[0], "runs": runs}, f, indent=1)
+                f.write("\n")
+        return
     if a.extend_setup:
         with open(a.extend_setup, "w", encoding="utf-8") as f:
             f.write(extend_setup("tree_x"))
         return
     _fresh(a.dsn)
-    result: dict[str, Any] = {"load_before": os.getloadavg()[0]}
-    result |= {
-        "writers": [priority_nack(a.dsn), inflight_nack(a.dsn), pgmq_set_vt(a.dsn), past_extend(a.dsn)],
-        "walk": walk(a.dsn, a.messages, [int(x) for x in a.at.split(",")]),
-    }
+    if a.rule:
+        with psycopg.connect(a.dsn, autocommit=True) as c:
+            _writer_rule(c)
+    result: dict[str, Any] = {"load_before": os.getloadavg()[0], "rule": a.rule}
+    result["writers"] = [priority_nack(a.dsn), inflight_nack(a.dsn), pgmq_set_vt(a.dsn), past_extend(a.dsn)]
+    if not a.rule:
+        result["walk"] = walk(a.dsn, a.messages, [int(x) for x in a.at.split(",")])
     result["load_after"] = os.getloadavg()[0]
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
