@@ -44,7 +44,7 @@ def test_calls_of_a_queue_go_straight_to_its_shard(sharded) -> None:  # type: ig
         # The router's proxies of the data path are gone: a call through the router fails,
         # the direct client's calls do not touch it.
         with psycopg.connect(r, autocommit=True) as conn:
-            for fn in ("send", "send_batch", "take", "ack", "peek", "queue_metrics"):
+            for fn in ("send", "send_plain_once", "send_batch", "take", "ack", "peek", "queue_metrics"):
                 conn.execute(f"DROP FUNCTION lonnymq.{fn}")
         try:
             with Client(r) as plain, pytest.raises(errors.NotInstalled):
