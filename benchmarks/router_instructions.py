@@ -50,6 +50,11 @@ Workloads (``--workloads``), on a plain queue held by shard a unless named ``_pa
 * ``send_plain``, ``send_plain_parted``, ``shard_send_plain``: the lean plain send
   (``send_plain(q, payload)``, what the Python client sends for a message without options)
   through the router, of the partitioned queue, and directly on shard a;
+* ``send_plain_once``, ``send_plain_once_parted``, ``shard_send_plain_once``: the lean keyed
+  plain send (``send_plain_once(q, payload, gen_random_uuid())``, what a pooled Python client
+  sends for such a message: it keys each send), the same three ways; ``send_key``,
+  ``send_key_parted``, ``shard_send_key``: ``send(q, payload, p_send_key => ...)``, what that
+  client sent before;
 * ``pgmq_send``, ``pgmq_read`` (one message), ``pgmq_read_delete`` (a read of one, then
   ``pgmq.delete`` of its id: ``pgmq_delete`` is reported as the difference), ``pgmq_read10``
   and ``pgmq_read10_delete10`` (the same with 10 messages and ``pgmq.delete`` of an array of
@@ -236,6 +241,10 @@ END $fn$""",
 
 #: A plain message's send as the Python client makes it (sql/send.sql, send_plain).
 _SEND_PLAIN = f"SELECT lonnymq.send_plain('{{q}}', '{PAYLOAD}'::bytea)"
+#: The same with an idempotency key, as a pooled client makes it (send_plain_once), and what
+#: that client called before (send() with the key).
+_SEND_ONCE = f"SELECT lonnymq.send_plain_once('{{q}}', '{PAYLOAD}'::bytea, gen_random_uuid())"
+_SEND_KEY = f"SELECT * FROM lonnymq.send('{{q}}', '{PAYLOAD}'::bytea, p_send_key => gen_random_uuid())"
 
 #: workload: the statements of one call (each EXECUTEd once a call), and whether the shard's
 #: queue needs a backlog of messages.
@@ -255,6 +264,14 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "send_plain": (_SEND_PLAIN,),
     "send_plain_parted": (_SEND_PLAIN.replace("{q}", "{pq}"),),
     "shard_send_plain": (_SEND_PLAIN,),
+    # The lean keyed plain send (send_plain_once: routed by _once_shard) and send() with a key
+    # (routed by _send_shard), of a plain and of a partitioned queue, and directly on shard a.
+    "send_plain_once": (_SEND_ONCE,),
+    "send_plain_once_parted": (_SEND_ONCE.replace("{q}", "{pq}"),),
+    "shard_send_plain_once": (_SEND_ONCE,),
+    "send_key": (_SEND_KEY,),
+    "send_key_parted": (_SEND_KEY.replace("{q}", "{pq}"),),
+    "shard_send_key": (_SEND_KEY,),
     "take_parted": (_calls("lonnymq.{}")["take"][0].replace("{q}", "{pq}"),),
     # The dispatched calls (plpgsql dispatchers, lonnymq.shard.partitions.DISPATCHED) of a plain
     # queue, each also through its PL/Proxy function _hash_<name> (RUN ON _shard_of(...)):
@@ -308,7 +325,12 @@ TAKES = (
     *(f"floor_{r}_{k}" for r in FLOORS for k in ("take", "take_ack")),
 )
 #: The workloads made directly on shard a (not through the router): ``shard_of`` is the router's.
-ON_SHARD = (*(f"shard_{k}" for k in _calls("lonnymq.{}")), "shard_send_plain")
+ON_SHARD = (
+    *(f"shard_{k}" for k in _calls("lonnymq.{}")),
+    "shard_send_plain",
+    "shard_send_plain_once",
+    "shard_send_key",
+)
 #: ``--workloads floors``: the router target's floors (the shard's calls, ours and each floor's).
 FLOOR_SET = ",".join(
     [

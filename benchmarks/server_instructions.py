@@ -60,6 +60,10 @@ Workloads (``--workloads``), per message:
   an outer query (``SELECT (r).id, (r).outcome FROM (SELECT send(...) AS r OFFSET 0) s``).
 * ``send_plain_clock``: ``SELECT send_plain(q, payload)`` (the lean plain send, a scalar, as
   the Python client calls it for a message without options), on the trees that have it;
+* ``send_plain_once_clock``: ``SELECT send_plain_once(q, payload, gen_random_uuid())`` (the
+  lean keyed plain send, as the Python client calls it for such a message with an idempotency
+  key, a pooled ``Client``'s default; ``send_key_clock`` is what it called before), on the
+  trees that have it;
 
 pgmq's API (issue 13), the statements pgmq's own Python client sends (``pgmq/_sql.py``),
 ``PREPARE``d with their parameters as a driver prepares them and ``EXECUTE``d with the
@@ -203,6 +207,14 @@ WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
     # The lean plain send (send_plain, a scalar): what the Python client calls for a message
     # without options, in its select list. Runs on the trees that have it (NEEDS).
     "send_plain_clock": ("SELECT {s}.send_plain('q', '" + PAYLOAD + "'::bytea)", None, 1),
+    # The lean keyed plain send (send_plain_once, a scalar): what the Python client calls for a
+    # message without options when it keys the call (a pooled Client's default); compare with
+    # send_key_clock, what it called before. Runs on the trees that have it (NEEDS).
+    "send_plain_once_clock": (
+        "SELECT {s}.send_plain_once('q', '" + PAYLOAD + "'::bytea, gen_random_uuid())",
+        None,
+        1,
+    ),
     # send and send_key called in a select list, as branch sendrow's client called send() (its
     # send returned one value of type sent, not a set: a Result node instead of a Function Scan;
     # not kept); on today's trees this is a set-returning call in the select list (a ProjectSet).
@@ -249,7 +261,7 @@ WORKLOADS: dict[str, tuple[str | None, str | None, int]] = {
     ),
 }
 #: Workloads that need a function a tree may not have (an older tree): run on the trees with it.
-NEEDS: dict[str, str] = {"send_plain_clock": "send_plain"}
+NEEDS: dict[str, str] = {"send_plain_clock": "send_plain", "send_plain_once_clock": "send_plain_once"}
 
 # pgmq's API: the statements of pgmq's Python client (pgmq/_sql.py), with $n for its %s.
 _PGMQ_READ = (

@@ -273,7 +273,8 @@ def test_a_send_whose_reply_is_lost_after_the_commit_is_retried_once(
 ) -> None:
     with Client(proxy.dsn, schema=schema) as c:
         c.create_queue("q")
-        proxy.arm(f".{call}(".encode())
+        # A plain message with the client's key: the lean keyed send (send_plain_once).
+        proxy.arm(b".send_plain_once(" if call == "send" else b".send_batch(")
         if call == "send":
             result = c.send("q", "x")
             ids = [result.id]

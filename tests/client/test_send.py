@@ -356,21 +356,23 @@ def test_a_delayed_priority_message_is_not_delivered_early(client: Client, q: st
         ({"priority": 3}, "send"),
         ({"key": "k"}, "send"),
         ({"channel": "c"}, "send"),
-        ({"idempotency_key": "0193a5b0-0000-7000-8000-000000000001"}, "send"),
+        ({"idempotency_key": "0193a5b0-0000-7000-8000-000000000001"}, "send_plain_once"),
+        ({"idempotency_key": "0193a5b0-0000-7000-8000-000000000002", "priority": 1}, "send"),
     ],
 )
 def test_a_plain_send_calls_send_plain(
     client: Client, q: str, dsn: str, schema: str, options: dict[str, Any], called: str
 ) -> None:
     """A message with nothing but a payload (and a kind) goes through send_plain, the lean plain
-    send; any other option through send(). The same result either way."""
+    send, or with an idempotency key send_plain_once, the lean keyed one; any other option
+    through send(). The same result either way."""
     with psycopg.connect(dsn) as tx:
         tx.execute("SET track_functions = 'all'")
         sent = client.send(q, {"n": 1}, conn=tx, **options)
         calls = dict(
             tx.execute(
                 "SELECT funcname, calls FROM pg_stat_xact_user_functions"
-                " WHERE schemaname = %s AND funcname IN ('send', 'send_plain')",
+                " WHERE schemaname = %s AND funcname IN ('send', 'send_plain', 'send_plain_once')",
                 [schema],
             ).fetchall()
         )

@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from shard_helpers import Traffic, drain, home, map_version
 
 from lonnymq import AsyncClient, Client, Message, errors, shard
-from lonnymq.client.direct import DIRECT, ShardMap
+from lonnymq.client.direct import DIRECT, ShardMap, key_partition
 from lonnymq.client.ops import Op, Ops, new_send_key
 
 pytestmark = [pytest.mark.once, pytest.mark.slow]
@@ -44,7 +44,7 @@ def test_calls_of_a_queue_go_straight_to_its_shard(sharded) -> None:  # type: ig
         # The router's proxies of the data path are gone: a call through the router fails,
         # the direct client's calls do not touch it.
         with psycopg.connect(r, autocommit=True) as conn:
-            for fn in ("send", "send_batch", "take", "ack", "peek", "queue_metrics"):
+            for fn in ("send", "send_plain_once", "send_batch", "take", "ack", "peek", "queue_metrics"):
                 conn.execute(f"DROP FUNCTION lonnymq.{fn}")
         try:
             with Client(r) as plain, pytest.raises(errors.NotInstalled):
@@ -189,7 +189,10 @@ def test_what_goes_direct_and_how_a_shard_is_logged_into() -> None:
     # A plain message's send is the lean plain send (send_plain), straight to the queue's shard.
     plain = ops.send("orders", "x")
     assert plain.query is ops.st.send_plain and m.queue_of(plain) == "orders"
-    assert ops.send("orders", "x", send_key=new_send_key()).query is ops.st.send
+    # With an idempotency key (a pooled client's default): the lean keyed send, straight too.
+    once = ops.send("orders", "x", send_key=new_send_key())
+    assert once.query is ops.st.send_plain_once and m.queue_of(once) == "orders"
+    assert ops.send("orders", "x", priority=1, send_key=new_send_key()).query is ops.st.send
     for op in (ops.queue_create("orders"), ops.queue_drop("orders"), ops.take_tx("orders"), ops.queue_list()):
         assert m.queue_of(op) is None  # through the router
     # One delivery's ack and take(ack=) send scalars; routed as the array statements they are.
@@ -248,3 +251,21 @@ def test_a_least_privileged_role_goes_direct(sharded) -> None:  # type: ignore[n
             "SELECT umoptions FROM pg_user_mappings WHERE srvname = 'lonnymq_lonnymq'"
         ).fetchone()
         assert row is not None and row[0] is None  # the shards' password: superusers only
+
+
+def test_a_keyed_plain_send_goes_to_its_keys_partition() -> None:
+    """ShardMap (no servers): a plain message with an idempotency key (send_plain_once) goes
+    to the partition of its key, where send() with that key goes (the router's _once_shard and
+    _send_shard agree), so a repeat finds the first; without a key, the partitions in turn."""
+    ops = Ops("lonnymq")
+    m = ShardMap("lonnymq", ops.st)
+    m.load(1, [f"host=h{i} dbname=d" for i in range(4)])
+    parts = [1, 3, 0]
+    m.remember("hot", None, parts, None)
+    for _ in range(20):
+        key = new_send_key()
+        once = ops.send("hot", "x", send_key=key)
+        assert once.query is ops.st.send_plain_once
+        keyed = ops.send("hot", "x", priority=1, send_key=key)  # send(): the general path
+        want = [parts[key_partition(str(key), len(parts))]]
+        assert m.plan(once, "hot") == m.plan(keyed, "hot") == want

@@ -3,6 +3,8 @@ signature, queues spread by hashtext(name), status, init's refusals."""
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 import pytest
 from shard_helpers import home
@@ -40,6 +42,7 @@ def test_every_public_function_has_a_proxy_with_its_signature(sharded) -> None: 
     assert set(languages.values()) <= {"plproxy", "sql", "plpgsql"}
     assert languages["send"] == languages["send_batch"] == languages["ack"] == "plproxy"
     assert languages["send_plain"] == "plproxy"  # routed as send: by its queue (or partition)
+    assert languages["send_plain_once"] == "plproxy"  # by its queue (or its send key's partition)
     assert languages["queue_list"] == "sql"
     plpgsql = {n for n, lang in languages.items() if lang == "plpgsql"}
     assert plpgsql == {*partitions.DISPATCHED, *partitions.ROUTER_ONLY}
@@ -76,6 +79,37 @@ def test_send_plain_goes_to_its_queues_shard_or_the_partitions_in_turn(sharded) 
     assert turns in ([0, 1] * 3, [1, 0] * 3), turns
     with Client(sharded.dsn) as c:
         assert c.metrics("plain_parts").ready == 6
+
+
+def test_send_plain_once_goes_where_send_with_its_key_goes(sharded) -> None:  # type: ignore[no-untyped-def]
+    """The keyed plain send through the router: a queue's message on the queue's shard; a
+    partitioned queue's on its send key's partition, as send() with that key, so that a repeat
+    returns the first id and creates nothing."""
+    with Client(sharded.dsn) as c:
+        c.create_queue("once_one")
+        assert c.create_queue("once_parts", partitions=2)
+    once = "SELECT lonnymq.send_plain_once(%s, 'x'::bytea, %s, 'text/plain')"
+    with psycopg.connect(sharded.dsn, autocommit=True) as r:
+        key = uuid.uuid4()
+        row = r.execute(once, ("once_one", key)).fetchone()
+        assert row is not None and r.execute(once, ("once_one", key)).fetchone() == row
+        with psycopg.connect(sharded.shard_dsns[home(sharded.dsn, "once_one")]) as s:
+            got = s.execute(
+                "SELECT m.content_type FROM lonnymq.message m JOIN lonnymq.queue q ON q.id = m.queue_id"
+                " WHERE q.name = 'once_one' AND m.id = %s",
+                row,
+            ).fetchone()
+        assert got == ("text/plain",)
+        for _ in range(8):
+            key = uuid.uuid4()
+            [(first,)] = r.execute(once, ("once_parts", key)).fetchall()
+            [(again,)] = r.execute(once, ("once_parts", key)).fetchall()
+            [(by_send, outcome)] = r.execute(
+                "SELECT * FROM lonnymq.send('once_parts', 'y'::bytea, p_send_key => %s)", (key,)
+            ).fetchall()
+            assert first == again == by_send and outcome == "created"
+    with Client(sharded.dsn) as c:
+        assert c.metrics("once_one").ready == 1 and c.metrics("once_parts").ready == 8
 
 
 def test_a_function_without_queue_or_rule_stops_generation() -> None:

@@ -149,7 +149,15 @@ def test_producer_can_only_send(
         plain = c.execute(
             sql.SQL("SELECT {}.send_plain('q', 'plain'::bytea)").format(sql.Identifier(schema))
         ).fetchone()
+        # The keyed plain send (what a pooled client's plain message calls: it keys each send).
+        once = c.execute(
+            sql.SQL("SELECT {}.send_plain_once('q', 'once'::bytea, gen_random_uuid())").format(
+                sql.Identifier(schema)
+            )
+        ).fetchone()
     assert plain is not None and plain[0] > sent.id
+    assert once is not None and once[0] > plain[0]
+    assert _call(dsn, schema, lambda c: c.send("q", b"pooled")).id > once[0]
     assert [
         r.outcome for r in _call(dsn, schema, lambda c: c.send_batch("q", [b"a", Envelope(b"b", key="k")]))
     ] == ["created", "ignored"]
@@ -169,7 +177,8 @@ def test_producer_can_only_send(
     }.items():
         assert _denied(dsn, schema, fn), name
     assert _table_access(dsn, schema) == ["select migration"]
-    assert _count(conn, schema) == 4  # setup's, the keyed send, the plain send, the batch's new one
+    # setup's, the keyed send, the plain sends (unkeyed, keyed, the pooled client's), the batch's new one
+    assert _count(conn, schema) == 6
 
 
 def test_consumer_can_only_take_and_settle(

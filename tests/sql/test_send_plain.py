@@ -25,6 +25,14 @@ COLUMNS = (
 PLAIN = r"BEGIN\s+(WITH ins AS .*?SELECT ins\.id) INTO v_id FROM ins;"
 
 
+#: The errors of a plain send (queue 'q' allows 10 bytes): the arguments, SQLSTATE, message.
+ERRORS = [
+    ({"p_queue": "nope"}, "LQ001", "queue 'nope' does not exist"),
+    ({"p_payload": b"x" * 11}, "LQ003", "message 1 payload is 11 bytes; queue 'q' allows at most 10"),
+    ({"p_payload": None}, "LQ002", "message 1 has no payload"),
+]
+
+
 @pytest.fixture
 def s(schema: str) -> sql.Identifier:
     return sql.Identifier(schema)
@@ -84,14 +92,7 @@ def test_send_plain_writes_what_send_writes(
     assert stats[0][1] == times[0] // 60000
 
 
-@pytest.mark.parametrize(
-    ("args", "state", "message"),
-    [
-        ({"p_queue": "nope"}, "LQ001", "queue 'nope' does not exist"),
-        ({"p_payload": b"x" * 11}, "LQ003", "message 1 payload is 11 bytes; queue 'q' allows at most 10"),
-        ({"p_payload": None}, "LQ002", "message 1 has no payload"),
-    ],
-)
+@pytest.mark.parametrize(("args", "state", "message"), ERRORS)
 @pytest.mark.parametrize("fn", ["send", "send_plain"])
 def test_send_plain_raises_what_send_raises(
     client: Client, conn: Any, s: sql.Identifier, args: dict[str, Any], state: str, message: str, fn: str
@@ -167,25 +168,46 @@ def test_send_plain_is_sends_plain_statement() -> None:
     )
 
 
-def test_plan_of_send_plain(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
-    """send()'s plain plan (test_send_lean.test_plan_of_the_lean_send): the queue by its name's
-    unique index, _send_ok inlined into its filter, no sequential scan, five nodes."""
+def plain_plan(
+    client: Client,
+    conn: Any,
+    schema: str,
+    s: sql.Identifier,
+    function: str,
+    pattern: str,
+    variables: dict[str, str],
+    values: str,
+) -> list[dict[str, Any]]:
+    """The nodes of the generic plan of ``function``'s statement (``pattern``'s group 1, then
+    FROM ins) with 300 queues analysed: ``variables`` (name: type) and then p_kind,
+    p_content_type and v_gen as parameters, ``values`` and then NULL, NULL, 1 their values. Its
+    queue found by its name's unique index, _send_ok inlined into that scan's filter, no
+    sequential scan anywhere (a cost far under jit_above_cost)."""
     for i in range(300):
         client.create_queue(f"q{i}")
     conn.execute(sql.SQL("ANALYZE {}.queue").format(s))
-    variables = ("p_queue", "p_payload", "v_now", "p_kind", "p_content_type", "v_gen")
-    names = {name: f"${i}" for i, name in enumerate(variables, 1)}
-    stmt = _statement("send_plain", PLAIN, names, schema) + " FROM ins"
+    types = {**variables, "p_kind": "text", "p_content_type": "text", "v_gen": "bigint"}
+    names = {name: f"${i}" for i, name in enumerate(types, 1)}
+    stmt = _statement(function, pattern, names, schema) + " FROM ins"
     plan = _generic_plan(
         conn,
-        f"PREPARE plain_send(text, bytea, bigint, text, text, bigint) AS {stmt}",
-        "plain_send('q7', '\\x00', 0, NULL, NULL, 1)",
+        f"PREPARE {function}_stmt({', '.join(types.values())}) AS {stmt}",
+        f"{function}_stmt({values}, NULL, NULL, 1)",
     )
     nodes = list(_nodes(plan))
+    assert not [x for x in nodes if x["Node Type"] == "Seq Scan"], plan
     assert plan["Total Cost"] < 1000, plan
     [lookup] = [x for x in nodes if x.get("Relation Name") == "queue"]
     assert lookup["Index Name"] == "queue_name_key"
     assert "pg_advisory_xact_lock_shared" in lookup["Filter"] and "_send_ok" not in lookup["Filter"], lookup
+    return nodes
+
+
+def test_plan_of_send_plain(client: Client, conn: Any, schema: str, s: sql.Identifier) -> None:
+    """send()'s plain plan (test_send_lean.test_plan_of_the_lean_send): the queue by its name's
+    unique index, _send_ok inlined into its filter, no sequential scan, five nodes."""
+    variables = {"p_queue": "text", "p_payload": "bytea", "v_now": "bigint"}
+    nodes = plain_plan(client, conn, schema, s, "send_plain", PLAIN, variables, "'q7', '\\x00', 0")
     assert [x["Node Type"] for x in nodes] == [
         "CTE Scan",
         "ModifyTable",

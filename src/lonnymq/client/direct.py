@@ -69,6 +69,7 @@ T = TypeVar("T")
 DIRECT: tuple[str, ...] = (
     "send",
     "send_plain",
+    "send_plain_once",
     "send_batch",
     "take",
     "peek",
@@ -364,6 +365,8 @@ class ShardMap:
             return [parts[key_partition(p[1], n)]] if isinstance(p[1], str) else None
         if name == "send_plain":  # no key, channel or send key: the next partition in turn
             return [parts[next(self._send_turn) % n]]
+        if name == "send_plain_once":  # a send key alone: its partition, where a repeat goes
+            return [parts[key_partition(str(p[2]), n)]]
         if name not in _KEY_ARG:
             return None
         arg = p[_KEY_ARG[name]]

@@ -422,6 +422,11 @@ class Statements:
         # A plain message (no headers, time, delay, priority, key, channel or send key): the
         # lean plain send, a scalar in the select list (sql/send.sql, send_plain).
         self.send_plain = q("SELECT {s}.send_plain(%s::text, %b::bytea, %s::text, %s::text)")
+        # The same with a send key (what a Client(dsn) with retries sends for a plain message):
+        # the lean keyed send, a scalar (sql/send.sql, send_plain_once).
+        self.send_plain_once = q(
+            "SELECT {s}.send_plain_once(%s::text, %b::bytea, %s::uuid, %s::text, %s::text)"
+        )
         self.take = q("SELECT * FROM {s}.take(%s::text, %s::int, %s::bigint, %b::bigint[], %b::int[])")
         # A drain's take(ack=previous) of one delivery: scalars, as ack_one.
         self.take_ack_one = q(
@@ -775,11 +780,11 @@ class Ops:
         on_conflict: OnConflict = "ignore",
         send_key: uuid.UUID | None = None,
     ) -> Op[SendResult]:
-        """One message through the lean ``send()``, or ``send_plain()`` for a plain message
-        (nothing but a payload and a kind: ``send()``'s semantics for it, less of the server's
-        work; ``on_conflict`` acts on a key only). With ``send_key`` (see
-        :func:`new_send_key`) a repeat of the call creates nothing and returns the first call's
-        result, so the op is safe to retry."""
+        """One message through the lean ``send()``, or for a plain message (nothing but a
+        payload and a kind) ``send_plain()``, or ``send_plain_once()`` with a ``send_key``:
+        ``send()``'s semantics for it, less of the server's work (``on_conflict`` acts on a key
+        only). With ``send_key`` (see :func:`new_send_key`) a repeat of the call creates nothing
+        and returns the first call's result, so the op is safe to retry."""
         check_queue(queue)
         if on_conflict != "ignore":  # (the default needs no check)
             _check_on_conflict(on_conflict)
@@ -794,10 +799,12 @@ class Ops:
             and priority == 0
             and key is None
             and channel is None
-            and send_key is None
         ):
-            plain = (queue, body, ctype, check_text(kind, "kind", _KIND_MAX))
-            return Op(self.st.send_plain, plain, _sent_plain, row_factory=POSITIONAL)
+            if send_key is None:
+                plain = (queue, body, ctype, check_text(kind, "kind", _KIND_MAX))
+                return Op(self.st.send_plain, plain, _sent_plain, row_factory=POSITIONAL)
+            once = (queue, body, send_key, ctype, check_text(kind, "kind", _KIND_MAX))
+            return Op(self.st.send_plain_once, once, _sent_plain, safe_to_retry=True, row_factory=POSITIONAL)
         params = (
             queue,
             body,

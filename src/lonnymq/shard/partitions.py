@@ -81,6 +81,8 @@ ROUTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "send": ("_send_shard", ("p_queue", "p_key", "p_send_key", "p_channel")),
     # A plain send (no key, channel or send key): a partitioned queue's next partition in turn.
     "send_plain": ("_plain_shard", ("p_queue",)),
+    # A plain send with a send key: a partitioned queue's partition of the key (as send's).
+    "send_plain_once": ("_once_shard", ("p_queue", "p_send_key")),
     "send_batch": ("_batch_shard", ("p_queue", "p_keys", "p_send_key", "p_channels")),
     "ack": ("_id_shard", ("p_queue", "p_ids")),
     "nack": ("_id_shard", ("p_queue", "p_ids")),
@@ -157,6 +159,7 @@ ON_SHARD = (*DISPATCHED, "queue_create")
 FAST_ROUTES: dict[LiteralString, LiteralString] = {
     "_send_shard": "p_queue text, p_key text, p_send_key uuid, p_channel text DEFAULT NULL",
     "_plain_shard": "p_queue text",
+    "_once_shard": "p_queue text, p_send_key uuid",
     "_batch_shard": "p_queue text, p_keys text[], p_send_key uuid, p_channels text[] DEFAULT NULL",
     "_channel_shard": "p_queue text, p_channel text",
     "_id_shard": "p_queue text, p_ids bigint[]",
@@ -369,6 +372,13 @@ CREATE FUNCTION {s}._parted_plain_shard(p_queue text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
     RETURN {s}._parted_send_shard(p_queue, NULL, NULL);
+END $fn$""",
+    """-- The shard of a plain send with a send key (send_plain_once): as _send_shard's, a plain
+-- queue's shard, a partitioned queue's partition of the send key (where a repeat goes).
+CREATE FUNCTION {s}._parted_once_shard(p_queue text, p_send_key uuid) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    RETURN {s}._parted_send_shard(p_queue, NULL, p_send_key);
 END $fn$""",
     """-- The shard of a batch send: as _send_shard, for the whole batch: the partitions of its
 -- items' channels (an item with both a channel and a key is refused) and of the keys of its

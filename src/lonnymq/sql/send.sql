@@ -1,6 +1,7 @@
 -- LonnyMQ send: send_batch (any number of messages, every option), send (one message: a
 -- lean path of one statement for the plain case, send_batch for the rest) and send_plain (one
--- message without options: send's plain statement, the id returned). A send call may
+-- message without options: send's plain statement, the id returned) and send_plain_once (the
+-- same with a send key: send's keyed statement, the id returned). A send call may
 -- carry a send key (p_send_key): a repeat of the call with the same key creates nothing and
 -- returns what the first call returned (table send_key, migration 0013; docs/messages.md).
 --
@@ -616,6 +617,73 @@ BEGIN
     IF NOT FOUND THEN
         SELECT s.id INTO v_id
           FROM {schema}.send_batch(p_queue, ARRAY[p_payload], ARRAY[p_kind], ARRAY[p_content_type]) s;
+    END IF;
+    RETURN v_id;
+END $$;
+
+-- Send one plain message once per send key: send_plain(p_queue, p_payload, p_content_type,
+-- p_kind) with the idempotency key p_send_key, returning the new message's id. What
+-- Client.send() calls for a plain message when it gives the call a key (a Client(dsn) with a
+-- retry policy does for every send: idempotent_sends). Its statement is send()'s keyed one
+-- with send_plain's defaults (keep them in step: tests/sql/test_send_plain_once.py compares
+-- them): the queue by its name's unique index, _send_ok (the payload's size and presence, the
+-- generation's hold, the wake-up, the generation re-read), the message's id from the sequence
+-- first, the key's send_key row holding it (ON CONFLICT DO NOTHING: a key the queue has
+-- recorded inserts nothing; a call running with the key holds its index entry, and this insert
+-- waits for it to end), the message (due now, priority 0) and its queue_stat row. Anything it
+-- does not write (a repeat of the key: the recorded result; an unknown queue, a NULL payload, a
+-- payload over the queue's limit: errors; a generation that moved while we took it: rare; a
+-- NULL p_send_key: a send without a key) goes through send_batch, which replays, raises or
+-- sends with send()'s semantics; a repeat returns the first id the key recorded (the key names
+-- the call: its arguments are not compared). Keys are kept lonnymq.send_key_retention
+-- (maintain(), maintenance.sql). Why a function of its own rather than send_plain with a fifth
+-- argument: send_plain's plain calls stay exactly as they were (no argument more, no branch),
+-- no migration drops a function that routers proxy and the pgmq facade calls, and each of the
+-- two has one statement with one cached plan (docs/benchmarks.md, a lean keyed send). Pinned
+-- plans as send()'s (enable_seqscan = off).
+CREATE OR REPLACE FUNCTION {schema}.send_plain_once(
+    p_queue        text,
+    p_payload      bytea,
+    p_send_key     uuid,
+    p_content_type text DEFAULT NULL,
+    p_kind         text DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off AS $$
+DECLARE
+    v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;  -- now_ms()
+    v_gen bigint := pg_sequence_last_value('{schema}.message_gen_seq');  -- _gen_write()'s first read
+    v_id  bigint;
+BEGIN
+    IF p_send_key IS NOT NULL THEN
+        WITH q AS (
+            SELECT x.id, nextval('{schema}.message_id_seq') AS mid
+              FROM {schema}.queue x
+             WHERE x.name = p_queue
+               AND {schema}._send_ok(x.id, x.name, x.max_payload_bytes, p_payload, v_gen)
+        ), k AS (
+            INSERT INTO {schema}.send_key AS k (queue_id, key, at_ms, ids)
+            SELECT q.id, p_send_key, v_now, ARRAY[q.mid] FROM q
+            ON CONFLICT (queue_id, key) DO NOTHING
+            RETURNING k.queue_id
+        ), ins AS (
+            INSERT INTO {schema}.message AS m (queue_id, id, gen, dequeue_at, scheduled_at, enqueued_at,
+                                              kind, content_type, payload)
+            SELECT q.id, q.mid, v_gen, v_now, v_now, v_now, p_kind, p_content_type, p_payload
+              FROM q JOIN k ON k.queue_id = q.id
+            RETURNING m.id, m.queue_id
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, sent)
+            SELECT ins.queue_id, v_now / 60000, 1 FROM ins
+        )
+        SELECT ins.id INTO v_id FROM ins;
+    END IF;
+    IF NOT FOUND THEN
+        SELECT s.id INTO v_id
+          FROM {schema}.send_batch(p_queue, ARRAY[p_payload], ARRAY[p_kind], ARRAY[p_content_type],
+                                   p_send_key => p_send_key) s
+         ORDER BY s.ord
+         LIMIT 1;
     END IF;
     RETURN v_id;
 END $$;
