@@ -577,6 +577,8 @@ def test_repeats_and_stale_settles_find_acks_memory_by_id(
     assert len(done) == expected, (call, done)
     by_id = entries.pop("settled_id_idx")
     assert seq_read == 0, (call, seq_read, entries)
-    # One entry per id asked (a hash index returns the entries of the id's bucket that match).
-    assert 1 <= by_id <= 2 * len(mine), (call, by_id, entries)
+    # One entry per id asked (a hash index returns the entries of the id's bucket that match);
+    # none for take's one-delivery drain, which answers no repeat (take discards ack()'s answer).
+    least = 0 if call.startswith("take") else 1
+    assert least <= by_id <= 2 * len(mine), (call, by_id, entries)
     assert not entries, (call, entries)  # no other index on settled
