@@ -7,6 +7,11 @@ them) so the test can check the queue's guarantees afterwards from the database 
   fault_result (committed: "processed"); then, in one transaction, ack the batch and record the
   acks that took effect in fault_ack and the stale ones in fault_lost. A fault_ack row therefore
   exists exactly when the ack committed.
+* ``drain`` mode (at-least-once, a drain's loop): ``take(n, ack=previous)``, n 1 or --batch at
+  random (so take's one-delivery statement, its batch ack and its general path all run), in a
+  transaction of the consumer's with its bookkeeping: the acks of the previous deliveries that
+  took effect (their ``acked`` rows in ack's memory, ``settled``) in fault_ack, the others in
+  fault_lost, the new deliveries in fault_result. All of it commits with the take or none does.
 * ``tx`` mode (exactly-once): take_tx a batch and record it in fault_result in the same
   transaction; a fraction of the transactions roll back on purpose (--rollback).
 
@@ -98,13 +103,7 @@ class Worker:
             return False
         self.in_hand = batch
         self.jitter()
-        self.conn.execute(
-            self.q(
-                "INSERT INTO {s}.fault_result (id, token, key, pid) SELECT i, t, k, %s"
-                " FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS u(i, t, k)"
-            ),
-            (self.pid, [m.id for m in batch], [m.token for m in batch], [m.key for m in batch]),
-        )
+        self.record_results(batch)
         self.jitter()
         with self.conn.transaction():
             acked = self.mq.ack(batch, conn=self.conn)
@@ -113,6 +112,42 @@ class Worker:
         self.in_hand = []
         self.stats["messages"] += len(batch)
         return True
+
+    def drain_batch(self) -> bool:
+        assert self.conn is not None and self.mq is not None
+        prev = self.in_hand
+        n = random.choice((1, self.args.batch))
+        with self.conn.transaction():
+            batch = self.mq.take(self.args.queue, n, lease=self.args.lease, ack=prev, conn=self.conn)
+            if prev:
+                # The acks that took effect are the ones ack's memory holds, in this transaction.
+                done = self.conn.execute(
+                    self.q(
+                        "SELECT s.id FROM {s}.settled s JOIN unnest(%s::bigint[], %s::int[]) AS u(i, t)"
+                        " ON s.id = u.i AND s.token = u.t WHERE s.outcome = 'acked'"
+                    ),
+                    ([m.id for m in prev], [m.token for m in prev]),
+                ).fetchall()
+                acked = {r[0] for r in done}
+                self.record("fault_ack", [m for m in prev if m.id in acked])
+                self.record("fault_lost", [m for m in prev if m.id not in acked])
+            self.record_results(batch)
+        self.in_hand = batch
+        self.stats["messages"] += len(batch)
+        self.jitter()
+        return bool(batch or prev)
+
+    def record_results(self, batch: list[Message]) -> None:
+        """The deliveries of ``batch`` in fault_result (processed), with their keys."""
+        assert self.conn is not None
+        if batch:
+            self.conn.execute(
+                self.q(
+                    "INSERT INTO {s}.fault_result (id, token, key, pid) SELECT i, t, k, %s"
+                    " FROM unnest(%s::bigint[], %s::int[], %s::text[]) AS u(i, t, k)"
+                ),
+                (self.pid, [m.id for m in batch], [m.token for m in batch], [m.key for m in batch]),
+            )
 
     def tx_batch(self) -> bool:
         assert self.conn is not None and self.mq is not None
@@ -131,7 +166,7 @@ class Worker:
     def run(self) -> None:
         self.connect()
         self.in_hand: list[Message] = []
-        step = self.lease_batch if self.args.mode == "lease" else self.tx_batch
+        step = {"lease": self.lease_batch, "drain": self.drain_batch, "tx": self.tx_batch}[self.args.mode]
         while not _stop:
             try:
                 if self.abandoned:
@@ -163,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dsn", required=True)
     p.add_argument("--schema", required=True)
     p.add_argument("--queue", default="q")
-    p.add_argument("--mode", choices=("lease", "tx"), default="lease")
+    p.add_argument("--mode", choices=("lease", "drain", "tx"), default="lease")
     p.add_argument("--batch", type=int, default=20)
     p.add_argument("--lease", type=float, default=2.0)
     p.add_argument("--jitter", type=float, default=0.0, help="max random sleep (s) between steps")

@@ -1,6 +1,7 @@
 """Crash safety of consumers: kill -9 of consumer processes at random points.
 
-20,000 messages are sent while four lease-mode consumers (tests/fault_consumer.py) process them;
+20,000 messages are sent while four consumers (tests/fault_consumer.py) process them, three
+taking and acknowledging in turn (lease mode), one draining with ``take(n, ack=previous)``;
 every 0.15-0.5 s one consumer, chosen at random, is SIGKILLed wherever it is (between take and
 processing, between processing and ack, inside the ack transaction, ...) and replaced. Afterwards
 (tests/fault_helpers.py): every message was acknowledged exactly once, none came back after its
@@ -34,8 +35,10 @@ def test_kill_9_consumers_at_random_points(
     client.create_queue("q", lease=LEASE, max_attempts=1000)
     create_tables(conn, schema)
     rnd = random.Random()
-    args = ["--mode", "lease", "--batch", "20", "--lease", str(LEASE), "--jitter", "0.003"]
-    consumers = [Consumer(dsn, schema, *args) for _ in range(CONSUMERS)]
+    args = ["--batch", "20", "--lease", str(LEASE), "--jitter", "0.003"]
+    # The first slot drains with take(n, ack=previous) (its acks in take's transaction).
+    modes = ["drain", *["lease"] * (CONSUMERS - 1)]
+    consumers = [Consumer(dsn, schema, "--mode", modes[k], *args) for k in range(CONSUMERS)]
 
     sent: list[int] = []
     producer_error: list[BaseException] = []
@@ -60,7 +63,7 @@ def test_kill_9_consumers_at_random_points(
         victim = rnd.randrange(CONSUMERS)
         consumers[victim].kill()
         killed.add(consumers[victim].pid)
-        consumers[victim] = Consumer(dsn, schema, *args)
+        consumers[victim] = Consumer(dsn, schema, "--mode", modes[victim], *args)
     producer.join()
     assert producer_error == []
     wait_until_empty(conn, schema, timeout=120)

@@ -4,8 +4,9 @@ checkpoint, recovery from WAL at the next start) and restarted, several times, u
 The test runs its own embedded server so it can crash it without disturbing other tests. Two
 producer threads send 20,000 messages with de-duplication keys ("m-<n>"), retrying a batch
 whose outcome they could not learn (the commit may or may not have happened: at-least-once
-sends; the key makes the retry a no-op while the first copy is still queued). Three lease-mode
-consumers (tests/fault_consumer.py --retry) reconnect after each crash and record the
+sends; the key makes the retry a no-op while the first copy is still queued). Three consumers
+(tests/fault_consumer.py --retry; two in lease mode, one draining with take(n, ack=previous),
+its acks in take's transaction) reconnect after each crash and record the
 deliveries they had in hand. Afterwards:
 
 * every key was sent with a known outcome and every message committed was processed and
@@ -98,9 +99,12 @@ def test_immediate_stop_and_restart_under_load(crashable: EmbeddedServer) -> Non
     started = time.monotonic()
     numbers = list(range(MESSAGES))
     producers = [Producer(dsn, numbers[i::PRODUCERS]) for i in range(PRODUCERS)]
+    # The first consumer drains with take(n, ack=previous) (its acks in take's transaction).
     consumers = [
-        Consumer(dsn, SCHEMA, "--mode", "lease", "--batch", "20", "--lease", "2", "--retry")
-        for _ in range(CONSUMERS)
+        Consumer(
+            dsn, SCHEMA, "--mode", "drain" if k == 0 else "lease", "--batch", "20", "--lease", "2", "--retry"
+        )
+        for k in range(CONSUMERS)
     ]
     for p in producers:
         p.start()
@@ -137,6 +141,10 @@ def test_immediate_stop_and_restart_under_load(crashable: EmbeddedServer) -> Non
         processed = {i for arr in by_key.values() for i in arr}
         report = check_at_least_once(conn, SCHEMA, processed)
         leftover = queue_size(conn, SCHEMA)
+        # The drain-mode consumer's acks, made by take(n, ack=previous), are among those checked.
+        drained = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.fault_ack WHERE pid = %s").format(s), (consumers[0].pid,)
+        ).fetchone()
     elapsed = time.monotonic() - started
 
     # Messages known to be committed were all processed (and, by the check above, acknowledged
@@ -150,6 +158,7 @@ def test_immediate_stop_and_restart_under_load(crashable: EmbeddedServer) -> Non
     doubled = {k for k, arr in by_key.items() if len(arr) > 1}
     assert doubled <= unknown, f"keys sent twice without an unknown outcome: {sorted(doubled - unknown)[:10]}"
     assert leftover == 0
+    assert drained is not None and drained[0] > 0, "the drain-mode consumer acknowledged nothing"
     assert sum(st["db_errors"] for st in stats) > 0, "the consumers never saw a crash"
     print(
         f"\nPostgreSQL crashes (sent so far, seconds down): {crashes}; {elapsed:.1f}s in all; "
