@@ -289,10 +289,10 @@ class GuaranteeFloor(ApiLeaseFloor):
     )
 
     def install(self, dsn: str) -> dict[str, Any]:
-        install_floor(dsn)
+        info = super().install(dsn)
         with psycopg.connect(dsn, autocommit=True) as c:
             drop_leases_index(c)
-        return {"version": self.version}
+        return info
 
 
 def _take(n: int) -> Callable[[str, Ctx], Callable[[], int]]:
