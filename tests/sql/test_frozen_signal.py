@@ -14,7 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from core_helpers import Sql
+from core_helpers import Sql, drop_schema, fresh_schema_name
+from lonnymq import Client
 
 MAX_MOVES = 5  # rotate()'s p_max_moves here: a queue with more rows than this stays frozen
 
@@ -276,3 +277,27 @@ def test_the_flag_never_says_none_beside_a_frozen_row(db: Sql, seed: int) -> Non
         if frozen_rows(db):
             assert flag(db) == 1
     assert frozen_rows(db) == 0 and flag(db) == 0
+
+
+@pytest.fixture
+def new_schema(dsn: str) -> Iterator[str]:
+    """A schema name nothing has been installed into yet (dropped afterwards)."""
+    name = fresh_schema_name()
+    yield name
+    drop_schema(dsn, name)
+
+
+@pytest.mark.parametrize("rows", [0, 2])
+def test_the_upgrade_sets_the_flag_from_the_frozen_rows_there(
+    dsn: str, new_schema: str, conn: psycopg.Connection[Any], rows: int
+) -> None:
+    """Migration 0023 on a database with frozen generations leaves the flag set; on one without,
+    clear."""
+    with Client(dsn, schema=new_schema, pool_size=1) as c:
+        c.migrate(target=22)
+        db = Sql(conn, new_schema)
+        for qid in range(rows):
+            db.q("INSERT INTO {s}.message_gen_frozen (queue_id, gens) VALUES (%s, ARRAY[1::bigint])", (qid,))
+        c.migrate()
+    assert flag(db) == (1 if rows else 0)
+    assert frozen_rows(db) == rows
