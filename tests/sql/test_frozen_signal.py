@@ -181,6 +181,61 @@ def test_takes_and_pops_find_a_frozen_backlog_first(db: Sql, how: str) -> None:
     assert got == backlog[:1] and newer
 
 
+@pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ"])
+def test_a_pop_in_a_callers_transaction_finds_a_frozen_backlog(db: Sql, dsn: str, isolation: str) -> None:
+    """take_tx in the caller's transaction (its snapshot taken by an earlier statement there):
+    the flag read after it, the backlog's oldest message first; the rollback puts it back."""
+    db.call("queue_create", p_name="q")
+    now = db.now()
+    backlog = freeze_a_backlog(db, "q", now)
+    db.send("q", [b"new"], now)
+    with psycopg.connect(dsn) as tx:
+        tx.execute(sql.SQL("SET TRANSACTION ISOLATION LEVEL {}").format(sql.SQL(isolation)))
+        caller = Sql(tx, db.schema)
+        assert frozen_rows(caller) == 1 and flag(caller) == 1  # (the snapshot, in REPEATABLE READ)
+        got = caller.call("take_tx", p_queue="q", p_limit=1, p_now=now)
+        assert [r["id"] for r in got] == backlog[:1]
+        tx.rollback()
+    assert [r["id"] for r in db.call("take_tx", p_queue="q", p_limit=1, p_now=now)] == backlog[:1]
+
+
+def test_a_hand_written_row_racing_a_clearing_rotation_is_flagged_by_the_next(db: Sql, dsn: str) -> None:
+    """The limit of a writer outside rotate(): its row is not committed when a rotation sees the
+    table empty and clears the flag; the next rotation sees the row and sets the flag again."""
+    db.call("queue_create", p_name="q")
+    now = db.now()
+    db.q("SELECT setval('{s}.message_gen_frozen_seq', 1)")
+    with psycopg.connect(dsn) as tx:
+        writer = Sql(tx, db.schema)
+        writer.q(
+            "INSERT INTO {s}.message_gen_frozen (queue_id, gens) VALUES (%s, ARRAY[1::bigint])",
+            (db.queue_id("q"),),
+        )
+        rotate(db, now)  # sees no committed row: clears
+        assert flag(db) == 0
+    assert frozen_rows(db) == 1
+    rotate(db, now)
+    assert flag(db) == 1
+
+
+def test_a_rotation_waits_for_no_other_and_clears_nothing_under_one_in_flight(db: Sql, dsn: str) -> None:
+    """A rotation whose freeze is not committed yet holds the rotation lock: another rotation
+    returns at once (NULL) without touching the flag; once the freeze commits, rotations keep it."""
+    db.call("queue_create", p_name="q")
+    now = db.now()
+    db.send("q", [b"x"] * 20, now)
+    with psycopg.connect(dsn) as tx:
+        first = Sql(tx, db.schema)
+        for _ in range(4):
+            rotate(first, now)
+        assert flag(db) == 1 and frozen_rows(db) == 0  # set, the row not committed
+        assert db.q("SELECT {s}.rotate(p_force => true, p_now => %s) AS g", (now,)) == [{"g": None}]
+        assert flag(db) == 1
+    assert frozen_rows(db) == 1
+    rotate(db, now)
+    assert flag(db) == 1
+
+
 def _frozen_scans(db: Sql) -> int:
     """Scans of message_gen_frozen (sequential and by index) in the current transaction."""
     row = db.q(
