@@ -93,6 +93,22 @@ def test_a_row_written_by_hand_sets_the_flag(db: Sql) -> None:
     assert flag(db) == 1
 
 
+def test_a_consumers_take_clears_the_flag_when_it_rotates(db: Sql, dsn: str) -> None:
+    """The rotation that take() runs when one is due (through a driver, outside a caller's
+    transaction: no transaction id yet) is one that may clear the flag; a take in a caller's
+    transaction that has written does not rotate, and leaves it."""
+    db.call("queue_create", p_name="q")
+    db.q("SELECT setval('{s}.message_gen_frozen_seq', 1)")
+    with psycopg.connect(dsn) as tx:  # a caller's transaction: send, then take
+        Sql(tx, db.schema).send("q", [b"x", b"y"], db.now())
+        db.q("SELECT setval('{s}.message_gen_started_seq', 1)")
+        tx.execute(sql.SQL("SELECT * FROM {}.take('q', 1)").format(sql.Identifier(db.schema))).fetchall()
+    assert flag(db) == 1
+    with Client(dsn, schema=db.schema, pool_size=1) as client:
+        assert len(client.take("q", 1)) == 1
+    assert flag(db) == 0
+
+
 def test_a_rotation_sets_a_flag_left_clear_beside_a_row(db: Sql) -> None:
     """A frozen row with the flag at 0 (a writer that raced a clearing rotation, a restored
     dump, a hand-made setval): the next rotation sets it."""

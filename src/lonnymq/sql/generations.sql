@@ -53,9 +53,9 @@
 --
 -- The frozen flag (message_gen_frozen_seq, migration 0023): 0 says no row of
 -- message_gen_frozen is committed, so that take's and take_tx's first statement skips its probe
--- of the table (a fifth of the head's cost, docs/benchmarks.md, "A frozen flag in a sequence");
--- 1 says one may be (the probe runs, and finds the answer). It may say 1 wrongly (that costs
--- the probe), never 0 while a committed row exists:
+-- of the table (a fifth of take's head, docs/benchmarks.md, "A frozen flag in a sequence");
+-- 1 says one may be (the statement calls _gen_frozen_of(), which finds the answer). It may say
+-- 1 wrongly (that costs the probe), never 0 while a committed row exists:
 --   * every row written to the table sets it first (the column default flagged: rotate()'s
 --     freezes, and any other writer), in the writing transaction, before the row exists;
 --   * only rotate() clears it, under its advisory lock (which every rotation's writes of the
