@@ -51,6 +51,33 @@
 -- message of a queue with a frozen backlog, twice at every rotation (300,000 messages: 22-30 ms
 -- of a drain's take; tests/sql/test_gen_sweep.py, docs/benchmarks.md, branch longdrain).
 --
+-- The frozen flag (message_gen_frozen_seq, migration 0023): 0 says no row of
+-- message_gen_frozen is committed, so that take's and take_tx's first statement skips its probe
+-- of the table (a fifth of take's head, docs/benchmarks.md, "A frozen flag in a sequence");
+-- 1 says one may be (the statement calls _gen_frozen_of(), which finds the answer). It may say
+-- 1 wrongly (that costs the probe), never 0 while a committed row exists:
+--   * every row written to the table sets it first (the column default flagged: rotate()'s
+--     freezes, and any other writer), in the writing transaction, before the row exists;
+--   * only rotate() clears it, under its advisory lock (which every rotation's writes of the
+--     table are under too, until their commit is visible), when a statement after that lock
+--     sees the table empty: in READ COMMITTED (a fresh snapshot, which sees every rotation
+--     that committed before the lock was free) and before its transaction has written anything
+--     (no transaction id: none of its own deletes, which a rollback would undo, counts as
+--     empty); in any other case it leaves the flag alone until a later rotation;
+--   * a sequence is not transactional: a rotation that rolls back after setting the flag
+--     leaves it at 1 (the safe side); a take's read of it comes after its snapshot, so a row
+--     that snapshot sees was written after the flag was set, and no clearing can have come in
+--     between unless the row has been deleted since (then the window's rows it listed were
+--     moved forward, and the take could not lock their old versions anyway);
+--   * setval is WAL-logged and a frozen row's commit record follows its setval's: after a crash
+--     the flag is at least what the committed rows need; nothing calls nextval on it;
+--   * a writer outside rotate() (a hand-written INSERT) is not serialized with a clearing
+--     rotation: if one cleared between its flag and its commit, the next rotation sets the
+--     flag again (a row there and the flag at 0: "set when a row is there").
+-- A take in a caller's REPEATABLE READ transaction reads the flag at its own time and the table
+-- as of its snapshot: a row deleted since (the flag cleared since) is skipped, the rows it
+-- listed having moved on (their old versions would have raised a serialization failure).
+
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
 -- identifier, {schema_name} its string literal; literal braces are doubled. Time is epoch
@@ -91,6 +118,15 @@ BEGIN
                  UNION SELECT unnest(f.gens) FROM {schema}.message_gen_frozen f
                         WHERE f.queue_id = p_queue_id
                  UNION SELECT v_gen - 1 UNION SELECT v_gen ORDER BY 1);
+END $$;
+
+-- Queue p_queue_id's frozen generations, oldest first (NULL: none), as take's and take_tx's first
+-- statement reads them when the frozen flag is set (a call, so that a statement that skips it
+-- does not start up its scan). Reads message_gen_frozen; takes no lock.
+CREATE OR REPLACE FUNCTION {schema}._gen_frozen_of(p_queue_id integer) RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = p_queue_id);
 END $$;
 
 -- Whether no writer can still commit rows into generation p_gen (writers hold its advisory lock,
@@ -376,7 +412,8 @@ END $$;
 -- frozen ones thawed (p_max_moves rows at most). One rotator at a time: another caller returns
 -- NULL at once. Returns the current generation. Called by take() when due, by maintain(), or
 -- directly. Writes message (gen), message_gen_pending, message_gen_frozen, the generation
--- sequences. Locks: an advisory transaction lock (try), the rows it moves (SKIP LOCKED).
+-- sequences and the frozen flag (message_gen_frozen_seq: see the header). Locks: an advisory
+-- transaction lock (try), the rows it moves (SKIP LOCKED).
 CREATE OR REPLACE FUNCTION {schema}.rotate(
     p_force     boolean DEFAULT false,
     p_period_ms bigint  DEFAULT 2000,
@@ -398,6 +435,19 @@ BEGIN
     SELECT s.last_value INTO v_started FROM {schema}.message_gen_started_seq s;
     IF NOT coalesce(p_force, false) AND v_now - v_started < p_period_ms THEN
         RETURN v_gen;
+    END IF;
+    -- The frozen flag (see the header): cleared when the table is seen empty in what others
+    -- committed, before this rotation writes anything (its freezes below set it again); set
+    -- when a row is there and the flag is not (a row written by a writer that raced a clearing
+    -- rotation, a restored dump).
+    IF NOT EXISTS (SELECT FROM {schema}.message_gen_frozen f) THEN
+        IF pg_current_xact_id_if_assigned() IS NULL
+           AND current_setting('transaction_isolation') = 'read committed'
+           AND pg_sequence_last_value('{schema}.message_gen_frozen_seq') IS DISTINCT FROM 0 THEN
+            PERFORM setval('{schema}.message_gen_frozen_seq', 0);
+        END IF;
+    ELSIF pg_sequence_last_value('{schema}.message_gen_frozen_seq') IS DISTINCT FROM 1 THEN
+        PERFORM setval('{schema}.message_gen_frozen_seq', 1);
     END IF;
     -- Generations pushed out earlier that may still hold rows (a backlog there stays frozen).
     FOR v_old IN SELECT p.gen FROM {schema}.message_gen_pending p WHERE p.gen < v_gen - 1

@@ -456,11 +456,16 @@ BEGIN
     -- The queue, the clock, the generation counters and the queue's frozen generations, in one
     -- statement (each statement costs a snapshot and an executor start-up; a PL/pgSQL expression
     -- that calls a function that is not immutable takes a snapshot too). The checks of _queue,
-    -- _check_limit, _check_positive and _now are called only when they are going to fail.
+    -- _check_limit, _check_positive and _now are called only when they are going to fail. The
+    -- frozen generations are looked up only when the frozen flag says a queue may have one
+    -- (generations.sql, "The frozen flag": read after this statement's snapshot), by a function
+    -- call: a sub-select here, even one a CASE skips, costs its executor start-up at every
+    -- call (most of its 22k instructions; docs/benchmarks.md, "A frozen flag in a sequence").
     SELECT x AS q, pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
            -- (NULL until the first rotation sets it: a fresh install's first take is due.)
            coalesce(pg_sequence_last_value('{schema}.message_gen_started_seq'), 0) AS started,
-           (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = x.id) AS frozen,
+           CASE WHEN pg_sequence_last_value('{schema}.message_gen_frozen_seq') = 0 THEN NULL
+                ELSE {schema}._gen_frozen_of(x.id) END AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now
       INTO v_head
@@ -943,20 +948,23 @@ DECLARE
     v_held_ok  boolean[];
     v_head     record;
 BEGIN
-    -- The queue, the clock, the generation counter and the queue's frozen generations, in one
-    -- statement, as in take(), and whether the call may take the lean pop below (lean). The
-    -- checks of _queue, _check_limit and _now are called only when they are going to fail.
+    -- The queue, the clock, the generation counter and the queue's frozen generations (only
+    -- when the frozen flag says a queue may have one, as in take()), in one statement, as in
+    -- take(), and whether the call may take the lean pop below (lean, with no frozen
+    -- generation). The checks of _queue, _check_limit and _now are called only when they are
+    -- going to fail.
     SELECT x AS q, x.id AS qid, x.max_attempts AS max_attempts,
-           pg_sequence_last_value('{schema}.message_gen_seq') AS gen, f.gens AS frozen,
+           pg_sequence_last_value('{schema}.message_gen_seq') AS gen,
+           CASE WHEN pg_sequence_last_value('{schema}.message_gen_frozen_seq') = 0 THEN NULL
+                ELSE {schema}._gen_frozen_of(x.id) END AS frozen,
            CASE WHEN p_now IS NULL THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint  -- now_ms()
                 ELSE {schema}._now(p_now) END AS now,
-           p_limit = 1 AND x.id >= 0 AND coalesce(cardinality(f.gens), 0) = 0 AND NOT x.paused
+           p_limit = 1 AND x.id >= 0 AND NOT x.paused
                AND NOT x.uses_channels AND NOT coalesce(p_archive, x.archive) AS lean
       INTO v_head
       FROM {schema}.queue x
-      LEFT JOIN {schema}.message_gen_frozen f ON f.queue_id = x.id
      WHERE x.name = p_queue;
-    IF v_head.lean THEN
+    IF v_head.lean AND v_head.frozen IS NULL THEN
         -- One message of an ordinary queue (not paused, no channels, no archiving) and no
         -- frozen generation: the common pop. Every PL/pgSQL statement and expression costs its
         -- own checks (2-3k instructions each: the checks and assignments below, evaluated
@@ -1014,7 +1022,7 @@ BEGIN
     END IF;
 
     IF NOT v_archive THEN
-        IF v_head.lean THEN
+        IF v_head.lean AND v_frozen IS NULL THEN
             v_got := 0;  -- the lean pop above delivered nothing
         ELSIF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
             -- The same of an UNLOGGED queue, over the partitioned table (by ctid: the TIDs of
