@@ -23,7 +23,7 @@ from lonnymq.sql import function_text
 #: take()'s variables in the statement, as the parameters of _generic_plan.
 _NAMES = {"q.id": "$1", "p_ack_ids": "$2", "p_ack_tokens": "$3", "v_now": "$4"}
 #: take()'s batch ack of an ordinary queue.
-BATCH_ACK = r"(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+USING .*?)\s+INTO v_n_acked, v_channels\s+(FROM d);"
+BATCH_ACK = r"(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+USING .*?)\s+INTO v_\w+, v_channels\s+(FROM d);"
 
 
 def _statement(schema: str) -> str:
