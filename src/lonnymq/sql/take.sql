@@ -613,7 +613,7 @@ BEGIN
         -- index is ordered by ctid), so the rows are locked in id order, as every settle locks
         -- them (settle.sql's header). The probes' join stays one subquery (OFFSET 0): the
         -- DELETE then carries one whole-row copy of its other relation per row, for a recheck
-        -- after a wait, not one of each of the two (1.3 %; docs/benchmarks.md, "take()'s batch
+        -- after a wait, not one of each of the two (1.4 %; docs/benchmarks.md, "take()'s batch
         -- ack, row by row"). Left over (fewer rows deleted than pairs): repeats, stale tokens,
         -- and a row another transaction changed while this statement waited for it
         -- (PostgreSQL's recheck of the TID scan refuses its new version, which this
