@@ -8,11 +8,13 @@
 -- (ANALYZE then counts only live rows) they make every join read all the entries the queue
 -- left in the primary key (4,000 for an ack of 5 after 2,000 messages). So a settle first locks
 -- its rows, in id order, with a LATERAL probe per (id, token), which can only be a lookup by
--- key, and then changes them by ctid (which stays put while this transaction holds the row;
--- a second statement, so it sees a version another transaction committed while we waited for
--- the lock). One delivery needs neither (ack's and take's one-statement ack): its DELETE names
--- the row by its key, a waited-for row's new version is checked again by the same filters
--- (PostgreSQL re-evaluates them), and one row has no lock order to keep. A drain's batch
+-- key (LIMIT 1: a key has one row in a snapshot, and the scan then ends at it instead of
+-- reading on to the next key), and then changes them by ctid (which stays put while this
+-- transaction holds the row; a second statement, so it sees a version another transaction
+-- committed while we waited for the lock). One delivery needs neither (ack's and take's
+-- one-statement ack): its DELETE names the row by its key, a waited-for row's new version is
+-- checked again by the same filters (PostgreSQL re-evaluates them), and one row has no lock
+-- order to keep. A drain's batch
 -- (take(n, ack=previous) of an ordinary queue, take.sql) locks nothing first either: a probe by
 -- key per pair in id order, each row deleted by its ctid in that order in the same statement;
 -- a row another transaction changed while it waited is left (the TID scan's recheck refuses the
@@ -65,7 +67,7 @@ BEGIN
      CROSS JOIN LATERAL (SELECT m.ctid AS tid FROM {schema}.message m
                           WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token
                             AND m.leased IS TRUE
-                            FOR UPDATE) k;
+                          LIMIT 1 FOR UPDATE) k;
     IF v_tids IS NULL THEN
         RETURN;
     END IF;
@@ -283,7 +285,7 @@ BEGIN
                                    FROM {schema}.message m
                                   WHERE m.queue_id = q.id AND m.id = t.id
                                     AND m.deliveries = t.token AND m.leased IS TRUE
-                                    FOR UPDATE) k) x;
+                                  LIMIT 1 FOR UPDATE) k) x;
     -- Superseded versions: deleted, remembered for repeats.
     IF v_gone IS NOT NULL THEN
         PERFORM {schema}._drop_superseded(q, v_gone, v_now);
@@ -386,7 +388,7 @@ BEGIN
          CROSS JOIN LATERAL (SELECT m.ctid AS tid FROM {schema}.message m
                               WHERE m.queue_id = q.id AND m.id = t.id AND m.deliveries = t.token
                                 AND m.leased IS TRUE
-                                FOR UPDATE) k);
+                              LIMIT 1 FOR UPDATE) k);
     RETURN QUERY
     UPDATE {schema}.message m
        SET dequeue_at = {schema}._now(p_now) + v_lease
@@ -430,7 +432,7 @@ BEGIN
              CROSS JOIN LATERAL (SELECT FROM {schema}.message m
                                   WHERE m.queue_id = q.id AND m.id = t.id
                                     AND m.deliveries = t.token AND m.leased IS TRUE
-                                    FOR UPDATE) k) x;
+                                  LIMIT 1 FOR UPDATE) k) x;
     IF v_ids IS NOT NULL THEN
         PERFORM {schema}._dead_letter(q, v_ids, v_errs, v_now);
         INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)

@@ -447,10 +447,8 @@ DECLARE
     v_acked bigint;
     v_channel text;
     v_got   integer;
-    v_acks  bigint[];
-    v_left  bigint[];
-    v_toks  integer[];
     v_channels text[];
+    v_n_acked bigint;  -- the batch ack below: the deliveries it deleted
     v_acked1 boolean;  -- the one-delivery drain's statement below acknowledged the delivery
 BEGIN
     -- The queue, the clock, the generation counters and the queue's frozen generations, in one
@@ -613,14 +611,21 @@ BEGIN
         -- A batch of an ordinary queue without archiving (a drain's take(n, ack=previous)): the
         -- deliveries deleted here, in one statement, without _ack's frame, its lock of each row
         -- first and its second statement. The pairs in id order, each row found by its key (a
-        -- LATERAL probe, kept one by its OFFSET 0) and deleted by its ctid in that order: a
-        -- nested loop of TID scans, the only plan without a read of the whole table (which
-        -- enable_seqscan = off prices out; no index is ordered by ctid), so the rows are locked
-        -- in id order, as every settle locks them (settle.sql's header). Left over: repeats,
-        -- stale tokens, and a row another transaction changed while this statement waited for
-        -- it (PostgreSQL's recheck of the TID scan refuses its new version, which this
-        -- transaction now holds): _ack, the general path, deals with those (it locks each by
-        -- key, sees the new version, deletes it if it is still the delivery's). The messages
+        -- LATERAL probe, kept one by its LIMIT 1, which also ends the index scan at the key's
+        -- visible row instead of reading on to the next key: 3 % of a drain's instructions at
+        -- batch 100) and deleted by its ctid in that order: a nested loop of TID scans, the only
+        -- plan without a read of the whole table (which enable_seqscan = off prices out; no
+        -- index is ordered by ctid), so the rows are locked in id order, as every settle locks
+        -- them (settle.sql's header). The probes' join stays one subquery (OFFSET 0): the
+        -- DELETE then carries one whole-row copy of its other relation per row, for a recheck
+        -- after a wait, not one of each of the two (1.4 %; docs/benchmarks.md, "take()'s batch
+        -- ack, row by row"). Left over (fewer rows deleted than pairs): repeats, stale tokens,
+        -- and a row another transaction changed while this statement waited for it
+        -- (PostgreSQL's recheck of the TID scan refuses its new version, which this
+        -- transaction now holds): _ack, the general path, is given every pair and deals with
+        -- those (it locks each by key, sees the new version, deletes it if it is still the
+        -- delivery's; a row deleted here is gone for its snapshot, so it finds no row for
+        -- those: the count is all this path needs, not an array of the ids). The messages
         -- with a channel leave it after the messages, as _ack does. (enable_memoize = off, in
         -- take's SET clauses: the planner put a Memoize over the TID scans, which never hits,
         -- every ctid differing: 2k instructions a message at batch 100, the setting 3k a call.)
@@ -634,7 +639,8 @@ BEGIN
                      CROSS JOIN LATERAL (SELECT p.ctid AS tid FROM {schema}.message_logged p
                                           WHERE p.queue_id = q.id AND p.id = t.id
                                             AND p.deliveries = t.token AND p.leased IS TRUE
-                                         OFFSET 0) k) k
+                                         LIMIT 1) k
+                    OFFSET 0) k
              WHERE m.ctid = k.tid AND m.deliveries = k.token AND m.leased IS TRUE
                AND (m.queue_id = q.id) IS TRUE
             RETURNING m.id, m.deliveries, m.channel
@@ -645,16 +651,11 @@ BEGIN
             INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
             SELECT q.id, v_now / 60000, count(*) FROM d HAVING count(*) > 0
         )
-        SELECT array_agg(d.id), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
-          INTO v_acks, v_channels
+        SELECT count(*), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
+          INTO v_n_acked, v_channels
           FROM d;
-        IF coalesce(cardinality(v_acks), 0) < cardinality(p_ack_ids) THEN
-            SELECT array_agg(t.id), array_agg(t.token) INTO v_left, v_toks
-              FROM unnest(p_ack_ids, p_ack_tokens) AS t(id, token)
-             WHERE t.id <> ALL (coalesce(v_acks, ARRAY[]::bigint[]));
-            IF v_left IS NOT NULL THEN
-                PERFORM {schema}._ack(q, v_left, v_toks, false, v_now);
-            END IF;
+        IF v_n_acked < cardinality(p_ack_ids) THEN
+            PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, false, v_now);
         END IF;
         IF v_channels IS NOT NULL THEN
             PERFORM {schema}._channel_apply(q, v_channels,
