@@ -33,9 +33,13 @@ DSN_ENV = "LONNYMQ_SPARK_TEST_DSN"
 
 #: JVM options of every Spark JVM the tests start (drivers, executors, cluster daemons), all of
 #: which live minutes at most: the C1 compiler only (C2's compiler threads spend more CPU than
-#: they save in so short a life, on 2 shared cores) and the serial collector (no parallel GC
-#: threads for a small heap). Neither changes what Spark does.
-JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: they save in so short a life, on 2 shared cores), the serial collector (no parallel GC
+#: threads for a small heap), and no bytecode verification of the classes loaded from Spark's
+#: jars (the JDK's own are never verified; verifying Spark's took about 1.5 of the 10 s of CPU a
+#: local session's start and first query cost: docs/testing.md). None changes what Spark does.
+JAVA_OPTIONS = (
+    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+)
 
 
 def _home_without_zip(root: Path) -> Path:
