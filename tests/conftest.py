@@ -188,7 +188,7 @@ def schema(dsn: str, schema_pool: SchemaPool) -> Iterator[str]:
     if os.environ.get("LONNYMQ_SQL_COVERAGE"):  # tools/sqlcheck.py coverage: read profiles before DROP
         from sql_coverage import record_schema
 
-        record_schema(dsn, name, os.environ["LONNYMQ_SQL_COVERAGE"])
+        record_schema(dsn, name, os.environ["LONNYMQ_SQL_COVERAGE"], schema_pool.connection())
     schema_pool.release(name)
 
 

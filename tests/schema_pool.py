@@ -102,6 +102,21 @@ class SchemaPool:
     dsn: str
     free: list[str] = field(default_factory=list)
     pristine: dict[str, _Pristine] = field(default_factory=dict)
+    _conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def connection(self) -> psycopg.Connection[tuple[object, ...]]:
+        """The pool's own session, kept between tests (autocommit, idle in between: it holds no
+        snapshot or lock). A new session for each reset cost the server a backend with cold
+        catalog caches for the fingerprint's catalog joins each time (docs/testing.md). One the
+        server ended since (a test restarted it or terminated backends) is replaced first."""
+        if self._conn is not None and not self._conn.closed:
+            try:
+                self._conn.execute("SELECT 1")
+                return self._conn
+            except psycopg.OperationalError:
+                self._conn.close()
+        self._conn = psycopg.connect(self.dsn, autocommit=True)
+        return self._conn
 
     def acquire(self, name: str) -> str:
         """A schema in its just-migrated state: a reset one, else ``name`` migrated now."""
@@ -109,25 +124,25 @@ class SchemaPool:
             return self.free.pop()
         with Client(self.dsn, schema=name, pool_size=1) as c:
             c.migrate()
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            self.pristine[name] = _capture(conn, name)
+        self.pristine[name] = _capture(self.connection(), name)
         return name
 
     def release(self, name: str) -> None:
         """Reset ``name`` for the next test, or drop it if its catalog changed or it is busy."""
         pristine = self.pristine.pop(name, None)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            if pristine is not None and _reset(conn, name, pristine):
-                self.pristine[name] = pristine
-                self.free.append(name)
-                return
-            _drop(conn, name)
+        conn = self.connection()
+        if pristine is not None and _reset(conn, name, pristine):
+            self.pristine[name] = pristine
+            self.free.append(name)
+            return
+        _drop(conn, name)
 
     def close(self) -> None:
         """Drop every pooled schema (end of the test session)."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            for name in self.free:
-                _drop(conn, name)
+        conn = self.connection()
+        for name in self.free:
+            _drop(conn, name)
+        conn.close()
         self.free.clear()
         self.pristine.clear()
 
@@ -234,5 +249,6 @@ def _reset(conn: psycopg.Connection[tuple[object, ...]], name: str, pristine: _P
 
 
 def _drop(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
-    conn.execute("SET lock_timeout = '10s'")
-    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    with conn.transaction():  # the pool's session is kept: the setting ends with the drop
+        conn.execute("SET LOCAL lock_timeout = '10s'")
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))

@@ -33,9 +33,13 @@ DSN_ENV = "LONNYMQ_SPARK_TEST_DSN"
 
 #: JVM options of every Spark JVM the tests start (drivers, executors, cluster daemons), all of
 #: which live minutes at most: the C1 compiler only (C2's compiler threads spend more CPU than
-#: they save in so short a life, on 2 shared cores) and the serial collector (no parallel GC
-#: threads for a small heap). Neither changes what Spark does.
-JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: they save in so short a life, on 2 shared cores), the serial collector (no parallel GC
+#: threads for a small heap), and no bytecode verification of the classes loaded from Spark's
+#: jars (the JDK's own are never verified; verifying Spark's took about 1.5 of the 10 s of CPU a
+#: local session's start and first query cost: docs/testing.md). None changes what Spark does.
+JAVA_OPTIONS = (
+    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+)
 
 
 def _home_without_zip(root: Path) -> Path:
@@ -53,6 +57,22 @@ def _home_without_zip(root: Path) -> Path:
     return root
 
 
+def local_builder(java_options: str = JAVA_OPTIONS) -> Any:
+    """The builder of the tests' local SparkSession (tools/spark_start_cost.py measures it)."""
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master("local[2,3]")
+        .appName("lonnymq-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.memory", "1g")
+        .config("spark.driver.extraJavaOptions", java_options)
+    )
+
+
 @pytest.fixture(scope="session", name="spark")
 def spark_session(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The shared SparkSession (import this fixture into a test module to use ``spark``)."""
@@ -61,21 +81,9 @@ def spark_session(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     os.environ[DSN_ENV] = dsn
     os.environ["SPARK_HOME"] = str(_home_without_zip(tmp_path_factory.mktemp("spark-home")))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    from pyspark.sql import SparkSession
-
     import lonnymq.spark
 
-    session = (
-        SparkSession.builder.master("local[2,3]")
-        .appName("lonnymq-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
-        .getOrCreate()
-    )
+    session = local_builder().getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     lonnymq.spark.register(session)
     session.dataSource.register(FlakyDataSource)

@@ -17,6 +17,7 @@ statement ran.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -56,11 +57,16 @@ WHERE p.pronamespace = %s::regnamespace AND l.lanname = 'plpgsql'
 """
 
 
-def record_schema(dsn: str, schema: str, path: str | os.PathLike[str]) -> None:
-    """Append the profiles of ``schema``'s plpgsql functions to the JSONL file ``path``, then reset them."""
+def record_schema(
+    dsn: str, schema: str, path: str | os.PathLike[str], conn: psycopg.Connection[Any] | None = None
+) -> None:
+    """Append the profiles of ``schema``'s plpgsql functions to the JSONL file ``path``, then reset them.
+
+    ``conn``: an autocommit session of ``dsn`` to read them on (the test's schema pool's, kept
+    between tests), else a new one."""
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
     lines: list[str] = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with contextlib.nullcontext(conn) if conn is not None else psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'plpgsql_check'"
         ).fetchone()
