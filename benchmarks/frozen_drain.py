@@ -1,12 +1,13 @@
-"""A drain at batch 100 of a backlog frozen in one generation, the server's CPU per message.
+"""A drain of a backlog frozen in one generation, the server's CPU per message.
 
 A backlog older than the window (a drain that outlasts two rotations, docs/storage.md) sits in
 a frozen generation. This sends ``--messages`` messages to a fresh ``lonnymq`` schema in the
 database of ``--dsn``, freezes them in their generation (two forced rotations that move at most
 5 rows), keeps any further rotation from coming due, and drains ``--drain`` of them with
-``take(q, 100, ack=previous)`` on one connection: the backend's CPU per message (from
+``take(q, n, ack=previous)`` on one connection: the backend's CPU per message (from
 ``/proc/<pid>/schedstat``, so the server must run on this machine) and the wall time per
-message. Compare source trees by running it with each on ``PYTHONPATH``, alternating:
+message. ``--batch`` sets the drain's batch (100; 1 is the one-at-a-time consumer's
+``take(q, 1, ack=previous)``); ``--pop`` pops with ``take_tx(q, 1)`` instead. Compare source trees by running it with each on ``PYTHONPATH``, alternating:
 
     PYTHONPATH=<tree>/src python benchmarks/frozen_drain.py --dsn postgresql://.../scratch
 
@@ -31,6 +32,8 @@ def main() -> None:
     ap.add_argument("--dsn", required=True, help="a scratch database (its schema lonnymq is re-created)")
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--drain", type=int, default=60_000)
+    ap.add_argument("--batch", type=int, default=100, help="take(q, batch, ack=previous)")
+    ap.add_argument("--pop", action="store_true", help="take_tx(q, 1) instead of a drain")
     a = ap.parse_args()
     with psycopg.connect(a.dsn, autocommit=True) as c:
         c.execute("DROP SCHEMA IF EXISTS lonnymq CASCADE")
@@ -55,7 +58,9 @@ def main() -> None:
         n = 0
         cpu0, t0 = _cpu(conn.info.backend_pid), time.perf_counter()
         while n < a.drain:
-            got = client.take("bench", 100, ack=prev)  # type: ignore[arg-type]
+            got = (
+                client.take_tx("bench", 1) if a.pop else client.take("bench", a.batch, ack=prev)  # type: ignore[arg-type]
+            )
             if not got:
                 break
             n += len(got)

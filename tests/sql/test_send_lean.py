@@ -611,6 +611,7 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         "v_head.gen": "$2",
         "v_head.now": "$3",
         "v_head.max_attempts": "$5",
+        "v_head.frozen": "$6",  # (the queue's one frozen generation, if any: none here)
     }
     now = _now(conn, s)
     # The general DELETE, and the one-message DELETE (no frozen generation): rows by ctid.
@@ -623,7 +624,12 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
             "integer, bigint, bigint, integer, integer, tid[], bigint[], bigint[], boolean[]",
             f"{qid}, {gen}, {now}, 10, 5, '{{}}', '{{}}', '{{}}', '{{}}'",
         ),
-        ("lean_pop_one", one, "integer, bigint, bigint, integer, integer", f"{qid}, {gen}, {now}, 1, 5"),
+        (
+            "lean_pop_one",
+            one,
+            "integer, bigint, bigint, integer, integer, bigint[]",
+            f"{qid}, {gen}, {now}, 1, 5, NULL",
+        ),
         # The same over the partitioned table (an UNLOGGED queue's).
         (
             "lean_pop_one_unlogged",

@@ -31,6 +31,7 @@ _NAMES = {
     "q.max_attempts": ("$7", "integer", "5"),
     "v_head.gen": ("$8", "bigint", "1"),
     "p_limit": ("$9", "integer", "1"),
+    "v_head.frozen": ("$10", "bigint[]", "NULL"),  # (the queue's one frozen generation, if any)
 }
 #: take()'s statement of a one-delivery drain: the ack's CTEs and take(1)'s lease.
 ONE_ACK = r"RETURN QUERY\s+(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+WHERE .*?m\.payload);"

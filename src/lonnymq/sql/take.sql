@@ -477,12 +477,12 @@ BEGIN
     IF p_limit = 1 AND p_ack_ids IS NOT NULL THEN  -- (a test of its own: other calls compile no more)
         IF array_dims(p_ack_ids) = '[1:1]' AND array_dims(p_ack_tokens) = '[1:1]'
            AND q.id >= 0 AND NOT (q.archive OR q.paused OR q.uses_channels)
-           AND v_head.frozen IS NULL AND v_now - v_head.started < 2000
+           AND coalesce(cardinality(v_head.frozen), 0) <= 1 AND v_now - v_head.started < 2000
            AND coalesce(p_lease_ms, 1) > 0 THEN
             -- A one-at-a-time consumer's drain, take(1, ack=previous), of an ordinary queue
-            -- (not paused, no channels, no archiving) with no frozen generation, no rotation
-            -- due and a valid lease: the one-delivery ack below and take(1)'s lease below in
-            -- one statement, decided by one test (the second statement and the checks and
+            -- (not paused, no channels, no archiving) with at most one frozen generation, no
+            -- rotation due and a valid lease: the one-delivery ack below and take(1)'s lease
+            -- below in one statement, decided by one test (the second statement and the checks and
             -- assignments between the two were 6-7 % of the call's server instructions:
             -- docs/benchmarks.md, "take()'s head, counted"). The arrays hold one element each
             -- ('[1:1]': p_ack_ids[1] is the delivery). The ack's CTEs run after the lease (the
@@ -492,7 +492,13 @@ BEGIN
             -- leased here, and the general path below leases, in a statement of its own, the
             -- next message (or this one again, its token having been stale). Nothing deleted
             -- (a repeat, a stale token): nothing more to do (ack() would answer the pair, which
-            -- take discards, and change nothing). The lease is take(1)'s: keep the two in step.
+            -- take discards, and change nothing). The lease is take(1)'s (keep the two in step),
+            -- with the queue's one frozen generation as a third candidate range, as the batch's
+            -- statement below merges it (v_head.frozen[1] is NULL without one: an empty range,
+            -- no index descent): a drain that outlasts two rotations has its backlog frozen
+            -- (generations.sql) for the rest of its run, and took the general path's three
+            -- statements for every message until it thawed (docs/benchmarks.md, "A frozen
+            -- backlog's one-at-a-time drain and pop").
             RETURN QUERY
             WITH d AS (
                 DELETE FROM {schema}.message_logged m
@@ -511,7 +517,7 @@ BEGIN
                    deliveries = m.deliveries + 1, leased = true
              WHERE m.ctid = (SELECT c.tid
                                FROM (SELECT w.tid, w.ok
-                                       FROM (VALUES (v_head.gen - 1), (v_head.gen)) AS g(gen)
+                                       FROM (VALUES (v_head.frozen[1]), (v_head.gen - 1), (v_head.gen)) AS g(gen)
                                       CROSS JOIN LATERAL (
                                             SELECT m.id, m.ctid AS tid, m.dequeue_at,
                                                    m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
@@ -965,9 +971,10 @@ BEGIN
       INTO v_head
       FROM {schema}.queue x
      WHERE x.name = p_queue;
-    IF v_head.lean AND v_head.frozen IS NULL THEN
-        -- One message of an ordinary queue (not paused, no channels, no archiving) and no
-        -- frozen generation: the common pop. Every PL/pgSQL statement and expression costs its
+    IF v_head.lean AND coalesce(cardinality(v_head.frozen), 0) <= 1 THEN
+        -- One message of an ordinary queue (not paused, no channels, no archiving) and at
+        -- most one frozen generation (a third candidate range, as in take()'s one-statement
+        -- drain; v_head.frozen[1] NULL without one): the common pop. Every PL/pgSQL statement and expression costs its
         -- own checks (2-3k instructions each: the checks and assignments below, evaluated
         -- first, were 5 % of a pop; benchmarks/server_instructions.py), so nothing else runs
         -- before it. The general path's statement without its array and union: the first of
@@ -980,7 +987,7 @@ BEGIN
         RETURN QUERY
         DELETE FROM {schema}.message_logged m
          WHERE m.ctid = (SELECT CASE WHEN w.ok THEN w.tid END  -- (no row: NULL)
-                                   FROM (VALUES (v_head.gen - 1), (v_head.gen)) AS g(gen)
+                                   FROM (VALUES (v_head.frozen[1]), (v_head.gen - 1), (v_head.gen)) AS g(gen)
                                   CROSS JOIN LATERAL (
                                         SELECT m.ctid AS tid, m.id, m.dequeue_at,
                                                m.attempts < v_head.max_attempts AND m.superseded_by IS NULL AS ok
@@ -1023,7 +1030,7 @@ BEGIN
     END IF;
 
     IF NOT v_archive THEN
-        IF v_head.lean AND v_frozen IS NULL THEN
+        IF v_head.lean AND coalesce(cardinality(v_frozen), 0) <= 1 THEN
             v_got := 0;  -- the lean pop above delivered nothing
         ELSIF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
             -- The same of an UNLOGGED queue, over the partitioned table (by ctid: the TIDs of
