@@ -954,6 +954,7 @@ DECLARE
     v_held_ats bigint[];
     v_held_ok  boolean[];
     v_head     record;
+    v_lean_tried boolean;  -- the lean pop below ran and delivered nothing
 BEGIN
     -- The queue, the clock, the generation counter and the queue's frozen generations (only
     -- when the frozen flag says a queue may have one, as in take()), in one statement, as in
@@ -982,7 +983,7 @@ BEGIN
         -- subquery scan to filter it, 1.7 %); in message_logged, the partition of every
         -- ordinary queue (queues.sql), by name, as take(1)'s lease (keep the two in step).
         -- Nothing deleted (an empty queue, a candidate that may not be delivered, a row
-        -- changed under the statement): on below (v_head.lean), which looks for what the
+        -- changed under the statement): on below (v_lean_tried), which looks for what the
         -- general path must deal with.
         RETURN QUERY
         DELETE FROM {schema}.message_logged m
@@ -1005,6 +1006,7 @@ BEGIN
         IF FOUND THEN
             RETURN;
         END IF;
+        v_lean_tried := true;
     END IF;
     IF v_head.qid IS NULL THEN  -- no such queue
         q := {schema}._queue(p_queue);
@@ -1030,7 +1032,7 @@ BEGIN
     END IF;
 
     IF NOT v_archive THEN
-        IF v_head.lean AND coalesce(cardinality(v_frozen), 0) <= 1 THEN
+        IF v_lean_tried THEN
             v_got := 0;  -- the lean pop above delivered nothing
         ELSIF p_limit = 1 AND coalesce(cardinality(v_frozen), 0) = 0 THEN
             -- The same of an UNLOGGED queue, over the partitioned table (by ctid: the TIDs of
