@@ -320,3 +320,24 @@ def tx_consumer(dsn: str, schema: str, queue: str, batch: int, barrier: Any, out
                 break
             delivered += [(m.id, m.token, m.attempt) for m in messages]
     out.put((delivered, [m[0] for m in delivered]))
+
+
+#: rotate()'s p_max_moves in the frozen-backlog tests: a queue with more rows than this in the
+#: generation leaving the window keeps them there, frozen (sql/generations.sql).
+FREEZE_MAX_MOVES = 5
+
+
+def force_rotation(db: Sql, now: int) -> None:
+    """A rotation now, due or not, moving at most FREEZE_MAX_MOVES rows of a queue."""
+    db.q("SELECT {s}.rotate(p_force => true, p_max_moves => %s, p_now => %s)", (FREEZE_MAX_MOVES, now))
+
+
+def freeze_backlog(db: Sql, queue: str, now: int, n: int = 20) -> list[int]:
+    """``n`` messages in ``queue`` (its ids returned), then rotations until their generation is
+    frozen for it: the frozen list's one row, of one generation."""
+    sent = [r["id"] for r in db.send(queue, [b"%d" % i for i in range(n)], now)]
+    for _ in range(4):
+        force_rotation(db, now)
+    frozen = db.q("SELECT f.gens FROM {s}.message_gen_frozen f")
+    assert len(frozen) == 1 and len(frozen[0]["gens"]) == 1, frozen
+    return sent

@@ -11,9 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from core_helpers import Sql
-
-MAX_MOVES = 5  # rotate()'s p_max_moves here: a queue with more rows than this stays frozen
+from core_helpers import Sql, freeze_backlog
 
 
 @pytest.fixture
@@ -22,16 +20,12 @@ def db(conn: psycopg.Connection[Any], schema: str) -> Sql:
 
 
 def frozen_backlog(db: Sql, queue: str, now: int, n: int = 12) -> list[int]:
-    """``n`` messages of ``queue`` frozen in their generation (rotations that move at most
-    MAX_MOVES rows), then two messages in the window that are due *before* them (sent with an
-    earlier clock): a take must merge the ranges by (dequeue_at, id). The order returned is the
-    order every take must deliver them in. The last rotation is at ``now``: none is due."""
+    """``n`` messages of ``queue`` frozen in their generation (core_helpers.freeze_backlog), then
+    two messages in the window that are due *before* them (sent with an earlier clock): a take
+    must merge the ranges by (dequeue_at, id). The order returned is the order every take must
+    deliver them in. The last rotation is at ``now``: none is due."""
     db.call("queue_create", p_name=queue)
-    old = [r["id"] for r in db.send(queue, [b"%d" % i for i in range(n)], now)]
-    for _ in range(4):
-        db.q("SELECT {s}.rotate(p_force => true, p_max_moves => %s, p_now => %s)", (MAX_MOVES, now))
-    frozen = db.q("SELECT f.gens FROM {s}.message_gen_frozen f")
-    assert len(frozen) == 1 and len(frozen[0]["gens"]) == 1
+    old = freeze_backlog(db, queue, now, n)
     early = [r["id"] for r in db.send(queue, [b"early-1", b"early-2"], now - 1000)]
     late = [r["id"] for r in db.send(queue, [b"late"], now)]
     return early + old + late

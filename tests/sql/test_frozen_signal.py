@@ -14,10 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from core_helpers import Sql, drop_schema, fresh_schema_name
+from core_helpers import Sql, drop_schema, force_rotation, freeze_backlog, fresh_schema_name
 from lonnymq import Client
-
-MAX_MOVES = 5  # rotate()'s p_max_moves here: a queue with more rows than this stays frozen
 
 
 @pytest.fixture
@@ -31,19 +29,6 @@ def flag(db: Sql) -> int | None:
 
 def frozen_rows(db: Sql) -> int:
     return int(db.q("SELECT count(*) AS n FROM {s}.message_gen_frozen")[0]["n"])
-
-
-def rotate(db: Sql, now: int) -> None:
-    db.q("SELECT {s}.rotate(p_force => true, p_max_moves => %s, p_now => %s)", (MAX_MOVES, now))
-
-
-def freeze_a_backlog(db: Sql, queue: str, now: int, n: int = 20) -> list[int]:
-    """``n`` messages in ``queue``, then rotations until their generation is frozen for it."""
-    sent = [r["id"] for r in db.send(queue, [b"%d" % i for i in range(n)], now)]
-    for _ in range(4):
-        rotate(db, now)
-    assert frozen_rows(db) == 1
-    return sent
 
 
 @contextmanager
@@ -65,15 +50,15 @@ def test_a_fresh_install_says_none_and_a_frozen_backlog_says_maybe_until_it_thaw
     assert flag(db) == 0
     db.call("queue_create", p_name="q")
     now = db.now()
-    sent = freeze_a_backlog(db, "q", now)
+    sent = freeze_backlog(db, "q", now)
     assert flag(db) == 1
     got = db.take("q", len(sent), now)
     assert [r["id"] for r in got] == sent
     db.call("ack", p_queue="q", p_ids=sent, p_tokens=[r["token"] for r in got], p_now=now)
-    rotate(db, now)  # the thaw forgets the empty generation ...
+    force_rotation(db, now)  # the thaw forgets the empty generation ...
     assert frozen_rows(db) == 0
     assert flag(db) == 1  # ... and leaves the flag to the next rotation
-    rotate(db, now)
+    force_rotation(db, now)
     assert flag(db) == 0
 
 
@@ -114,9 +99,9 @@ def test_a_rotation_sets_a_flag_left_clear_beside_a_row(db: Sql) -> None:
     dump, a hand-made setval): the next rotation sets it."""
     db.call("queue_create", p_name="q")
     now = db.now()
-    freeze_a_backlog(db, "q", now)
+    freeze_backlog(db, "q", now)
     db.q("SELECT setval('{s}.message_gen_frozen_seq', 0)")
-    rotate(db, now)
+    force_rotation(db, now)
     assert flag(db) == 1
 
 
@@ -126,12 +111,12 @@ def test_a_rolled_back_freeze_leaves_the_flag_set_and_a_later_rotation_clears_it
     db.send("q", [b"x"] * 20, now)
     with rolled_back(db):
         for _ in range(4):
-            rotate(db, now)
+            force_rotation(db, now)
         assert frozen_rows(db) == 1 and flag(db) == 1
     assert frozen_rows(db) == 0
     assert flag(db) == 1  # the safe side: a sequence is not rolled back
     db.q("SELECT {s}.queue_purge('q')")
-    rotate(db, now)
+    force_rotation(db, now)
     assert flag(db) == 0
 
 
@@ -142,10 +127,10 @@ def test_a_rotation_never_clears_on_its_own_uncommitted_deletes(
     by hand) must not clear the flag: a rollback would bring the rows back."""
     db.call("queue_create", p_name="q")
     now = db.now()
-    freeze_a_backlog(db, "q", now)
+    freeze_backlog(db, "q", now)
     with rolled_back(db):
         db.q("DELETE FROM {s}.message_gen_frozen")
-        rotate(db, now)
+        force_rotation(db, now)
         assert flag(db) == 1
     assert frozen_rows(db) == 1 and flag(db) == 1
 
@@ -159,9 +144,9 @@ def test_a_rotation_in_repeatable_read_never_clears(db: Sql, dsn: str) -> None:
     with psycopg.connect(dsn) as tx:
         tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         rr = Sql(tx, db.schema)
-        rotate(rr, now)
+        force_rotation(rr, now)
         assert flag(rr) == 1
-    rotate(db, now)
+    force_rotation(db, now)
     assert flag(db) == 0
 
 
@@ -171,7 +156,7 @@ def test_takes_and_pops_find_a_frozen_backlog_first(db: Sql, how: str) -> None:
     before the window's, whether another queue or this one keeps it frozen."""
     db.call("queue_create", p_name="q")
     now = db.now()
-    backlog = freeze_a_backlog(db, "q", now)
+    backlog = freeze_backlog(db, "q", now)
     newer = [r["id"] for r in db.send("q", [b"new"], now)]
     no_rotation_due(db)
     assert flag(db) == 1
@@ -203,7 +188,7 @@ def test_a_pop_in_a_callers_transaction_finds_a_frozen_backlog(db: Sql, dsn: str
     the flag read after it, the backlog's oldest message first; the rollback puts it back."""
     db.call("queue_create", p_name="q")
     now = db.now()
-    backlog = freeze_a_backlog(db, "q", now)
+    backlog = freeze_backlog(db, "q", now)
     db.send("q", [b"new"], now)
     with psycopg.connect(dsn) as tx:
         tx.execute(sql.SQL("SET TRANSACTION ISOLATION LEVEL {}").format(sql.SQL(isolation)))
@@ -227,10 +212,10 @@ def test_a_hand_written_row_racing_a_clearing_rotation_is_flagged_by_the_next(db
             "INSERT INTO {s}.message_gen_frozen (queue_id, gens) VALUES (%s, ARRAY[1::bigint])",
             (db.queue_id("q"),),
         )
-        rotate(db, now)  # sees no committed row: clears
+        force_rotation(db, now)  # sees no committed row: clears
         assert flag(db) == 0
     assert frozen_rows(db) == 1
-    rotate(db, now)
+    force_rotation(db, now)
     assert flag(db) == 1
 
 
@@ -243,12 +228,12 @@ def test_a_rotation_waits_for_no_other_and_clears_nothing_under_one_in_flight(db
     with psycopg.connect(dsn) as tx:
         first = Sql(tx, db.schema)
         for _ in range(4):
-            rotate(first, now)
+            force_rotation(first, now)
         assert flag(db) == 1 and frozen_rows(db) == 0  # set, the row not committed
         assert db.q("SELECT {s}.rotate(p_force => true, p_now => %s) AS g", (now,)) == [{"g": None}]
         assert flag(db) == 1
     assert frozen_rows(db) == 1
-    rotate(db, now)
+    force_rotation(db, now)
     assert flag(db) == 1
 
 
@@ -273,7 +258,7 @@ def test_the_common_take_and_pop_do_not_read_the_frozen_table(
     now = db.now()
     if frozen:
         db.call("queue_create", p_name="other")
-        freeze_a_backlog(db, "other", now)
+        freeze_backlog(db, "other", now)
     db.send("q", [b"x"] * 20, now)
     no_rotation_due(db)
     with conn.transaction():
@@ -321,7 +306,7 @@ def test_the_flag_never_says_none_beside_a_frozen_row(db: Sql, seed: int) -> Non
         elif step == "pop":
             done |= {r["id"] for r in db.call("take_tx", p_queue=q, p_limit=rnd.choice([1, 3]), p_now=now)}
         elif step == "rotate":
-            rotate(db, now)
+            force_rotation(db, now)
         else:
             now += 2500  # a rotation is due at the next take
         if frozen_rows(db):
@@ -344,7 +329,7 @@ def test_the_flag_never_says_none_beside_a_frozen_row(db: Sql, seed: int) -> Non
                 assert flag(db) == 1
     assert froze and done == sent
     for _ in range(3):
-        rotate(db, now)
+        force_rotation(db, now)
         if frozen_rows(db):
             assert flag(db) == 1
     assert frozen_rows(db) == 0 and flag(db) == 0
