@@ -16,7 +16,9 @@ them) so the test can check the queue's guarantees afterwards from the database 
   transaction; a fraction of the transactions roll back on purpose (--rollback).
 
 With --retry, connection errors (a PostgreSQL crash) are survived: the deliveries of the batch
-in hand are recorded in fault_abandoned once the database is back, and the loop goes on.
+in hand are recorded in fault_abandoned once the database is back, and the loop goes on (in
+drain mode, a failure during a take's transaction abandons the previous deliveries and the new
+ones: whether its commit was applied is unknown).
 SIGTERM stops it after the current batch; the test SIGKILLs it at random points.
 """
 
@@ -119,6 +121,10 @@ class Worker:
         n = random.choice((1, self.args.batch))
         with self.conn.transaction():
             batch = self.mq.take(self.args.queue, n, lease=self.args.lease, ack=prev, conn=self.conn)
+            # Until the commit is answered both are in hand: a server that fails during the
+            # commit may have applied it (the new leases held, the previous acknowledged) or not,
+            # and the consumer cannot tell which.
+            self.in_hand = prev + batch
             if prev:
                 # The acks that took effect are the ones ack's memory holds, in this transaction.
                 done = self.conn.execute(
