@@ -611,7 +611,7 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         "v_head.gen": "$2",
         "v_head.now": "$3",
         "v_head.max_attempts": "$5",
-        "v_head.frozen": "$6",  # (the queue's one frozen generation, if any: none here)
+        "v_head.frozen": "$6",  # (the frozen copy's: the queue's one frozen generation)
     }
     now = _now(conn, s)
     # The general DELETE, and the one-message DELETE (no frozen generation): rows by ctid.
@@ -627,8 +627,15 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         (
             "lean_pop_one",
             one,
+            "integer, bigint, bigint, integer, integer",
+            f"{qid}, {gen}, {now}, 1, 5",
+        ),
+        # Its copy with the queue's one frozen generation as a third candidate range.
+        (
+            "lean_pop_one_frozen",
+            one,
             "integer, bigint, bigint, integer, integer, bigint[]",
-            f"{qid}, {gen}, {now}, 1, 5, NULL",
+            f"{qid}, {gen}, {now}, 1, 5, '{{0}}'",
         ),
         # The same over the partitioned table (an UNLOGGED queue's).
         (
@@ -639,7 +646,8 @@ def test_plan_of_the_lean_pop(client: Client, conn: Any, schema: str, s: sql.Ide
         ),
     ]
     for name, pattern, types, args in cases:
-        stmt = _statement("take_tx", pattern, names, schema, 1 if name.endswith("_unlogged") else 0)
+        nth = {"lean_pop_one_frozen": 1, "lean_pop_one_unlogged": 2}.get(name, 0)
+        stmt = _statement("take_tx", pattern, names, schema, nth)
         plan = _generic_plan(conn, f"PREPARE {name}({types}) AS {stmt}", f"{name}({args})")
         nodes = _assert_changed_by_ctid(plan)
         # Nothing read from the primary key.

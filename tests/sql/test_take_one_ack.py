@@ -31,16 +31,17 @@ _NAMES = {
     "q.max_attempts": ("$7", "integer", "5"),
     "v_head.gen": ("$8", "bigint", "1"),
     "p_limit": ("$9", "integer", "1"),
-    "v_head.frozen": ("$10", "bigint[]", "NULL"),  # (the queue's one frozen generation, if any)
+    "v_head.frozen": ("$10", "bigint[]", "'{0}'"),  # (the frozen copy's: the queue's one frozen generation)
 }
 #: take()'s statement of a one-delivery drain: the ack's CTEs and take(1)'s lease.
 ONE_ACK = r"RETURN QUERY\s+(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+WHERE .*?m\.payload);"
 
 
-def _statement(schema: str) -> str:
-    """take()'s one-delivery drain statement, its variables as parameters, for ``schema``."""
-    [match] = re.finditer(ONE_ACK, function_text("take"), re.S)
-    text = match[1]
+def _statement(schema: str, copy: int = 0) -> str:
+    """take()'s one-delivery drain statement, its variables as parameters, for ``schema``: its
+    ``copy`` 0 (the window's two candidate ranges) or 1 (and the queue's one frozen generation)."""
+    window, frozen = re.finditer(ONE_ACK, function_text("take"), re.S)
+    text = (window, frozen)[copy][1]
     for name, (param, _, _) in _NAMES.items():
         text = re.sub(rf"(?<![\w.]){re.escape(name)}\b", param, text)
     unknown = re.findall(r"(?<![\w.])(?:p|v)_\w+|\bq\.\w+", text)
@@ -48,15 +49,17 @@ def _statement(schema: str) -> str:
     return sql.SQL(text).format(schema=sql.Identifier(schema)).as_string()
 
 
-def test_plan_of_takes_one_delivery_drain(conn: Any, schema: str, statistics: int) -> None:  # noqa: F811
+@pytest.mark.parametrize("copy", [0, 1], ids=["window", "frozen"])
+def test_plan_of_takes_one_delivery_drain(conn: Any, schema: str, statistics: int, copy: int) -> None:  # noqa: F811
     """The ack's DELETE probes the primary key by the whole key (never the partial index of
     leases, never the queue's part of the key alone, never a scan); the lease changes its row by
-    ctid, found by the window's candidate query on the dequeue index."""
+    ctid, found by the window's candidate query on the dequeue index. Both copies: without and
+    with a frozen generation."""
     conn.execute("SET plan_cache_mode = force_generic_plan")
     for setting in ("enable_seqscan", "enable_sort", "jit", "enable_memoize"):  # take()'s SET clauses
         conn.execute(sql.SQL("SET {} = off").format(sql.Identifier(setting)))
     types = ", ".join(t for _, t, _ in _NAMES.values())
-    conn.execute(f"PREPARE one_ack({types}) AS {_statement(schema)}")  # type: ignore[arg-type]
+    conn.execute(f"PREPARE one_ack({types}) AS {_statement(schema, copy)}")  # type: ignore[arg-type]
     args = ", ".join(str(statistics) if v is None else v for _, _, v in _NAMES.values())
     row = conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE one_ack({args})").fetchone()  # type: ignore[arg-type]
     assert row is not None

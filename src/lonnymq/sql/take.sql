@@ -30,7 +30,11 @@ DECLARE
     v_held_live  boolean[] := ARRAY[]::boolean[];
     v_more       integer;
 BEGIN
-    SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
+    -- The frozen generations only when the frozen flag says a queue may have one, as take()'s
+    -- head reads them (generations.sql, "The frozen flag": read after this statement's snapshot).
+    SELECT s.last_value,
+           CASE WHEN pg_sequence_last_value('{schema}.message_gen_frozen_seq') = 0 THEN NULL
+                ELSE {schema}._gen_frozen_of(q.id) END
       INTO v_gen, v_frozen
       FROM {schema}.message_gen_seq s;
     FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
@@ -98,7 +102,8 @@ END $$;
 
 -- Hand out locked messages p_ids, in that order: 'lease' them for p_lease_ms, or 'delete' /
 -- 'archive' them (take_tx). Returns the deliveries in the order of p_ids. Each row is found by
--- its key (a LATERAL probe, OFFSET 0 so that it stays one) and changed by its ctid, which stays
+-- its key (a LATERAL probe, LIMIT 1 so that it stays one and its scan ends at the key's row
+-- instead of reading on to the next key: settle.sql's header) and changed by its ctid, which stays
 -- put while this transaction holds the row: a join of the ids with the message table would be
 -- planned from statistics, and statistics taken while a snapshot is held (ANALYZE then counts
 -- only the live rows) make the planner read every entry the queue left in the primary key
@@ -118,7 +123,7 @@ BEGIN
               FROM (SELECT t.ord, k.tid
                       FROM unnest(p_ids) WITH ORDINALITY AS t(id, ord)
                      CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM {schema}.message x
-                                          WHERE x.queue_id = q.id AND x.id = t.id OFFSET 0) k) t
+                                          WHERE x.queue_id = q.id AND x.id = t.id LIMIT 1) k) t
              WHERE m.ctid = t.tid AND (m.queue_id = q.id) IS TRUE
             RETURNING t.ord, m.*
         )
@@ -133,7 +138,7 @@ BEGIN
              USING (SELECT t.ord, k.tid
                       FROM unnest(p_ids) WITH ORDINALITY AS t(id, ord)
                      CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM {schema}.message x
-                                          WHERE x.queue_id = q.id AND x.id = t.id OFFSET 0) k) t
+                                          WHERE x.queue_id = q.id AND x.id = t.id LIMIT 1) k) t
              WHERE m.ctid = t.tid AND (m.queue_id = q.id) IS TRUE
             RETURNING t.ord, m.*
         ), a AS (
@@ -477,8 +482,7 @@ BEGIN
     IF p_limit = 1 AND p_ack_ids IS NOT NULL THEN  -- (a test of its own: other calls compile no more)
         IF array_dims(p_ack_ids) = '[1:1]' AND array_dims(p_ack_tokens) = '[1:1]'
            AND q.id >= 0 AND NOT (q.archive OR q.paused OR q.uses_channels)
-           AND coalesce(cardinality(v_head.frozen), 0) <= 1 AND v_now - v_head.started < 2000
-           AND coalesce(p_lease_ms, 1) > 0 THEN
+           AND v_now - v_head.started < 2000 AND coalesce(p_lease_ms, 1) > 0 THEN
             -- A one-at-a-time consumer's drain, take(1, ack=previous), of an ordinary queue
             -- (not paused, no channels, no archiving) with at most one frozen generation, no
             -- rotation due and a valid lease: the one-delivery ack below and take(1)'s lease
@@ -492,52 +496,97 @@ BEGIN
             -- leased here, and the general path below leases, in a statement of its own, the
             -- next message (or this one again, its token having been stale). Nothing deleted
             -- (a repeat, a stale token): nothing more to do (ack() would answer the pair, which
-            -- take discards, and change nothing). The lease is take(1)'s (keep the two in step),
-            -- with the queue's one frozen generation as a third candidate range, as the batch's
-            -- statement below merges it (v_head.frozen[1] is NULL without one: an empty range,
-            -- no index descent): a drain that outlasts two rotations has its backlog frozen
+            -- take discards, and change nothing). The lease is take(1)'s (keep the two in step).
+            -- Two copies of the statement (keep them in step): without a frozen generation (the
+            -- common case) the window's two candidate ranges; with the queue's one frozen
+            -- generation, that generation as a third range, merged as the batch's statement
+            -- below merges it: a drain that outlasts two rotations has its backlog frozen
             -- (generations.sql) for the rest of its run, and took the general path's three
             -- statements for every message until it thawed (docs/benchmarks.md, "A frozen
-            -- backlog's one-at-a-time drain and pop").
-            RETURN QUERY
-            WITH d AS (
-                DELETE FROM {schema}.message_logged m
-                 WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
-                   AND m.leased IS TRUE
-                RETURNING m.id, m.deliveries
-            ), k AS (
-                INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
-                SELECT q.id, d.id, d.deliveries, 'acked', v_now FROM d
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
-                SELECT q.id, v_now / 60000, 1 FROM d
-            )
-            UPDATE {schema}.message_logged m
-               SET dequeue_at = v_now + coalesce(p_lease_ms, q.lease_ms), attempts = m.attempts + 1,
-                   deliveries = m.deliveries + 1, leased = true
-             WHERE m.ctid = (SELECT c.tid
-                               FROM (SELECT w.tid, w.ok
-                                       FROM (VALUES (v_head.frozen[1]), (v_head.gen - 1), (v_head.gen)) AS g(gen)
-                                      CROSS JOIN LATERAL (
-                                            SELECT m.id, m.ctid AS tid, m.dequeue_at,
-                                                   m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
-                                              FROM {schema}.message_logged m
-                                             WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
-                                               AND m.dequeue_at <= v_now
-                                             ORDER BY m.dequeue_at, m.id
-                                             LIMIT p_limit
-                                               FOR UPDATE SKIP LOCKED) w
-                                      ORDER BY w.dequeue_at, w.id
-                                      LIMIT 1) c
-                              WHERE c.ok)
-               AND m.id <> ALL (p_ack_ids)
-            RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
-                      m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
-                      m.last_error, m.payload;
-            IF FOUND THEN
-                RETURN;
-            END IF;
-            v_acked1 := true;
+            -- backlog's one-at-a-time drain and pop"). One statement for both, the third range
+            -- empty without one, cost the common drain 1.4 % of its instructions; the IF, 0.3 %
+            -- (docs/benchmarks.md, "Two copies of the lean drain and pop").
+            IF v_head.frozen IS NULL THEN
+                RETURN QUERY
+                WITH d AS (
+                    DELETE FROM {schema}.message_logged m
+                     WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
+                       AND m.leased IS TRUE
+                    RETURNING m.id, m.deliveries
+                ), k AS (
+                    INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+                    SELECT q.id, d.id, d.deliveries, 'acked', v_now FROM d
+                ), st AS (
+                    INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+                    SELECT q.id, v_now / 60000, 1 FROM d
+                )
+                UPDATE {schema}.message_logged m
+                   SET dequeue_at = v_now + coalesce(p_lease_ms, q.lease_ms), attempts = m.attempts + 1,
+                       deliveries = m.deliveries + 1, leased = true
+                 WHERE m.ctid = (SELECT c.tid
+                                   FROM (SELECT w.tid, w.ok
+                                           FROM (VALUES (v_head.gen - 1), (v_head.gen)) AS g(gen)
+                                          CROSS JOIN LATERAL (
+                                                SELECT m.id, m.ctid AS tid, m.dequeue_at,
+                                                       m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                                  FROM {schema}.message_logged m
+                                                 WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                                   AND m.dequeue_at <= v_now
+                                                 ORDER BY m.dequeue_at, m.id
+                                                 LIMIT p_limit
+                                                   FOR UPDATE SKIP LOCKED) w
+                                          ORDER BY w.dequeue_at, w.id
+                                          LIMIT 1) c
+                                  WHERE c.ok)
+                   AND m.id <> ALL (p_ack_ids)
+                RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                          m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                          m.last_error, m.payload;
+                IF FOUND THEN
+                    RETURN;
+                END IF;
+                v_acked1 := true;
+            ELSIF cardinality(v_head.frozen) = 1 THEN
+                RETURN QUERY
+                WITH d AS (
+                    DELETE FROM {schema}.message_logged m
+                     WHERE m.queue_id = q.id AND m.id = p_ack_ids[1] AND m.deliveries = p_ack_tokens[1]
+                       AND m.leased IS TRUE
+                    RETURNING m.id, m.deliveries
+                ), k AS (
+                    INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+                    SELECT q.id, d.id, d.deliveries, 'acked', v_now FROM d
+                ), st AS (
+                    INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+                    SELECT q.id, v_now / 60000, 1 FROM d
+                )
+                UPDATE {schema}.message_logged m
+                   SET dequeue_at = v_now + coalesce(p_lease_ms, q.lease_ms), attempts = m.attempts + 1,
+                       deliveries = m.deliveries + 1, leased = true
+                 WHERE m.ctid = (SELECT c.tid
+                                   FROM (SELECT w.tid, w.ok
+                                           FROM (VALUES (v_head.frozen[1]), (v_head.gen - 1), (v_head.gen)) AS g(gen)
+                                          CROSS JOIN LATERAL (
+                                                SELECT m.id, m.ctid AS tid, m.dequeue_at,
+                                                       m.attempts < q.max_attempts AND m.superseded_by IS NULL AS ok
+                                                  FROM {schema}.message_logged m
+                                                 WHERE m.gen = g.gen AND m.queue_id = q.id AND m.channel IS NULL
+                                                   AND m.dequeue_at <= v_now
+                                                 ORDER BY m.dequeue_at, m.id
+                                                 LIMIT p_limit
+                                                   FOR UPDATE SKIP LOCKED) w
+                                          ORDER BY w.dequeue_at, w.id
+                                          LIMIT 1) c
+                                  WHERE c.ok)
+                   AND m.id <> ALL (p_ack_ids)
+                RETURNING m.id, m.attempts, m.deliveries, m.dequeue_at, m.scheduled_at, m.enqueued_at,
+                          m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                          m.last_error, m.payload;
+                IF FOUND THEN
+                    RETURN;
+                END IF;
+                v_acked1 := true;
+            END IF;  -- (two or more frozen generations: the general path)
         END IF;
     END IF;
     v_gen := v_head.gen;
@@ -561,7 +610,9 @@ BEGIN
         IF pg_current_xact_id_if_assigned() IS NULL
            AND statement_timestamp() - transaction_timestamp() < interval '100 milliseconds' THEN
             PERFORM {schema}.rotate(p_now => v_now);
-            SELECT s.last_value, (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = q.id)
+            SELECT s.last_value,
+                   CASE WHEN pg_sequence_last_value('{schema}.message_gen_frozen_seq') = 0 THEN NULL
+                        ELSE {schema}._gen_frozen_of(q.id) END  -- (as the head reads them)
               INTO v_gen, v_frozen
               FROM {schema}.message_gen_seq s;
         END IF;
@@ -972,10 +1023,12 @@ BEGIN
       INTO v_head
       FROM {schema}.queue x
      WHERE x.name = p_queue;
-    IF v_head.lean AND coalesce(cardinality(v_head.frozen), 0) <= 1 THEN
-        -- One message of an ordinary queue (not paused, no channels, no archiving) and at
-        -- most one frozen generation (a third candidate range, as in take()'s one-statement
-        -- drain; v_head.frozen[1] NULL without one): the common pop. Every PL/pgSQL statement and expression costs its
+    IF v_head.lean AND v_head.frozen IS NULL THEN
+        -- One message of an ordinary queue (not paused, no channels, no archiving) without a
+        -- frozen generation: the common pop. (With the queue's one frozen generation, the copy
+        -- below reads it as a third candidate range, as take()'s one-statement drain does; keep
+        -- the two in step: one statement for both cost the common pop 2.6 %, docs/benchmarks.md,
+        -- "Two copies of the lean drain and pop".) Every PL/pgSQL statement and expression costs its
         -- own checks (2-3k instructions each: the checks and assignments below, evaluated
         -- first, were 5 % of a pop; benchmarks/server_instructions.py), so nothing else runs
         -- before it. The general path's statement without its array and union: the first of
@@ -985,6 +1038,31 @@ BEGIN
         -- Nothing deleted (an empty queue, a candidate that may not be delivered, a row
         -- changed under the statement): on below (v_lean_tried), which looks for what the
         -- general path must deal with.
+        RETURN QUERY
+        DELETE FROM {schema}.message_logged m
+         WHERE m.ctid = (SELECT CASE WHEN w.ok THEN w.tid END  -- (no row: NULL)
+                                   FROM (VALUES (v_head.gen - 1), (v_head.gen)) AS g(gen)
+                                  CROSS JOIN LATERAL (
+                                        SELECT m.ctid AS tid, m.id, m.dequeue_at,
+                                               m.attempts < v_head.max_attempts AND m.superseded_by IS NULL AS ok
+                                          FROM {schema}.message_logged m
+                                         WHERE m.gen = g.gen AND m.queue_id = v_head.qid AND m.channel IS NULL
+                                           AND m.dequeue_at <= v_head.now
+                                         ORDER BY m.dequeue_at, m.id
+                                         LIMIT 1
+                                           FOR UPDATE SKIP LOCKED) w
+                                  ORDER BY w.dequeue_at, w.id
+                                  LIMIT 1)
+        RETURNING m.id, m.attempts + 1, m.deliveries + 1, NULL::bigint, m.scheduled_at, m.enqueued_at,
+                  m.priority, m.key, m.channel, m.kind, m.content_type, m.headers, m.state,
+                  m.last_error, m.payload;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        v_lean_tried := true;
+    ELSIF v_head.lean AND cardinality(v_head.frozen) = 1 THEN
+        -- The same with the queue's one frozen generation (a backlog older than the window) as
+        -- a third candidate range, merged by (dequeue_at, id) as _lock_ready merges it.
         RETURN QUERY
         DELETE FROM {schema}.message_logged m
          WHERE m.ctid = (SELECT CASE WHEN w.ok THEN w.tid END  -- (no row: NULL)
