@@ -2,19 +2,15 @@
 generation (sql/take.sql): take(1, ack=previous)'s one statement and take_tx(1)'s DELETE have a
 copy each for a queue with one frozen generation (a third range), used only then. The general
 path's _lock_ready reads the frozen list only when the frozen flag says a queue may have one
-(generations.sql), as the heads of take() and take_tx() do; _deliver probes each row by its key
-under LIMIT 1 (settle.sql's header)."""
+(generations.sql), as the heads of take() and take_tx() do."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from test_take_batch_ack import statistics  # noqa: F401 (a fixture)
 
 from core_helpers import Sql, freeze_backlog
 from lonnymq.sql import function_text
@@ -148,62 +144,3 @@ def test_the_copies_differ_only_in_the_frozen_range(function: str) -> None:
     assert window.count(two) == 1 and three not in window
     assert frozen.count(three) == 1
     assert frozen.replace(three, two) == window
-
-
-#: _deliver's statements: the lease (UPDATE) and the delete or archive (DELETE).
-DELIVER = {
-    "lease": r"RETURN QUERY\s+(WITH u AS \(.*?FROM u ORDER BY u\.ord);",
-    "delete": r"RETURN QUERY\s+(WITH d AS \(.*?FROM d ORDER BY d\.ord);",
-}
-#: _deliver's variables in them, as parameters: name: (parameter, type).
-_NAMES = {
-    "q.id": ("$1", "integer"),
-    "p_ids": ("$2", "bigint[]"),
-    "p_now": ("$3", "bigint"),
-    "p_lease_ms": ("$4", "bigint"),
-    "p_mode": ("$5", "text"),
-}
-
-
-def _nodes(
-    plan: dict[str, Any], above: tuple[str, ...] = ()
-) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
-    """Each node of ``plan`` with the types of the nodes above it, nearest first."""
-    yield plan, above
-    for child in plan.get("Plans", []):
-        yield from _nodes(child, (plan["Node Type"], *above))
-
-
-@pytest.mark.parametrize("mode", ["lease", "delete"])
-def test_delivers_probes_end_at_the_key(conn: Any, schema: str, statistics: int, mode: str) -> None:  # noqa: F811
-    """_deliver finds each row by a probe of the primary key by its whole key, under a LIMIT 1
-    (a key has one row in a snapshot: the scan ends at it), and changes it by its ctid."""
-    [match] = re.finditer(DELIVER[mode], function_text("_deliver"), re.S)
-    text = match[1]
-    for name, (param, _) in _NAMES.items():
-        text = re.sub(rf"(?<![\w.]){re.escape(name)}\b", param, text)
-    unknown = re.findall(r"(?<![\w.])(?:p|v)_\w+|\bq\.\w+", text)
-    assert not unknown, f"_deliver uses {unknown}: teach this test about them"
-    stmt = sql.SQL(text).format(schema=sql.Identifier(schema)).as_string()
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-    for setting in ("enable_seqscan", "enable_sort", "jit"):  # take()'s and take_tx()'s SET clauses
-        conn.execute(sql.SQL("SET {} = off").format(sql.Identifier(setting)))
-    types = ", ".join(t for _, t in _NAMES.values())
-    conn.execute(f"PREPARE deliver({types}) AS {stmt}")  # type: ignore[arg-type]
-    row = conn.execute(
-        f"EXPLAIN (FORMAT JSON) EXECUTE deliver({statistics}, '{{1,2,3}}', 0, 60000, '{mode}')"  # type: ignore[arg-type]
-    ).fetchone()
-    assert row is not None
-    plan = row[0][0]["Plan"]
-    nodes = list(_nodes(plan))
-    assert not [x for x, _ in nodes if x["Node Type"] in ("Seq Scan", "Hash Join", "Merge Join")], plan
-    probes = [(x, above) for x, above in nodes if x.get("Index Name", "").endswith("_pkey")]
-    assert probes, plan
-    for probe, above in probes:
-        # (Under a held snapshot's statistics a bitmap scan of the same key: one row at most.)
-        assert probe["Index Cond"] == "((queue_id = $1) AND (id = t.id))", plan
-        # The probe's own nodes up to the join with the ids: the partitions' Append, the
-        # bitmap's heap scan, and the LIMIT.
-        own = above[: above.index("Nested Loop")]
-        assert "Limit" in own, (own, plan)
-    assert [x for x, _ in nodes if x["Node Type"] == "Tid Scan"], plan

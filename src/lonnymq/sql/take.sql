@@ -102,8 +102,7 @@ END $$;
 
 -- Hand out locked messages p_ids, in that order: 'lease' them for p_lease_ms, or 'delete' /
 -- 'archive' them (take_tx). Returns the deliveries in the order of p_ids. Each row is found by
--- its key (a LATERAL probe, LIMIT 1 so that it stays one and its scan ends at the key's row
--- instead of reading on to the next key: settle.sql's header) and changed by its ctid, which stays
+-- its key (a LATERAL probe, OFFSET 0 so that it stays one) and changed by its ctid, which stays
 -- put while this transaction holds the row: a join of the ids with the message table would be
 -- planned from statistics, and statistics taken while a snapshot is held (ANALYZE then counts
 -- only the live rows) make the planner read every entry the queue left in the primary key
@@ -123,7 +122,7 @@ BEGIN
               FROM (SELECT t.ord, k.tid
                       FROM unnest(p_ids) WITH ORDINALITY AS t(id, ord)
                      CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM {schema}.message x
-                                          WHERE x.queue_id = q.id AND x.id = t.id LIMIT 1) k) t
+                                          WHERE x.queue_id = q.id AND x.id = t.id OFFSET 0) k) t
              WHERE m.ctid = t.tid AND (m.queue_id = q.id) IS TRUE
             RETURNING t.ord, m.*
         )
@@ -138,7 +137,7 @@ BEGIN
              USING (SELECT t.ord, k.tid
                       FROM unnest(p_ids) WITH ORDINALITY AS t(id, ord)
                      CROSS JOIN LATERAL (SELECT x.ctid AS tid FROM {schema}.message x
-                                          WHERE x.queue_id = q.id AND x.id = t.id LIMIT 1) k) t
+                                          WHERE x.queue_id = q.id AND x.id = t.id OFFSET 0) k) t
              WHERE m.ctid = t.tid AND (m.queue_id = q.id) IS TRUE
             RETURNING t.ord, m.*
         ), a AS (
