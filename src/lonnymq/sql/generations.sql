@@ -52,8 +52,9 @@
 -- of a drain's take; tests/sql/test_gen_sweep.py, docs/benchmarks.md, branch longdrain).
 --
 -- The frozen flag (message_gen_frozen_seq, migration 0023): 0 says no row of
--- message_gen_frozen is committed, so that take's and take_tx's first statement skips its probe
--- of the table (a fifth of take's head, docs/benchmarks.md, "A frozen flag in a sequence");
+-- message_gen_frozen is committed, so that take's and take_tx's first statement (and
+-- _lock_ready's, the general path's) skips its probe of the table (a fifth of take's head,
+-- docs/benchmarks.md, "A frozen flag in a sequence");
 -- 1 says one may be (the statement calls _gen_frozen_of(), which finds the answer). It may say
 -- 1 wrongly (that costs the probe), never 0 while a committed row exists:
 --   * every row written to the table sets it first (the column default flagged: rotate()'s
@@ -121,7 +122,7 @@ BEGIN
 END $$;
 
 -- Queue p_queue_id's frozen generations, oldest first (NULL: none), as take's and take_tx's first
--- statement reads them when the frozen flag is set (a call, so that a statement that skips it
+-- statement, _lock_ready and take's re-read after a rotation read them when the frozen flag is set (a call, so that a statement that skips it
 -- does not start up its scan). Reads message_gen_frozen; takes no lock.
 CREATE OR REPLACE FUNCTION {schema}._gen_frozen_of(p_queue_id integer) RETURNS bigint[]
 LANGUAGE plpgsql STABLE AS $$

@@ -485,8 +485,8 @@ BEGIN
             -- A one-at-a-time consumer's drain, take(1, ack=previous), of an ordinary queue
             -- (not paused, no channels, no archiving) with at most one frozen generation, no
             -- rotation due and a valid lease: the one-delivery ack below and take(1)'s lease
-            -- below in one statement, decided by one test (the second statement and the checks and
-            -- assignments between the two were 6-7 % of the call's server instructions:
+            -- below in one statement, decided by one test and the frozen list's (the second
+            -- statement and the checks and assignments between the two were 6-7 % of the call's server instructions:
             -- docs/benchmarks.md, "take()'s head, counted"). The arrays hold one element each
             -- ('[1:1]': p_ack_ids[1] is the delivery). The ack's CTEs run after the lease (the
             -- main statement), so the lease leaves the acknowledged message alone: an expired
@@ -503,8 +503,10 @@ BEGIN
             -- (generations.sql) for the rest of its run, and took the general path's three
             -- statements for every message until it thawed (docs/benchmarks.md, "A frozen
             -- backlog's one-at-a-time drain and pop"). One statement for both, the third range
-            -- empty without one, cost the common drain 1.4 % of its instructions; the IF, 0.3 %
-            -- (docs/benchmarks.md, "Two copies of the lean drain and pop").
+            -- empty without one, cost the common drain 1.4 % of its instructions (docs/benchmarks.md,
+            -- "Two copies of the lean drain and pop"). Two or more frozen generations: neither
+            -- copy (the general path below); each copy tests its own FOUND (an IF that ran
+            -- neither would read the head's).
             IF v_head.frozen IS NULL THEN
                 RETURN QUERY
                 WITH d AS (
