@@ -22,13 +22,14 @@ from lonnymq.sql import function_text
 
 #: take()'s variables in the statement, as the parameters of _generic_plan.
 _NAMES = {"q.id": "$1", "p_ack_ids": "$2", "p_ack_tokens": "$3", "v_now": "$4"}
-#: take()'s batch ack of an ordinary queue.
-BATCH_ACK = r"(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+USING .*?)\s+INTO v_\w+, v_channels\s+(FROM d);"
+#: take()'s batch ack of an ordinary queue (pairs of more than one token: test_take_ack_scan.py has the other).
+BATCH_ACK = r"(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+USING \(SELECT k\.tid, t\.token.*?)\s+INTO v_\w+, v_channels\s+(FROM d);"
 
 
-def _statement(schema: str) -> str:
-    """take()'s batch ack, its variables as parameters, for ``schema``."""
-    [match] = re.finditer(BATCH_ACK, function_text("take"), re.S)
+def _statement(schema: str, pattern: str = BATCH_ACK) -> str:
+    """take()'s batch ack (or the statement of take() ``pattern`` finds), its variables as
+    parameters, for ``schema``."""
+    [match] = re.finditer(pattern, function_text("take"), re.S)
     text = f"{match[1]} {match[2]}"
     for name, param in _NAMES.items():
         text = re.sub(rf"(?<![\w.]){re.escape(name)}\b", param, text)
