@@ -3,7 +3,7 @@ batch: its deliveries' first attempts), sql/take.sql: the ids alone sorted (a so
 column), each row found by its key with that token, deleted by its ctid in id order. Its plan
 under the statistics that misled joins of the ids with the message table (settle.sql's header),
 and its lock order against another transaction's settle of the same rows given in the other
-order. Pairs of more than one token: test_take_batch_ack.py."""
+order; a batch of mixed tokens goes to _ack whole."""
 
 from __future__ import annotations
 
@@ -13,17 +13,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from test_dead_paths import _wait_until_blocked
-from test_take_batch_ack import _ack_calls, _generic_plan, _nodes, _statement, statistics
+from test_take_batch_ack import _ack_calls, _acked_state, _generic_plan, _nodes, _statement, statistics
 
 from lonnymq import Client
 
 __all__ = ["statistics"]  # (the fixture, shared with test_take_batch_ack.py)
-
-#: take()'s batch ack of pairs of one token.
-ONE_TOKEN_ACK = (
-    r"(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+USING \(SELECT k\.tid\s+FROM .*?)"
-    r"\s+INTO v_\w+, v_channels\s+(FROM d);"
-)
 
 
 def test_plan_of_takes_one_token_batch_ack(conn: Any, schema: str, statistics: int) -> None:
@@ -34,7 +28,7 @@ def test_plan_of_takes_one_token_batch_ack(conn: Any, schema: str, statistics: i
     (the DELETE's join: the probes' subquery and the TID scan); no lock taken first, no other
     join, no sequential scan."""
     args = f"{statistics}, '{{3,1,2}}', '{{1,1,1}}', 0"
-    _generic_plan(conn, _statement(schema, ONE_TOKEN_ACK), args)
+    _generic_plan(conn, _statement(schema), args)
     row = conn.execute(f"EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE batch_ack({args})").fetchone()  # type: ignore[arg-type]
     assert row is not None
     plan = row[0][0]["Plan"]
@@ -121,11 +115,8 @@ def test_one_token_batch_ack_and_an_extend_both_given_the_other_order(
     assert errors == []
     assert len(result["extended"]) == len(taken) and result["got"] == []
     with psycopg.connect(dsn) as conn:
-        assert conn.execute(sql.SQL("SELECT count(*) FROM {}.message").format(s)).fetchone() == (0,)
-        settled = conn.execute(sql.SQL("SELECT id, token FROM {}.settled ORDER BY id").format(s)).fetchall()
-        [(counted,)] = conn.execute(
-            sql.SQL("SELECT coalesce(sum(acked), 0) FROM {}.queue_stat").format(s)
-        ).fetchall()
+        rows, settled, counted = _acked_state(conn, s)
+    assert rows == []
     assert settled == sorted((m.id, m.token) for m in taken)
     assert counted == len(taken)
 
@@ -160,13 +151,30 @@ def test_one_token_batch_ack_leaves_repeats_and_stale_tokens_to_ack(
         assert conn.execute(take, ([d.id, c.id], [1, 1])).fetchall() == []
         assert _ack_calls(conn, schema) == before + 1
         conn.commit()
-        rows = conn.execute(
-            sql.SQL("SELECT id, deliveries, leased FROM {}.message ORDER BY id").format(s)
-        ).fetchall()
-        settled = conn.execute(sql.SQL("SELECT id, token FROM {}.settled ORDER BY id").format(s)).fetchall()
-        [(counted,)] = conn.execute(
-            sql.SQL("SELECT coalesce(sum(acked), 0) FROM {}.queue_stat").format(s)
-        ).fetchall()
+        rows, settled, counted = _acked_state(conn, s)
     assert rows == [(c.id, 2, True), (d.id, 2, True)]
     assert settled == sorted([(a.id, 1), (b.id, 1)])
     assert counted == 2
+
+
+def test_a_batch_of_mixed_tokens_goes_to_ack_whole(dsn: str, client: Client, schema: str) -> None:
+    """A drain's batch with a redelivery among first attempts (tokens 1 and 2): take's own
+    statement is for one token only, so the batch goes to _ack, once, which acknowledges
+    every delivery: each deleted, remembered with its token and counted once."""
+    s = sql.Identifier(schema)
+    client.create_queue("q", lease=3600)
+    client.send_batch("q", [b"1", b"2", b"3"])
+    first = client.take("q", 1)
+    client.nack(first)
+    taken = client.take("q", 3)
+    assert sorted(m.token for m in taken) == [1, 1, 2]
+    take = sql.SQL("SELECT id FROM {}.take('q', 1, NULL, %s, %s)").format(s)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET track_functions = 'pl'")
+        assert conn.execute(take, ([m.id for m in taken], [m.token for m in taken])).fetchall() == []
+        assert _ack_calls(conn, schema) == 1
+        conn.commit()
+        rows, settled, counted = _acked_state(conn, s)
+    assert rows == []
+    assert settled == sorted((m.id, m.token) for m in taken)
+    assert counted == 3

@@ -1,9 +1,9 @@
 """take(n, ack=previous)'s batch ack of an ordinary queue (sql/take.sql): the deliveries deleted
 in take's own statement, without _ack's frame, its lock of each row first and its second
 statement; what is left over (repeats, stale tokens, a row another transaction changed while the
-statement waited for it) goes to _ack, the general path. Its plan under the statistics that
-misled joins of the ids with the message table (settle.sql's header), and what it does when
-another transaction holds one of its rows."""
+statement waited for it) goes to _ack, the general path. What it does when another transaction
+holds one of its rows. (Its plan under the statistics that misled joins of the ids with the
+message table, settle.sql's header: test_take_ack_scan.py.)"""
 
 from __future__ import annotations
 
@@ -22,8 +22,12 @@ from lonnymq.sql import function_text
 
 #: take()'s variables in the statement, as the parameters of _generic_plan.
 _NAMES = {"q.id": "$1", "p_ack_ids": "$2", "p_ack_tokens": "$3", "v_now": "$4"}
-#: take()'s batch ack of an ordinary queue (pairs of more than one token: test_take_ack_scan.py has the other).
-BATCH_ACK = r"(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+USING \(SELECT k\.tid, t\.token.*?)\s+INTO v_\w+, v_channels\s+(FROM d);"
+#: take()'s batch ack of an ordinary queue (pairs of one token; a batch of mixed tokens goes to
+#: _ack whole: test_take_ack_scan.py).
+BATCH_ACK = (
+    r"(WITH d AS \(\s+DELETE FROM \{schema\}\.message_logged m\s+USING \(SELECT k\.tid\s+FROM .*?)"
+    r"\s+INTO v_\w+, v_channels\s+(FROM d);"
+)
 
 
 def _statement(schema: str, pattern: str = BATCH_ACK) -> str:
@@ -58,38 +62,6 @@ def _generic_plan(conn: psycopg.Connection[Any], stmt: str, args: str) -> dict[s
     return row[0][0]["Plan"]  # type: ignore[no-any-return]
 
 
-def _assert_keyed_in_order(plan: dict[str, Any]) -> None:
-    """One DELETE whose rows come from a nested loop over the sorted pairs: each row probed by
-    its whole key in the primary key (never the partial index of leases, never the queue's part
-    of the key alone), then deleted by its ctid (TID scans); no lock taken first, no other
-    join, no sequential scan."""
-    nodes = list(_nodes(plan))
-    banned = {"Seq Scan", "Hash Join", "Merge Join", "Memoize", "LockRows", "Materialize"}
-    assert not [x for x in nodes if x["Node Type"] in banned], plan
-    probes = [x for x in nodes if "Index Name" in x]
-    assert probes, plan
-    for probe in probes:
-        # (Under a held snapshot's statistics a bitmap scan of the same key: one row at most.)
-        assert probe["Node Type"] in ("Index Scan", "Bitmap Index Scan"), plan
-        assert probe["Index Name"].endswith("_pkey"), plan
-        assert probe["Index Cond"] == "((queue_id = $1) AND (id = t.id))", plan
-    changes = [x for x in nodes if x["Node Type"] == "Tid Scan"]
-    # (PostgreSQL 15 prints the condition "(ctid = k.tid)", 16 "(k.tid = ctid)".)
-    assert changes and all(x.get("TID Cond") in ("(ctid = k.tid)", "(k.tid = ctid)") for x in changes), plan
-    [delete] = [x for x in nodes if x.get("Subplan Name") == "CTE d"]
-    assert delete["Node Type"] == "ModifyTable" and delete["Operation"] == "Delete", plan
-    [join] = delete["Plans"]
-    assert join["Node Type"] == "Nested Loop", plan
-    outer = next(x for x in join["Plans"] if x["Parent Relationship"] == "Outer")
-    assert not [x for x in _nodes(outer) if x["Node Type"] == "Tid Scan"], plan
-    # The probes: a nested loop over the pairs in id order (its outer side), a probe each.
-    [loop] = [x for x in _nodes(outer) if x["Node Type"] == "Nested Loop"]
-    pairs = next(x for x in loop["Plans"] if x["Parent Relationship"] == "Outer")
-    sorts = [x for x in _nodes(pairs) if x["Node Type"] == "Sort"]
-    assert [s["Sort Key"] for s in sorts] == [["t.id"]], plan  # the pairs, in id order
-    assert not [x for x in _nodes(pairs) if "Index Name" in x], plan
-
-
 @pytest.fixture(params=["empty", "leased since analysed", "held snapshot"])
 def statistics(request: pytest.FixtureRequest, dsn: str, client: Client, schema: str) -> Iterator[int]:
     """Queue "q" with message's statistics as the parameter says: analysed empty; analysed with
@@ -121,14 +93,6 @@ def statistics(request: pytest.FixtureRequest, dsn: str, client: Client, schema:
         holder.rollback()
 
 
-def test_plan_of_takes_batch_ack(conn: Any, schema: str, statistics: int) -> None:
-    """take()'s batch ack under each of the statistics that misled a join of the ids with the
-    message table: a key lookup per pair in id order, the row deleted by its ctid, no row lock
-    taken first."""
-    plan = _generic_plan(conn, _statement(schema), f"{statistics}, '{{1,2,3}}', '{{1,1,1}}', 0")
-    _assert_keyed_in_order(plan)
-
-
 def _ack_calls(conn: psycopg.Connection[Any], schema: str) -> int:
     """How many times this transaction called _ack (track_functions, set by the caller)."""
     row = conn.execute(
@@ -138,6 +102,19 @@ def _ack_calls(conn: psycopg.Connection[Any], schema: str) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def _acked_state(conn: psycopg.Connection[Any], s: sql.Identifier) -> tuple[list[Any], list[Any], int]:
+    """Queue schema ``s``'s messages (id, deliveries, leased), ack's memory (id, token) and the
+    acked count, after a test's acks."""
+    rows = conn.execute(
+        sql.SQL("SELECT id, deliveries, leased FROM {}.message ORDER BY id").format(s)
+    ).fetchall()
+    settled = conn.execute(sql.SQL("SELECT id, token FROM {}.settled ORDER BY id").format(s)).fetchall()
+    [(counted,)] = conn.execute(
+        sql.SQL("SELECT coalesce(sum(acked), 0) FROM {}.queue_stat").format(s)
+    ).fetchall()
+    return rows, settled, int(counted)
 
 
 def test_a_drains_batch_ack_is_takes_own(dsn: str, client: Client, schema: str) -> None:
@@ -164,10 +141,7 @@ def test_a_drains_batch_ack_is_takes_own(dsn: str, client: Client, schema: str) 
     rows = client.peek("q", 10)
     assert sorted(m.id for m in rows) == sorted(r[0] for r in nxt)
     with psycopg.connect(dsn) as conn:
-        settled = conn.execute(sql.SQL("SELECT id, token FROM {}.settled ORDER BY id").format(s)).fetchall()
-        [(counted,)] = conn.execute(
-            sql.SQL("SELECT coalesce(sum(acked), 0) FROM {}.queue_stat").format(s)
-        ).fetchall()
+        _, settled, counted = _acked_state(conn, s)
     assert settled == sorted((m.id, m.token) for m in first)
     assert counted == 2
 
@@ -233,13 +207,7 @@ def test_takes_batch_ack_waits_for_a_held_row_and_checks_its_new_version(
     assert result["got"] == []
     expected = {m.id for m in taken if still_its or m not in held}
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            sql.SQL("SELECT id, deliveries, leased FROM {}.message ORDER BY id").format(s)
-        ).fetchall()
-        settled = conn.execute(sql.SQL("SELECT id, token FROM {}.settled ORDER BY id").format(s)).fetchall()
-        [(counted,)] = conn.execute(
-            sql.SQL("SELECT coalesce(sum(acked), 0) FROM {}.queue_stat").format(s)
-        ).fetchall()
+        rows, settled, counted = _acked_state(conn, s)
     if still_its:
         assert rows == []
     elif what == "release":

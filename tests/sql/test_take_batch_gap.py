@@ -1,57 +1,23 @@
 """What take(n, ack=previous)'s batch ack and the settles' lock probes do per row (sql/take.sql,
 sql/settle.sql; docs/benchmarks.md, "take()'s batch ack, row by row"): each probe of the
-primary key ends at the key's row (LIMIT 1) instead of reading on to the next key, and the
-batch ack's DELETE joins one subquery (one whole-row copy of it a row, for a recheck after a
-wait) with the TID scans. The guarantees around them (fencing, the lock order, a held row's
-new version) are test_take_batch_ack.py's."""
+primary key ends at the key's row (LIMIT 1) instead of reading on to the next key (take's
+batch ack's own plan, its probes and its DELETE's join: test_take_ack_scan.py). The guarantees
+around them (fencing, the lock order, a held row's new version) are test_take_batch_ack.py's."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-import psycopg
 from psycopg import sql
-from test_take_batch_ack import _generic_plan, _nodes, _statement, statistics
+from test_take_batch_ack import _nodes
 
 from lonnymq import Client
 from lonnymq.sql import function_text
 
-__all__ = ["statistics"]  # (the fixture, shared with test_take_batch_ack.py)
-
-
-def _verbose_plan(conn: psycopg.Connection[Any], args: str) -> dict[str, Any]:
-    """The generic plan of take's batch ack (prepared by _generic_plan), with its output lists."""
-    row = conn.execute(f"EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE batch_ack({args})").fetchone()  # type: ignore[arg-type]
-    assert row is not None
-    return row[0][0]["Plan"]  # type: ignore[no-any-return]
-
 
 def _parent_of(plan: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return next(x for x in _nodes(plan) if any(child is node for child in x.get("Plans", [])))
-
-
-def test_takes_batch_ack_probes_end_at_their_row(conn: Any, schema: str, statistics: int) -> None:
-    """Each probe of the primary key in take's batch ack stops at the key's row (a Limit of one
-    over the index scan), and the DELETE's join is the probes' subquery and the TID scan: its
-    rows carry one whole-row copy (the subquery's), not one of the pairs and one of the probes.
-    Under each of the statistics that misled joins of the ids with the message table."""
-    args = f"{statistics}, '{{1,2,3}}', '{{1,1,1}}', 0"
-    _generic_plan(conn, _statement(schema), args)
-    plan = _verbose_plan(conn, args)
-    probes = [x for x in _nodes(plan) if x.get("Index Name", "").endswith("_pkey")]
-    assert probes, plan
-    for probe in probes:
-        limit = _parent_of(plan, probe)
-        if limit["Node Type"] == "Bitmap Heap Scan":  # (a held snapshot's statistics: its heap side)
-            limit = _parent_of(plan, limit)
-        assert limit["Node Type"] == "Limit" and limit["Plan Rows"] == 1, plan
-    [delete] = [x for x in _nodes(plan) if x.get("Subplan Name") == "CTE d"]
-    [join] = delete["Plans"]
-    inner = next(x for x in join["Plans"] if x["Parent Relationship"] == "Inner")
-    assert inner["Node Type"] == "Tid Scan", plan
-    whole_rows = [out for out in join["Output"] if out.endswith(".*")]
-    assert len(whole_rows) == 1, join["Output"]
 
 
 #: The settles' lock probes: LATERAL subqueries that lock a row found by its key.

@@ -665,10 +665,12 @@ BEGIN
             END IF;
         END IF;
     ELSIF p_ack_ids IS NOT NULL AND NOT q.archive AND q.id >= 0
-          AND cardinality(p_ack_ids) = cardinality(p_ack_tokens) THEN
-        -- A batch of an ordinary queue without archiving (a drain's take(n, ack=previous)): the
+          AND cardinality(p_ack_ids) = cardinality(p_ack_tokens)
+          AND p_ack_tokens[1] = ALL (p_ack_tokens) THEN
+        -- A batch of one token of an ordinary queue without archiving (a drain's take(n,
+        -- ack=previous): its deliveries' first attempts carry a token each of 1): the
         -- deliveries deleted here, in one statement, without _ack's frame, its lock of each row
-        -- first and its second statement. The pairs in id order, each row found by its key (a
+        -- first and its second statement. The ids in order, each row found by its key (a
         -- LATERAL probe, kept one by its LIMIT 1, which also ends the index scan at the key's
         -- visible row instead of reading on to the next key: 3 % of a drain's instructions at
         -- batch 100) and deleted by its ctid in that order: a nested loop of TID scans, the only
@@ -689,66 +691,40 @@ BEGIN
         -- every ctid differing: 2k instructions a message at batch 100, the setting 3k a call.)
         -- Server instructions per message against _ack's two statements: 0.968 at batch 100,
         -- 0.946 at batch 10 (docs/benchmarks.md, "A drain's batch ack in take's own statement").
-        -- Every pair of one token (a drain's usual batch: its deliveries' first attempts, a
-        -- token each of 1): the ids sorted alone, the token a parameter of each probe and of
-        -- the DELETE's check. A sort of one column sorts plain values, not tuples (PostgreSQL
-        -- 15's Datum sort), and an unnest in the select list streams its values into the sort
-        -- where one in FROM first writes them to a tuplestore: 0.982 of a drain's server
-        -- instructions at batch 100, 0.987 at batch 10 (docs/benchmarks.md, "A one-token batch
-        -- ack"). The probes, the lock order, the TID scans and the leftovers are the general
-        -- statement's below. (Tried and not kept: one index scan of the primary key with "id =
-        -- ANY (p_ack_ids)", 0.963 and 0.925: in PostgreSQL 15 and 16 its plan is the planner's
-        -- choice between that scan and one of the queue's part of the key with the ids as a
-        -- filter, which it takes on the statistics of a small table and which reads every row of
-        -- the queue, or a bitmap scan, which deletes in ctid order.)
-        IF p_ack_tokens[1] = ALL (p_ack_tokens) THEN
-            WITH d AS (
-                DELETE FROM {schema}.message_logged m
-                 USING (SELECT k.tid
-                          FROM (SELECT unnest(p_ack_ids) AS id ORDER BY 1) t
-                         CROSS JOIN LATERAL (SELECT p.ctid AS tid FROM {schema}.message_logged p
-                                              WHERE p.queue_id = q.id AND p.id = t.id
-                                                AND p.deliveries = p_ack_tokens[1] AND p.leased IS TRUE
-                                             LIMIT 1) k
-                        OFFSET 0) k
-                 WHERE m.ctid = k.tid AND m.deliveries = p_ack_tokens[1] AND m.leased IS TRUE
-                   AND (m.queue_id = q.id) IS TRUE
-                RETURNING m.id, m.deliveries, m.channel
-            ), k AS (
-                INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
-                SELECT q.id, d.id, d.deliveries, 'acked', v_now FROM d
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
-                SELECT q.id, v_now / 60000, count(*) FROM d HAVING count(*) > 0
-            )
-            SELECT count(*), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
-              INTO v_n_acked, v_channels
-              FROM d;
-        ELSE
-            WITH d AS (
-                DELETE FROM {schema}.message_logged m
-                 USING (SELECT k.tid, t.token
-                          FROM (SELECT t.id, t.token FROM unnest(p_ack_ids, p_ack_tokens) AS t(id, token)
-                                 ORDER BY t.id) t
-                         CROSS JOIN LATERAL (SELECT p.ctid AS tid FROM {schema}.message_logged p
-                                              WHERE p.queue_id = q.id AND p.id = t.id
-                                                AND p.deliveries = t.token AND p.leased IS TRUE
-                                             LIMIT 1) k
-                        OFFSET 0) k
-                 WHERE m.ctid = k.tid AND m.deliveries = k.token AND m.leased IS TRUE
-                   AND (m.queue_id = q.id) IS TRUE
-                RETURNING m.id, m.deliveries, m.channel
-            ), k AS (
-                INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
-                SELECT q.id, d.id, d.deliveries, 'acked', v_now FROM d
-            ), st AS (
-                INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
-                SELECT q.id, v_now / 60000, count(*) FROM d HAVING count(*) > 0
-            )
-            SELECT count(*), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
-              INTO v_n_acked, v_channels
-              FROM d;
-        END IF;
+        -- One token: the ids are sorted alone and the token is a parameter of each probe and of
+        -- the DELETE's check. A sort of one column sorts plain values, not tuples (PostgreSQL's
+        -- Datum sort), and an unnest in the select list streams its values into the sort where
+        -- one in FROM first writes them to a tuplestore: 0.982 of a drain's server instructions
+        -- at batch 100, 0.987 at batch 10 (docs/benchmarks.md, "A one-token batch ack"). A batch
+        -- of mixed tokens (redeliveries among first attempts) goes to _ack, below, whole: a
+        -- second copy of this statement for the pairs' sort cost ~3 % less than _ack there, not
+        -- worth a statement kept in step. (Tried and not kept: one index scan of the primary key
+        -- with "id = ANY (p_ack_ids)", 0.963 and 0.925: in PostgreSQL 15 and 16 its plan is the
+        -- planner's choice between that scan and one of the queue's part of the key with the ids
+        -- as a filter, which it takes on the statistics of a small table and which reads every
+        -- row of the queue, or a bitmap scan, which deletes in ctid order.)
+        WITH d AS (
+            DELETE FROM {schema}.message_logged m
+             USING (SELECT k.tid
+                      FROM (SELECT unnest(p_ack_ids) AS id ORDER BY 1) t
+                     CROSS JOIN LATERAL (SELECT p.ctid AS tid FROM {schema}.message_logged p
+                                          WHERE p.queue_id = q.id AND p.id = t.id
+                                            AND p.deliveries = p_ack_tokens[1] AND p.leased IS TRUE
+                                         LIMIT 1) k
+                    OFFSET 0) k
+             WHERE m.ctid = k.tid AND m.deliveries = p_ack_tokens[1] AND m.leased IS TRUE
+               AND (m.queue_id = q.id) IS TRUE
+            RETURNING m.id, m.deliveries, m.channel
+        ), k AS (
+            INSERT INTO {schema}.settled (queue_id, id, token, outcome, settled_at)
+            SELECT q.id, d.id, d.deliveries, 'acked', v_now FROM d
+        ), st AS (
+            INSERT INTO {schema}.queue_stat (queue_id, minute, acked)
+            SELECT q.id, v_now / 60000, count(*) FROM d HAVING count(*) > 0
+        )
+        SELECT count(*), array_agg(d.channel) FILTER (WHERE d.channel IS NOT NULL)
+          INTO v_n_acked, v_channels
+          FROM d;
         IF v_n_acked < cardinality(p_ack_ids) THEN
             PERFORM {schema}._ack(q, p_ack_ids, p_ack_tokens, false, v_now);
         END IF;
