@@ -118,8 +118,8 @@ def _kind(pid: int) -> str:
             rest = rest[1:]
         if rest[:1] == ["-c"]:
             return "python -c (xdist worker)" if "exec(eval" in " ".join(rest) else "python -c"
-        if rest[:1] == ["-m"] and len(rest) > 1:
-            return f"python -m {rest[1]}"
+        if rest[:1] == ["-m"] and len(rest) > 1:  # with Spark's daemon, the worker it forks
+            return " ".join(["python -m", *rest[1:3]])
         return f"python {Path(rest[0]).name}" if rest else "python"
     return name
 
