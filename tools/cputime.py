@@ -1,6 +1,7 @@
 """Run a command and report the CPU of everything it started, daemons included.
 
     python tools/cputime.py [--json FILE] [--sample FILE] -- COMMAND [ARGS...]
+    python tools/cputime.py --timeline FILE
 
 ``/usr/bin/time`` counts only the descendants its command waited for. The test suite's
 PostgreSQL servers (``pg_ctl`` daemonizes them), Spark's daemons and some subprocesses are
@@ -17,6 +18,11 @@ average before and after.
 end, write to FILE (JSON) each kind of process's CPU (a PostgreSQL's version, a JVM's main class,
 a Python's script or module) and how many there were. A process that lived less than a second
 between two reads is not seen: what the sum misses is the total's rest ("unseen").
+
+``--timeline FILE`` reads the lines ``./run test`` wrote with ``LONNYMQ_TEST_TIMELINE=FILE``
+(tests/conftest.py) and prints, for each pass's process, when it started and ended, how long it
+was in tests and its last tests, then the longest groups (xdist group, else module): what each
+pass's end waited for.
 """
 
 from __future__ import annotations
@@ -30,11 +36,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--timeline"]:
+        timeline(Path(argv[1]))
+        return 0
     out: Path | None = None
     if argv[:1] == ["--json"]:
         out, argv = Path(argv[1]), argv[2:]
@@ -146,8 +156,9 @@ def _sample(seen: dict[int, tuple[str, float]], done: threading.Event) -> None:
                 p, hops = parent.get(p, 0), hops + 1
             if p != me:
                 continue
-            kind = seen[pid][0] if pid in seen else _kind(pid)
-            seen[pid] = (kind, used)
+            # Read again each time: Spark's launch scripts exec their JVM in the same process.
+            kind = _kind(pid)
+            seen[pid] = (seen[pid][0] if kind == "?" and pid in seen else kind, used)
 
 
 def _write_sample(path: Path, seen: dict[int, tuple[str, float]], total: float) -> None:
@@ -158,6 +169,30 @@ def _write_sample(path: Path, seen: dict[int, tuple[str, float]], total: float) 
     out = {k: {"cpu_s": round(c, 1), "processes": n} for c, n, k in rows}
     out["unseen"] = {"cpu_s": round(total - sum(c for c, _, _ in rows), 1), "processes": 0}
     path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def timeline(path: Path, groups: int = 25) -> None:
+    rows: list[dict[str, Any]] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    t0 = min(r["start"] for r in rows)
+    workers: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    spans: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        workers.setdefault((r["pass"], str(r["worker"])), []).append(r)
+        spans.setdefault((r["pass"], r["group"] or r["test"].split("::")[0]), []).append(r)
+
+    def busy(rs: list[dict[str, Any]]) -> float:
+        return float(sum(r["end"] - r["start"] for r in rs))
+
+    for (name, worker), rs in sorted(workers.items()):
+        rs.sort(key=lambda r: r["start"])
+        print(f"{name} {worker}: {len(rs)} tests, {rs[0]['start'] - t0:.0f}-{rs[-1]['end'] - t0:.0f} s, "
+              f"in tests {busy(rs):.0f} s; last:")  # fmt: skip
+        for r in rs[-3:]:
+            print(f"    {r['start'] - t0:6.0f}-{r['end'] - t0:6.0f} {r['test']}")
+    print(f"the {groups} longest groups (xdist group, else module): in tests, first start-last end")
+    for (name, group), rs in sorted(spans.items(), key=lambda kv: -busy(kv[1]))[:groups]:
+        first, last = min(r["start"] for r in rs) - t0, max(r["end"] for r in rs) - t0
+        print(f"  {name} {group:70} {busy(rs):6.0f} s  {first:5.0f}-{last:5.0f}")
 
 
 if __name__ == "__main__":
