@@ -14,8 +14,10 @@ another worker's vacuum. A Spark module's tests share one JVM: they run on one w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +130,30 @@ def pytest_long_groups_first(items: list[pytest.Item]) -> None:
     items.sort(
         key=lambda item: rank.get(_group(item) or "", slow if item.get_closest_marker("slow") else slow + 1)
     )
+
+
+#: ./run test's timeline (docs/testing.md): with LONNYMQ_TEST_TIMELINE set to a file, each test
+#: appends one JSON line there (the process, the test, its start, end and outcome), to read which
+#: tests each process ran when and what a pass's end waited for (tools/timeline.py).
+_TIMELINE = os.environ.get("LONNYMQ_TEST_TIMELINE")
+
+
+if _TIMELINE:
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+        start = time.time()
+        yield
+        line = {
+            "pass": "pg15" if os.environ.get("LONNYMQ_SQL_COVERAGE") else "pg16",
+            "worker": WORKER,
+            "test": item.nodeid,
+            "group": _group(item),
+            "start": round(start, 3),
+            "end": round(time.time(), 3),
+        }
+        with open(_TIMELINE, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture(scope="session")
