@@ -69,9 +69,18 @@ def main(argv: list[str]) -> int:
     sampler = threading.Thread(target=_sample, args=(seen, done), daemon=True)
     if sample is not None:
         sampler.start()
-    rc = proc.wait()
+    # Every child is reaped as it ends, the command's orphans too (servers and daemons it
+    # started): an orphan left a zombie until the command ended kept its PID alive for
+    # kill(pid, 0), and a PostgreSQL killed by a test (tests/shard/test_shard_down.py) could not
+    # be started again on its data directory ("lock file postmaster.pid already exists").
+    rc: int | None = None
+    while rc is None:
+        pid, status = os.wait()
+        if pid == proc.pid:
+            rc = os.waitstatus_to_exitcode(status)
+    proc.returncode = rc
     wall = time.monotonic() - start
-    while True:  # the orphans: servers and daemons the command started
+    while True:  # the orphans still running when the command ended
         try:
             os.wait()
         except ChildProcessError:
