@@ -122,8 +122,8 @@ BEGIN
 END $$;
 
 -- Queue p_queue_id's frozen generations, oldest first (NULL: none), as take's and take_tx's first
--- statement, _lock_ready and take's re-read after a rotation read them when the frozen flag is set (a call, so that a statement that skips it
--- does not start up its scan). Reads message_gen_frozen; takes no lock.
+-- statement, _lock_ready and take's re-read after a rotation read them when the frozen flag is
+-- set (a call, so that a statement that skips it does not start up its scan). Reads message_gen_frozen; takes no lock.
 CREATE OR REPLACE FUNCTION {schema}._gen_frozen_of(p_queue_id integer) RETURNS bigint[]
 LANGUAGE plpgsql STABLE AS $$
 BEGIN

@@ -486,9 +486,9 @@ BEGIN
             -- (not paused, no channels, no archiving) with at most one frozen generation, no
             -- rotation due and a valid lease: the one-delivery ack below and take(1)'s lease
             -- below in one statement, decided by one test and the frozen list's (the second
-            -- statement and the checks and assignments between the two were 6-7 % of the call's server instructions:
-            -- docs/benchmarks.md, "take()'s head, counted"). The arrays hold one element each
-            -- ('[1:1]': p_ack_ids[1] is the delivery). The ack's CTEs run after the lease (the
+            -- statement and the checks and assignments between the two were 6-7 % of the call's
+            -- server instructions: docs/benchmarks.md, "take()'s head, counted"). The arrays hold
+            -- one element each ('[1:1]': p_ack_ids[1] is the delivery). The ack's CTEs run after the lease (the
             -- main statement), so the lease leaves the acknowledged message alone: an expired
             -- lease first in line would otherwise be leased again by the statement that
             -- acknowledges it (whose DELETE then skips the row it changed). Then nothing is
