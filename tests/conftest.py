@@ -133,8 +133,9 @@ def pytest_long_groups_first(items: list[pytest.Item]) -> None:
 
 
 #: ./run test's timeline (docs/testing.md): with LONNYMQ_TEST_TIMELINE set to a file, each test
-#: appends one JSON line there (the process, the test, its start, end and outcome), to read which
-#: tests each process ran when and what a pass's end waited for (tools/timeline.py).
+#: appends one JSON line there (the pass, the process, the test, its group, its start and end),
+#: to read which tests each process ran when and what a pass's end waited for
+#: (tools/cputime.py --timeline).
 _TIMELINE = os.environ.get("LONNYMQ_TEST_TIMELINE")
 
 

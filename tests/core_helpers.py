@@ -341,3 +341,14 @@ def freeze_backlog(db: Sql, queue: str, now: int, n: int = 20) -> list[int]:
     frozen = db.q("SELECT f.gens FROM {s}.message_gen_frozen f")
     assert len(frozen) == 1 and len(frozen[0]["gens"]) == 1, frozen
     return sent
+
+
+def table_scans(db: Sql, table: str, *, index_only: bool = False) -> int:
+    """The scans of ``db``'s table ``table`` so far in the current transaction: sequential and by
+    index, or by index only (pg_stat_xact_user_tables; 0 while it has none)."""
+    column = "coalesce(idx_scan, 0)" if index_only else "coalesce(seq_scan, 0) + coalesce(idx_scan, 0)"
+    rows = db.q(
+        f"SELECT {column} AS n FROM pg_stat_xact_user_tables WHERE schemaname = %s AND relname = %s",
+        (db.schema, table),
+    )
+    return int(rows[0]["n"]) if rows else 0

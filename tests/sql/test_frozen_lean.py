@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from core_helpers import Sql, freeze_backlog
+from core_helpers import Sql, freeze_backlog, table_scans
 
 
 @pytest.fixture
@@ -29,16 +29,6 @@ def frozen_backlog(db: Sql, queue: str, now: int, n: int = 12) -> list[int]:
     early = [r["id"] for r in db.send(queue, [b"early-1", b"early-2"], now - 1000)]
     late = [r["id"] for r in db.send(queue, [b"late"], now)]
     return early + old + late
-
-
-def index_scans(db: Sql) -> int:
-    """The index scans of the ordinary queues' partition so far in this transaction."""
-    rows = db.q(
-        "SELECT coalesce(idx_scan, 0) AS n FROM pg_stat_xact_user_tables"
-        " WHERE schemaname = %s AND relname = 'message_logged'",
-        (db.schema,),
-    )
-    return int(rows[0]["n"])
 
 
 def test_a_one_at_a_time_drain_of_a_frozen_backlog_keeps_the_order_and_acks_each(db: Sql) -> None:
@@ -93,8 +83,8 @@ def test_a_frozen_backlogs_one_at_a_time_drain_is_one_statement(db: Sql) -> None
     prev = db.take("q", 1, now)[0]
     assert prev["id"] == order[0]
     with db.conn.transaction():
-        before = index_scans(db)
+        before = table_scans(db, "message_logged", index_only=True)
         rows = db.take("q", 1, now, p_ack_ids=[prev["id"]], p_ack_tokens=[prev["token"]])
         assert [r["id"] for r in rows] == [order[1]]
-        assert index_scans(db) - before == 4
+        assert table_scans(db, "message_logged", index_only=True) - before == 4
     assert db.row("q", prev["id"]) is None  # acknowledged

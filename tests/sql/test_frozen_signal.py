@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from core_helpers import Sql, drop_schema, force_rotation, freeze_backlog, fresh_schema_name
+from core_helpers import Sql, drop_schema, force_rotation, freeze_backlog, fresh_schema_name, table_scans
 from lonnymq import Client
 
 
@@ -237,16 +237,6 @@ def test_a_rotation_waits_for_no_other_and_clears_nothing_under_one_in_flight(db
     assert flag(db) == 1
 
 
-def _frozen_scans(db: Sql) -> int:
-    """Scans of message_gen_frozen (sequential and by index) in the current transaction."""
-    row = db.q(
-        "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) AS n FROM pg_stat_xact_user_tables"
-        " WHERE relid = %s::regclass",
-        (f"{sql.Identifier(db.schema).as_string(db.conn)}.message_gen_frozen",),
-    )
-    return int(row[0]["n"]) if row else 0
-
-
 @pytest.mark.parametrize("frozen", [False, True], ids=["none frozen", "another queue frozen"])
 def test_the_common_take_and_pop_do_not_read_the_frozen_table(
     db: Sql, conn: psycopg.Connection[Any], frozen: bool
@@ -262,12 +252,12 @@ def test_the_common_take_and_pop_do_not_read_the_frozen_table(
     db.send("q", [b"x"] * 20, now)
     no_rotation_due(db)
     with conn.transaction():
-        before = _frozen_scans(db)
+        before = table_scans(db, "message_gen_frozen")
         [one] = db.take("q", 1, now)
         db.call("take", p_queue="q", p_limit=1, p_ack_ids=[one["id"]], p_ack_tokens=[one["token"]], p_now=now)
         db.take("q", 10, now)
         db.call("take_tx", p_queue="q", p_limit=1, p_now=now)
-        assert (_frozen_scans(db) > before) is frozen
+        assert (table_scans(db, "message_gen_frozen") > before) is frozen
 
 
 @pytest.mark.parametrize("seed", range(6))

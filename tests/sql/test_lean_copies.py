@@ -12,23 +12,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from core_helpers import Sql, freeze_backlog
+from core_helpers import Sql, freeze_backlog, table_scans
 from lonnymq.sql import function_text
 
 
 @pytest.fixture
 def db(conn: psycopg.Connection[Any], schema: str) -> Sql:
     return Sql(conn, schema)
-
-
-def _scans(db: Sql, table: str) -> int:
-    """The scans of ``table`` (sequential and by index) so far in this transaction."""
-    rows = db.q(
-        "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) AS n FROM pg_stat_xact_user_tables"
-        " WHERE schemaname = %s AND relname = %s",
-        (db.schema, table),
-    )
-    return int(rows[0]["n"]) if rows else 0
 
 
 def _queue(db: Sql, frozen: bool, n: int = 5) -> int:
@@ -56,10 +46,10 @@ def test_the_common_drain_reads_two_ranges_and_the_acks_key(db: Sql, frozen: boo
     now = _queue(db, frozen)
     prev = db.take("q", 1, now)[0]
     with db.conn.transaction():
-        before = _scans(db, "message_logged")
+        before = table_scans(db, "message_logged")
         rows = db.take("q", 1, now, p_ack_ids=[prev["id"]], p_ack_tokens=[prev["token"]])
         assert len(rows) == 1 and rows[0]["id"] != prev["id"]
-        assert _scans(db, "message_logged") - before == 3
+        assert table_scans(db, "message_logged") - before == 3
     assert db.row("q", prev["id"]) is None  # acknowledged
 
 
@@ -81,10 +71,10 @@ def test_the_common_pop_reads_two_ranges(db: Sql, frozen: str, scans: int) -> No
         [row] = db.q("SELECT min(id) AS id FROM {s}.message WHERE queue_id = %s", (db.queue_id("q"),))
         first = row["id"]
     with db.conn.transaction():
-        before = _scans(db, "message_logged")
+        before = table_scans(db, "message_logged")
         rows = db.call("take_tx", p_queue="q", p_limit=1, p_now=now)
         assert [r["id"] for r in rows] == [first]
-        assert _scans(db, "message_logged") - before == scans
+        assert table_scans(db, "message_logged") - before == scans
 
 
 @both
@@ -94,10 +84,10 @@ def test_an_empty_take_reads_the_frozen_list_only_when_the_flag_says_so(db: Sql,
     queue's), it does."""
     now = _queue(db, frozen, n=0)
     with db.conn.transaction():
-        before = _scans(db, "message_gen_frozen")
+        before = table_scans(db, "message_gen_frozen")
         assert db.take("q", 1, now) == []
         assert db.take("q", 10, now) == []
-        assert (_scans(db, "message_gen_frozen") > before) is frozen
+        assert (table_scans(db, "message_gen_frozen") > before) is frozen
 
 
 def test_two_frozen_generations_go_the_general_way_in_order(db: Sql) -> None:
