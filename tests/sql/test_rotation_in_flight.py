@@ -57,6 +57,7 @@ def rotate_open(rotor: Sql, now: int, max_moves: int = FREEZE_MAX_MOVES) -> int:
 
 
 def unsettled(db: Sql) -> bool:
+    """Whether the rotor's rotation is unsettled for a statement of ``db``'s connection."""
     return bool(db.q("SELECT {s}._gen_rotor_unsettled() AS u")[0]["u"])
 
 

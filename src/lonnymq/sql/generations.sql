@@ -90,11 +90,11 @@
 -- docs/benchmarks.md, "A false empty take while another transaction rotates"). So:
 --   * rotate() sets the rotor to its own pg_current_xact_id() immediately before its nextval
 --     (it has written already, so that assigns no new transaction id); a reader reads the
---     generation first and the rotor second (_lock_ready, in one statement): a reader that sees the new
+--     generation first and the rotor second (_lock_ready: in one statement): a reader that sees the new
 --     generation sees that rotation's rotor, or a later one's (one rotator at a time: a later
 --     one started after it ended);
 --   * the rotation is unsettled for a statement when its transaction id is not visible in the
---     statement's snapshot (pg_visible_in_snapshot: still running, or completed after the
+--     statement's snapshot (_gen_rotor_open, pg_visible_in_snapshot: still running, or completed after the
 --     snapshot was taken), or when it aborted (a rotation that rolled back after its nextval
 --     has still moved the window: its generation's rows, back in G-2, unfrozen, would wait for
 --     the next rotation's sweep of the pending generation); the reader's own rotation is
@@ -179,21 +179,36 @@ BEGIN
     RETURN (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = p_queue_id);
 END $$;
 
--- Whether the last rotation that moved the window (the rotor, message_gen_rotor_seq: see the
--- header) is unsettled for the calling statement's snapshot: not completed before it, or
--- aborted; a rotation of this transaction's own is settled. STABLE, so that it sees the
--- caller's snapshot (pg_current_snapshot()); read it after the generation, in the same
--- statement (_lock_ready). Reads message_gen_rotor_seq; takes no lock.
+-- Whether the rotation with transaction id p_rotor (the rotor, message_gen_rotor_seq: see the
+-- header) is unsettled for snapshot p_snapshot: not completed before it, or aborted; the
+-- rotation of the reader's own transaction (p_own: pg_current_xact_id_if_assigned()) is
+-- settled for it. The caller reads the rotor after the generation, and the snapshot of the
+-- statement that read them (_gen_rotor_unsettled, _gen_unsettled). SQL, inlined into the
+-- caller's expression (one plpgsql call less in _gen_unsettled: 6k instructions,
+-- docs/benchmarks.md, "A false empty take while another transaction rotates");
+-- pg_xact_status (VOLATILE, hence this declaration: a STABLE or IMMUTABLE function with a
+-- volatile call is not inlined) is asked only of a completed transaction, whose status no
+-- longer changes (it raises for an id from the future: a value restored from another
+-- cluster). Reads nothing; takes no lock.
+CREATE OR REPLACE FUNCTION {schema}._gen_rotor_open(p_rotor xid8, p_snapshot pg_snapshot, p_own xid8) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN p_rotor IS NULL OR p_rotor = p_own THEN false
+                WHEN NOT pg_visible_in_snapshot(p_rotor, p_snapshot) THEN true
+                ELSE pg_xact_status(p_rotor) IS NOT DISTINCT FROM 'aborted' END
+$$;
+
+-- Whether the last rotation that moved the window is unsettled for the calling statement's
+-- snapshot (_gen_rotor_open of the rotor, read now: after the generation when the caller
+-- read that first in the same statement, as _lock_ready does). STABLE, so that it sees the
+-- caller's snapshot (pg_current_snapshot()). Reads message_gen_rotor_seq; takes no lock.
 CREATE OR REPLACE FUNCTION {schema}._gen_rotor_unsettled() RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
+    -- (A variable: _gen_rotor_open uses its argument four times, and a call with a volatile
+    -- argument used more than once is not inlined.)
     v_rotor xid8 := pg_sequence_last_value('{schema}.message_gen_rotor_seq')::text::xid8;
 BEGIN
-    -- (pg_xact_status only of a completed one: it raises for an id from the future, a value
-    -- restored from another cluster.)
-    RETURN CASE WHEN v_rotor IS NULL OR v_rotor = pg_current_xact_id_if_assigned() THEN false
-                WHEN NOT pg_visible_in_snapshot(v_rotor, pg_current_snapshot()) THEN true
-                ELSE pg_xact_status(v_rotor) IS NOT DISTINCT FROM 'aborted' END;
+    RETURN {schema}._gen_rotor_open(v_rotor, pg_current_snapshot(), pg_current_xact_id_if_assigned());
 END $$;
 
 -- Whether a take whose lean statement read queue p_queue_id's frozen list p_frozen (its call's
@@ -205,8 +220,10 @@ END $$;
 -- takes no lock.
 CREATE OR REPLACE FUNCTION {schema}._gen_unsettled(p_queue_id integer, p_frozen bigint[]) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_rotor xid8 := pg_sequence_last_value('{schema}.message_gen_rotor_seq')::text::xid8;
 BEGIN
-    RETURN {schema}._gen_rotor_unsettled()
+    RETURN {schema}._gen_rotor_open(v_rotor, pg_current_snapshot(), pg_current_xact_id_if_assigned())
         OR (CASE WHEN pg_sequence_last_value('{schema}.message_gen_frozen_seq') = 0 THEN NULL
                  ELSE {schema}._gen_frozen_of(p_queue_id) END) IS DISTINCT FROM p_frozen;
 END $$;

@@ -39,14 +39,18 @@ BEGIN
     -- head reads them (generations.sql, "The frozen flag": read after this statement's snapshot),
     -- and the rotor after the generation (the scan of the sequence comes before the select
     -- list), in the same snapshot (generations.sql, "The rotor").
+    -- (A STABLE function's call: its expressions run in this statement's snapshot, without
+    -- one of their own. The rotor's values as columns here and the test in an IF of this
+    -- function cost 8k instructions more: docs/benchmarks.md, "A false empty take while
+    -- another transaction rotates".)
     SELECT s.last_value,
            CASE WHEN pg_sequence_last_value('{schema}.message_gen_frozen_seq') = 0 THEN NULL
                 ELSE {schema}._gen_frozen_of(q.id) END,
            CASE WHEN {schema}._gen_rotor_unsettled() THEN s.last_value - 2 END
       INTO v_gen, v_frozen, v_out
       FROM {schema}.message_gen_seq s;
-    -- G-2 after the queue's frozen generations (older than it), unless the list has it already
-    -- (a row must not be locked and returned twice).
+    -- Unsettled: G-2 after the queue's frozen generations (older than it), unless the list has
+    -- it already (a row must not be locked and returned twice).
     IF v_out IS NOT NULL THEN
         IF NOT coalesce(v_out = ANY (v_frozen), false) THEN
             v_frozen := coalesce(v_frozen, ARRAY[]::bigint[]) || v_out;
