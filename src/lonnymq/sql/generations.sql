@@ -90,18 +90,19 @@
 -- docs/benchmarks.md, "A false empty take while another transaction rotates"). So:
 --   * rotate() sets the rotor to its own pg_current_xact_id() immediately before its nextval
 --     (it has written already, so that assigns no new transaction id); a reader reads the
---     generation first and the rotor second (_lock_ready: in one statement): a reader that sees the new
---     generation sees that rotation's rotor, or a later one's (one rotator at a time: a later
---     one started after it ended);
+--     generation first and the rotor second, in one statement (_lock_ready): a reader that
+--     sees the new generation sees that rotation's rotor, or a later one's (one rotator at a
+--     time: a later one started after it ended);
 --   * the rotation is unsettled for a statement when its transaction id is not visible in the
---     statement's snapshot (_gen_rotor_open, pg_visible_in_snapshot: still running, or completed after the
---     snapshot was taken), or when it aborted (a rotation that rolled back after its nextval
---     has still moved the window: its generation's rows, back in G-2, unfrozen, would wait for
---     the next rotation's sweep of the pending generation); the reader's own rotation is
---     settled for it (it sees its own moves and freezes). Unsettled: the general path reads G-2
---     as one more frozen generation, after the queue's frozen ones (_lock_ready). In any one
---     snapshot a row is in exactly one generation, and G-2 is not read twice (it is added only
---     when the frozen list, read by the same statement, lacks it), so no row comes twice;
+--     statement's snapshot (_gen_rotor_open, pg_visible_in_snapshot: still running, or
+--     completed after the snapshot was taken), or when it aborted (a rotation that rolled
+--     back after its nextval has still moved the window: its generation's rows, back in G-2,
+--     unfrozen, would wait for the next rotation's sweep of the pending generation); the
+--     reader's own rotation is settled for it (it sees its own moves and freezes). Unsettled:
+--     the general path reads G-2 as one more frozen generation, after the queue's frozen ones
+--     (_lock_ready). In any one snapshot a row is in exactly one generation, and G-2 is not
+--     read twice (it is added only when the frozen list, read by the same statement, lacks
+--     it), so no row comes twice;
 --   * in that snapshot, G-2 holds the backlog the rotation is freezing (committed, unlocked:
 --     taken), and the rows it is moving forward, locked by it until it commits: SKIP LOCKED
 --     passes them, as it passes rows another consumer holds, and once it commits they are in
@@ -172,7 +173,8 @@ END $$;
 
 -- Queue p_queue_id's frozen generations, oldest first (NULL: none), as take's and take_tx's first
 -- statement, _lock_ready, _gen_unsettled and take's re-read after a rotation read them when the
--- frozen flag is set (a call, so that a statement that skips it does not start up its scan). Reads message_gen_frozen; takes no lock.
+-- frozen flag is set (a call, so that a statement that skips it does not start up its scan).
+-- Reads message_gen_frozen; takes no lock.
 CREATE OR REPLACE FUNCTION {schema}._gen_frozen_of(p_queue_id integer) RETURNS bigint[]
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
