@@ -78,6 +78,56 @@
 -- A take in a caller's REPEATABLE READ transaction reads the flag at its own time and the table
 -- as of its snapshot: a row deleted since (the flag cleared since) is skipped, the rows it
 -- listed having moved on (their old versions would have raised a serialization failure).
+--
+-- The rotor (message_gen_rotor_seq, migration 0024): the transaction id (xid8, as bigint) of
+-- the last rotation that moved the window. A rotation's nextval of message_gen_seq is seen by
+-- every session at once, but what it does to the generation that leaves the window (G-2 after
+-- the nextval) is not, until it commits: the rows it moves forward are locked by it, and the
+-- frozen row it writes for a backlog left there is invisible. From the nextval to its commit
+-- (milliseconds), a take that read the new window (G-1, G) and the frozen list missed the
+-- backlog, whose rows are committed and unlocked: an empty take while thousands of messages
+-- were ready (two consumers draining 400,000 messages at batch 100: one left at 38,900,
+-- docs/benchmarks.md, "A false empty take while another transaction rotates"). So:
+--   * rotate() sets the rotor to its own pg_current_xact_id() immediately before its nextval
+--     (it has written already, so that assigns no new transaction id); a reader reads the
+--     generation first and the rotor second, in one statement (_lock_ready): a reader that
+--     sees the new generation sees that rotation's rotor, or a later one's (one rotator at a
+--     time: a later one started after it ended);
+--   * the rotation is unsettled for a statement when its transaction id is not visible in the
+--     statement's snapshot (_gen_rotor_open, pg_visible_in_snapshot: still running, or
+--     completed after the snapshot was taken), or when it aborted (a rotation that rolled
+--     back after its nextval has still moved the window: its generation's rows, back in G-2,
+--     unfrozen, would wait for the next rotation's sweep of the pending generation); the
+--     reader's own rotation is settled for it (it sees its own moves and freezes). Unsettled:
+--     the general path reads G-2 as one more frozen generation, after the queue's frozen ones
+--     (_lock_ready). In any one snapshot a row is in exactly one generation, and G-2 is not
+--     read twice (it is added only when the frozen list, read by the same statement, lacks
+--     it), so no row comes twice;
+--   * in that snapshot, G-2 holds the backlog the rotation is freezing (committed, unlocked:
+--     taken), and the rows it is moving forward, locked by it until it commits: SKIP LOCKED
+--     passes them, as it passes rows another consumer holds, and once it commits they are in
+--     G, in the window. If the rotation committed after the statement that found it unsettled,
+--     a later statement of the same take reads G-2 still and finds there what was frozen (the
+--     moved rows have left it for G, where the window's read finds them);
+--   * the lean statements (take()'s one-statement drain and batch, take_tx's pop) do not read
+--     the rotor (each instruction of theirs counts): they read the window and the frozen list
+--     of their call's first statement. When one delivers fewer than asked, one check
+--     (_gen_unsettled) sends the call to the general path if a rotation is unsettled now, or if
+--     the queue's frozen list is no longer the one it read (a rotation that froze a generation
+--     for the queue committed since that first statement);
+--   * what remains: the rows a rotation moves are held by it until it commits (a take passes
+--     them, as rows another consumer holds); a take whose first statement read the generation
+--     before a rotation's nextval and whose candidate read came after that rotation's commit
+--     misses the rows it moved (they are in the new G: the next take finds them); after a
+--     rotation that rolled back, the next rotation's sweep of the generation it pushed out
+--     (a pending one, outside the window, before that rotation's own nextval) hides the rows
+--     it freezes there until it commits; a reader in REPEATABLE READ whose snapshot predates a
+--     rotation's commit reads G-2 for the rest of its transaction, and meets the old versions
+--     of the rows it moved with a serialization failure, as it meets rows other consumers took;
+--   * the value survives a crash (setval is WAL-logged; a transaction running at the crash
+--     aborted, and an aborted rotation is unsettled until the next rotation sets the rotor), and
+--     a value restored from another cluster can only be unsettled (not yet completed there: G-2
+--     read) until the next rotation, within a period.
 
 -- Repeatable: every function here is CREATE OR REPLACE, and migrate re-applies the whole file
 -- when its text changes (src/lonnymq/sql/__init__.py). Template: {schema} is the quoted schema
@@ -122,12 +172,62 @@ BEGIN
 END $$;
 
 -- Queue p_queue_id's frozen generations, oldest first (NULL: none), as take's and take_tx's first
--- statement, _lock_ready and take's re-read after a rotation read them when the frozen flag is
--- set (a call, so that a statement that skips it does not start up its scan). Reads message_gen_frozen; takes no lock.
+-- statement, _lock_ready, _gen_unsettled and take's re-read after a rotation read them when the
+-- frozen flag is set (a call, so that a statement that skips it does not start up its scan).
+-- Reads message_gen_frozen; takes no lock.
 CREATE OR REPLACE FUNCTION {schema}._gen_frozen_of(p_queue_id integer) RETURNS bigint[]
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (SELECT f.gens FROM {schema}.message_gen_frozen f WHERE f.queue_id = p_queue_id);
+END $$;
+
+-- Whether the rotation with transaction id p_rotor (the rotor, message_gen_rotor_seq: see the
+-- header) is unsettled for snapshot p_snapshot: not completed before it, or aborted; the
+-- rotation of the reader's own transaction (p_own: pg_current_xact_id_if_assigned()) is
+-- settled for it. The caller reads the rotor after the generation, and the snapshot of the
+-- statement that read them (_gen_rotor_unsettled, _gen_unsettled). SQL, inlined into the
+-- caller's expression (one plpgsql call less in _gen_unsettled: 6k instructions,
+-- docs/benchmarks.md, "A false empty take while another transaction rotates");
+-- pg_xact_status (VOLATILE, hence this declaration: a STABLE or IMMUTABLE function with a
+-- volatile call is not inlined) is asked only of a completed transaction, whose status no
+-- longer changes (it raises for an id from the future: a value restored from another
+-- cluster). Reads nothing; takes no lock.
+CREATE OR REPLACE FUNCTION {schema}._gen_rotor_open(p_rotor xid8, p_snapshot pg_snapshot, p_own xid8) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN p_rotor IS NULL OR p_rotor = p_own THEN false
+                WHEN NOT pg_visible_in_snapshot(p_rotor, p_snapshot) THEN true
+                ELSE pg_xact_status(p_rotor) IS NOT DISTINCT FROM 'aborted' END
+$$;
+
+-- Whether the last rotation that moved the window is unsettled for the calling statement's
+-- snapshot (_gen_rotor_open of the rotor, read now: after the generation when the caller
+-- read that first in the same statement, as _lock_ready does). STABLE, so that it sees the
+-- caller's snapshot (pg_current_snapshot()). Reads message_gen_rotor_seq; takes no lock.
+CREATE OR REPLACE FUNCTION {schema}._gen_rotor_unsettled() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    -- (A variable: _gen_rotor_open uses its argument four times, and a call with a volatile
+    -- argument used more than once is not inlined.)
+    v_rotor xid8 := pg_sequence_last_value('{schema}.message_gen_rotor_seq')::text::xid8;
+BEGIN
+    RETURN {schema}._gen_rotor_open(v_rotor, pg_current_snapshot(), pg_current_xact_id_if_assigned());
+END $$;
+
+-- Whether a take whose lean statement read queue p_queue_id's frozen list p_frozen (its call's
+-- first statement) and the window must look again on the general path (_lock_ready) before
+-- it reports fewer than asked: a rotation is unsettled for this statement (the generation it
+-- pushes out, G-2, holds rows the window's read did not see), or the queue's frozen list has
+-- changed since (a rotation that froze a generation for the queue committed in between). See
+-- the header, "The rotor". Reads message_gen_rotor_seq, the frozen flag, message_gen_frozen;
+-- takes no lock.
+CREATE OR REPLACE FUNCTION {schema}._gen_unsettled(p_queue_id integer, p_frozen bigint[]) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_rotor xid8 := pg_sequence_last_value('{schema}.message_gen_rotor_seq')::text::xid8;
+BEGIN
+    RETURN {schema}._gen_rotor_open(v_rotor, pg_current_snapshot(), pg_current_xact_id_if_assigned())
+        OR (CASE WHEN pg_sequence_last_value('{schema}.message_gen_frozen_seq') = 0 THEN NULL
+                 ELSE {schema}._gen_frozen_of(p_queue_id) END) IS DISTINCT FROM p_frozen;
 END $$;
 
 -- Whether no writer can still commit rows into generation p_gen (writers hold its advisory lock,
@@ -413,8 +513,9 @@ END $$;
 -- frozen ones thawed (p_max_moves rows at most). One rotator at a time: another caller returns
 -- NULL at once. Returns the current generation. Called by take() when due, by maintain(), or
 -- directly. Writes message (gen), message_gen_pending, message_gen_frozen, the generation
--- sequences and the frozen flag (message_gen_frozen_seq: see the header). Locks: an advisory
--- transaction lock (try), the rows it moves (SKIP LOCKED).
+-- sequences, the frozen flag (message_gen_frozen_seq) and, just before it moves the window,
+-- the rotor (message_gen_rotor_seq: its transaction id; both: see the header). Locks: an
+-- advisory transaction lock (try), the rows it moves (SKIP LOCKED).
 CREATE OR REPLACE FUNCTION {schema}.rotate(
     p_force     boolean DEFAULT false,
     p_period_ms bigint  DEFAULT 2000,
@@ -469,6 +570,8 @@ BEGIN
             ON CONFLICT DO NOTHING;
         RETURN v_gen;
     END IF;
+    -- The rotor first (see the header): a reader that sees the new generation sees it.
+    PERFORM setval('{schema}.message_gen_rotor_seq', pg_current_xact_id()::text::bigint);
     v_gen := nextval('{schema}.message_gen_seq');
     INSERT INTO {schema}.message_gen_pending (gen) VALUES (v_gen) ON CONFLICT DO NOTHING;
     PERFORM {schema}._gen_sweep(v_gen - 2, v_gen, p_max_moves);

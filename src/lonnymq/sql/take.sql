@@ -15,7 +15,11 @@
 -- Locks rows of the queue's frozen generations first, oldest first, until p_limit are held (a
 -- backlog: generations.sql), then reads the two generations of the window, each in index order,
 -- and merges them with the frozen rows it holds; rows beyond p_limit may stay locked until the
--- transaction ends.
+-- transaction ends. While the rotation that moved the window is unsettled for its first
+-- statement (generations.sql, "The rotor"), the generation it pushes out (G-2) is read as one
+-- more frozen one, after the queue's: its backlog there is committed and unlocked, the rows it
+-- moves are locked by it (skipped). Reads message_gen_seq, the rotor and the frozen flag
+-- (sequences), message_gen_frozen, message.
 CREATE OR REPLACE FUNCTION {schema}._lock_ready(q {schema}.queue, p_limit integer, p_now bigint,
                                      OUT ids bigint[], OUT ats bigint[], OUT dead bigint[])
 LANGUAGE plpgsql VOLATILE AS $$
@@ -24,6 +28,7 @@ DECLARE
     v_gen    bigint;
     v_frozen bigint[];
     v_old    bigint;
+    v_out    bigint;  -- G-2 while the rotation that moved the window is unsettled, else NULL
     v_held       bigint[]  := ARRAY[]::bigint[];  -- the frozen rows locked, and their columns
     v_held_ats   bigint[]  := ARRAY[]::bigint[];
     v_held_tries integer[] := ARRAY[]::integer[];
@@ -31,12 +36,26 @@ DECLARE
     v_more       integer;
 BEGIN
     -- The frozen generations only when the frozen flag says a queue may have one, as take()'s
-    -- head reads them (generations.sql, "The frozen flag": read after this statement's snapshot).
+    -- head reads them (generations.sql, "The frozen flag": read after this statement's snapshot),
+    -- and the rotor after the generation (the scan of the sequence comes before the select
+    -- list), in the same snapshot (generations.sql, "The rotor").
+    -- (A STABLE function's call: its expressions run in this statement's snapshot, without
+    -- one of their own. The rotor's values as columns here and the test in an IF of this
+    -- function cost 8k instructions more: docs/benchmarks.md, "A false empty take while
+    -- another transaction rotates".)
     SELECT s.last_value,
            CASE WHEN pg_sequence_last_value('{schema}.message_gen_frozen_seq') = 0 THEN NULL
-                ELSE {schema}._gen_frozen_of(q.id) END
-      INTO v_gen, v_frozen
+                ELSE {schema}._gen_frozen_of(q.id) END,
+           CASE WHEN {schema}._gen_rotor_unsettled() THEN s.last_value - 2 END
+      INTO v_gen, v_frozen, v_out
       FROM {schema}.message_gen_seq s;
+    -- Unsettled: G-2 after the queue's frozen generations (older than it), unless the list has
+    -- it already (a row must not be locked and returned twice).
+    IF v_out IS NOT NULL THEN
+        IF NOT coalesce(v_out = ANY (v_frozen), false) THEN
+            v_frozen := coalesce(v_frozen, ARRAY[]::bigint[]) || v_out;
+        END IF;
+    END IF;
     FOREACH v_old IN ARRAY coalesce(v_frozen, ARRAY[]::bigint[]) LOOP
         v_more := p_limit - coalesce(cardinality(v_held), 0);
         EXIT WHEN v_more <= 0;
@@ -416,7 +435,9 @@ END $$;
 -- us per call through seven nested plpgsql calls, 410-455 us with a candidate query and an
 -- UPDATE by key, PostgreSQL 15; one statement less again since). Batches, channel queues, and
 -- a take(1) that leased nothing (an empty queue, a message at its last attempt) take the
--- general path (_lock_ready, _deliver), with the same semantics.
+-- general path (_lock_ready, _deliver), with the same semantics; so does a batch that leased
+-- fewer than asked while a rotation is unsettled for it (generations.sql, "The rotor": the
+-- general path reads the generation it pushes out of the window; the lean statements do not).
 -- Pinned plans (also take_tx): generic ones (see settle.sql's header), and no sort where an
 -- index gives the order (enable_sort = off; jit = off, which the cost of an unavoidable sort
 -- would otherwise trigger): with statistics taken while a snapshot was held, the generic plan
@@ -943,7 +964,10 @@ BEGIN
         IF v_want <= 0 THEN  -- (a test of its own: a condition with a subquery is a statement)
             RETURN;
         END IF;
-        IF NOT {schema}._undeliverable_ready(q, v_now) THEN
+        -- Fewer than asked: the general path also when a rotation is unsettled or the frozen
+        -- list changed since the head (generations.sql, "The rotor": ready rows in the
+        -- generation leaving the window that this statement could not see).
+        IF NOT {schema}._undeliverable_ready(q, v_now) AND NOT {schema}._gen_unsettled(q.id, v_frozen) THEN
             RETURN;
         END IF;
     END IF;
@@ -982,8 +1006,9 @@ END $$;
 -- version, which the DELETE's snapshot does not see: it is not delivered by this call and stays
 -- locked until the transaction ends, untouched. A candidate that may not be delivered (dead or
 -- superseded: always an expired lease) is left locked; when the statement delivered fewer than
--- p_limit and the queue has such a lease, the general path (_lock_ready, _deliver) deals with
--- it and goes on. Writes nothing else: a pop hands out no token, so it leaves no settled row
+-- p_limit and the queue has such a lease, or a rotation is unsettled for it (generations.sql,
+-- "The rotor": _gen_unsettled), the general path (_lock_ready, _deliver) deals with it and
+-- goes on. Writes nothing else: a pop hands out no token, so it leaves no settled row
 -- (ack's memory of a token) and counts nothing in queue_stat (which counts sends, acks, nacks,
 -- dead letters and cancels); the pop floor of benchmarks/server_instructions.py is this DELETE
 -- alone, as one plain statement.
@@ -1201,8 +1226,9 @@ BEGIN
             RETURN;
         END IF;
         -- Fewer than asked: done, unless an expired lease that may not be delivered is among
-        -- the ready rows (the partial index of leases: usually none).
-        IF NOT {schema}._undeliverable_ready(q, v_now) THEN
+        -- the ready rows (the partial index of leases: usually none), or a rotation is
+        -- unsettled or the frozen list changed since the head (as in take()).
+        IF NOT {schema}._undeliverable_ready(q, v_now) AND NOT {schema}._gen_unsettled(q.id, v_frozen) THEN
             RETURN;
         END IF;
     END IF;

@@ -1,0 +1,1 @@
+SELECT tree_x.queue_create('e');
