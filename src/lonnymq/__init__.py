@@ -68,11 +68,16 @@ _HOMES = {
 }
 
 
+# The subpackages `import lonnymq` used to import: `lonnymq.models` and the like keep working
+# after a bare `import lonnymq`, imported at that first use.
+_SUBMODULES = {"client", "errors", "migrations", "models", "serializer", "sql"}
+
+
 def __getattr__(name: str) -> Any:
     import importlib
 
-    if name == "errors":
-        value: Any = importlib.import_module(".errors", __name__)
+    if name in _SUBMODULES:
+        value: Any = importlib.import_module(f".{name}", __name__)
     elif name in _HOMES:
         value = getattr(importlib.import_module(_HOMES[name], __name__), name)
     else:

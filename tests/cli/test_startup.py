@@ -143,9 +143,14 @@ def test_import_lonnymq_imports_nothing_until_a_name_is_used() -> None:
         "    value = getattr(lonnymq, name)\n"
         "    home = value.__name__ if name == 'errors' else getattr(value, '__module__', repr(value))\n"
         "    print(name, home)\n"
+        # what `import lonnymq` used to import is still reachable as attributes
+        "print('submodules', lonnymq.models.Message is lonnymq.Message,"
+        " lonnymq.client.ops.MAX_LIMIT > 0, bool(lonnymq.sql.FILES), lonnymq.migrations.pgmq.__name__)\n"
     )
     out, _ = modules_after(code)
-    homes = dict(line.split() for line in out.splitlines())
+    *names, submodules = out.splitlines()
+    assert submodules == "submodules True True True lonnymq.migrations.pgmq"
+    homes = dict(line.split() for line in names)
     assert homes == {
         "DEFAULT_SCHEMA": "'lonnymq'",
         "ArchivedMessage": "lonnymq.models",

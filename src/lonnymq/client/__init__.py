@@ -20,9 +20,18 @@ if TYPE_CHECKING:
 __all__ = ["AsyncClient", "Client"]
 
 
+# The modules importing the package used to import: `lonnymq.client.ops` and the like keep
+# working after a bare `import lonnymq.client`, imported at that first use.
+_SUBMODULES = {"aio", "config", "direct", "multiwait", "ops", "retry", "sync", "wait", "wait_sync"}
+
+
 def __getattr__(name: str) -> Any:
     value: Any
-    if name == "AsyncClient":
+    if name in _SUBMODULES:
+        import importlib
+
+        value = importlib.import_module(f".{name}", __name__)
+    elif name == "AsyncClient":
         from .aio import AsyncClient
 
         value = AsyncClient

@@ -163,6 +163,10 @@ def __getattr__(name: str) -> Any:
 
         globals()[name] = EmbeddedServer
         return EmbeddedServer
+    if name in ("server", "_host", "_initdb"):  # were imported with the package: still there
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
