@@ -170,19 +170,33 @@ def test_import_lonnymq_imports_nothing_until_a_name_is_used() -> None:
     }
 
 
-def test_a_database_command_imports_only_what_it_runs(dsn: str, schema: str, client: Client) -> None:
+def test_a_database_command_imports_only_what_it_runs(
+    dsn: str, schema: str, client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
     client.create_queue("jobs")
+    assert (
+        cli.main(["cron", "add", "tick", "0 8 * * *", "--queue", "jobs", "--dsn", dsn, "--schema", schema])
+        == 0
+    )
+    capsys.readouterr()
     code = "from lonnymq.cli import main\nimport sys\nassert main(sys.argv[1:]) == 0"
+
+    def unused(loaded: list[str], *modules: str) -> list[str]:
+        return [m for m in loaded if any(m == u or m.startswith(f"{u}.") for u in modules)]
+
     out, loaded = modules_after(code, "--dsn", dsn, "--schema", schema, "queue", "list", "--json")
     assert [q["name"] for q in json.loads(out)] == ["jobs"]
-    assert "lonnymq.client.sync" in loaded  # the check below looks at a command that really ran
-    commands = [m for m in loaded if m.startswith("lonnymq.cli.")]
-    assert sorted(commands) == ["lonnymq.cli._util", "lonnymq.cli.queue"]
-    unused = [
-        "lonnymq.client.aio",
-        "lonnymq.client.wait",
-        "lonnymq.embedded.server",
-        "lonnymq.worker",
-        "rich",
+    assert "lonnymq.client.sync" in loaded  # the checks below look at a command that really ran
+    assert sorted(m for m in loaded if m.startswith("lonnymq.cli.")) == [
+        "lonnymq.cli._util",
+        "lonnymq.cli.queue",
     ]
-    assert [m for m in loaded if any(m == u or m.startswith(f"{u}.") for u in unused)] == []
+    assert unused(loaded, "lonnymq.client.aio", "lonnymq.client.wait", "lonnymq.embedded.server") == []
+    assert unused(loaded, "lonnymq.worker", "rich") == []
+
+    # Periodic messages are the worker's, but listing them needs no worker runtime (the asyncio
+    # client, the Prometheus meters).
+    out, loaded = modules_after(code, "--dsn", dsn, "--schema", schema, "cron", "list", "--json")
+    assert [c["name"] for c in json.loads(out)] == ["tick"]
+    assert "lonnymq.worker.ops" in loaded
+    assert unused(loaded, "lonnymq.worker.runtime", "lonnymq.client.aio", "prometheus_client") == []
