@@ -11,7 +11,7 @@ asyncio one, nor an asyncio program the synchronous one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .aio import AsyncClient
@@ -20,30 +20,13 @@ if TYPE_CHECKING:
 __all__ = ["AsyncClient", "Client"]
 
 
-# The modules importing the package used to import: `lonnymq.client.ops` and the like keep
-# working after a bare `import lonnymq.client`, imported at that first use.
-_SUBMODULES = {"aio", "config", "direct", "multiwait", "ops", "retry", "sync", "wait", "wait_sync"}
+if not TYPE_CHECKING:
+    from .. import _lazy_attributes
 
-
-def __getattr__(name: str) -> Any:
-    value: Any
-    if name in _SUBMODULES:
-        import importlib
-
-        value = importlib.import_module(f".{name}", __name__)
-    elif name == "AsyncClient":
-        from .aio import AsyncClient
-
-        value = AsyncClient
-    elif name == "Client":
-        from .sync import Client
-
-        value = Client
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The modules importing the package used to import stay reachable as attributes
+    # (`lonnymq.client.ops` after a bare `import lonnymq.client`), imported at first use.
+    __getattr__, __dir__ = _lazy_attributes(
+        __name__,
+        {"AsyncClient": ".aio", "Client": ".sync"},
+        {"aio", "config", "direct", "multiwait", "ops", "retry", "sync", "wait", "wait_sync"},
+    )

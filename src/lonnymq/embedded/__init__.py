@@ -155,19 +155,15 @@ def locate_server(dsn: str | None = None) -> tuple[str, str]:
     raise EmbeddedServerError(NOTHING_CONFIGURED)
 
 
-def __getattr__(name: str) -> Any:
+if not TYPE_CHECKING:
+    from .. import _lazy_attributes
+
     # The server's module (its process and host handling) is imported when a server is used:
-    # locate_server() with a configured DSN, what every `lonnymq` command calls, needs none of it.
-    if name == "EmbeddedServer":
-        from .server import EmbeddedServer
-
-        globals()[name] = EmbeddedServer
-        return EmbeddedServer
-    if name in ("server", "_host", "_initdb"):  # were imported with the package: still there
-        import importlib
-
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # locate_server() with a configured DSN, what every `lonnymq` command calls, needs none of
+    # it. The modules the package used to import stay reachable as attributes.
+    __getattr__, __dir__ = _lazy_attributes(
+        __name__, {"EmbeddedServer": ".server"}, {"server", "_host", "_initdb"}
+    )
 
 
 def resolve_dsn(dsn: str | None = None) -> str:

@@ -16,7 +16,7 @@ Not imported by ``import lonnymq``; import ``lonnymq.worker`` to use it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .app import App, Backoff, Defer, GiveUp, Handler, Job, Middleware, Periodic, Retry
 from .schedule import Schedule, parse_schedule
@@ -40,37 +40,27 @@ __all__ = [
     "parse_schedule",
 ]
 
-# The runtime (the asyncio client, Prometheus meters, heartbeats, the loop) is imported when a
-# worker is made: an app's module, or `lonnymq cron ...`, that only declares handlers and
-# schedules does not pay for it. The modules the package used to import stay reachable as
-# attributes, imported at first use.
-_SUBMODULES = {
-    "cron",
-    "execute",
-    "heartbeat",
-    "loop",
-    "meters",
-    "metrics",
-    "ops",
-    "outage",
-    "runtime",
-    "settle",
-    "state",
-}
+if not TYPE_CHECKING:
+    from .. import _lazy_attributes
 
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name in ("Worker", "WorkerError"):
-        value: Any = getattr(importlib.import_module(".runtime", __name__), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The runtime (the asyncio client, Prometheus meters, heartbeats, the loop) is imported when
+    # a worker is made: an app's module, or `lonnymq cron ...`, that only declares handlers and
+    # schedules does not pay for it. The modules the package used to import stay reachable as
+    # attributes, imported at first use.
+    __getattr__, __dir__ = _lazy_attributes(
+        __name__,
+        {"Worker": ".runtime", "WorkerError": ".runtime"},
+        {
+            "cron",
+            "execute",
+            "heartbeat",
+            "loop",
+            "meters",
+            "metrics",
+            "ops",
+            "outage",
+            "runtime",
+            "settle",
+            "state",
+        },
+    )
