@@ -130,8 +130,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     that gives the same answer: a command line that runs a command is parsed by a parser holding
     that command (and any other whose name ``argv`` holds, e.g. as an option's value), which
     parses it as the whole parser does; anything else (help, the version, a usage error) goes
-    to the whole parser. Building every command's options cost each ``lonnymq`` call about a
-    tenth of its start-up (docs/startup.md)."""
+    to the whole parser. Importing every command and building its options was part of each
+    ``lonnymq`` call's start-up (docs/startup.md)."""
     words = set(argv)
     modules = [m for m, commands in _COMMANDS.items() if words.intersection(commands)]
     if modules:
