@@ -18,28 +18,33 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
-import psycopg
+from .. import __version__
 
-from .. import __version__, errors
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
-# Modules providing subcommands. The benchmarks (benchmarks/) and the Spark reference pipeline
+# Modules providing subcommands, each with the commands it adds (in this order: the order of
+# `lonnymq --help`). The benchmarks (benchmarks/) and the Spark reference pipeline
 # (examples/spark_pipeline/) are not part of the package: they are run from a checkout.
-_COMMANDS = [
-    "migrate",
-    "queue",
-    "messages",
-    "msg",
-    "archive",
-    "dlq",
-    "server",
-    "demo",
-    "worker",
-    "completion",
-    "shard",
-    "web",
-]
+# A command's name here only lets `main` build the parser of that command alone; a name missing
+# here still works (through the whole parser), and tests/cli/test_startup.py checks the list.
+_COMMANDS = {
+    "migrate": ("migrate",),
+    "queue": ("queue",),
+    "messages": ("send", "peek", "take", "ack", "nack", "extend"),
+    "msg": ("msg",),
+    "archive": ("archive",),
+    "dlq": ("dlq",),
+    "server": ("server",),
+    "demo": ("demo",),
+    "worker": ("worker", "cron"),
+    "completion": ("completion",),
+    "shard": ("shard",),
+    "web": ("web",),
+}
 
 
 class UsageError(Exception):
@@ -83,7 +88,12 @@ def common(parser: argparse.ArgumentParser, *, json: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The parser of every command (what ``--help``, usage errors and completion show)."""
+    return _parser(_COMMANDS, argparse.ArgumentParser)
+
+
+def _parser(modules: Iterable[str], parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = parser_class(
         prog="lonnymq",
         description="LonnyMQ: a message queue inside PostgreSQL.",
         epilog="Configuration and examples: docs/cli.md. Shell completion: lonnymq completion bash.",
@@ -91,13 +101,53 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lonnymq {__version__}")
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in _COMMANDS:
+    for name in modules:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
 
 
+class _NeedsAll(Exception):
+    """The partial parser met what only the whole parser answers (see :func:`parse`)."""
+
+
+class _PartialParser(argparse.ArgumentParser):
+    """A parser holding some commands only: whatever it would print or exit with (help, the
+    version, a usage error, a command it does not hold) is left to the whole parser. Its
+    subparsers are of its class too (argparse's ``add_subparsers`` default)."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        raise _NeedsAll
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise _NeedsAll
+
+    def error(self, message: str) -> NoReturn:
+        raise _NeedsAll
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """``build_parser().parse_args(argv)``, building only the commands ``argv`` names where
+    that gives the same answer: a command line that runs a command is parsed by a parser holding
+    that command (and any other whose name ``argv`` holds, e.g. as an option's value), which
+    parses it as the whole parser does; anything else (help, the version, a usage error) goes
+    to the whole parser. Importing every command and building its options was part of each
+    ``lonnymq`` call's start-up (docs/startup.md)."""
+    words = set(argv)
+    modules = [m for m, commands in _COMMANDS.items() if words.intersection(commands)]
+    if modules:
+        try:
+            return _parser(modules, _PartialParser).parse_args(argv)
+        except _NeedsAll:
+            pass
+    return build_parser().parse_args(argv)
+
+
 def describe(e: BaseException, args: argparse.Namespace) -> str:
     """One line telling the user what went wrong and, where there is one, what to do."""
+    import psycopg
+
+    from .. import errors
+
     schema = getattr(args, "schema", None) or "lonnymq"
     if isinstance(e, psycopg.Error):
         from ..client.ops import map_error
@@ -129,9 +179,18 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _failures() -> tuple[type[BaseException], ...]:
+    """The exceptions ``main`` reports in one line: imported when one is raised (a command that
+    fails before connecting need not import psycopg for it)."""
+    import psycopg
+
+    from .. import errors
+
+    return (errors.LonnyMQError, CommandError, psycopg.Error, OSError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else list(argv))
     debug = bool(args.debug or os.environ.get("LONNYMQ_DEBUG"))
     try:
         return int(args.func(args) or 0)
@@ -143,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"lonnymq {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
-    except (errors.LonnyMQError, CommandError, psycopg.Error, OSError) as e:
+    except _failures() as e:
         if debug:
             traceback.print_exc()
         print(f"lonnymq: {describe(e, args)}", file=sys.stderr)

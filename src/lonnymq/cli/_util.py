@@ -11,21 +11,24 @@ import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..client import Client
 from ..client.config import connect_timeout, libpq_timeout
-from ..migrations import DEFAULT_SCHEMA
-from ..models import Message
 from . import CommandError, UsageError
+
+if TYPE_CHECKING:
+    from ..client import Client
+    from ..models import Message
 
 _PIPE_WIDTH = 200
 
 
 def schema(args: argparse.Namespace) -> str:
+    from ..migrations import DEFAULT_SCHEMA
+
     return getattr(args, "schema", None) or getattr(args, "default_schema", None) or DEFAULT_SCHEMA
 
 
@@ -80,6 +83,8 @@ def connection(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
 def client(args: argparse.Namespace) -> Iterator[Client]:
     """A client on one autocommit connection to the configured server (each call its own
     transaction unless the command opens one)."""
+    from ..client import Client
+
     with connection(args) as conn, Client(conn, schema=schema(args)) as c:
         yield c
 

@@ -36,11 +36,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..client.config import configured_dsn
 from ..errors import EmbeddedServerError
-from .server import EmbeddedServer
+
+if TYPE_CHECKING:
+    from .server import EmbeddedServer
 
 __all__ = [
     "NOTHING_CONFIGURED",
@@ -86,6 +88,8 @@ def temporary_server(**kw: Any) -> Iterator[EmbeddedServer]:
     Keyword arguments go to :class:`EmbeddedServer`.  On exit the server is stopped
     with ``immediate`` (killed if that fails) and all its files are deleted.
     """
+    from .server import EmbeddedServer
+
     root = Path(tempfile.mkdtemp(prefix="lonnymq-pg-"))
     server = EmbeddedServer(root / "pgdata", **kw)
     try:
@@ -105,6 +109,8 @@ def temporary_server(**kw: Any) -> Iterator[EmbeddedServer]:
 
 def dev_server(data_dir: str | os.PathLike[str] | None = None) -> EmbeddedServer:
     """The persistent development server (not started): `data_dir`, else :func:`default_data_dir`."""
+    from .server import EmbeddedServer
+
     return EmbeddedServer(default_data_dir() if data_dir is None else data_dir)
 
 
@@ -147,6 +153,17 @@ def locate_server(dsn: str | None = None) -> tuple[str, str]:
     if running is not None:
         return running, DEV_SERVER
     raise EmbeddedServerError(NOTHING_CONFIGURED)
+
+
+if not TYPE_CHECKING:
+    from .. import _lazy_attributes
+
+    # The server's module (its process and host handling) is imported when a server is used:
+    # locate_server() with a configured DSN, what every `lonnymq` command calls, needs none of
+    # it. The modules the package used to import stay reachable as attributes.
+    __getattr__, __dir__ = _lazy_attributes(
+        __name__, {"EmbeddedServer": ".server"}, {"server", "_host", "_initdb"}
+    )
 
 
 def resolve_dsn(dsn: str | None = None) -> str:
