@@ -237,13 +237,25 @@ def _compiled_zip(source: Path, target: Path, site: Path) -> None:
             if not cached.is_file() or installed.read_bytes() != data:
                 continue
             compiled = cached.read_bytes()
-            if compiled[:4] != magic:
+            if compiled[:4] != magic or not _fresh(compiled, installed, data):
                 continue
             checked = (0b11).to_bytes(4, "little")  # hash-based, check the source
             zout.writestr(
                 info.filename[:-3] + ".pyc",
                 magic + checked + importlib.util.source_hash(data) + compiled[16:],
             )
+
+
+def _fresh(compiled: bytes, source: Path, data: bytes) -> bool:
+    """Whether the cached bytecode ``compiled`` is of ``source`` (whose bytes are ``data``), as
+    the import system checks it: the source's mtime and size for a timestamp .pyc, its hash
+    for a hash-based one."""
+    flags = int.from_bytes(compiled[4:8], "little")
+    if flags & 0b1:
+        return compiled[8:16] == importlib.util.source_hash(data)
+    st = source.stat()
+    stamp = int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF
+    return (int.from_bytes(compiled[8:12], "little"), int.from_bytes(compiled[12:16], "little")) == stamp
 
 
 def spark_env(**more: str) -> dict[str, str]:
