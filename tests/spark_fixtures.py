@@ -9,14 +9,20 @@ below), so this directory is put on their PYTHONPATH before the JVM starts.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
+import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
 from collections.abc import Iterator, Mapping
 from importlib.metadata import distribution
 from pathlib import Path
@@ -83,7 +89,9 @@ def spark_session(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     import lonnymq.spark
 
-    session = local_builder().getOrCreate()
+    # The tasks' Python daemon is this module (the __main__ block below), which imports the
+    # lonnymq data source and its test variants once, before it forks a worker per task.
+    session = local_builder().config("spark.python.daemon.module", "spark_fixtures").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     lonnymq.spark.register(session)
     session.dataSource.register(FlakyDataSource)
@@ -183,8 +191,75 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
+@functools.cache
+def cluster_home() -> Path:
+    """A SPARK_HOME for the cluster's processes (its daemons, the applications submitted to it,
+    the Connect server): the installed PySpark linked, as :func:`_home_without_zip` does, but with
+    its ``python/lib`` zips, which Spark puts first on the path of every Python it starts, kept:
+    the cluster's Python has lonnymq's dependencies and no PySpark (test_cluster.py), so its
+    PySpark comes from ``pyspark.zip``, as on a real cluster. Each zip is rebuilt with the
+    bytecode this environment already cached for the sources it installed unchanged, next to
+    them (``_compiled_zip``): the same modules, not compiled again by every Python Spark starts
+    (a daemon took 1.0-1.5 s of CPU from the plain zip, 0.3-0.5 s from the installed package;
+    docs/testing.md). Made once per process, removed at its exit."""
+    root = Path(tempfile.mkdtemp(prefix="lonnymq-spark-home-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    source = spark_home()
+    for entry in source.iterdir():
+        if entry.name != "python":
+            (root / entry.name).symlink_to(entry)
+    for entry in (source / "python").rglob("*"):
+        target = root / "python" / entry.relative_to(source / "python")
+        if entry.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif entry.suffix == ".zip" and entry.parent.name == "lib":
+            _compiled_zip(entry, target, source.parent)
+        else:
+            target.symlink_to(entry)
+    return root
+
+
+def _compiled_zip(source: Path, target: Path, site: Path) -> None:
+    """Copy the zip ``source`` to ``target``, adding ``name.pyc`` next to each ``name.py`` whose
+    same bytes are installed under ``site`` with bytecode cached for this interpreter: that
+    bytecode, as a checked hash-based .pyc (PEP 552), so zipimport uses it while the source in the
+    zip hashes the same, and compiles the source otherwise (a zip's .pyc must sit next to its
+    source; the installed one is in ``__pycache__``, stamped with the installed file's mtime)."""
+    magic = importlib.util.MAGIC_NUMBER
+    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(target, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            zout.writestr(zipfile.ZipInfo(info.filename, info.date_time), data)  # stored: no inflating
+            if not info.filename.endswith(".py"):
+                continue
+            installed = site / info.filename
+            cached = Path(importlib.util.cache_from_source(str(installed)))
+            if not cached.is_file() or installed.read_bytes() != data:
+                continue
+            compiled = cached.read_bytes()
+            if compiled[:4] != magic or not _fresh(compiled, installed, data):
+                continue
+            checked = (0b11).to_bytes(4, "little")  # hash-based, check the source
+            zout.writestr(
+                info.filename[:-3] + ".pyc",
+                magic + checked + importlib.util.source_hash(data) + compiled[16:],
+            )
+
+
+def _fresh(compiled: bytes, source: Path, data: bytes) -> bool:
+    """Whether the cached bytecode ``compiled`` is of ``source`` (whose bytes are ``data``), as
+    the import system checks it: the source's mtime and size for a timestamp .pyc, its hash
+    for a hash-based one."""
+    flags = int.from_bytes(compiled[4:8], "little")
+    if flags & 0b1:
+        return compiled[8:16] == importlib.util.source_hash(data)
+    st = source.stat()
+    stamp = int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF
+    return (int.from_bytes(compiled[8:12], "little"), int.from_bytes(compiled[12:16], "little")) == stamp
+
+
 def spark_env(**more: str) -> dict[str, str]:
-    """This process's environment for Spark's scripts: the installed PySpark as SPARK_HOME,
+    """This process's environment for Spark's scripts: :func:`cluster_home` as SPARK_HOME,
     loopback only, JAVA_OPTIONS for every JVM started with it (JAVA_TOOL_OPTIONS: the launchers,
     the daemons, drivers, and the executors, which inherit a worker's environment), and none of
     this session's Spark settings (a Connect URL, the Python of the local tests) or PYTHONPATH
@@ -193,7 +268,7 @@ def spark_env(**more: str) -> dict[str, str]:
         k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_")) and k != "PYTHONPATH"
     }
     env.update(
-        SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", JAVA_TOOL_OPTIONS=JAVA_OPTIONS, **more
+        SPARK_HOME=str(cluster_home()), SPARK_LOCAL_IP="127.0.0.1", JAVA_TOOL_OPTIONS=JAVA_OPTIONS, **more
     )
     return env
 
@@ -308,3 +383,23 @@ def bare_python(root: Path, packages: tuple[str, ...]) -> Path:
             if target.exists() and not (site / top).exists():
                 (site / top).symlink_to(target)
     return python
+
+
+if __name__ == "__main__":
+    # ``python -m spark_fixtures pyspark.worker``: the daemon of the local session's task workers
+    # (``spark.python.daemon.module``). pyspark.daemon forks a process per task worker (again
+    # after a worker failed or sat idle a minute) and each imports the data source's module
+    # after the fork: about 0.35 s of CPU each time (lonnymq, psycopg, PySpark's data source
+    # API; docs/testing.md). Imported here, before any fork, each worker inherits them. Only
+    # modules that start no thread (pyspark.daemon forks from a single thread; numpy and pyarrow
+    # start threads at import, and lonnymq imports them on first use): checked here, so a change
+    # that breaks this fails loudly instead of forking a process with a lock held by a thread.
+    import importlib
+
+    importlib.import_module("spark_fixtures")  # what the workers unpickle: this module's classes
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        raise RuntimeError(f"spark_fixtures: {threads} threads before pyspark.daemon forks (must be 1)")
+    from pyspark.daemon import manager
+
+    manager()
