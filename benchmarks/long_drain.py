@@ -25,6 +25,7 @@ import argparse
 import json
 import multiprocessing
 import time
+from collections.abc import Iterator
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Barrier
 from typing import Any
@@ -48,6 +49,19 @@ def prepare(dsn: str, messages: int) -> None:
     LonnyMQ().preload(dsn, messages)
 
 
+def batches(c: psycopg.Connection[Any], system: str, batch: int) -> Iterator[list[Any]]:
+    """``system``'s take(batch, ack=previous) on ``c`` until its first empty take (which
+    acknowledges the last batch): the rows of each batch."""
+    ids: list[int] = []
+    toks: list[int] = []
+    while True:
+        rows = c.execute(CALLS[system], (api_floor.QUEUE, batch, ids or None, toks or None)).fetchall()  # type: ignore[arg-type]
+        if not rows:
+            return
+        yield rows
+        ids, toks = [r[0] for r in rows], [r[2] for r in rows]
+
+
 def drain(dsn: str, system: str, messages: int, batch: int, step: int) -> list[float]:
     """Install both systems afresh, preload ``messages``, drain them with ``system``'s call; the
     rate of each ``step`` messages."""
@@ -56,16 +70,10 @@ def drain(dsn: str, system: str, messages: int, batch: int, step: int) -> list[f
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("VACUUM ANALYZE lonnymq.message_logged")
         c.execute("ALTER TABLE lonnymq.message_logged SET (autovacuum_enabled = false)")
-        ids: list[int] = []
-        toks: list[int] = []
         n = mark = 0
         t = time.perf_counter()
-        while True:
-            rows = c.execute(CALLS[system], (api_floor.QUEUE, batch, ids or None, toks or None)).fetchall()  # type: ignore[arg-type]
-            if not rows:
-                break
+        for rows in batches(c, system, batch):
             n += len(rows)
-            ids, toks = [r[0] for r in rows], [r[2] for r in rows]
             if n - mark >= step:
                 now = time.perf_counter()
                 rates.append((n - mark) / (now - t))
@@ -87,19 +95,13 @@ def consumer(
     count, when it saw the empty take and how many messages were left then."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT 1")
-        ids: list[int] = []
-        toks: list[int] = []
         n = 0
         barrier.wait()
         t0 = time.perf_counter()
-        while True:
-            rows = c.execute(CALLS[system], (api_floor.QUEUE, batch, ids or None, toks or None)).fetchall()  # type: ignore[arg-type]
-            if not rows:
-                break
+        for rows in batches(c, system, batch):
             n += len(rows)
             with total.get_lock():
                 total.value += len(rows)
-            ids, toks = [r[0] for r in rows], [r[2] for r in rows]
         at = time.perf_counter() - t0
         with total.get_lock():
             left = messages - total.value
