@@ -268,6 +268,28 @@ def test_pause_and_resume_from_the_queue_page(page: Page, dsn: str, schema: str,
     assert [m.id for m in client.take("jobs", 10)][:1] == [first]  # in order again
 
 
+def test_the_flash_outlives_the_pages_refresh(page: Page, dsn: str, schema: str, client: Client) -> None:
+    # A live page refreshes its content in place; the flash of the action just done stays
+    # (it went away at the first refresh: a second after the action in the test above, where a
+    # loaded machine's expect() could miss it).
+    client.create_queue("jobs")
+    client.send("jobs", {"n": 1})
+    with serve(create_app(dsn, schema=schema, token=TOKEN, refresh_seconds=1)) as url:
+        _log_in(page, url)
+        page.goto(f"{url}/queues/jobs")
+        page.click("button[name=pause]")
+        expect(page.locator(".flash")).to_contain_text("paused queue jobs")
+        # Mark the content: the refresh replaces it, so the mark going is the refresh done.
+        page.evaluate("document.querySelector('main h1').dataset.stale = '1'")
+        client.send("jobs", {"n": 2})
+        expect(page.locator("main h1[data-stale]")).to_have_count(0)
+        assert page.locator(".flash").count() == 1
+        assert "paused queue jobs" in page.locator(".flash").inner_text()
+        # Later refreshes bring the new counts (the second send), the flash still there.
+        expect(page.locator('.card[data-state="ready"]')).to_contain_text("2")
+        assert page.locator(".flash").count() == 1
+
+
 def test_read_only_has_no_action(page: Page, dsn: str, schema: str, client: Client) -> None:
     client.create_queue("jobs", max_attempts=1)
     client.send("jobs", {"a": 1}, channel="c1")

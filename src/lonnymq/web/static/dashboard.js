@@ -14,7 +14,8 @@ document.addEventListener("change", (e) => {
   if (!all) return;
   for (const box of document.querySelectorAll(`input[name="${all.dataset.selectAll}"]`)) box.checked = all.checked;
 });
-// Live pages (data-refresh="seconds") reload their content, unless the user is busy with a form.
+// Live pages (data-refresh="seconds") reload their content, unless the user is busy with a form;
+// the flash of the last action stays.
 (function refresh() {
   const main = document.getElementById("content");
   const every = main && Number(main.dataset.refresh);
@@ -29,7 +30,13 @@ document.addEventListener("change", (e) => {
       if (!r.ok) return;
       const doc = new DOMParser().parseFromString(await r.text(), "text/html");
       const fresh = doc.getElementById("content");
-      if (fresh) { fresh.querySelector(".flash")?.remove(); main.innerHTML = fresh.innerHTML; }
+      if (!fresh) return;
+      // The flash of the last action stays until the user leaves the page: a refresh swaps
+      // the content around it (the server gives it once, so the fresh page has none).
+      const flash = main.querySelector(".flash");
+      fresh.querySelector(".flash")?.remove();
+      main.innerHTML = fresh.innerHTML;
+      if (flash) main.prepend(flash);
     } catch (_) { /* the next tick tries again */ }
   }, every * 1000);
 })();
