@@ -623,6 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with pgcluster.temporary_cluster(DURABLE, install=False, keep=args.keep) as cluster:
         result = run(cluster, args, directory)
+    # The end of each worker's log (a worker that exited says why there).
+    result["worker_log_tails"] = [
+        (directory / f"worker-{i}.log").read_text(errors="replace")[-2000:] for i in range(args.workers)
+    ]
     result["config"]["load_average_before"] = [round(x, 2) for x in load_before]
     result["config"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     result["config"]["started_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))

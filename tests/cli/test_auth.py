@@ -95,7 +95,9 @@ def test_missing_password_is_one_line(cluster: pgcluster.Cluster) -> None:
 
 
 def test_worker_command_with_a_wrong_password(cluster: pgcluster.Cluster, tmp_path: Path) -> None:
-    (tmp_path / "auth_app.py").write_text("from lonnymq.worker import App\napp = App()\n")
+    (tmp_path / "auth_app.py").write_text(
+        "from lonnymq.worker import App\napp = App()\napp.register(lambda job: None, 'q')\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "lonnymq", "worker", "auth_app:app", "--dsn", _url(cluster, WRONG)],
         cwd=tmp_path,

@@ -93,7 +93,10 @@ def test_restarts_under_load_lose_nothing(tmp_path: Path) -> None:
 
     assert [r["mode"] for r in restarts] == ["fast", "immediate", "fast"]
     assert t["committed"] > 0 and t["sent"] > 0
-    assert t["lost"] == 0, result["examples"]["lost"]
+    # The workers' own lines first: a worker that exited explains a loss better than its ids.
+    logs = "".join(result["worker_log_tails"])
+    assert t["worker_exit_codes"] == [0] * WORKERS, logs
+    assert t["lost"] == 0, (result["examples"]["lost"], logs)
     assert t["returned_but_missing"] == 0
     assert t["left_in_queue"] == 0
     assert t["resurrected"] == 0, result["examples"]["resurrected"]

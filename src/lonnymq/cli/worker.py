@@ -4,8 +4,8 @@ The worker command is the only place that installs signal handlers: the first SI
 starts a graceful shutdown (stop fetching, let running handlers finish within
 ``--shutdown-timeout``, then cancel them and release their leases), a second one skips the wait.
 The previous handlers are restored when the worker has stopped. Exit status: 0 after a clean
-shutdown, 1 if the worker stopped because one of its tasks failed or the server is unreachable,
-2 on a usage error (e.g. MODULE:ATTR that is not an App).
+shutdown, 1 if the worker stopped because one of its tasks failed or the server could not be
+reached (within ``--startup-timeout``, or it refused the worker), 2 on a usage error (e.g. MODULE:ATTR that is not an App).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import errors
-from . import UsageError, _util, common
+from . import CommandError, UsageError, _util, common
 
 _log = logging.getLogger("lonnymq.worker")
 
@@ -49,6 +49,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=float,
         default=30.0,
         help="seconds running handlers get to finish on shutdown (default 30)",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait at start for a database that cannot be reached yet, e.g. restarting"
+        " (default 60; 0: fail at once)",
     )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument(
@@ -136,6 +143,8 @@ def load_app(spec: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    import psycopg
+
     from ..worker import Worker
 
     try:
@@ -143,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
     except errors.InvalidArgument as e:
         raise UsageError(str(e)) from e
     dsn = _util.resolve(args)
-    _util.connect_to(dsn, args).close()  # fail now, in one line, if the server is unreachable
     handler = logging.StreamHandler()
     if args.log_format == "json":
         from ..worker.logs import JsonFormatter
@@ -162,11 +170,15 @@ def run(args: argparse.Namespace) -> int:
         lease=args.lease,
         poll_interval=args.poll_interval,
         shutdown_timeout=args.shutdown_timeout,
+        startup_timeout=args.startup_timeout,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         cron=not args.no_cron,
     )
-    return asyncio.run(_serve(worker))
+    try:
+        return asyncio.run(_serve(worker))
+    except psycopg.OperationalError as e:  # at start: refused, or unreachable for --startup-timeout
+        raise CommandError(f"cannot connect to {_util.where(dsn)}: {' '.join(str(e).split())}") from e
 
 
 async def _serve(worker: Any) -> int:

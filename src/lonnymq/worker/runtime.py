@@ -24,8 +24,11 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
+
+import psycopg
 
 from .. import errors
 from ..client.aio import AsyncClient
@@ -40,7 +43,7 @@ from .meters import WorkerMeters
 from .ops import worker_ops
 from .outage import Outage
 from .settle import Settler
-from .state import APPLICATION_NAME, Context, log, own_client
+from .state import APPLICATION_NAME, Context, log, own_client, probe, sleep, unavailable
 
 __all__ = ["APPLICATION_NAME", "Worker", "WorkerError"]
 
@@ -65,6 +68,9 @@ class Worker:
     ``fetch_cooldown``: seconds the fetcher may wait, when fewer than half a batch of slots are
     free, for more handlers to finish so it fetches for them in the same round trip.
     ``shutdown_timeout``: seconds in-flight handlers get to finish on :meth:`stop`.
+    ``startup_timeout``: seconds :meth:`start` waits for a database that cannot be reached (a
+    restart, a failover, a server still starting), trying again with backoff and logging each
+    try; other errors (authentication, an unknown database, a missing schema) raise at once.
     ``metrics_port``: serve Prometheus metrics on that port (0: any free port) at ``/metrics``,
     with the probes ``/healthz`` (the event loop answers) and ``/readyz`` (running, and the
     database answers); ``metrics_host``: the address it binds (default 127.0.0.1: this host only).
@@ -88,6 +94,7 @@ class Worker:
         ack_interval: float = 0.05,
         fetch_cooldown: float = 0.002,
         shutdown_timeout: float = 30.0,
+        startup_timeout: float = 60.0,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         cron: bool = True,
@@ -100,6 +107,15 @@ class Worker:
         self.batch_size = min(batch_size or concurrency, 1000)
         self.lease_ms = to_ms(lease, "lease", positive=True)
         self.shutdown_timeout = shutdown_timeout
+        if (
+            not isinstance(startup_timeout, (int, float))
+            or isinstance(startup_timeout, bool)
+            or startup_timeout < 0
+        ):
+            raise errors.InvalidArgument(
+                f"startup_timeout must be a number of seconds >= 0, got {startup_timeout!r}"
+            )
+        self.startup_timeout = float(startup_timeout)
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self.cron_enabled = cron
@@ -148,6 +164,7 @@ class Worker:
         self._hard = asyncio.Event()
         self._done = asyncio.Event()
         self._started = False
+        self._give_up_start = asyncio.Event()  # set by a stop requested while start() waits
         self._shutdown_task: asyncio.Task[None] | None = None
         self._crash: BaseException | None = None
         self._crash_where = ""
@@ -182,15 +199,19 @@ class Worker:
         # The endpoint is up while the worker starts: /healthz answers, /readyz says "starting".
         self.meters.start(self.metrics_host, self.metrics_port)
         try:
-            await self.client.open()
-            await self._fetcher.prepare(self.queue_names, self.lease_ms)
-            await self._scheduler.install()
+            started = await self._open(time.monotonic() + self.startup_timeout)
         except BaseException:
-            self.meters.stop()
-            if self._owns_client:
-                await self.client.close()
-            self._done.set()
+            started = False
             raise
+        finally:
+            if not started:
+                self.meters.stop()
+                if self._owns_client:
+                    await self.client.close()
+                self._done.set()
+        if not started:
+            log.info("worker %s stopped before it started", self.name)
+            return
         self.meters.database(None)
         self._runner.open()
         if ctx.queues:
@@ -205,6 +226,40 @@ class Worker:
         log.info(
             "worker %s started: queues %s, concurrency %d", self.name, self.queue_names, self.concurrency
         )
+
+    async def _open(self, deadline: float) -> bool:
+        """Open the client, check the schema and queues, store the periodic messages. While the
+        database cannot be reached (a restart, a failover, a server still starting: state.UNAVAILABLE)
+        this waits and tries again until ``deadline``, logging each try; any other error raises
+        at once. Returns False if a stop was requested meanwhile."""
+        delay = 0.5
+        while True:
+            try:
+                if self._owns_client and self.client.conninfo is not None:
+                    # One connection first: the pool, once opened, gives up for good after its
+                    # own timeout, so it opens only when the server answers.
+                    await probe(self.client.conninfo, deadline - time.monotonic())
+                await self.client.open()
+                await self._fetcher.prepare(self.queue_names, self.lease_ms)
+                await self._scheduler.install()
+                return True
+            except psycopg.Error as e:
+                left = deadline - time.monotonic()
+                if not unavailable(e) or left <= 0:
+                    raise
+                wait = min(delay, left)
+                self.meters.database(e)
+                log.warning(
+                    "worker %s starting: database unavailable (%s); retrying in %.1fs (giving up in %.1fs)",
+                    self.name,
+                    " ".join(str(e).split()),
+                    wait,
+                    left,
+                )
+                await sleep(wait, self._give_up_start)
+                if self._give_up_start.is_set():
+                    return False
+                delay = min(delay * 2, 5.0)
 
     async def wait(self) -> None:
         """Wait until the worker has stopped; raises WorkerError if it stopped because one of its
@@ -238,6 +293,9 @@ class Worker:
         for running handlers."""
         if not self._started or self._done.is_set():
             self._done.set()
+            return
+        if self.meters.phase == "starting":  # start() waits for the database: it gives up
+            self._give_up_start.set()
             return
         if hard:
             self._hard.set()
