@@ -10,11 +10,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from core_helpers import drop_schema, fresh_schema_name
 from lonnymq import Client
@@ -98,6 +100,20 @@ def test_dsn_from_environment_chain(tmp_path: Path, dsn: str, schema: str) -> No
     one_line_failure(run(tmp_path, "queue", "list", "--schema", schema, DATABASE_URL=dsn, LONNYMQ_DSN=bad))
     proc = run(tmp_path, "queue", "list", "--schema", schema, "--dsn", dsn, LONNYMQ_DSN=bad)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "bad", ["not a dsn", "http://db.example.com", "postgresql://app:s3cret@127.0.0.1/app?bogus=1"]
+)
+@pytest.mark.parametrize(
+    "command", [["queue", "list"], ["shard", "status"], ["shard", "move", "jobs", "1"]], ids=" ".join
+)
+def test_malformed_dsn_says_what_a_dsn_looks_like(tmp_path: Path, bad: str, command: list[str]) -> None:
+    # Was "database error: missing "=" after "not" in connection info string".
+    line = one_line_failure(run(tmp_path, *command, LONNYMQ_DSN=bad))
+    assert line.startswith("lonnymq: invalid DSN (")
+    assert "postgresql://USER@HOST:PORT/DBNAME" in line and "host=HOST dbname=DBNAME" in line
+    assert "s3cret" not in line
 
 
 def test_pg_variables_mean_libpq_defaults(tmp_path: Path) -> None:
@@ -250,6 +266,36 @@ def test_peek_wraps_instead_of_cutting(tmp_path: Path, db: list[str], client: Cl
     out = run(tmp_path, "peek", "jobs", *db, COLUMNS="60").stdout
     assert "END" in out and "…" not in out
     assert max(len(line) for line in out.splitlines()) <= 60
+
+
+def test_create_with_a_missing_dead_letter_queue_says_create_it_first(tmp_path: Path, db: list[str]) -> None:
+    # Was "queue 'jobs.dead' does not exist (see `lonnymq queue list`)", for a queue being created.
+    line = one_line_failure(run(tmp_path, "queue", "create", "jobs", "--dead-letter-queue", "jobs.dead", *db))
+    assert line == (
+        "lonnymq: dead-letter queue 'jobs.dead' does not exist: create it first"
+        " (`lonnymq queue create jobs.dead`)"
+    )
+    assert run(tmp_path, "queue", "create", "jobs.dead", *db).returncode == 0
+    proc = run(tmp_path, "queue", "create", "jobs", "--dead-letter-queue", "jobs.dead", *db)
+    assert proc.returncode == 0 and proc.stdout == "created queue 'jobs'\n", proc.stderr
+
+
+def test_migrate_pgmq_says_the_facade_is_installed(
+    tmp_path: Path, dsn: str, conn: psycopg.Connection
+) -> None:
+    # Was "schema 'lonnymq' is up to date (...)" alone, on a database that had no facade before.
+    name = f"cli_pgmq_{uuid.uuid4().hex[:10]}"  # one pgmq schema per database: a database of its own
+    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        url = make_conninfo(dsn, dbname=name)
+        assert run(tmp_path, "migrate", "--dsn", url).returncode == 0
+        proc = run(tmp_path, "migrate", "--pgmq", "--dsn", url)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().endswith("; the pgmq facade (schema pgmq) serves schema 'lonnymq'")
+        data = json.loads(run(tmp_path, "migrate", "--pgmq", "--json", "--dsn", url).stdout)
+        assert data == {"schema": "lonnymq", "applied": [], "pgmq": True}
+    finally:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_dlq_list_follows_the_dead_letter_queue(tmp_path: Path, db: list[str], client: Client) -> None:

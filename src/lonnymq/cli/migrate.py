@@ -75,5 +75,7 @@ def run(args: argparse.Namespace) -> int:
         text = f"applied migrations {applied} to schema {name!r}"
     else:
         text = f"schema {name!r} is up to date (functions refreshed if they changed)"
-    _util.done(args, text, schema=name, applied=applied)
+    if args.pgmq:
+        text += f"; the pgmq facade (schema pgmq) serves schema {name!r}"
+    _util.done(args, text, schema=name, applied=applied, pgmq=args.pgmq)
     return 0

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 
 from ..client import Client
-from . import UsageError, _util, common
+from ..errors import QueueNotFound
+from . import CommandError, UsageError, _util, common
 
 _DEFAULT_CAP = 100_000
 _RATE_WINDOW_MS = 5 * 60_000
@@ -86,8 +89,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     st.set_defaults(func=stats)
 
 
+@contextlib.contextmanager
+def _missing_dead_letter_queue(name: str | None) -> Iterator[None]:
+    """A queue created with a dead-letter queue that does not exist: say to create that first
+    (the only queue ``create_queue`` looks up)."""
+    try:
+        yield
+    except QueueNotFound as e:
+        if name is None:
+            raise
+        raise CommandError(
+            f"dead-letter queue {name!r} does not exist: create it first (`lonnymq queue create {name}`)"
+        ) from e
+
+
 def create(args: argparse.Namespace) -> int:
-    with _util.client(args) as c:
+    with _util.client(args) as c, _missing_dead_letter_queue(args.dead_letter_queue):
         created = c.create_queue(
             args.name,
             lease=args.lease,
