@@ -23,7 +23,7 @@ from lonnymq.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 # Pages whose every ```python block runs as written (Spark's page needs a JVM: tests/spark/).
-PAGES = ["README.md", "docs/worker.md", "docs/channels.md", "docs/payloads.md"]
+PAGES = ["README.md", "docs/worker.md", "docs/channels.md", "docs/payloads.md", "docs/messages.md"]
 
 
 def python_blocks(text: str) -> list[str]:
