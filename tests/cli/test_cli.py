@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -296,6 +297,22 @@ def test_migrate_pgmq_says_the_facade_is_installed(
         assert data == {"schema": "lonnymq", "applied": [], "pgmq": True}
     finally:
         conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_queue_create_help_gives_the_defaults(tmp_path: Path) -> None:
+    # Was silent on --max-attempts and --max-payload-bytes and on every default.
+    proc = run(tmp_path, "queue", "create", "--help")
+    assert proc.returncode == 0
+    # Each option's help, wherever argparse wrapped it: from the option to the next one.
+    helps = {h.split()[0]: " ".join(h.split()) for h in re.split(r"\n(?=  -)", proc.stdout)}
+    for option, default in [
+        ("--lease", "(default 30)"),
+        ("--max-attempts", "(default 5)"),
+        ("--retention", "(default 604800: 7 days)"),
+        ("--max-payload-bytes", "(default 1048576: 1 MiB"),
+        ("--priority-step", "(default 1)"),
+    ]:
+        assert default in helps[option], helps[option]
 
 
 def test_dlq_list_follows_the_dead_letter_queue(tmp_path: Path, db: list[str], client: Client) -> None:
