@@ -1,7 +1,7 @@
 """The Python examples of the README and docs/, executed in order in one namespace per page
 against a fresh database, so the documentation cannot drift from the code; the command lines of
-the README's CLI section run as written, every command line of docs/cli.md parses, and every
-relative link and file of the repository a page names exists."""
+the README's quick start and CLI section run as written, every command line of the pages parses,
+and every relative link and file of the repository a page names exists."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def _command_lines(block: str, prompt: str = "") -> list[str]:
     """The ``lonnymq`` command lines of a block, comments and redirections cut; the commands of
     a pipeline joined by `` | ``."""
     lines = []
-    for line in block.splitlines():
+    for line in block.replace("\\\n", " ").splitlines():  # continuation lines joined
         line = line.strip()
         if not line.startswith(prompt + "lonnymq "):
             continue
@@ -124,16 +124,21 @@ def _is_template(command: str) -> bool:
 
 
 def _documented_commands() -> list[str]:
-    lines = _command_lines(_readme_cli_block())
-    for block in _code_blocks((ROOT / "docs/cli.md").read_text(), "console"):
-        lines += _command_lines(block, prompt="$ ")
-    return lines
+    """Every ``lonnymq`` command line of the shell blocks of the README and docs/ (with or
+    without a ``$`` prompt)."""
+    lines = []
+    for page in _pages():
+        text = page.read_text()
+        for lang in ("bash", "sh", "console", "shell"):
+            for block in _code_blocks(text, lang):
+                lines += _command_lines(block) + _command_lines(block, prompt="$ ")
+    return list(dict.fromkeys(lines))
 
 
 @pytest.mark.parametrize("line", [c for c in _documented_commands() if not _is_template(c)])
 def test_documented_command_lines_parse(line: str) -> None:
-    """Each command of the README's CLI section and of docs/cli.md is one the parser takes
-    (each side of a pipe), e.g. `ack` with its queue."""
+    """Each command of the README's and docs/' shell examples is one the parser takes (each
+    side of a pipe), e.g. `ack` with its queue."""
     for command in line.split(" | "):
         words = shlex.split(command)
         assert words[0] == "lonnymq"
