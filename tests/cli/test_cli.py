@@ -315,6 +315,19 @@ def test_queue_create_help_gives_the_defaults(tmp_path: Path) -> None:
         assert default in helps[option], helps[option]
 
 
+def test_web_on_a_port_in_use_is_one_line(tmp_path: Path, db: list[str]) -> None:
+    # Was our "dashboard at http://...:PORT/" and then uvicorn's "ERROR: [Errno 98] ...", exit 3.
+    pytest.importorskip("uvicorn")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line_failure(run(tmp_path, "web", "--read-only", "--port", str(port), *db))
+    assert (
+        line == f"lonnymq: cannot listen on 127.0.0.1:{port}: address already in use (choose another --port)"
+    )
+
+
 def test_dlq_list_follows_the_dead_letter_queue(tmp_path: Path, db: list[str], client: Client) -> None:
     client.create_queue("jobs.dead")
     client.create_queue("jobs", max_attempts=1, dead_letter_queue="jobs.dead")
