@@ -328,6 +328,29 @@ def test_web_on_a_port_in_use_is_one_line(tmp_path: Path, db: list[str]) -> None
     )
 
 
+def test_migrate_prints_the_warnings_of_roles_it_could_not_create(
+    tmp_path: Path, dsn: str, conn: psycopg.Connection
+) -> None:
+    # A login without CREATEROLE installs, and the migration warns that it could not create the
+    # roles and what to run once they exist: the CLI printed nothing of it (docs/security.md).
+    suffix = uuid.uuid4().hex[:10]
+    login, prefix, dbname = f"cli_nocreaterole_{suffix}", f"cli_roles_{suffix}", f"cli_roles_{suffix}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(login)))
+    conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(dbname), sql.Identifier(login)))
+    try:
+        url = make_conninfo(dsn, dbname=dbname, user=login, options=f"-c lonnymq.role_prefix={prefix}")
+        proc = run(tmp_path, "migrate", "--dsn", url)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"lonnymq migrate: warning: role {prefix}_{kind} does not exist and {login} may not create"
+            " roles; create it and run SELECT lonnymq._apply_privileges()"
+            for kind in ("producer", "consumer", "admin", "monitor")
+        ]
+    finally:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(login)))
+
+
 def test_dlq_list_follows_the_dead_letter_queue(tmp_path: Path, db: list[str], client: Client) -> None:
     client.create_queue("jobs.dead")
     client.create_queue("jobs", max_attempts=1, dead_letter_queue="jobs.dead")
