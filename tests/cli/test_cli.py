@@ -107,11 +107,17 @@ def test_dsn_from_environment_chain(tmp_path: Path, dsn: str, schema: str) -> No
     "bad", ["not a dsn", "http://db.example.com", "postgresql://app:s3cret@127.0.0.1/app?bogus=1"]
 )
 @pytest.mark.parametrize(
-    "command", [["queue", "list"], ["shard", "status"], ["shard", "move", "jobs", "1"]], ids=" ".join
+    "command",
+    [["queue", "list"], ["shard", "status"], ["shard", "move", "jobs", "1"], ["worker", "dsn_app:app"]],
+    ids=" ".join,
 )
 def test_malformed_dsn_says_what_a_dsn_looks_like(tmp_path: Path, bad: str, command: list[str]) -> None:
     # Was "database error: missing "=" after "not" in connection info string".
-    line = one_line_failure(run(tmp_path, *command, LONNYMQ_DSN=bad))
+    (tmp_path / "dsn_app.py").write_text(
+        "from lonnymq.worker import App\napp = App()\n@app.handler('jobs')\ndef h(job): pass\n"
+    )
+    path = os.pathsep.join(p for p in [str(tmp_path), os.environ.get("PYTHONPATH")] if p)
+    line = one_line_failure(run(tmp_path, *command, LONNYMQ_DSN=bad, PYTHONPATH=path))
     assert line.startswith("lonnymq: invalid DSN (")
     assert "postgresql://USER@HOST:PORT/DBNAME" in line and "host=HOST dbname=DBNAME" in line
     assert "s3cret" not in line

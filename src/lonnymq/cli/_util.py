@@ -38,6 +38,7 @@ def resolve(args: argparse.Namespace) -> str:
     from ..embedded import DEV_SERVER, locate_server
 
     dsn, source = locate_server(args.dsn)
+    check_dsn(dsn)
     if source == DEV_SERVER:
         print(
             f"lonnymq: using the development server at {where(dsn)} (nothing else configured)",
