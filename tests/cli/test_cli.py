@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from core_helpers import drop_schema, fresh_schema_name
 from lonnymq import Client
@@ -98,6 +101,26 @@ def test_dsn_from_environment_chain(tmp_path: Path, dsn: str, schema: str) -> No
     one_line_failure(run(tmp_path, "queue", "list", "--schema", schema, DATABASE_URL=dsn, LONNYMQ_DSN=bad))
     proc = run(tmp_path, "queue", "list", "--schema", schema, "--dsn", dsn, LONNYMQ_DSN=bad)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "bad", ["not a dsn", "http://db.example.com", "postgresql://app:s3cret@127.0.0.1/app?bogus=1"]
+)
+@pytest.mark.parametrize(
+    "command",
+    [["queue", "list"], ["shard", "status"], ["shard", "move", "jobs", "1"], ["worker", "dsn_app:app"]],
+    ids=" ".join,
+)
+def test_malformed_dsn_says_what_a_dsn_looks_like(tmp_path: Path, bad: str, command: list[str]) -> None:
+    # Was "database error: missing "=" after "not" in connection info string".
+    (tmp_path / "dsn_app.py").write_text(
+        "from lonnymq.worker import App\napp = App()\n@app.handler('jobs')\ndef h(job): pass\n"
+    )
+    path = os.pathsep.join(p for p in [str(tmp_path), os.environ.get("PYTHONPATH")] if p)
+    line = one_line_failure(run(tmp_path, *command, LONNYMQ_DSN=bad, PYTHONPATH=path))
+    assert line.startswith("lonnymq: invalid DSN (")
+    assert "postgresql://USER@HOST:PORT/DBNAME" in line and "host=HOST dbname=DBNAME" in line
+    assert "s3cret" not in line
 
 
 def test_pg_variables_mean_libpq_defaults(tmp_path: Path) -> None:
@@ -250,6 +273,88 @@ def test_peek_wraps_instead_of_cutting(tmp_path: Path, db: list[str], client: Cl
     out = run(tmp_path, "peek", "jobs", *db, COLUMNS="60").stdout
     assert "END" in out and "…" not in out
     assert max(len(line) for line in out.splitlines()) <= 60
+
+
+def test_create_with_a_missing_dead_letter_queue_says_create_it_first(tmp_path: Path, db: list[str]) -> None:
+    # Was "queue 'jobs.dead' does not exist (see `lonnymq queue list`)", for a queue being created.
+    line = one_line_failure(run(tmp_path, "queue", "create", "jobs", "--dead-letter-queue", "jobs.dead", *db))
+    assert line == (
+        "lonnymq: dead-letter queue 'jobs.dead' does not exist: create it first"
+        " (`lonnymq queue create jobs.dead`)"
+    )
+    assert run(tmp_path, "queue", "create", "jobs.dead", *db).returncode == 0
+    proc = run(tmp_path, "queue", "create", "jobs", "--dead-letter-queue", "jobs.dead", *db)
+    assert proc.returncode == 0 and proc.stdout == "created queue 'jobs'\n", proc.stderr
+
+
+def test_migrate_pgmq_says_the_facade_is_installed(
+    tmp_path: Path, dsn: str, conn: psycopg.Connection
+) -> None:
+    # Was "schema 'lonnymq' is up to date (...)" alone, on a database that had no facade before.
+    name = f"cli_pgmq_{uuid.uuid4().hex[:10]}"  # one pgmq schema per database: a database of its own
+    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        url = make_conninfo(dsn, dbname=name)
+        assert run(tmp_path, "migrate", "--dsn", url).returncode == 0
+        proc = run(tmp_path, "migrate", "--pgmq", "--dsn", url)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().endswith("; the pgmq facade (schema pgmq) serves schema 'lonnymq'")
+        data = json.loads(run(tmp_path, "migrate", "--pgmq", "--json", "--dsn", url).stdout)
+        assert data == {"schema": "lonnymq", "applied": [], "pgmq": True}
+    finally:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_queue_create_help_gives_the_defaults(tmp_path: Path) -> None:
+    # Was silent on --max-attempts and --max-payload-bytes and on every default.
+    proc = run(tmp_path, "queue", "create", "--help")
+    assert proc.returncode == 0
+    # Each option's help, wherever argparse wrapped it: from the option to the next one.
+    helps = {h.split()[0]: " ".join(h.split()) for h in re.split(r"\n(?=  -)", proc.stdout)}
+    for option, default in [
+        ("--lease", "(default 30)"),
+        ("--max-attempts", "(default 5)"),
+        ("--retention", "(default 604800: 7 days)"),
+        ("--max-payload-bytes", "(default 1048576: 1 MiB"),
+        ("--priority-step", "(default 1)"),
+    ]:
+        assert default in helps[option], helps[option]
+
+
+def test_web_on_a_port_in_use_is_one_line(tmp_path: Path, db: list[str]) -> None:
+    # Was our "dashboard at http://...:PORT/" and then uvicorn's "ERROR: [Errno 98] ...", exit 3.
+    pytest.importorskip("uvicorn")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line_failure(run(tmp_path, "web", "--read-only", "--port", str(port), *db))
+    assert (
+        line == f"lonnymq: cannot listen on 127.0.0.1:{port}: address already in use (choose another --port)"
+    )
+
+
+def test_migrate_prints_the_warnings_of_roles_it_could_not_create(
+    tmp_path: Path, dsn: str, conn: psycopg.Connection
+) -> None:
+    # A login without CREATEROLE installs, and the migration warns that it could not create the
+    # roles and what to run once they exist: the CLI printed nothing of it (docs/security.md).
+    suffix = uuid.uuid4().hex[:10]
+    login, prefix, dbname = f"cli_nocreaterole_{suffix}", f"cli_roles_{suffix}", f"cli_roles_{suffix}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(login)))
+    conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(dbname), sql.Identifier(login)))
+    try:
+        url = make_conninfo(dsn, dbname=dbname, user=login, options=f"-c lonnymq.role_prefix={prefix}")
+        proc = run(tmp_path, "migrate", "--dsn", url)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"lonnymq migrate: warning: role {prefix}_{kind} does not exist and {login} may not create"
+            " roles; create it and run SELECT lonnymq._apply_privileges()"
+            for kind in ("producer", "consumer", "admin", "monitor")
+        ]
+    finally:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(login)))
 
 
 def test_dlq_list_follows_the_dead_letter_queue(tmp_path: Path, db: list[str], client: Client) -> None:

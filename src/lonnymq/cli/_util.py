@@ -38,6 +38,7 @@ def resolve(args: argparse.Namespace) -> str:
     from ..embedded import DEV_SERVER, locate_server
 
     dsn, source = locate_server(args.dsn)
+    check_dsn(dsn)
     if source == DEV_SERVER:
         print(
             f"lonnymq: using the development server at {where(dsn)} (nothing else configured)",
@@ -62,9 +63,24 @@ def where(dsn: str) -> str:
     return f"{user}{host}{port}{db}{service}"
 
 
+def check_dsn(dsn: str) -> str:
+    """``dsn`` if libpq can parse it, else a one-line error saying what a DSN looks like (the DSN
+    itself is not repeated: it may hold a password)."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as e:
+        reason = " ".join(str(e).split())
+        raise CommandError(
+            f"invalid DSN ({reason}): a DSN is a URI, postgresql://USER@HOST:PORT/DBNAME,"
+            " or key=value pairs, host=HOST dbname=DBNAME"
+        ) from e
+    return dsn
+
+
 def connect_to(dsn: str, args: argparse.Namespace) -> psycopg.Connection[Any]:
     """An autocommit connection within the connect timeout; failures as one readable line."""
     timeout = connect_timeout(getattr(args, "connect_timeout", None))
+    check_dsn(dsn)
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=libpq_timeout(timeout))
     except psycopg.OperationalError as e:

@@ -4,6 +4,8 @@ files that changed), or print the SQL of a fresh install for another migration t
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 from .. import migrations
 from ..migrations import pgmq
@@ -67,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
             args, "dropped the pgmq facade (schema pgmq), if it was installed", schema=name, applied=[]
         )
         return 0
-    with _util.client(args) as c:
+    from ..client import Client
+
+    with _util.connection(args) as conn, Client(conn, schema=name) as c:
+        conn.add_notice_handler(_Warnings())
         applied = c.migrate(
             target=args.target, pgmq=args.pgmq, lock_timeout=args.lock_timeout, attempts=args.attempts
         )
@@ -75,5 +80,22 @@ def run(args: argparse.Namespace) -> int:
         text = f"applied migrations {applied} to schema {name!r}"
     else:
         text = f"schema {name!r} is up to date (functions refreshed if they changed)"
-    _util.done(args, text, schema=name, applied=applied)
+    if args.pgmq:
+        text += f"; the pgmq facade (schema pgmq) serves schema {name!r}"
+    _util.done(args, text, schema=name, applied=applied, pgmq=args.pgmq)
     return 0
+
+
+class _Warnings:
+    """Print the migration's own warnings on stderr, once each (a retried attempt repeats them):
+    e.g. a role that the installing user may not create, and what to run once a DBA has created
+    it (docs/security.md, "Installing without CREATEROLE"). PostgreSQL's notices are dropped."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, diag: Any) -> None:
+        text = diag.message_primary or ""
+        if diag.severity_nonlocalized == "WARNING" and text.startswith("lonnymq: ") and text not in self.seen:
+            self.seen.add(text)
+            print(f"lonnymq migrate: warning: {text.removeprefix('lonnymq: ')}", file=sys.stderr)

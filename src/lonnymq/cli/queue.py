@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 
 from ..client import Client
-from . import UsageError, _util, common
+from ..errors import QueueNotFound
+from . import CommandError, UsageError, _util, common
 
 _DEFAULT_CAP = 100_000
 _RATE_WINDOW_MS = 5 * 60_000
@@ -19,15 +22,31 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c = qs.add_parser("create", help="create a queue")
     common(c)
     c.add_argument("name")
-    c.add_argument("--lease", type=float, default=30, help="default lease (visibility timeout), seconds")
-    c.add_argument("--max-attempts", type=int, default=5)
+    c.add_argument(
+        "--lease", type=float, default=30, help="default lease (visibility timeout), seconds (default 30)"
+    )
+    c.add_argument(
+        "--max-attempts", type=int, default=5, help="deliveries before a message is dead (default 5)"
+    )
     c.add_argument("--dead-letter-queue", help="queue receiving dead messages (default: archive)")
     c.add_argument("--archive", action="store_true", help="keep acknowledged messages in the archive")
-    c.add_argument("--retention", type=float, default=7 * 24 * 3600, help="archive retention, seconds")
+    c.add_argument(
+        "--retention",
+        type=float,
+        default=7 * 24 * 3600,
+        help="archive retention, seconds (default 604800: 7 days)",
+    )
     c.add_argument("--unlogged", action="store_true", help="faster, but emptied by a server crash")
-    c.add_argument("--max-payload-bytes", type=int, default=1024 * 1024)
-    c.add_argument("--priority-step", type=float, default=1, help="seconds one priority level is worth")
-    c.add_argument("--if-not-exists", action="store_true")
+    c.add_argument(
+        "--max-payload-bytes",
+        type=int,
+        default=1024 * 1024,
+        help="largest payload accepted (default 1048576: 1 MiB; at most 100 MiB)",
+    )
+    c.add_argument(
+        "--priority-step", type=float, default=1, help="seconds one priority level is worth (default 1)"
+    )
+    c.add_argument("--if-not-exists", action="store_true", help="succeed if the queue exists (unchanged)")
     c.add_argument(
         "--partitions",
         type=int,
@@ -86,8 +105,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     st.set_defaults(func=stats)
 
 
+@contextlib.contextmanager
+def _missing_dead_letter_queue(name: str | None) -> Iterator[None]:
+    """A queue created with a dead-letter queue that does not exist: say to create that first
+    (the only queue ``create_queue`` looks up)."""
+    try:
+        yield
+    except QueueNotFound as e:
+        if name is None:
+            raise
+        raise CommandError(
+            f"dead-letter queue {name!r} does not exist: create it first (`lonnymq queue create {name}`)"
+        ) from e
+
+
 def create(args: argparse.Namespace) -> int:
-    with _util.client(args) as c:
+    with _util.client(args) as c, _missing_dead_letter_queue(args.dead_letter_queue):
         created = c.create_queue(
             args.name,
             lease=args.lease,

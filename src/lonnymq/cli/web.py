@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import socket
 import sys
 
 from . import CommandError, UsageError, _util, common
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     dsn = _util.resolve(args)
     _util.connect_to(dsn, args).close()  # fail now, in one line, if the server cannot be reached
+    _check_listen(args.host, args.port)
     token = os.environ.get("LONNYMQ_WEB_TOKEN") or None
     base = "/" + args.base_path.strip("/")
     url = f"http://{args.host}:{args.port}{'' if base == '/' else base}/"
@@ -57,3 +59,24 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(dsn, schema=_util.schema(args), read_only=args.read_only, token=token, base_path=base)
     uvicorn.run(app, host=args.host, port=args.port, log_level="debug" if args.debug else "warning")
     return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Fail in one line, before announcing the dashboard, if ``host:port`` cannot be listened on
+    (a port in use, a host name that does not resolve): uvicorn would print its own error after
+    our URL and exit with status 3."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as e:
+        raise CommandError(
+            f"cannot listen on {host}:{port}: {(e.strerror or str(e)).lower()} (--host)"
+        ) from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(address)
+        except OSError as e:
+            reason = (e.strerror or str(e)).lower()
+            raise CommandError(f"cannot listen on {host}:{port}: {reason} (choose another --port)") from None
