@@ -12,12 +12,14 @@ Runs on throwaway PostgreSQL 15 clusters (tools/pgcluster.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,16 @@ async def record(job: Job) -> None:
 """
 
 
+@contextlib.contextmanager
+def _cluster_with_queue() -> Iterator[pgcluster.Cluster]:
+    """A throwaway cluster with lonnymq installed and a queue "q"."""
+    with pgcluster.temporary_cluster(SETTINGS, install=False) as cluster:
+        with Client(cluster.dsn) as c:
+            c.migrate()
+            c.create_queue("q")
+        yield cluster
+
+
 def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], what: str) -> None:
     deadline = time.monotonic() + 120
     while text not in (path.read_text() if path.exists() else ""):
@@ -55,10 +67,7 @@ def test_the_worker_command_waits_for_a_database_that_is_not_up_yet(tmp_path: Pa
     require_pg15()
     (tmp_path / "startapp.py").write_text(APP)
     log, runs = tmp_path / "worker.log", tmp_path / "runs.txt"
-    with pgcluster.temporary_cluster(SETTINGS, install=False) as cluster:
-        with Client(cluster.dsn) as c:
-            c.migrate()
-            c.create_queue("q")
+    with _cluster_with_queue() as cluster:
         cluster.stop("fast")
         with log.open("w") as out:
             proc = subprocess.Popen(
@@ -88,10 +97,7 @@ def test_the_worker_command_waits_for_a_database_that_is_not_up_yet(tmp_path: Pa
 def test_a_stop_while_the_worker_waits_ends_it_cleanly(caplog: pytest.LogCaptureFixture) -> None:
     require_pg15()
     caplog.set_level(logging.INFO, logger="lonnymq.worker")
-    with pgcluster.temporary_cluster(SETTINGS, install=False) as cluster:
-        with Client(cluster.dsn) as c:
-            c.migrate()
-            c.create_queue("q")
+    with _cluster_with_queue() as cluster:
         cluster.stop("fast")
 
         async def main() -> None:
@@ -112,10 +118,7 @@ def test_a_stop_while_the_worker_waits_ends_it_cleanly(caplog: pytest.LogCapture
 def test_startup_timeout_zero_and_a_refusal_fail_at_once(tmp_path: Path) -> None:
     require_pg15()
     (tmp_path / "startapp.py").write_text(APP)
-    with pgcluster.temporary_cluster(SETTINGS, install=False) as cluster:
-        with Client(cluster.dsn) as c:
-            c.migrate()
-            c.create_queue("q")
+    with _cluster_with_queue() as cluster:
         nobody = cluster.dsn.replace("postgres@", "nobody@")
         assert nobody != cluster.dsn
         refused = subprocess.run(
