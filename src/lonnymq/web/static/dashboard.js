@@ -20,17 +20,24 @@ document.addEventListener("change", (e) => {
   const main = document.getElementById("content");
   const every = main && Number(main.dataset.refresh);
   if (!every) return;
-  setInterval(async () => {
-    if (document.hidden) return;
+  // Busy: a field has the focus, holds what the user typed, or a box is ticked. Asked again
+  // when the fresh page has come: the user may have started typing while it was on its way
+  // (swapping then emptied the purge's confirm field between typing and clicking).
+  const busy = () => {
     const active = document.activeElement;
-    if (active && ["INPUT", "SELECT", "TEXTAREA"].includes(active.tagName)) return;
-    if (document.querySelector("input[type=checkbox]:checked")) return;
+    if (active && ["INPUT", "SELECT", "TEXTAREA"].includes(active.tagName)) return true;
+    if (document.querySelector("input[type=checkbox]:checked")) return true;
+    return [...main.querySelectorAll("input, textarea")].some(
+      (f) => f.type !== "hidden" && f.type !== "checkbox" && f.value !== f.defaultValue);
+  };
+  setInterval(async () => {
+    if (document.hidden || busy()) return;
     try {
       const r = await fetch(location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" });
       if (!r.ok) return;
       const doc = new DOMParser().parseFromString(await r.text(), "text/html");
       const fresh = doc.getElementById("content");
-      if (!fresh) return;
+      if (!fresh || busy()) return;
       // The flash of the last action stays until the user leaves the page: a refresh swaps
       // the content around it (the server gives it once, so the fresh page has none).
       const flash = main.querySelector(".flash");
