@@ -20,10 +20,21 @@ document.addEventListener("change", (e) => {
   const main = document.getElementById("content");
   const every = main && Number(main.dataset.refresh);
   if (!every) return;
-  // Busy: a field has the focus, holds what the user typed, or a box is ticked. Asked again
-  // when the fresh page has come: the user may have started typing while it was on its way
-  // (swapping then emptied the purge's confirm field between typing and clicking).
+  // A button held down: swapping the content between the press and the release would lose
+  // the click (its press and release would be on different elements).
+  let pressed = false;
+  for (const [type, down] of [["pointerdown", true], ["pointerup", false], ["pointercancel", false]]) {
+    window.addEventListener(type, () => { pressed = down; }, true);
+  }
+  // A window losing the focus may never see the release: that ends the press too (blur does
+  // not bubble: this is the window's own, not a field's).
+  window.addEventListener("blur", () => { pressed = false; });
+  // Busy: a button is held down, a field has the focus, holds what the user typed, or a box is
+  // ticked. Asked again when the fresh page has come: the user may have started typing or
+  // clicking while it was on its way (swapping then emptied the purge's confirm field between
+  // typing and clicking).
   const busy = () => {
+    if (pressed) return true;
     const active = document.activeElement;
     if (active && ["INPUT", "SELECT", "TEXTAREA"].includes(active.tagName)) return true;
     if (document.querySelector("input[type=checkbox]:checked")) return true;
