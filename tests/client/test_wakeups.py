@@ -153,8 +153,8 @@ def test_wait_begin_waits_for_a_probe_at_most_lock_timeout(dsn: str, client: Cli
         timer = threading.Timer(
             0.2, lambda: c.execute("SELECT pg_advisory_unlock(%s, %s)", [keys[1], keys[2]])
         )
+        started = time.monotonic()  # before the timer's 0.2 s start, however slow this thread
         timer.start()
-        started = time.monotonic()
         assert _call(w, schema, "wait_begin", "q") == []
         timer.join()
         assert time.monotonic() - started >= 0.15

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,6 +10,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from lonnymq.embedded import (
     resolve_dsn,
     temporary_server,
 )
+from lonnymq.embedded._host import file_lock
 from lonnymq.errors import LonnyMQError
 
 pytestmark = [pytest.mark.once, pytest.mark.timeout(180)]
@@ -355,3 +359,42 @@ def _src_dir() -> str:
     import lonnymq
 
     return str(Path(lonnymq.__file__).resolve().parents[1])
+
+
+def _open_fds(path: Path) -> int:
+    """How many of this process's file descriptors are open on ``path``."""
+    n = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            n += os.readlink(fd) == str(path)
+    return n
+
+
+def test_a_lock_file_deleted_by_its_holder_is_never_held_twice(workdir: Path) -> None:
+    """remove() deletes the data directory's lock file: a waiter that then gets the lock of the
+    deleted file must not hold it while a newcomer locks the file created after it (they held
+    one each: two starts of one data directory at once)."""
+    path = workdir / ".pgdata.lock"
+    inside, leave = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        with file_lock(path, 120):
+            inside.set()
+            leave.wait(120)
+
+    t = threading.Thread(target=waiter)
+    with file_lock(path, 5):
+        t.start()
+        while _open_fds(path) < 2:  # the waiter has the file open (a condition, not a pause)
+            assert t.is_alive()
+            time.sleep(0.01)
+        path.unlink()  # as remove() does, holding the lock
+    try:
+        assert inside.wait(120), "the waiter never got the lock"
+        # The waiter holds the lock: a newcomer must wait (and here give up), whatever file
+        # the waiter got it on.
+        with pytest.raises(EmbeddedServerError, match="timed out"), file_lock(path, 0.3):
+            pass
+    finally:
+        leave.set()
+        t.join(120)

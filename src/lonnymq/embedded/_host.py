@@ -204,25 +204,42 @@ def looks_like_postgres(pid: int) -> bool:
 
 @contextlib.contextmanager
 def file_lock(path: Path, timeout: float) -> Iterator[None]:
-    # A fresh open file description per call: flock then also excludes other threads
-    # and other EmbeddedServer objects of this process, not only other processes.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    """Hold an exclusive lock on ``path`` (created if missing) for the block. The holder may
+    delete ``path`` before leaving (EmbeddedServer.remove): a waiter that then gets the lock
+    of the deleted file lets it go and locks the file at ``path`` again, so two holders never
+    hold the locks of two different files at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        # A fresh open file description per call: flock then also excludes other threads
+        # and other EmbeddedServer objects of this process, not only other processes.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise EmbeddedServerError(
+                            f"timed out after {timeout:.0f}s waiting for lock {path} "
+                            "(another process is initialising/starting/stopping this server)"
+                        ) from None
+                    time.sleep(0.05)
+            if _same_file(fd, path):
+                yield
+                return
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (not one deleted, or replaced, since)."""
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise EmbeddedServerError(
-                        f"timed out after {timeout:.0f}s waiting for lock {path} "
-                        "(another process is initialising/starting/stopping this server)"
-                    ) from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def tcp_host(listen_addr: str) -> str | None:

@@ -351,7 +351,10 @@ class EmbeddedServer:
             shutil.rmtree(self.data_dir.parent / f".{self.data_dir.name}.initdb", ignore_errors=True)
             if self.data_dir.exists():
                 raise EmbeddedServerError(f"could not delete {self.data_dir}")
-        self._lock_path.unlink(missing_ok=True)
+            # Deleted while held: a waiter that gets the lock of the deleted file sees it gone
+            # and locks a new one (file_lock). Deleted after release, a waiter could already
+            # hold it while a later start locked the new file: two starts of one directory.
+            self._lock_path.unlink(missing_ok=True)
         self._port = None
 
     def restart(self) -> None:

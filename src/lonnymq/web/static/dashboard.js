@@ -20,17 +20,35 @@ document.addEventListener("change", (e) => {
   const main = document.getElementById("content");
   const every = main && Number(main.dataset.refresh);
   if (!every) return;
-  setInterval(async () => {
-    if (document.hidden) return;
+  // A button held down: swapping the content between the press and the release would lose
+  // the click (its press and release would be on different elements).
+  let pressed = false;
+  for (const [type, down] of [["pointerdown", true], ["pointerup", false], ["pointercancel", false]]) {
+    window.addEventListener(type, () => { pressed = down; }, true);
+  }
+  // A window losing the focus may never see the release: that ends the press too (blur does
+  // not bubble: this is the window's own, not a field's).
+  window.addEventListener("blur", () => { pressed = false; });
+  // Busy: a button is held down, a field has the focus, holds what the user typed, or a box is
+  // ticked. Asked again when the fresh page has come: the user may have started typing or
+  // clicking while it was on its way (swapping then emptied the purge's confirm field between
+  // typing and clicking).
+  const busy = () => {
+    if (pressed) return true;
     const active = document.activeElement;
-    if (active && ["INPUT", "SELECT", "TEXTAREA"].includes(active.tagName)) return;
-    if (document.querySelector("input[type=checkbox]:checked")) return;
+    if (active && ["INPUT", "SELECT", "TEXTAREA"].includes(active.tagName)) return true;
+    if (document.querySelector("input[type=checkbox]:checked")) return true;
+    return [...main.querySelectorAll("input, textarea")].some(
+      (f) => f.type !== "hidden" && f.type !== "checkbox" && f.value !== f.defaultValue);
+  };
+  setInterval(async () => {
+    if (document.hidden || busy()) return;
     try {
       const r = await fetch(location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" });
       if (!r.ok) return;
       const doc = new DOMParser().parseFromString(await r.text(), "text/html");
       const fresh = doc.getElementById("content");
-      if (!fresh) return;
+      if (!fresh || busy()) return;
       // The flash of the last action stays until the user leaves the page: a refresh swaps
       // the content around it (the server gives it once, so the fresh page has none).
       const flash = main.querySelector(".flash");
