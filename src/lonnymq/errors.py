@@ -71,6 +71,23 @@ def _connection_lost(message: str, may_have_committed: bool) -> ConnectionLost:
     return ConnectionLost(message, may_have_committed=may_have_committed)
 
 
+class MissingExtra(LonnyMQError, ModuleNotFoundError):
+    """An optional part of lonnymq was used without its extra installed; the message names the
+    ``pip install 'lonnymq[EXTRA]'`` to run (``name``: the module that is missing)."""
+
+    @classmethod
+    def of(cls, e: ModuleNotFoundError, extra: str, what: str) -> MissingExtra:
+        return cls(
+            f"{what} needs the {extra} extra ({e.name} is missing): pip install 'lonnymq[{extra}]'",
+            name=e.name,
+        )
+
+
+class MetricsServerError(LonnyMQError, OSError):
+    """The worker's metrics endpoint could not listen where asked (the port is in use, the
+    host is not an address of this machine); the message names the host and port."""
+
+
 class PermissionDenied(LonnyMQError, PermissionError):
     """The database role may not do this (see the lonnymq_producer/consumer/admin roles)."""
 
