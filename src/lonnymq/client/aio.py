@@ -178,7 +178,7 @@ class AsyncClient:
                 self._open_timeout = config.connect_timeout(connect_timeout)
                 kwargs["connect_timeout"] = config.libpq_timeout(self._open_timeout)
             self._pool_args = (pool_size, kwargs, check_connections)
-            self._pool = self._new_pool(conninfo)
+            self._pool = self._new_pool(conninfo, 1)  # grown once open (_first_connection)
             self._owns_pool = True
 
     @classmethod
@@ -235,6 +235,9 @@ class AsyncClient:
                 pass
             else:
                 await pool.putconn(c)
+                # Made with room for one connection, so that waiting above did not start a
+                # second (a waiter grows a pool that has room): now its full size.
+                await pool.resize(1, self._pool_args[0])
                 return
             step = min(step * 2, 1.0)
             failed = pool.get_stats().get("connections_errors", 0)
@@ -253,7 +256,7 @@ class AsyncClient:
                 break
         await pool.close()
         if self._pool is pool:
-            self._pool = self._new_pool(self.conninfo)
+            self._pool = self._new_pool(self.conninfo, 1)
         where = config.location(self.conninfo)
         raise errors.DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {reason}", where=where)
 
@@ -541,14 +544,15 @@ class AsyncClient:
         assert self._pool is not None
         return self._pool
 
-    def _new_pool(self, conninfo: str) -> AsyncConnectionPool[Any]:
-        """A pool (not open yet) of this client's size and connection arguments, checking its
-        connections when handed out if the client does (``check_connections``)."""
+    def _new_pool(self, conninfo: str, max_size: int | None = None) -> AsyncConnectionPool[Any]:
+        """A pool (not open yet) of this client's size (or ``max_size``) and connection
+        arguments, checking its connections when handed out if the client does
+        (``check_connections``)."""
         size, kwargs, check = self._pool_args
         return AsyncConnectionPool(
             conninfo,
             min_size=1,
-            max_size=size,
+            max_size=size if max_size is None else max_size,
             kwargs=kwargs,
             open=False,
             check=_check_connection if check else None,

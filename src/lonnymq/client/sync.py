@@ -166,7 +166,7 @@ class Client:
                 self._open_timeout = config.connect_timeout(connect_timeout)
                 kwargs["connect_timeout"] = config.libpq_timeout(self._open_timeout)
             self._pool_args = (pool_size, kwargs, check_connections)
-            self._pool = self._new_pool(conninfo)
+            self._pool = self._new_pool(conninfo, 1)
             self._owns_pool = True
 
     @classmethod
@@ -222,6 +222,7 @@ class Client:
                 pass
             else:
                 pool.putconn(c)
+                pool.resize(1, self._pool_args[0])
                 return
             step = min(step * 2, 1.0)
             failed = pool.get_stats().get("connections_errors", 0)
@@ -240,7 +241,7 @@ class Client:
                 break
         pool.close()
         if self._pool is pool:
-            self._pool = self._new_pool(self.conninfo)
+            self._pool = self._new_pool(self.conninfo, 1)
         where = config.location(self.conninfo)
         raise errors.DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {reason}", where=where)
 
@@ -500,14 +501,15 @@ class Client:
         assert self._pool is not None
         return self._pool
 
-    def _new_pool(self, conninfo: str) -> ConnectionPool[Any]:
-        """A pool (not open yet) of this client's size and connection arguments, checking its
-        connections when handed out if the client does (``check_connections``)."""
+    def _new_pool(self, conninfo: str, max_size: int | None = None) -> ConnectionPool[Any]:
+        """A pool (not open yet) of this client's size (or ``max_size``) and connection
+        arguments, checking its connections when handed out if the client does
+        (``check_connections``)."""
         size, kwargs, check = self._pool_args
         return ConnectionPool(
             conninfo,
             min_size=1,
-            max_size=size,
+            max_size=size if max_size is None else max_size,
             kwargs=kwargs,
             open=False,
             check=_check_connection if check else None,
