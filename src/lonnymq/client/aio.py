@@ -249,8 +249,9 @@ class AsyncClient:
                     reason = " ".join(str(e).split())
                     if config.refused(e):
                         break
-                else:
-                    await probe.close()
+                else:  # the server answers now: room for a new connection, made at once
+                    await probe.close()  # (the pool's next attempt may be seconds away)
+                    await pool.resize(1, self._pool_args[0])
             if deadline - monotonic() <= 0:
                 reason = f"{reason or 'timed out'}; gave up after {timeout:g}s without a connection"
                 break

@@ -236,6 +236,7 @@ class Client:
                         break
                 else:
                     probe.close()
+                    pool.resize(1, self._pool_args[0])
             if deadline - monotonic() <= 0:
                 reason = f"{reason or 'timed out'}; gave up after {timeout:g}s without a connection"
                 break
