@@ -71,6 +71,49 @@ def _connection_lost(message: str, may_have_committed: bool) -> ConnectionLost:
     return ConnectionLost(message, may_have_committed=may_have_committed)
 
 
+class DatabaseUnavailable(ConnectionLost):
+    """The client could not connect to PostgreSQL: opening it (``open()``, ``with Client(...)``,
+    or its first call) got no connection within its timeout, or the server refused the login
+    (a wrong password, an unknown role or database: at once, without waiting). The message
+    names where (``user@host:port/dbname``, never the password, also in ``where``) and libpq's
+    last reason (``Connection refused``, ``password authentication failed``...). No call ran
+    (``may_have_committed`` is False); a later call or ``open()`` tries again. A
+    ConnectionLost, so a ``psycopg.OperationalError`` too."""
+
+    def __init__(self, message: str, *, where: str) -> None:
+        super().__init__(message, may_have_committed=False)
+        self.where = where
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_database_unavailable, (str(self), self.where))
+
+
+def _database_unavailable(message: str, where: str) -> DatabaseUnavailable:
+    return DatabaseUnavailable(message, where=where)
+
+
+class ClientClosed(LonnyMQError, psycopg.OperationalError):
+    """A call on a client after its ``close()`` (or on a connection pool, given to the client,
+    that its owner closed): it fails at once; make a new client."""
+
+
+class MissingExtra(LonnyMQError, ModuleNotFoundError):
+    """An optional part of lonnymq was used without its extra installed; the message names the
+    ``pip install 'lonnymq[EXTRA]'`` to run (``name``: the module that is missing)."""
+
+    @classmethod
+    def of(cls, e: ModuleNotFoundError, extra: str, what: str) -> MissingExtra:
+        return cls(
+            f"{what} needs the {extra} extra ({e.name} is missing): pip install 'lonnymq[{extra}]'",
+            name=e.name,
+        )
+
+
+class MetricsServerError(LonnyMQError, OSError):
+    """The worker's metrics endpoint could not listen where asked (the port is in use, the
+    host is not an address of this machine); the message names the host and port."""
+
+
 class PermissionDenied(LonnyMQError, PermissionError):
     """The database role may not do this (see the lonnymq_producer/consumer/admin roles)."""
 

@@ -90,7 +90,15 @@ class OrjsonSerializer:
     content_type = JSON
 
     def __init__(self) -> None:
-        import orjson
+        """:raises MissingExtra: orjson is not installed (``pip install 'lonnymq[orjson]'``)."""
+        try:
+            import orjson
+        except ModuleNotFoundError as e:
+            if e.name != "orjson":
+                raise
+            from .errors import MissingExtra
+
+            raise MissingExtra.of(e, "orjson", "OrjsonSerializer") from e
 
         self._orjson = orjson
 

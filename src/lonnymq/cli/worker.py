@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import importlib
 import inspect
 import logging
@@ -177,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         return asyncio.run(_serve(worker))
+    except errors.MetricsServerError as e:
+        hint = "--metrics-port" if e.errno == errno.EADDRINUSE else "--metrics-host"
+        raise CommandError(f"{e} (choose another {hint})") from e
     except psycopg.OperationalError as e:  # at start: refused, or unreachable for --startup-timeout
         raise CommandError(f"cannot connect to {_util.where(dsn)}: {' '.join(str(e).split())}") from e
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast, overload
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from .. import errors
 from ..migrations import (
@@ -153,6 +153,7 @@ class AsyncClient:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._owns_pool = False
         self._opened = False
+        self._closed = False
         self._listeners: list[AsyncListener | ShardListener] = []  # idle, for the next receive()
         self._router: bool | None = None  # a shard router's schema? (asked once, when it matters)
         self._map: ShardMap | None = ShardMap(schema, self.ops.st) if direct else None
@@ -177,7 +178,7 @@ class AsyncClient:
                 self._open_timeout = config.connect_timeout(connect_timeout)
                 kwargs["connect_timeout"] = config.libpq_timeout(self._open_timeout)
             self._pool_args = (pool_size, kwargs, check_connections)
-            self._pool = self._new_pool(conninfo)
+            self._pool = self._new_pool(conninfo, 1)  # grown once open (_first_connection)
             self._owns_pool = True
 
     @classmethod
@@ -198,14 +199,85 @@ class AsyncClient:
         return cls(dev_server(data_dir).start().dsn, schema=schema, pool_size=pool_size)
 
     async def open(self) -> AsyncClient:
-        """Open the client's own pool (done on first use if not called)."""
+        """Open the client's own pool (done on first use if not called): wait up to
+        ``connect_timeout`` (default 30 s) for its first connection.
+
+        :raises DatabaseUnavailable: no connection in that time, or at once when the server
+            turns the login down (password, role, database); names where and libpq's reason.
+            Nothing stays open: a later call or ``open()`` tries again.
+        :raises ClientClosed: the client was closed.
+        """
+        if self._closed:
+            raise self._closed_error()
         if self._owns_pool and not self._opened and self._pool is not None:
-            await self._pool.open(wait=True, timeout=self._open_timeout)
+            await self._first_connection(self._open_timeout)
         self._opened = True
         return self
 
+    async def _first_connection(self, timeout: float) -> None:
+        """Open the client's pool and wait up to ``timeout`` seconds for its first connection.
+        Each time the pool's attempts fail anew, one plain connection attempt learns libpq's
+        reason (the pool only logs it): a refusal by the server ends the wait at once. On failure
+        the pool is closed and replaced by a new one, not opened, and DatabaseUnavailable raised."""
+        pool = self._pool
+        assert pool is not None and self.conninfo is not None
+        deadline = monotonic() + timeout
+        await pool.open(wait=False)
+        failures = 0
+        reason: str | None = None
+        step = 0.05  # the pool's first attempt takes a few ms: check on it soon, then less often
+        while True:
+            left = deadline - monotonic()
+            try:
+                # getconn(), not pool.wait(): a wait that times out closes the pool.
+                c = await pool.getconn(max(min(step, left), 0.001))
+            except PoolTimeout:
+                pass
+            else:
+                await pool.putconn(c)
+                # Made with room for one connection, so that waiting above did not start a
+                # second (a waiter grows a pool that has room): now its full size.
+                await pool.resize(1, self._pool_args[0])
+                return
+            step = min(step * 2, 1.0)
+            failed = pool.get_stats().get("connections_errors", 0)
+            if failed > failures:  # the pool's attempts failed again: ask libpq why
+                failures = failed
+                try:
+                    probe = await AsyncConnection.connect(self.conninfo, **self._probe_args(left))
+                except psycopg.OperationalError as e:
+                    reason = " ".join(str(e).split())
+                    if config.refused(e):
+                        break
+                else:  # the server answers now: room for a new connection, made at once
+                    await probe.close()  # (the pool's next attempt may be seconds away)
+                    await pool.resize(1, self._pool_args[0])
+            if deadline - monotonic() <= 0:
+                reason = f"{reason or 'timed out'}; gave up after {timeout:g}s without a connection"
+                break
+        await pool.close()
+        if self._pool is pool:
+            self._pool = self._new_pool(self.conninfo, 1)
+        where = config.location(self.conninfo)
+        raise errors.DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {reason}", where=where)
+
+    def _probe_args(self, seconds: float) -> dict[str, Any]:
+        """The pool's connection arguments, with libpq's connect_timeout bounded by ``seconds``
+        unless the client or the conninfo sets one."""
+        kwargs = dict(self._pool_args[1])
+        if "connect_timeout" not in kwargs and "connect_timeout" not in (self.conninfo or ""):
+            kwargs["connect_timeout"] = config.libpq_timeout(seconds)
+        return kwargs
+
+    def _closed_error(self, e: PoolClosed | None = None) -> errors.ClientClosed:
+        if self._closed or e is None:
+            return errors.ClientClosed("the client is closed (close() was called): make a new client")
+        return errors.ClientClosed(f"the connection pool given to the client is not open: {e}")
+
     async def close(self) -> None:
-        """Close listener connections and the pool the client created (not ones passed in)."""
+        """Close listener connections and the pool the client created (not ones passed in).
+        Later calls on a client that made its pool raise ClientClosed at once."""
+        self._closed = self._owns_pool
         while self._listeners:
             await self._listeners.pop().close()
         while self._shard_pools:
@@ -229,7 +301,7 @@ class AsyncClient:
         elif self._conn is not None:
             yield self._conn
         else:
-            if not self._opened:
+            if not self._opened or self._closed:
                 await self.open()
             assert self._pool is not None
             async with self._pool.connection() as c:
@@ -285,22 +357,25 @@ class AsyncClient:
         started = monotonic()
         backoff: Backoff | None = None
         ran = False  # an attempt reached the server: it may have committed
+        if pool is self._pool and not self._opened:  # (a shard's pool is opened when made)
+            if policy is not None and self._owns_pool:
+                # The first connection within the retry deadline (DatabaseUnavailable, a
+                # ConnectionLost, if none: nothing was sent).
+                await self._first_connection(min(policy.deadline, self._open_timeout))
+                self._opened = True
+            else:
+                await self.open()
         while True:
             sent = False
             undone: float | None = None  # the wait before repeating a call the server rolled back
             try:
-                if pool is self._pool and not self._opened and policy is not None and self._owns_pool:
-                    # Not open(): its wait closes the pool for good if the server is down now;
-                    # getconn() waits for the first connection, within the deadline.
-                    await pool.open(wait=False)
-                    self._opened = True
-                elif pool is self._pool and not self._opened:  # (a shard's pool is opened when made)
-                    await self.open()
                 if policy is None:
                     timeout = wait
                 else:
                     timeout = policy.deadline if backoff is None else backoff.remaining()
                 c = await pool.getconn(timeout)
+            except PoolClosed as e:
+                raise self._closed_error(e) from None
             except psycopg.OperationalError as e:  # no connection (PoolTimeout): nothing was sent
                 lost = e
             else:
@@ -470,14 +545,15 @@ class AsyncClient:
         assert self._pool is not None
         return self._pool
 
-    def _new_pool(self, conninfo: str) -> AsyncConnectionPool[Any]:
-        """A pool (not open yet) of this client's size and connection arguments, checking its
-        connections when handed out if the client does (``check_connections``)."""
+    def _new_pool(self, conninfo: str, max_size: int | None = None) -> AsyncConnectionPool[Any]:
+        """A pool (not open yet) of this client's size (or ``max_size``) and connection
+        arguments, checking its connections when handed out if the client does
+        (``check_connections``)."""
         size, kwargs, check = self._pool_args
         return AsyncConnectionPool(
             conninfo,
             min_size=1,
-            max_size=size,
+            max_size=size if max_size is None else max_size,
             kwargs=kwargs,
             open=False,
             check=_check_connection if check else None,
@@ -489,6 +565,8 @@ class AsyncClient:
         key = (shard, m.shards[shard])
         pool = self._shard_pools.get(key)
         if pool is None:
+            if self._closed:
+                raise self._closed_error()
             pool = self._new_pool(m.conninfo(shard, self.conninfo))
             await pool.open(wait=False)
             self._shard_pools[key] = pool

@@ -72,3 +72,39 @@ def connect_timeout(value: float | None = None) -> float:
 def libpq_timeout(seconds: float) -> int:
     """libpq's ``connect_timeout`` is whole seconds, at least 2 (libpq raises 1 to 2)."""
     return max(2, math.ceil(seconds))
+
+
+#: What a failed connection attempt says when the server answered and turned the login down (a
+#: wrong or missing password, an unknown role or database, no pg_hba.conf entry): waiting would
+#: not mend it, so opening a client fails at once. libpq's and the server's texts, lower case.
+REFUSALS = (
+    "password authentication failed",
+    "authentication failed for user",
+    "no password supplied",
+    "no pg_hba.conf entry",
+    "does not exist",  # role "x" / database "x"
+    "permission denied for database",
+)
+
+
+def refused(e: BaseException) -> bool:
+    """Whether a failed connection attempt was turned down by the server (see REFUSALS)."""
+    text = str(e).lower()
+    return any(s in text for s in REFUSALS)
+
+
+def location(conninfo: str) -> str:
+    """Where ``conninfo`` connects, for messages: ``user@host:port/dbname``, never the password."""
+    import psycopg  # (here: the CLI imports this module before it needs psycopg)
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "a conninfo that does not parse"
+    at = str(parts.get("host") or parts.get("hostaddr") or "the local socket")
+    if parts.get("port"):
+        at += f":{parts['port']}"
+    if parts.get("dbname"):
+        at += f"/{parts['dbname']}"
+    return f"{parts['user']}@{at}" if parts.get("user") else at

@@ -22,6 +22,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from ..errors import MetricsServerError
+
 __all__ = ["HEALTH_TIMEOUT", "MetricsServer", "Probe"]
 
 #: Seconds the event loop has to answer a liveness probe.
@@ -66,12 +68,18 @@ class MetricsServer:
             )
             return [body]
 
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
 
-        class Server(ThreadingWSGIServer):
-            address_family = family
+            class Server(ThreadingWSGIServer):
+                address_family = family
 
-        self._server = make_server(host, port, app, server_class=Server, handler_class=_Quiet)
+            self._server = make_server(host, port, app, server_class=Server, handler_class=_Quiet)
+        except OSError as e:  # in use, not this host's address, a name that does not resolve
+            reason = (e.strerror or str(e)).lower()
+            error = MetricsServerError(f"cannot serve metrics on {host}:{port}: {reason}")
+            error.errno = e.errno
+            raise error from e
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="lonnymq-metrics", daemon=True
         )
