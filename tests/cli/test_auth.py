@@ -10,38 +10,22 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import pgcluster  # tools/ is not a package: found through sys.path above
 
+from auth_helpers import scram_cluster
+
 PASSWORD = "s3cret-Horse-battery"
 WRONG = "wr0ng-Staple-guess"
-
-# The superuser keeps trust (the test sets things up with it); everyone else needs a password.
-HBA = """\
-local all postgres trust
-host all postgres 127.0.0.1/32 trust
-local all all scram-sha-256
-host all all 127.0.0.1/32 scram-sha-256
-"""
 
 pytestmark = pytest.mark.once
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[pgcluster.Cluster]:
-    if not (pgcluster.BINDIR / "initdb").exists():
-        pytest.skip(f"PostgreSQL {pgcluster.PG_MAJOR} binaries not found in {pgcluster.BINDIR}")
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run PostgreSQL as the postgres OS user")
-    with pgcluster.temporary_cluster({"shared_preload_libraries": "''"}, install=False) as c:
-        (c.datadir / "pg_hba.conf").write_text(HBA)
-        c.pg_ctl("reload")
-        with psycopg.connect(c.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE ROLE alice LOGIN PASSWORD {}").format(sql.Literal(PASSWORD)))
+    with scram_cluster(PASSWORD) as c:
         yield c
 
 

@@ -49,18 +49,9 @@ def resolve(args: argparse.Namespace) -> str:
 
 def where(dsn: str) -> str:
     """Where a DSN points, without its password: ``user@host:port/dbname``."""
-    try:
-        parts = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "the given DSN (it does not parse)"
-    if not parts:
-        return "libpq's defaults (PG* variables)"
-    host = str(parts.get("host") or parts.get("hostaddr") or "local socket")
-    user = f"{parts['user']}@" if parts.get("user") else ""
-    port = f":{parts['port']}" if parts.get("port") else ""
-    db = f"/{parts['dbname']}" if parts.get("dbname") else ""
-    service = f" (service {parts['service']})" if parts.get("service") else ""
-    return f"{user}{host}{port}{db}{service}"
+    from ..client.config import location
+
+    return location(dsn)
 
 
 def check_dsn(dsn: str) -> str:

@@ -94,17 +94,21 @@ def refused(e: BaseException) -> bool:
 
 
 def location(conninfo: str) -> str:
-    """Where ``conninfo`` connects, for messages: ``user@host:port/dbname``, never the password."""
+    """Where ``conninfo`` connects, for messages: ``user@host:port/dbname`` (and its service),
+    never the password; libpq's defaults for an empty one. The one place that says it: the
+    client's, the CLI's, the shard router's and the Spark data source's messages."""
     import psycopg  # (here: the CLI imports this module before it needs psycopg)
     from psycopg.conninfo import conninfo_to_dict
 
     try:
         parts = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
-        return "a conninfo that does not parse"
-    at = str(parts.get("host") or parts.get("hostaddr") or "the local socket")
-    if parts.get("port"):
-        at += f":{parts['port']}"
-    if parts.get("dbname"):
-        at += f"/{parts['dbname']}"
-    return f"{parts['user']}@{at}" if parts.get("user") else at
+        return "a DSN that does not parse"
+    if not parts:
+        return "libpq's defaults (PG* variables)"
+    host = str(parts.get("host") or parts.get("hostaddr") or "local socket")
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    port = f":{parts['port']}" if parts.get("port") else ""
+    db = f"/{parts['dbname']}" if parts.get("dbname") else ""
+    service = f" (service {parts['service']})" if parts.get("service") else ""
+    return f"{user}{host}{port}{db}{service}"

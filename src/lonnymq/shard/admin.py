@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from .. import errors
 from ..client import Client
+from ..client.config import location
 from ..migrations import DEFAULT_SCHEMA, check_schema
 from ..migrations import pgmq as pgmq_facade
 from . import catalog, partitions, pgmq_parts
@@ -75,20 +76,9 @@ class RouterStatus:
         return {q: [i for i in p if i in down] for q, p in self.partitioned.items() if down & set(p)}
 
 
-def _where(parts: dict[str, Any]) -> str:
-    host = str(parts.get("host") or parts.get("hostaddr") or "local socket")
-    user = f"{parts['user']}@" if parts.get("user") else ""
-    port = f":{parts['port']}" if parts.get("port") else ""
-    db = f"/{parts['dbname']}" if parts.get("dbname") else ""
-    return f"{user}{host}{port}{db}"
-
-
 def where(dsn: str) -> str:
     """Where a DSN points, without its password: ``user@host:port/dbname``."""
-    try:
-        return _where(conninfo_to_dict(dsn))
-    except psycopg.ProgrammingError:
-        return "a DSN that does not parse"
+    return location(dsn)
 
 
 def _partitions(shard_dsns: Sequence[str]) -> tuple[list[str], dict[str, str]]:

@@ -17,6 +17,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .. import errors
+from ..client.config import location
 from ..client.direct import FENCE, ShardMap, fence_query
 from ..client.ops import Op, Ops, check_queue, map_error
 from ..migrations import DEFAULT_SCHEMA, check_schema
@@ -37,14 +38,7 @@ class ConnectFailed(errors.LonnyMQError, ConnectionError):
 
 def describe_dsn(dsn: str) -> str:
     """``user@host:port/dbname`` of a DSN, for messages: never the password or other secrets."""
-    try:
-        d = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        return "(an unparsable DSN)"
-    host = str(d.get("host") or d.get("hostaddr") or "localhost")
-    port = f":{d['port']}" if d.get("port") else ""
-    user = f"{d['user']}@" if d.get("user") else ""
-    return f"{user}{host}{port}/{d.get('dbname') or ''}"
+    return location(dsn)
 
 
 def scrub(text: str, dsn: str) -> str:
