@@ -5,7 +5,8 @@ starts a graceful shutdown (stop fetching, let running handlers finish within
 ``--shutdown-timeout``, then cancel them and release their leases), a second one skips the wait.
 The previous handlers are restored when the worker has stopped. Exit status: 0 after a clean
 shutdown, 1 if the worker stopped because one of its tasks failed or the server could not be
-reached (within ``--startup-timeout``, or it refused the worker), 2 on a usage error (e.g. MODULE:ATTR that is not an App).
+reached (within ``--startup-timeout``, or it refused the worker), 2 on a usage error (e.g.
+MODULE:ATTR that is not an App).
 """
 
 from __future__ import annotations
@@ -182,7 +183,10 @@ def run(args: argparse.Namespace) -> int:
         hint = "--metrics-port" if e.errno == errno.EADDRINUSE else "--metrics-host"
         raise CommandError(f"{e} (choose another {hint})") from e
     except psycopg.OperationalError as e:  # at start: refused, or unreachable for --startup-timeout
-        raise CommandError(f"cannot connect to {_util.where(dsn)}: {' '.join(str(e).split())}") from e
+        reason = " ".join(str(e).split())
+        if isinstance(e, errors.DatabaseUnavailable):  # the client's own: it names where already
+            raise CommandError(reason) from e
+        raise CommandError(f"cannot connect to {_util.where(dsn)}: {reason}") from e
 
 
 async def _serve(worker: Any) -> int:
