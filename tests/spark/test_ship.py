@@ -46,6 +46,22 @@ def run_bare(python: Path, code: str, tmp: Path) -> str:
     return done.stdout
 
 
+def test_module_entry_point_prints_the_zip_or_one_line(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "lonnymq.spark", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    made = run(str(tmp_path))
+    assert made.returncode == 0, made.stderr
+    assert Path(made.stdout.strip()) == package_zip(tmp_path)
+    # A folder that does not exist: one line naming it, exit 1 (it was a traceback).
+    missing = run(str(tmp_path / "missing"))
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [
+        f"python -m lonnymq.spark: cannot write the zip in {tmp_path / 'missing'}: No such file or directory"
+    ]
+
+
 def test_package_zip_is_the_package_and_stable(tmp_path: Path) -> None:
     first = package_zip(tmp_path)
     assert package_zip(tmp_path) == first and package_bytes() == first.read_bytes()

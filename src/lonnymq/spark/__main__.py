@@ -13,7 +13,12 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1 or any(a.startswith("-") for a in argv):
         print("usage: python -m lonnymq.spark [DIR]", file=sys.stderr)
         return 2
-    print(package_zip(argv[0] if argv else None))
+    try:
+        print(package_zip(argv[0] if argv else None))
+    except OSError as e:  # a folder that does not exist or may not be written: one line
+        where = argv[0] if argv else "the temporary directory"
+        print(f"python -m lonnymq.spark: cannot write the zip in {where}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 
