@@ -1,4 +1,4 @@
-"""A worker started against a closed port waits for the database (state.UNAVAILABLE), logging
+"""A worker started against a closed port waits for the database (client.config.UNAVAILABLE), logging
 each try, whether it makes its own client from a DSN or is given one. A given client used to
 raise psycopg_pool's ``PoolTimeout("pool initialization incomplete ...")``, a text the worker
 does not know as "unavailable", so the worker gave up after the client's connect timeout; the

@@ -69,9 +69,9 @@ def check_dsn(dsn: str) -> str:
 
 
 def connect_to(dsn: str, args: argparse.Namespace) -> psycopg.Connection[Any]:
-    """An autocommit connection within the connect timeout; failures as one readable line."""
+    """An autocommit connection to ``dsn`` (from :func:`resolve`, which checked it) within the
+    connect timeout; failures as one readable line."""
     timeout = connect_timeout(getattr(args, "connect_timeout", None))
-    check_dsn(dsn)
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=libpq_timeout(timeout))
     except psycopg.OperationalError as e:

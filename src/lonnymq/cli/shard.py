@@ -134,7 +134,7 @@ def init(args: argparse.Namespace) -> int:
 def upgrade(args: argparse.Namespace) -> int:
     from .. import shard
 
-    router = _util.check_dsn(args.router or _util.resolve(args))
+    router = _util.check_dsn(args.router) if args.router else _util.resolve(args)
     result = shard.upgrade(
         router, schema=_util.schema(args), lock_timeout=args.lock_timeout, attempts=args.attempts
     )
@@ -145,7 +145,7 @@ def upgrade(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     from .. import shard
 
-    router = _util.check_dsn(args.router or _util.resolve(args))
+    router = _util.check_dsn(args.router) if args.router else _util.resolve(args)
     result = shard.status(router, schema=_util.schema(args))
     _print(args, result, f"router {shard.admin.where(router)}, schema version {result.version}")
     return 0 if result.healthy else 1
@@ -154,7 +154,7 @@ def status(args: argparse.Namespace) -> int:
 def move(args: argparse.Namespace) -> int:
     from .. import shard
 
-    router = _util.check_dsn(_util.resolve(args))
+    router = _util.resolve(args)
     r = shard.move(
         router,
         args.queue,
@@ -181,7 +181,7 @@ def move(args: argparse.Namespace) -> int:
 def prune(args: argparse.Namespace) -> int:
     from .. import shard
 
-    router = _util.check_dsn(_util.resolve(args))
+    router = _util.resolve(args)
     pruned = shard.prune_moved_ids(router, args.queue, schema=_util.schema(args))
     if args.json:
         _util.print_json(pruned)
@@ -203,7 +203,7 @@ def _moved(r: shard.MoveResult) -> str:
 def add(args: argparse.Namespace) -> int:
     from .. import shard
 
-    router = _util.check_dsn(_util.resolve(args))
+    router = _util.resolve(args)
     r = shard.add(
         router,
         args.shards,

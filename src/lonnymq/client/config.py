@@ -93,6 +93,45 @@ def refused(e: BaseException) -> bool:
     return any(s in text for s in REFUSALS)
 
 
+#: What an error says when the server is down or not yet (or no longer) accepting connections:
+#: a restart, a failover, a database container starting beside a worker (which waits for it at
+#: start). Other errors (REFUSALS above, a DSN that does not parse) are the configuration's:
+#: waiting would not mend them. libpq's and the server's texts, lower case.
+UNAVAILABLE = (
+    "connection refused",
+    "timeout expired",
+    "timed out",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+    "too many clients",
+    "connection slots are reserved",
+    "server closed the connection unexpectedly",
+    "terminating connection due to administrator command",
+    "connection reset",
+    "broken pipe",
+    "no such file or directory",  # the server's Unix socket is gone while it is down
+    "could not translate host name",  # a container's name before its DNS entry exists
+    "consuming input failed",
+    "the connection is lost",
+)
+
+
+def unavailable(e: BaseException) -> bool:
+    """Whether ``e`` says the database cannot be reached now (see UNAVAILABLE), as opposed to
+    refusing the login for good."""
+    import psycopg
+
+    if isinstance(e, (psycopg.errors.AdminShutdown, psycopg.errors.CannotConnectNow)):
+        return True
+    if not isinstance(e, psycopg.OperationalError):
+        return False
+    text = str(e).lower()
+    return any(s in text for s in UNAVAILABLE)
+
+
 def location(conninfo: str) -> str:
     """Where ``conninfo`` connects, for messages: ``user@host:port/dbname`` (and its service),
     never the password; libpq's defaults for an empty one. The one place that says it: the

@@ -32,6 +32,7 @@ import psycopg
 
 from .. import errors
 from ..client.aio import AsyncClient
+from ..client.config import unavailable
 from ..client.ops import to_ms
 from ..migrations import DEFAULT_SCHEMA
 from .app import App
@@ -43,7 +44,7 @@ from .meters import WorkerMeters
 from .ops import worker_ops
 from .outage import Outage
 from .settle import Settler
-from .state import APPLICATION_NAME, Context, log, own_client, probe, sleep, unavailable
+from .state import APPLICATION_NAME, Context, log, own_client, probe, sleep
 
 __all__ = ["APPLICATION_NAME", "Worker", "WorkerError"]
 
@@ -198,11 +199,9 @@ class Worker:
         ctx = self.ctx
         # The endpoint is up while the worker starts: /healthz answers, /readyz says "starting".
         self.meters.start(self.metrics_host, self.metrics_port)
+        started = False
         try:
             started = await self._open(time.monotonic() + self.startup_timeout)
-        except BaseException:
-            started = False
-            raise
         finally:
             if not started:
                 self.meters.stop()
@@ -229,15 +228,15 @@ class Worker:
 
     async def _open(self, deadline: float) -> bool:
         """Open the client, check the schema and queues, store the periodic messages. While the
-        database cannot be reached (a restart, a failover, a server still starting: state.UNAVAILABLE)
+        database cannot be reached (a restart, a failover, a server still starting: config.UNAVAILABLE)
         this waits and tries again until ``deadline``, logging each try; any other error raises
         at once. Returns False if a stop was requested meanwhile."""
         delay = 0.5
         while True:
             try:
                 if self._owns_client and self.client.conninfo is not None:
-                    # One connection first: the pool, once opened, gives up for good after its
-                    # own timeout, so it opens only when the server answers.
+                    # One connection first, within this deadline: the client's open() would
+                    # wait its own connect timeout (30 s by default) for the pool's first one.
                     await probe(self.client.conninfo, deadline - time.monotonic())
                 await self.client.open()
                 await self._fetcher.prepare(self.queue_names, self.lease_ms)

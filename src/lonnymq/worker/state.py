@@ -16,7 +16,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..client.aio import AsyncClient
-from ..client.config import resolve_conninfo
+from ..client.config import libpq_timeout, resolve_conninfo
 from ..models import Message
 from .app import App
 from .meters import WorkerMeters
@@ -105,49 +105,12 @@ def own_client(conninfo: str | None, schema: str) -> AsyncClient:
     return AsyncClient(conninfo, schema=schema, pool_size=5)
 
 
-#: What an error says when the server is down or not yet (or no longer) accepting connections:
-#: a restart, a failover, a database container starting beside the worker. Other errors at start
-#: (authentication, an unknown database or role, a DSN that does not parse) are the
-#: configuration's: waiting would not mend them. libpq's and the server's texts, lower case.
-UNAVAILABLE = (
-    "connection refused",
-    "timeout expired",
-    "timed out",
-    "the database system is starting up",
-    "the database system is shutting down",
-    "the database system is in recovery mode",
-    "the database system is not yet accepting connections",
-    "the database system is not accepting connections",
-    "too many clients",
-    "connection slots are reserved",
-    "server closed the connection unexpectedly",
-    "terminating connection due to administrator command",
-    "connection reset",
-    "broken pipe",
-    "no such file or directory",  # the server's Unix socket is gone while it is down
-    "could not translate host name",  # a container's name before its DNS entry exists
-    "consuming input failed",
-    "the connection is lost",
-)
-
-
-def unavailable(e: BaseException) -> bool:
-    """Whether ``e`` says the database cannot be reached now (see UNAVAILABLE), as opposed to
-    refusing this worker for good."""
-    if isinstance(e, (psycopg.errors.AdminShutdown, psycopg.errors.CannotConnectNow)):
-        return True
-    if not isinstance(e, psycopg.OperationalError):
-        return False
-    text = str(e).lower()
-    return any(s in text for s in UNAVAILABLE)
-
-
 async def probe(conninfo: str, seconds: float) -> None:
     """Connect once and close: raises what the connection attempt raised. ``seconds``: libpq's
-    connect_timeout when the DSN has none (at least 2, libpq's least useful value)."""
+    connect_timeout when the DSN has none (config.libpq_timeout)."""
     kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in conninfo_to_dict(conninfo):
-        kwargs["connect_timeout"] = max(2, int(seconds))
+        kwargs["connect_timeout"] = libpq_timeout(seconds)
     conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
     await conn.close()
 
